@@ -49,10 +49,13 @@ _KEY_CACHE: dict[str, bytes] = {}
 _KEY_CACHE_MAX = 4096
 
 
+_SMALL_HEADS = tuple(tuple(bytes(((m << 5) | v,)) for v in range(24)) for m in range(8))
+
+
 def _head(major: int, value: int) -> bytes:
-    mt = major << 5
     if value < 24:
-        return bytes((mt | value,))
+        return _SMALL_HEADS[major][value]
+    mt = major << 5
     if value <= 0xFF:
         return bytes((mt | 24, value))
     if value <= 0xFFFF:
@@ -117,13 +120,11 @@ def _encode_into(out: list[bytes], value: object, depth: int, bkeys: bool) -> No
     elif isinstance(value, Mapping):
         if depth <= 0:
             raise LocalProtocolError("too_deep", "value nests deeper than the encoder allows")
-        pairs = sorted(((_encode_key(k, bkeys), v) for k, v in value.items()), key=_first)
+        # Distinct keys of a dict have distinct encodings (text/int/bytes encode injectively),
+        # so sorting the pairs never compares two values.
+        pairs = sorted([(_encode_key(k, bkeys), v) for k, v in value.items()], key=_first)
         out.append(_head(5, len(pairs)))
-        previous = None
         for encoded_key, item in pairs:
-            if encoded_key == previous:
-                raise LocalProtocolError("duplicate_key", "two map keys encode identically")
-            previous = encoded_key
             out.append(encoded_key)
             _encode_into(out, item, depth - 1, bkeys)
     elif isinstance(value, (list, tuple)):
@@ -222,17 +223,17 @@ class _Decoder:
         self.pos += 1
         major, ai = initial >> 5, initial & 0x1F
         if major == 0:
-            return self.argument(ai)
-        if major == 1:
-            return -1 - self.argument(ai)
-        if major == 2:
-            return self.take(self.argument(ai))
+            return ai if ai < 24 else self.argument(ai)
         if major == 3:
-            raw = self.take(self.argument(ai))
+            raw = self.take(ai if ai < 24 else self.argument(ai))
             try:
                 return raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise self.fail("invalid_utf8", f"text string is not valid UTF-8: {exc}") from None
+        if major == 2:
+            return self.take(ai if ai < 24 else self.argument(ai))
+        if major == 1:
+            return -1 - self.argument(ai)
         if major == 4:
             count = self.argument(ai)
             if count > self.end - self.pos:

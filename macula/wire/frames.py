@@ -26,7 +26,7 @@ from macula.wire import cbor
 from macula.wire.codes import code_name
 from macula.wire.errors import LocalProtocolError, ProtocolError, SignatureInvalid
 from macula.wire.framing import frame_bytes
-from macula.wire.identity import DOMAIN_EVENT_PUB, DOMAIN_FRAME, Identity, verify
+from macula.wire.identity import DOMAIN_EVENT_PUB, DOMAIN_FRAME, Identity, uuid7, verify
 
 PROTOCOL_VERSION = 2
 CAP_STATION = 0x1
@@ -126,16 +126,8 @@ _SIGNATURE_KEYS = ("signature", "publisher_sig")
 
 
 def new_frame_id(now_ms: int, random10: bytes) -> bytes:
-    """UUIDv7 (§12.3): 48-bit Unix ms, version 7, variant 10, the rest from ``random10``."""
-    if not 0 <= now_ms < 1 << 48:
-        raise LocalProtocolError("bad_time", "now_ms must fit 48 bits")
-    if len(random10) != 10:
-        raise LocalProtocolError("bad_random", "a frame id needs 10 random bytes")
-    rand = int.from_bytes(random10, "big")
-    rand_a = rand >> 68  # 12 bits
-    rand_b = rand & ((1 << 62) - 1)
-    value = (now_ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
-    return value.to_bytes(16, "big")
+    """A fresh UUIDv7 frame id (§12.3) from the given time and 10 random bytes."""
+    return uuid7(now_ms, random10)
 
 
 def frame_id_time_ms(frame_id: bytes) -> int:

@@ -101,6 +101,21 @@ class Identity:
         return f"Identity(node_id={self.node_id.hex()})"
 
 
+def uuid7(now_ms: int, random10: bytes) -> bytes:
+    """UUIDv7 (§12.3), the layout of ``frame_id`` and record ``version``: 48-bit Unix ms,
+    version 0111, 12 random bits, variant 10, 62 random bits (from ``random10``)."""
+    if type(now_ms) is not int or not 0 <= now_ms < 1 << 48:
+        raise LocalProtocolError("bad_argument", "now_ms must be an int in 0..2^48-1")
+    if type(random10) is not bytes or len(random10) != 10:
+        raise LocalProtocolError("bad_argument", "a UUIDv7 needs exactly 10 random bytes")
+    r = random10
+    return (
+        now_ms.to_bytes(6, "big")
+        + bytes((0x70 | (r[0] & 0x0F), r[1], 0x80 | (r[2] & 0x3F)))
+        + r[3:]
+    )
+
+
 def verify(public_key: bytes, message: bytes, signature: object) -> bool:
     """True iff ``signature`` is a valid Ed25519 signature of ``message`` by ``public_key``.
 

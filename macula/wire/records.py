@@ -27,7 +27,7 @@ from typing import Any, Final, NamedTuple, TypeGuard
 
 from macula.wire import cbor
 from macula.wire.errors import LocalProtocolError, RecordInvalid, WireError
-from macula.wire.identity import DOMAIN_RECORD, Identity, verify
+from macula.wire.identity import DOMAIN_RECORD, Identity, uuid7, verify
 
 Payload = dict[str, Any]
 
@@ -86,17 +86,8 @@ def default_ttl_ms(record_type: int) -> int:
 
 
 def record_version(now_ms: int, random_bytes10: bytes) -> bytes:
-    """A UUIDv7 (§12.3) for ``version``: 48-bit ms time, version 7, variant 10, 74 random bits."""
-    if type(now_ms) is not int or not 0 <= now_ms < 1 << 48:
-        raise LocalProtocolError("bad_argument", "now_ms must be an int in 0..2^48-1")
-    if type(random_bytes10) is not bytes or len(random_bytes10) != 10:
-        raise LocalProtocolError("bad_argument", "random_bytes10 must be exactly 10 bytes")
-    r = random_bytes10
-    return (
-        now_ms.to_bytes(6, "big")
-        + bytes((0x70 | (r[0] & 0x0F), r[1], 0x80 | (r[2] & 0x3F)))
-        + r[3:]
-    )
+    """A fresh UUIDv7 ``version`` (§10.1, same layout as a frame id)."""
+    return uuid7(now_ms, random_bytes10)
 
 
 def is_newer(a: Record, b: Record) -> bool:
