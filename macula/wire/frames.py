@@ -52,8 +52,13 @@ class Wire:
     omit_when_none: bool = False  # key absent (not null) when the value is None
 
 
+def _is_int(v: Any) -> bool:
+    """An integer (IntEnum members included), never a bool (§2.2: no booleans)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _is_uint(v: Any) -> bool:
-    return type(v) is int and v >= 0
+    return _is_int(v) and v >= 0
 
 
 def _bytes_n(n: int) -> Wire:
@@ -91,7 +96,7 @@ B32 = _bytes_n(32)
 BYTES = Wire("bytes", lambda v: type(v) is bytes)
 TEXT = Wire("text", lambda v: type(v) is str)
 UINT = Wire("uint", _is_uint)
-INT = Wire("int", lambda v: type(v) is int)
+INT = Wire("int", _is_int)
 ANY = Wire("any", lambda v: True)
 MAP = Wire("map", lambda v: isinstance(v, Mapping))
 ARRAY = Wire("array", lambda v: isinstance(v, (list, tuple)))
@@ -287,7 +292,7 @@ class Error(Frame):
     NULL_SLOTS = ("realm", "source_route")
     SIGNER = "reported_by"
     call_id: bytes = wire(B16)
-    code: int = wire(Wire("uint 0..255", lambda v: type(v) is int and 0 <= v <= 255))
+    code: int = wire(Wire("uint 0..255", lambda v: _is_int(v) and 0 <= v <= 255))
     reported_by: bytes = wire(B32)
     name: str = wire(TEXT, "")
     detail: bytes | None = wire(_nullable(BYTES), None)
@@ -295,7 +300,7 @@ class Error(Frame):
     source_route_partial: bytes = wire(BYTES, b"")
 
     def __post_init__(self) -> None:
-        if self.name == "" and type(self.code) is int:
+        if self.name == "" and _is_int(self.code):
             object.__setattr__(self, "name", code_name(self.code))
         Frame.__post_init__(self)
 

@@ -8,9 +8,9 @@ import struct
 from typing import Any
 
 import pytest
-from conftest import load_vectors, typed
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vectorkit import load_vectors, typed
 
 from macula.wire import cbor
 from macula.wire.errors import LocalProtocolError, ProtocolError

@@ -6,9 +6,9 @@ import dataclasses
 from typing import Any
 
 import pytest
-from conftest import load_vectors, typed
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vectorkit import load_vectors, typed
 
 from macula.wire import cbor, frames
 from macula.wire.errors import LocalProtocolError, ProtocolError, SignatureInvalid

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from conftest import load_vectors
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vectorkit import load_vectors
 
 from macula.wire import cbor
 from macula.wire.errors import FramingError, LocalProtocolError, ProtocolError

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import load_vectors
+from vectorkit import load_vectors
 
 from macula.keyfile import KeyFileError, load_identity, load_or_create_identity, save_identity
 from macula.wire import codes

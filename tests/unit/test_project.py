@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import VECTORS
+from vectorkit import VECTORS
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_VECTORS = REPO.parent / "shared" / "vectors"

@@ -1,0 +1,297 @@
+"""The station's built-in procedures (PROTOCOL.md §6.6), stricter where §13 allows.
+
+Invariants:
+- ``Builtins.run`` never raises (cancellation aside): every call ends in an ``Outcome``, a RESULT
+  payload or an ERROR code + detail. Refusals are raised inside as ``Refused`` and turned into
+  outcomes in ``run`` only; any other exception is a bug or a disk error: logged with its
+  traceback, answered 0x02 with no detail.
+- Arguments are validated completely before any store is touched (§13 #13): a malformed
+  argument is 0x0F ``bad_request: <what>``, never 0x02. Extra argument keys are ignored.
+- Records: parsed, size-capped, payload-checked (§10.6), signature- and expiry-checked; the
+  newest record per signer wins and an older put is refused as ``stale`` (§13 #12); reads never
+  return expired records.
+- Content: a block is accepted only under MCID version 1, codec 0x55, BLAKE3(payload) = digest
+  (§13 #15); a manifest only if its fields hash to its MCID and its chunks fold to its root
+  (§13 #14). A block whose hash differs is answered with the RESULT text ``hash_mismatch``.
+- Error details are ``<reason>: <text>`` in UTF-8, at most ``MAX_DETAIL_CHARS`` characters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from macula.wire import cbor
+from macula.wire.codes import ErrorCode
+from macula.wire.content import CODEC_MANIFEST, CODEC_RAW, MCID_SIZE, Manifest, Mcid, digest
+from macula.wire.errors import ContentInvalid, ProtocolError, RecordInvalid
+from macula.wire.records import Record, validate_payload
+from relay.core import BUILTINS
+from relay.store import ContentStore, RecordStore
+
+__all__ = [
+    "BUILTIN_PROCEDURES",
+    "MAX_BLOCK_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "MAX_RECORD_BYTES",
+    "Builtins",
+    "Outcome",
+]
+
+logger = logging.getLogger("macula.relay.builtins")
+
+BUILTIN_PROCEDURES: Final = BUILTINS
+
+MAX_RECORD_BYTES: Final = 64 * 1024
+MAX_BLOCK_BYTES: Final = 4 * 1024 * 1024
+MAX_MANIFEST_BYTES: Final = 4 * 1024 * 1024
+MAX_FIND_BY_TYPE: Final = 1000
+MAX_DETAIL_CHARS: Final = 300
+KEY_SIZE: Final = 32
+
+OK: Final = "ok"
+NOT_FOUND: Final = "not_found"
+HASH_MISMATCH: Final = "hash_mismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a built-in answers: a RESULT ``payload`` or an ERROR ``code`` with ``detail``."""
+
+    payload: object = None
+    code: int | None = None
+    detail: bytes | None = None
+
+    @classmethod
+    def result(cls, payload: object) -> Outcome:
+        return cls(payload=payload)
+
+    @classmethod
+    def error(cls, code: int, detail: bytes | None = None) -> Outcome:
+        return cls(code=int(code), detail=detail)
+
+    @property
+    def is_error(self) -> bool:
+        return self.code is not None
+
+
+class Refused(Exception):
+    """An anticipated refusal inside a built-in; ``run`` turns it into an ERROR outcome."""
+
+    def __init__(self, code: int, reason: str, text: str) -> None:
+        super().__init__(f"{reason}: {text}")
+        self.code = int(code)
+        self.detail = _detail(reason, text)
+
+
+def _detail(reason: str, text: str) -> bytes:
+    message = f"{reason}: {text}"
+    if len(message) > MAX_DETAIL_CHARS:
+        message = message[: MAX_DETAIL_CHARS - 3] + "..."
+    return message.encode("utf-8", "backslashreplace")
+
+
+def _bad_request(text: str) -> Refused:
+    return Refused(ErrorCode.UNKNOWN_ERROR, "bad_request", text)
+
+
+def _too_large(what: str, size: int, limit: int) -> Refused:
+    return Refused(
+        ErrorCode.PAYLOAD_TOO_LARGE, "payload_too_large", f"{what} is {size} bytes, limit {limit}"
+    )
+
+
+# --- argument checks --------------------------------------------------------------------------
+
+
+_KIND_NAMES: Final[tuple[tuple[type, str], ...]] = (
+    (bool, "bool"),
+    (type(None), "null"),
+    (str, "text"),
+    (int, "int"),
+    (float, "float"),
+    (list, "array"),
+    (Mapping, "map"),
+)
+
+
+def _kind(value: object) -> str:
+    """A short name of a peer value's CBOR kind for error details (never the value itself)."""
+    if isinstance(value, bytes):
+        return f"bytes({len(value)})"
+    return next((n for t, n in _KIND_NAMES if isinstance(value, t)), type(value).__name__)
+
+
+def _arguments(payload: object) -> Mapping[object, object]:
+    if not isinstance(payload, Mapping):
+        raise _bad_request(f"the argument must be a map, got {_kind(payload)}")
+    return payload
+
+
+def _field(args: Mapping[object, object], name: str) -> object:
+    if name not in args:
+        raise _bad_request(f"missing {name!r}")
+    return args[name]
+
+
+def _bytes_field(args: Mapping[object, object], name: str, size: int | None = None) -> bytes:
+    value = _field(args, name)
+    if type(value) is not bytes or (size is not None and len(value) != size):
+        wanted = "bytes" if size is None else f"bytes({size})"
+        raise _bad_request(f"{name!r} must be {wanted}, got {_kind(value)}")
+    return value
+
+
+def _mcid_field(args: Mapping[object, object], codec: int) -> Mcid:
+    raw = _bytes_field(args, "mcid", MCID_SIZE)
+    try:
+        mcid = Mcid.from_bytes(raw)
+    except ProtocolError as exc:
+        raise _bad_request(exc.detail) from None
+    if mcid.codec != codec:
+        wanted = "a raw block (0x55)" if codec == CODEC_RAW else "a manifest (0x56)"
+        raise _bad_request(f"'mcid' has codec {mcid.codec:#04x}; this procedure takes {wanted}")
+    return mcid
+
+
+def _replicate_field(args: Mapping[object, object]) -> None:
+    value = args.get("replicate", "true")
+    if value not in ("true", "false"):
+        raise _bad_request(f'\'replicate\' must be text "true" or "false", got {_kind(value)}')
+
+
+def _type_field(args: Mapping[object, object]) -> int:
+    value = _field(args, "type")
+    if type(value) is not int or not 0 <= value <= 0xFF:
+        raise _bad_request(f"'type' must be a uint 0..255, got {value!r:.40}")
+    return value
+
+
+def _record_refusal(exc: RecordInvalid) -> Refused:
+    reason = exc.reason if exc.reason in ("bad_signature", "expired") else "bad_request"
+    return Refused(ErrorCode.UNKNOWN_ERROR, reason, exc.detail)
+
+
+# --- the procedures ---------------------------------------------------------------------------
+
+_Handler = Callable[[object, int, int], Awaitable[object]]
+
+
+class Builtins:
+    """The nine built-ins of §6.6 over a ``RecordStore`` and a ``ContentStore``."""
+
+    def __init__(self, records: RecordStore, content: ContentStore, *, station_id: bytes) -> None:
+        if type(station_id) is not bytes or len(station_id) != KEY_SIZE:
+            raise ValueError("station_id is the station's 32-byte node id")
+        self.records = records
+        self.content = content
+        self.station_id = station_id
+        self._handlers: dict[str, _Handler] = {
+            "_dht.put_record": self._put_record,
+            "_dht.find_record": self._find_record,
+            "_dht.find_records": self._find_records,
+            "_dht.find_records_by_type": self._find_records_by_type,
+            "_content.put_block": self._put_block,
+            "_content.get_block": self._get_block,
+            "_content.put_manifest": self._put_manifest,
+            "_content.get_manifest": self._get_manifest,
+            "_relay.ping": self._ping,
+        }
+
+    async def run(self, procedure: str, payload: object, now_ms: int, now_us: int) -> Outcome:
+        """Answer one CALL of ``procedure``; 0x01 if it is not a built-in. Never raises."""
+        handler = self._handlers.get(procedure)
+        if handler is None:
+            return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
+        try:
+            result = await handler(payload, now_ms, now_us)
+        except Refused as refused:
+            return Outcome.error(refused.code, refused.detail)
+        except Exception:
+            logger.exception("built-in %s failed", procedure)
+            return Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
+        return Outcome.result(result)
+
+    # -- _dht.* --
+
+    async def _put_record(self, payload: object, now_ms: int, now_us: int) -> object:
+        if not isinstance(payload, Mapping):
+            raise _bad_request(f"a record (RPC form) is a map, got {_kind(payload)}")
+        try:
+            record = Record.from_rpc(payload)
+            size = len(cbor.encode(record.to_rpc()))
+            if size > MAX_RECORD_BYTES:
+                raise _too_large("the record", size, MAX_RECORD_BYTES)
+            storage_key = record.storage_key()
+            validate_payload(record.type, record.payload)
+            record.verify(now_ms)
+        except RecordInvalid as exc:
+            raise _record_refusal(exc) from None
+        if await self.records.put(record, storage_key, now_ms) == "stale":
+            raise Refused(
+                ErrorCode.UNKNOWN_ERROR,
+                "stale",
+                "this signer already stored a newer record under this key",
+            )
+        return OK
+
+    async def _find_record(self, payload: object, now_ms: int, now_us: int) -> object:
+        key = _bytes_field(_arguments(payload), "key", KEY_SIZE)
+        found = await self.records.find(key, now_ms)
+        return found[0].to_rpc() if found else NOT_FOUND
+
+    async def _find_records(self, payload: object, now_ms: int, now_us: int) -> object:
+        key = _bytes_field(_arguments(payload), "key", KEY_SIZE)
+        return [record.to_rpc() for record in await self.records.find(key, now_ms)]
+
+    async def _find_records_by_type(self, payload: object, now_ms: int, now_us: int) -> object:
+        record_type = _type_field(_arguments(payload))
+        found = await self.records.find_by_type(record_type, now_ms, MAX_FIND_BY_TYPE)
+        return [record.to_rpc() for record in found]
+
+    # -- _content.* --
+
+    async def _put_block(self, payload: object, now_ms: int, now_us: int) -> object:
+        args = _arguments(payload)
+        mcid = _mcid_field(args, CODEC_RAW)
+        data = _bytes_field(args, "payload")
+        _replicate_field(args)  # accepted and validated; nothing to replicate to yet
+        if len(data) > MAX_BLOCK_BYTES:
+            raise _too_large("the block", len(data), MAX_BLOCK_BYTES)
+        if digest(data) != mcid.digest:
+            return HASH_MISMATCH
+        await self.content.put_block(mcid.digest, data)
+        return OK
+
+    async def _get_block(self, payload: object, now_ms: int, now_us: int) -> object:
+        mcid = _mcid_field(_arguments(payload), CODEC_RAW)
+        data = await self.content.get_block(mcid.digest)
+        return NOT_FOUND if data is None else data
+
+    async def _put_manifest(self, payload: object, now_ms: int, now_us: int) -> object:
+        raw = _field(_arguments(payload), "manifest")
+        try:
+            manifest = Manifest.from_wire(raw)
+            manifest.verify()
+        except ContentInvalid as exc:
+            reason = "mcid_mismatch" if exc.reason == "manifest_mcid_mismatch" else "bad_request"
+            raise Refused(ErrorCode.UNKNOWN_ERROR, reason, exc.detail) from None
+        except ProtocolError as exc:
+            raise _bad_request(exc.detail) from None
+        size = len(cbor.encode(manifest.to_wire()))
+        if size > MAX_MANIFEST_BYTES:
+            raise _too_large("the manifest", size, MAX_MANIFEST_BYTES)
+        await self.content.put_manifest(manifest)
+        return OK
+
+    async def _get_manifest(self, payload: object, now_ms: int, now_us: int) -> object:
+        mcid = _mcid_field(_arguments(payload), CODEC_MANIFEST)
+        manifest = await self.content.get_manifest(mcid.digest)
+        return NOT_FOUND if manifest is None else manifest.to_wire()
+
+    # -- _relay.* --
+
+    async def _ping(self, payload: object, now_ms: int, now_us: int) -> object:
+        return {"ts": now_us}

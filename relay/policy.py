@@ -1,0 +1,66 @@
+"""Station policy: the limits and switches an operator sets, and the token bucket they use.
+
+Pure data and arithmetic; time is always an argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class PuzzleMode(StrEnum):
+    OFF = "off"
+    LOG = "log"
+    ENFORCE = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """Per-connection limits (PROTOCOL.md §13 #19). Rates are per second with a burst."""
+
+    max_subscriptions: int = 4096
+    max_advertisements: int = 512
+    max_pending_calls: int = 1024
+    max_streams: int = 128
+    publish_rate: float = 2000.0
+    publish_burst: float = 4000.0
+    call_rate: float = 2000.0
+    call_burst: float = 4000.0
+
+
+@dataclass(frozen=True, slots=True)
+class StationPolicy:
+    puzzle_mode: PuzzleMode = PuzzleMode.OFF
+    puzzle_difficulty: int = 8
+    # §13 #1: frames whose sent_at_ms is further than this from the station clock are refused;
+    # frame ids are remembered for twice this long. 0 turns both checks off.
+    max_clock_skew_ms: int = 300_000
+    quotas: Quotas = Quotas()
+    handshake_timeout_ms: int = 30_000
+    forward_slot_ms: int = 60_000
+    stream_route_ttl_ms: int = 300_000
+    drain_ms: int = 5_000
+    advertise_tombstone_ms: int = 10_000
+    max_frame_size: int = 0x00FFFFFF
+
+
+class TokenBucket:
+    """Classic token bucket: ``rate`` tokens per second, at most ``burst`` saved up."""
+
+    __slots__ = ("_at_ms", "_tokens", "burst", "rate")
+
+    def __init__(self, rate: float, burst: float, now_ms: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._tokens = burst
+        self._at_ms = now_ms
+
+    def take(self, now_ms: int, amount: float = 1.0) -> bool:
+        elapsed = max(0, now_ms - self._at_ms)
+        self._at_ms = max(self._at_ms, now_ms)
+        self._tokens = min(self.burst, self._tokens + elapsed * self.rate / 1000.0)
+        if self._tokens >= amount:
+            self._tokens -= amount
+            return True
+        return False

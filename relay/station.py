@@ -1,0 +1,257 @@
+"""The station's QUIC shell: moves bytes between aioquic and ``RouterCore``.
+
+``async with Station(config) as station:`` binds the UDP port (0 = any free port), creates the
+station's key and certificate on first start, opens the stores, and serves until the block
+ends; leaving it sends GOODBYE to every client, closes the connections and the stores. Every
+background task (timers, built-ins, the station_endpoint refresher) is owned by the station
+and finished before ``__aexit__`` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aioquic.asyncio.server import QuicServer, serve
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+
+from macula.keyfile import load_or_create_identity
+from macula.transport import ALPN, CONNECTION_WINDOW, IDLE_TIMEOUT_S, STREAM_WINDOW, FrameProtocol
+from macula.wire.errors import FramingError
+from macula.wire.identity import Identity
+from macula.wire.records import RecordType, new_record, record_version
+from relay.builtins import Builtins
+from relay.core import Action, Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.policy import StationPolicy
+from relay.store import ContentStore, RecordStore
+from relay.tls import ensure_certificate
+
+log = logging.getLogger("macula.relay")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class StationConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 4433
+    # names and addresses clients may dial (certificate SANs, station_endpoint record)
+    advertised_hosts: list[str] = field(default_factory=list)
+    policy: StationPolicy = field(default_factory=StationPolicy)
+    tick_interval_s: float = 0.2
+    endpoint_refresh_s: float = 60.0
+
+
+class _Sink:
+    """Reports of one client connection, forwarded to the core under its number."""
+
+    def __init__(self, station: Station, conn: int) -> None:
+        self.station = station
+        self.conn = conn
+
+    def frames_received(self, stream_id: int, frames: list[dict[str, Any]]) -> None:
+        self.station._run(
+            self.station.core.frames_received(self.conn, stream_id, frames, _now_ms())
+        )
+
+    def framing_failed(self, stream_id: int, error: FramingError) -> None:
+        self.station._run(self.station.core.framing_failed(self.conn, stream_id, error, _now_ms()))
+
+    def stream_ended(self, stream_id: int) -> None:
+        self.station._run(self.station.core.stream_ended(self.conn, stream_id, _now_ms()))
+
+    def stream_reset(self, stream_id: int) -> None:
+        self.station._run(self.station.core.stream_reset(self.conn, stream_id, _now_ms()))
+
+    def connection_lost(self, reason: str) -> None:
+        self.station._lost(self.conn, reason)
+
+
+class Station:
+    def __init__(self, config: StationConfig) -> None:
+        self.config = config
+        self.identity: Identity | None = None
+        self._core: RouterCore | None = None
+        self._connections: dict[int, FrameProtocol] = {}
+        self._next_conn = 0
+        self._server: QuicServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._records: RecordStore | None = None
+        self._content: ContentStore | None = None
+        self._builtins: Builtins | None = None
+        self.port = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Station:
+        config = self.config
+        data_dir = config.data_dir
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(data_dir, 0o700)
+        self.identity = load_or_create_identity(data_dir / "station.key")
+        hosts = list(dict.fromkeys([*config.advertised_hosts, config.host, "localhost"]))
+        cert_path, key_path = ensure_certificate(data_dir, self.identity, hosts)
+        self._records = await RecordStore.open(data_dir / "records.sqlite3")
+        self._content = await ContentStore.open(data_dir / "content.sqlite3")
+        self._builtins = Builtins(self._records, self._content, station_id=self.identity.node_id)
+        self._core = RouterCore(
+            self.identity, config.policy, open_stream=self._open_stream, random_bytes=os.urandom
+        )
+        quic = QuicConfiguration(
+            is_client=False,
+            alpn_protocols=[ALPN],
+            idle_timeout=IDLE_TIMEOUT_S,
+            max_data=CONNECTION_WINDOW,
+            max_stream_data=STREAM_WINDOW,
+        )
+        quic.load_cert_chain(cert_path, key_path)
+        self._server = await serve(
+            config.host, config.port, configuration=quic, create_protocol=self._protocol
+        )
+        sockname = (
+            self._server._transport.get_extra_info("sockname") if self._server._transport else None
+        )
+        self.port = int(sockname[1]) if sockname else config.port
+        self._spawn(self._ticker())
+        self._spawn(self._endpoint_refresher())
+        log.info(
+            "station %s listening on %s:%d", self.identity.node_id.hex(), config.host, self.port
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        core = self.core
+        self._run(core.shutdown(_now_ms()))
+        await asyncio.sleep(0.15)  # let GOODBYEs leave before the connections close
+        for connection in list(self._connections.values()):
+            connection.close_connection("station stopped")
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._server.close()
+        self._server = None
+        if self._records is not None:
+            await self._records.close()
+        if self._content is not None:
+            await self._content.close()
+        log.info("station stopped")
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def core(self) -> RouterCore:
+        assert self._core is not None, "station not started"
+        return self._core
+
+    @property
+    def node_id(self) -> bytes:
+        assert self.identity is not None, "station not started"
+        return self.identity.node_id
+
+    @property
+    def endpoint(self) -> str:
+        """``node_id@host:port``: what a client needs to dial and pin this station."""
+        return f"{self.node_id.hex()}@{self.config.host}:{self.port}"
+
+    # -- aioquic plumbing --------------------------------------------------------------------
+
+    def _protocol(self, quic: QuicConnection, **kwargs: Any) -> FrameProtocol:
+        connection = FrameProtocol(quic, **kwargs)
+        connection.max_frame_size = self.config.policy.max_frame_size
+        self._next_conn += 1
+        connection.sink = _Sink(self, self._next_conn)
+        self._connections[self._next_conn] = connection
+        self.core.connection_made(self._next_conn, _now_ms())
+        return connection
+
+    def _open_stream(self, conn: int) -> int:
+        return self._connections[conn].new_stream()
+
+    def _lost(self, conn: int, reason: str) -> None:
+        log.debug("conn %d lost: %s", conn, reason)
+        self._run(self.core.connection_lost(conn, _now_ms()))
+        self._connections.pop(conn, None)
+
+    def _run(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                connection = self._connections.get(action.conn)
+                if connection is not None:
+                    connection.send(action.stream, action.data)
+            elif isinstance(action, EndStream):
+                connection = self._connections.get(action.conn)
+                if connection is not None:
+                    connection.end_stream(action.stream)
+            elif isinstance(action, Close):
+                self._close_later(action)
+            elif isinstance(action, RunBuiltin):
+                self._spawn(self._builtin(action))
+
+    def _close_later(self, action: Close) -> None:
+        connection = self._connections.get(action.conn)
+        if connection is None:
+            return
+        loop = asyncio.get_running_loop()
+        loop.call_later(action.after_ms / 1000, connection.close_connection, action.reason)
+
+    async def _builtin(self, action: RunBuiltin) -> None:
+        assert self._builtins is not None
+        now_ms = _now_ms()
+        call = action.call
+        outcome = await self._builtins.run(
+            call.procedure, call.payload, now_ms, time.time_ns() // 1000
+        )
+        self._run(self.core.builtin_done(action.conn, action.stream, call, outcome, _now_ms()))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("station task failed", exc_info=task.exception())
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_interval_s)
+            self._run(self.core.tick(_now_ms()))
+
+    async def _endpoint_refresher(self) -> None:
+        """Keep this station's own ``station_endpoint`` record fresh (§10.6, TTL 5 min)."""
+        assert self.identity is not None and self._records is not None
+        hosts = [h for h in dict.fromkeys([*self.config.advertised_hosts, self.config.host])]
+        while True:
+            now = _now_ms()
+            record = new_record(
+                self.identity,
+                RecordType.STATION_ENDPOINT,
+                {
+                    "quic_port": self.port,
+                    "host_advertised": [h.encode() for h in hosts],
+                    "alpn": ALPN,
+                },
+                now_ms=now,
+                version=record_version(now, os.urandom(10)),
+            )
+            try:
+                await self._records.put(record, record.storage_key(), now)
+                await self._records.reap(now)  # §13 #12: expired records also leave the disk
+            except Exception:
+                log.exception("could not refresh this station's records")
+            await asyncio.sleep(self.config.endpoint_refresh_s)

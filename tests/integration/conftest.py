@@ -1,0 +1,32 @@
+"""Integration fixtures: a real station on 127.0.0.1:0 over real QUIC, in this process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from meshkit import new_identity, station_config
+
+from macula.node import Node
+from macula.wire.identity import Identity
+from relay.station import Station
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def station(tmp_path: Path) -> AsyncIterator[Station]:
+    async with Station(station_config(tmp_path / "station")) as running:
+        yield running
+
+
+@pytest.fixture
+def make_node(station: Station) -> Callable[..., Node]:
+    def make(identity: Identity | None = None, **kwargs: object) -> Node:
+        return Node(identity or new_identity(), [station.endpoint], **kwargs)  # type: ignore[arg-type]
+
+    return make
