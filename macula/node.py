@@ -16,11 +16,12 @@ import inspect
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from macula.backoff import Backoff
+from macula.dht import DhtClient, ResolveError
 from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError, MeshError
 from macula.session import Session, StreamChannel, now_ms, stamp
 from macula.stations import StationAddress, parse_station
@@ -43,6 +44,22 @@ log = logging.getLogger("macula.node")
 
 CONTENT_BLOCK_TIMEOUT = 15.0
 CONTENT_MANIFEST_TIMEOUT = 5.0
+CONTENT_WINDOW = 2  # block CALLs in flight on one content stream (more overflows UDP buffers)
+
+T = TypeVar("T")
+
+
+async def _windowed(work: list[Coroutine[Any, Any, T]], window: int = CONTENT_WINDOW) -> list[T]:
+    """Run ``work`` with at most ``window`` in flight; results in order; first error wins."""
+    gate = asyncio.Semaphore(window)
+
+    async def one(item: Coroutine[Any, Any, T]) -> T:
+        async with gate:
+            return await item
+
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(one(item)) for item in work]
+    return [task.result() for task in tasks]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +198,11 @@ class Node:
         self._terminal: MaculaError | None = None
         self._wake = asyncio.Event()
         self.station_index = 0
+        self.dht = DhtClient(self)
+        self._announced: set[tuple[bytes, str]] = set()
+        self._direct: dict[bytes, Session] = {}
+        self._direct_lock = asyncio.Lock()
+        self._handlers: set[asyncio.Task[None]] = set()
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -200,6 +222,11 @@ class Node:
         self._closing = True
         self._wake.set()
         self._connected.clear()
+        for session in [self._session, *self._direct.values()]:
+            if session is not None:
+                session.ended.set()
+        for task in list(self._handlers):
+            task.cancel()  # in-flight handlers end with the node
         for subs in self._subscriptions.values():
             for sub in subs:
                 with contextlib.suppress(asyncio.QueueFull):
@@ -232,6 +259,8 @@ class Node:
                 ) as session:
                     self._session = session
                     self._replay(session)
+                    if self._announced and self._group is not None:
+                        self._group.create_task(self._reannounce(session.station_key))
                     attempt = 0
                     self._connected.set()
                     if not first.done():
@@ -240,10 +269,7 @@ class Node:
                         self.stats.reconnects += 1
                     self._announce("reconnected" if ever_connected else "connected")
                     ever_connected = True
-                    self._wake.clear()
-                    while session.alive and not self._closing:
-                        await self._wake.wait()
-                        self._wake.clear()
+                    await session.ended.wait()
             except (BrokenError, HandshakeError, OSError) as exc:
                 last_error = exc
                 log.info("station %s unavailable: %s", address, exc)
@@ -268,6 +294,9 @@ class Node:
                     return
             delay = self.backoff.delay(attempt)
             attempt += 1
+            if self._closing:
+                break
+            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
         if not first.done():
@@ -277,6 +306,13 @@ class Node:
     def _fail_first(first: asyncio.Future[None], error: Exception) -> None:
         if not first.done():
             first.set_exception(error)
+
+    async def _reannounce(self, station_key: bytes) -> None:
+        for realm, procedure in list(self._announced):
+            try:
+                await self.dht.announce_procedure(realm, procedure, station_key)
+            except MaculaError as exc:
+                log.warning("could not re-announce %s: %s", procedure, exc)
 
     def _replay(self, session: Session) -> None:
         for realm, topic in self._subscriptions:
@@ -323,8 +359,7 @@ class Node:
         if served is None or served.handler is None:
             session.reply_error(stream, call, ErrorCode.UNKNOWN_NEXT_PEER, None)
             return
-        if self._group is not None:
-            self._group.create_task(self._serve_call(session, stream, call, served.handler))
+        self._spawn_handler(self._serve_call(session, stream, call, served.handler))
 
     def stream_opened(self, session: Session, channel: StreamChannel, opening: StreamOpen) -> None:
         served = self._served.get((opening.realm, opening.procedure))
@@ -334,7 +369,15 @@ class Node:
         incoming = IncomingCall(
             opening.realm, opening.procedure, opening.args, opening.caller, opening.deadline_ms
         )
-        self._group.create_task(self._serve_stream(channel, incoming, served.stream_handler))
+        self._spawn_handler(self._serve_stream(channel, incoming, served.stream_handler))
+
+    def _spawn_handler(self, work: Coroutine[Any, Any, None]) -> None:
+        if self._group is None or self._closing:
+            work.close()
+            return
+        task = self._group.create_task(work)
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
 
     async def _serve_call(
         self, session: Session, stream: int, call: Call, handler: Handler
@@ -467,19 +510,79 @@ class Node:
                     )
 
     async def call(
-        self, realm: bytes, procedure: str, payload: Any = None, *, timeout: float = 10.0
+        self,
+        realm: bytes,
+        procedure: str,
+        payload: Any = None,
+        *,
+        timeout: float = 10.0,
+        direct: bool = False,
     ) -> Any:
-        """Call a procedure; its result, or ``MeshError``/``CallTimeout``/``BrokenError``."""
+        """Call a procedure; its result, or ``MeshError``/``CallTimeout``/``BrokenError``.
+
+        ``direct=True`` resolves the station serving ``procedure`` through the DHT
+        (procedure_advertisement, then station_endpoint records) and calls it there, pinning
+        that station's key; ``ResolveError`` when no such record exists.
+        """
         started = time.monotonic()
-        session = await self.session(timeout)
+        session = await (
+            self._direct_session(procedure, timeout) if direct else self.session(timeout)
+        )
         remaining = max(0.001, timeout - (time.monotonic() - started))
         return await session.call(realm, procedure, payload, remaining)
 
-    async def advertise(self, realm: bytes, procedure: str, handler: Handler) -> None:
+    async def _direct_session(self, procedure: str, timeout: float) -> Session:
+        records = await self.dht.procedure_records(procedure)
+        stations = [r.payload.get("serving_station") for r in records]
+        serving = next((s for s in stations if type(s) is bytes and len(s) == 32), None)
+        if serving is None:
+            raise ResolveError(
+                f"no procedure_advertisement record names a station for {procedure!r}"
+            )
+        home = await self.session(timeout)
+        if serving == home.station_key:
+            return home
+        async with self._direct_lock:
+            cached = self._direct.get(serving)
+            if cached is not None and cached.alive:
+                return cached
+            address = await self.dht.resolve_station(serving)
+            ready: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
+            if self._group is None:
+                raise ClosedError("node closed")
+            self._group.create_task(self._hold_direct(address, ready))
+            session = await ready
+            self._direct[serving] = session
+            return session
+
+    async def _hold_direct(self, address: StationAddress, ready: asyncio.Future[Session]) -> None:
+        """Keep a pinned connection to another station open while the node lives."""
+        try:
+            async with Session.connect(
+                self.identity, address, self, timeout=self.connect_timeout
+            ) as session:
+                ready.set_result(session)
+                await session.ended.wait()
+        except MaculaError as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+        finally:
+            if address.node_id is not None:
+                self._direct.pop(address.node_id, None)
+
+    async def advertise(
+        self, realm: bytes, procedure: str, handler: Handler, *, announce: bool = False
+    ) -> None:
         """Serve ``procedure``: ``handler(IncomingCall)`` (sync or async) returns the result;
-        an exception becomes ERROR 0x0F with its message."""
+        an exception becomes ERROR 0x0F with its message. ``announce`` also stores a signed
+        procedure_advertisement record (renewed on every reconnect) so others can resolve
+        this procedure's realm and station and dial it directly."""
         self._served[(realm, procedure)] = _Served(handler=handler)
         self._send_advertise(realm, procedure)
+        if announce:
+            self._announced.add((realm, procedure))
+            session = await self.session()
+            await self.dht.announce_procedure(realm, procedure, session.station_key)
 
     async def advertise_stream(self, realm: bytes, procedure: str, handler: StreamHandler) -> None:
         """Serve a streaming procedure: ``await handler(channel, incoming)``; a returned value
@@ -501,6 +604,7 @@ class Node:
                 )
 
     async def unadvertise(self, realm: bytes, procedure: str) -> None:
+        self._announced.discard((realm, procedure))
         if self._served.pop((realm, procedure), None) is None:
             return
         if self._session is not None and self._session.alive:
@@ -529,19 +633,24 @@ class Node:
     # -- content (§11) ---------------------------------------------------------------------
 
     async def put_content(self, data: bytes, *, name: str = "unnamed") -> bytes:
-        """Store ``data`` at the station by content id; returns the 34-byte MCID."""
+        """Store ``data`` at the station by content id; returns the 34-byte MCID.
+
+        Blocks go out on one dedicated stream with up to ``CONTENT_WINDOW`` CALLs in flight
+        (the station answers each by ``call_id``, §1.3); the manifest follows the last block.
+        """
         plan = content.plan_put(data, name, created=int(time.time()))
         session = await self.session(CONTENT_BLOCK_TIMEOUT)
         async with session.content_stream() as stream:
-            for mcid, block in plan.blocks:
+
+            async def put(mcid: content.Mcid, block: memoryview) -> None:
+                args = {"mcid": mcid.to_bytes(), "payload": bytes(block)}
                 answer = await session.builtin(
-                    "_content.put_block",
-                    {"mcid": mcid.to_bytes(), "payload": bytes(block)},
-                    CONTENT_BLOCK_TIMEOUT,
-                    stream=stream,
+                    "_content.put_block", args, CONTENT_BLOCK_TIMEOUT, stream=stream
                 )
                 if answer != "ok":
                     raise MeshError(ErrorCode.UNKNOWN_ERROR, f"put_block answered {answer!r}")
+
+            await _windowed([put(mcid, block) for mcid, block in plan.blocks])
             if plan.manifest is not None:
                 answer = await session.builtin(
                     "_content.put_manifest",
@@ -566,12 +675,12 @@ class Node:
                 "_content.get_manifest", {"mcid": mcid}, CONTENT_MANIFEST_TIMEOUT, stream=stream
             )
             if answer == "not_found":
-                raise MeshError(
-                    ErrorCode.UNKNOWN_ERROR, "not_found: no such manifest at this station"
-                )
+                raise MeshError(ErrorCode.UNKNOWN_ERROR, "not_found: no such manifest here")
             manifest = content.Manifest.from_wire(answer)
             manifest.verify(wanted)
-            blocks = [await self._get_block(session, stream, info.mcid) for info in manifest.chunks]
+            blocks = await _windowed(
+                [self._get_block(session, stream, info.mcid) for info in manifest.chunks]
+            )
             return content.assemble(manifest, blocks)
 
     async def _get_block(self, session: Session, stream: int, mcid: content.Mcid) -> bytes:
@@ -579,10 +688,7 @@ class Node:
             "_content.get_block", {"mcid": mcid.to_bytes()}, CONTENT_BLOCK_TIMEOUT, stream=stream
         )
         if answer == "not_found" or type(answer) is not bytes:
-            raise MeshError(
-                ErrorCode.UNKNOWN_ERROR,
-                f"not_found: block {mcid.hex()[:20]}… is not at this station",
-            )
+            raise MeshError(ErrorCode.UNKNOWN_ERROR, f"not_found: block {mcid.hex()[:20]}…")
         return answer
 
     def wake(self) -> None:

@@ -222,6 +222,7 @@ class Session:
         self._channels: dict[int, StreamChannel] = {}
         self._closed = False
         self._broken: str | None = None
+        self.ended = asyncio.Event()  # set once: broken, closed, or released by the owner
         self.goodbye: Goodbye | None = None
         self.dropped: dict[str, int] = {}
 
@@ -291,6 +292,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        self.ended.set()
         self._fail_all(ClosedError("session closed"))
 
     def _fail_all(self, error: Exception) -> None:
@@ -511,6 +513,7 @@ class Session:
         if self._closed or self._broken is not None:
             return
         self._broken = reason
+        self.ended.set()
         if self._hello is not None and not self._hello.done():
             self._hello.set_exception(BrokenError(f"station {self.address}: {reason}"))
         self._fail_all(BrokenError(f"connection to {self.address} lost: {reason}"))

@@ -67,6 +67,7 @@ class FrameProtocol(QuicConnectionProtocol):
         self._lost = False
         self._transmit_scheduled = False
         self.max_frame_size = 0x00FFFFFF
+        self.refused: asyncio.Future[str] = self._loop.create_future()
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -110,6 +111,11 @@ class FrameProtocol(QuicConnectionProtocol):
                     )
                 else:
                     sink.stream_ended(stream_id)
+
+    def error_received(self, exc: Exception) -> None:
+        """ICMP errors on the UDP socket: a refused port fails a pending handshake at once."""
+        if isinstance(exc, ConnectionRefusedError) and not self.refused.done():
+            self.refused.set_result(f"nothing listens there ({exc})")
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -232,6 +238,7 @@ async def dial(
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         sock.bind(("::", 0, 0, 0) if family == socket.AF_INET6 else ("0.0.0.0", 0))
+        sock.connect(address)  # a connected socket hears ICMP "port unreachable" at once
         transport, protocol = await loop.create_datagram_endpoint(
             lambda: FrameProtocol(connection), sock=sock
         )
@@ -241,9 +248,19 @@ async def dial(
     assert isinstance(protocol, FrameProtocol)
     try:
         protocol.connect(address)
+        connected: asyncio.Future[None] = asyncio.ensure_future(protocol.wait_connected())
+        race: set[asyncio.Future[Any]] = {connected, protocol.refused}
         try:
-            await asyncio.wait_for(protocol.wait_connected(), timeout)
+            done, _ = await asyncio.wait(race, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if protocol.refused in done:
+                raise ConnectionRefusedError(f"{host}:{port}: {protocol.refused.result()}")
+            if connected not in done:
+                raise TimeoutError(
+                    f"QUIC handshake with {host}:{port} timed out after {timeout:g} s"
+                )
+            connected.result()
         except BaseException:
+            connected.cancel()
             _consume_waiter(protocol)
             raise
         yield protocol

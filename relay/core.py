@@ -147,6 +147,7 @@ class Pending:
     provider_conn: int
     provider_node: bytes
     answer_by_ms: int
+    slot_only: bool = False  # answer_by is the 60 s forwarding slot, not the caller's deadline
 
 
 @dataclass(slots=True)
@@ -220,6 +221,7 @@ class RouterCore:
             detail = f"framing error on stream {stream}: {error.detail}"
             out.append(self._goodbye(peer, "protocol_error", detail, now_ms))
         out.append(Close(conn, f"protocol_error: {error.reason}", after_ms=50))
+        peer.state = "draining"  # nothing more from this connection is heard
         out += self._forget_peer(peer, now_ms)
         return out
 
@@ -227,8 +229,10 @@ class RouterCore:
         peer = self.peers.get(conn)
         if peer is None:
             return []
+        peer.ignored_streams.discard(stream)
         if stream == peer.control:
             # The client closed its control stream: the session is over.
+            peer.state = "draining"
             return [Close(conn, "control stream ended"), *self._forget_peer(peer, now_ms)]
         if stream in peer.content_streams:
             peer.finished_content.add(stream)
@@ -245,6 +249,8 @@ class RouterCore:
         peer = self.peers.get(conn)
         if peer is not None:
             peer.content_streams.pop(stream, None)
+            peer.finished_content.discard(stream)
+            peer.ignored_streams.discard(stream)
         return self._leg_lost(conn, stream, "peer reset the stream", now_ms)
 
     def connection_lost(self, conn: int, now_ms: int) -> list[Action]:
@@ -296,15 +302,20 @@ class RouterCore:
                 self.peers.pop(peer.conn, None)
         for call_id, pending in list(self.pending.items()):
             if now_ms >= pending.answer_by_ms:
-                out += self._fail_pending(
-                    call_id,
-                    ErrorCode.EXPIRY_TOO_SOON,
-                    "deadline passed before the provider replied",
-                    now_ms,
-                )
+                if pending.slot_only:
+                    code, why = ErrorCode.TEMPORARY_RELAY_FAILURE, "provider did not reply in time"
+                else:
+                    code, why = (
+                        ErrorCode.EXPIRY_TOO_SOON,
+                        "deadline passed before the provider replied",
+                    )
+                out += self._fail_pending(call_id, code, why, now_ms)
         for route in self.routes.expired(now_ms):
             out += self._teardown(route, now_ms, error=(b"deadline", b"stream route expired"))
         self._prune_seen(now_ms)
+        for key, (_, until) in list(self.tombstones.items()):
+            if until <= now_ms:
+                del self.tombstones[key]
         return out
 
     def shutdown(self, now_ms: int) -> list[Action]:
@@ -538,9 +549,15 @@ class RouterCore:
                 )
             )
             return
-        answer_by = min(call.deadline_ms, now_ms + self.policy.forward_slot_ms)
+        slot_end = now_ms + self.policy.forward_slot_ms
         self.pending[call.call_id] = Pending(
-            call.call_id, peer.conn, stream, provider.conn, provider.node_id, answer_by
+            call.call_id,
+            peer.conn,
+            stream,
+            provider.conn,
+            provider.node_id,
+            min(call.deadline_ms, slot_end),
+            slot_only=slot_end < call.deadline_ms,
         )
         peer.calls_in_flight.add(call.call_id)
         self.stats["calls_forwarded"] += 1
@@ -754,7 +771,17 @@ class RouterCore:
             out.append(EndStream(peer.conn, stream))
             peer.ignored_streams.add(stream)
             return
-        provider_stream = self._open_stream(provider.conn)
+        try:
+            provider_stream = self._open_stream(provider.conn)
+        except Exception as exc:  # the provider's connection cannot take a new stream
+            log.warning("cannot open a relay stream to conn %d: %s", provider.conn, exc)
+            msg = b"failed to open relay stream"
+            out.append(
+                self._stream_error(peer.conn, stream, frame_map, b"unavailable", msg, now_ms)
+            )
+            out.append(EndStream(peer.conn, stream))
+            peer.ignored_streams.add(stream)
+            return
         route = Route(
             stream_id=frame.stream_id,
             mode=frame.mode,
@@ -814,9 +841,9 @@ class RouterCore:
         self.routes.remove(route)
         out: list[Action] = []
         for leg in (route.caller, route.provider):
-            if leg is lost or leg.conn not in self.peers:
+            if leg.conn not in self.peers:
                 continue
-            if error is not None:
+            if error is not None and leg is not lost:
                 out.append(
                     self._stream_error(
                         leg.conn, leg.stream, None, error[0], error[1], now_ms, route.stream_id

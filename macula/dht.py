@@ -1,0 +1,136 @@
+"""DHT client over the station's ``_dht.*`` built-ins (PROTOCOL.md §6.6, §10).
+
+Invariant: no record reaches the user unless it parses, its signature verifies against its
+``key`` and it has not expired (``Record.verify``). Bad ones are dropped and counted in
+``stats`` (``bad_signature``, ``expired``, ``malformed``): a station, honest or not, cannot make
+us believe a forged or stale record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from macula.errors import MaculaError, MeshError
+from macula.stations import StationAddress
+from macula.wire.codes import ErrorCode
+from macula.wire.errors import RecordInvalid
+from macula.wire.identity import ZERO_REALM
+from macula.wire.records import (
+    Record,
+    RecordType,
+    new_record,
+    record_version,
+    station_endpoint_key,
+    storage_key_for_procedure,
+)
+
+if TYPE_CHECKING:
+    from macula.node import Node
+
+DHT_TIMEOUT = 5.0
+
+
+class ResolveError(MaculaError):
+    """The DHT holds no usable record for what was asked."""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class DhtClient:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.stats: Counter[str] = Counter()
+
+    async def _builtin(self, procedure: str, payload: Any, timeout: float) -> Any:
+        return await self.node.call(ZERO_REALM, procedure, payload, timeout=timeout)
+
+    async def put_record(self, record: Record, *, timeout: float = DHT_TIMEOUT) -> None:
+        answer = await self._builtin("_dht.put_record", record.to_rpc(), timeout)
+        if answer != "ok":
+            raise MeshError(ErrorCode.UNKNOWN_ERROR, f"put_record answered {answer!r}")
+
+    def _checked(self, raw: Any) -> Record | None:
+        try:
+            record = Record.from_rpc(raw)
+            record.verify(_now_ms())
+        except RecordInvalid as exc:
+            reason = exc.reason if exc.reason in ("bad_signature", "expired") else "malformed"
+            self.stats[reason] += 1
+            return None
+        return record
+
+    async def find_record(self, key: bytes, *, timeout: float = DHT_TIMEOUT) -> Record | None:
+        """The first valid record under storage ``key`` (newest first), or None."""
+        records = await self.find_records(key, timeout=timeout)
+        return records[0] if records else None
+
+    async def find_records(self, key: bytes, *, timeout: float = DHT_TIMEOUT) -> list[Record]:
+        answer = await self._builtin("_dht.find_records", {"key": key}, timeout)
+        return self._valid_list(answer)
+
+    async def find_records_by_type(
+        self, record_type: int, *, timeout: float = DHT_TIMEOUT
+    ) -> list[Record]:
+        answer = await self._builtin("_dht.find_records_by_type", {"type": record_type}, timeout)
+        return self._valid_list(answer)
+
+    def _valid_list(self, answer: Any) -> list[Record]:
+        if not isinstance(answer, list):
+            self.stats["malformed"] += 1
+            return []
+        records = [r for r in (self._checked(raw) for raw in answer) if r is not None]
+        records.sort(key=lambda r: (r.created_at, r.version), reverse=True)
+        return records
+
+    # -- procedures and stations ------------------------------------------------------------
+
+    async def announce_procedure(
+        self, realm: bytes, procedure: str, serving_station: bytes, *, ttl_ms: int | None = None
+    ) -> Record:
+        """Sign and store a procedure_advertisement record (with our ``realm`` as an extra
+        payload field, so callers can resolve it)."""
+        now = _now_ms()
+        record = new_record(
+            self.node.identity,
+            RecordType.PROCEDURE_ADVERTISEMENT,
+            {
+                "procedure_uri": procedure,
+                "advertiser_node": self.node.identity.node_id,
+                "serving_station": serving_station,
+                "realm": realm,
+            },
+            now_ms=now,
+            version=record_version(now, os.urandom(10)),
+            ttl_ms=ttl_ms,
+        )
+        await self.put_record(record)
+        return record
+
+    async def procedure_records(self, procedure: str) -> list[Record]:
+        return await self.find_records(storage_key_for_procedure(procedure))
+
+    async def resolve_realm(self, procedure: str) -> bytes:
+        """The realm a procedure is advertised in, from its newest valid advertisement."""
+        for record in await self.procedure_records(procedure):
+            realm = record.payload.get("realm")
+            if type(realm) is bytes and len(realm) == 32:
+                return realm
+        raise ResolveError(f"no procedure_advertisement record with a realm for {procedure!r}")
+
+    async def resolve_station(self, node_id: bytes) -> StationAddress:
+        """Where station ``node_id`` listens, from its own signed station_endpoint record."""
+        for record in await self.find_records(station_endpoint_key(node_id)):
+            if record.key != node_id:
+                self.stats["foreign_endpoint"] += 1
+                continue
+            port = record.payload.get("quic_port")
+            hosts = record.payload.get("host_advertised") or []
+            for host in hosts:
+                if type(host) is bytes and type(port) is int and 0 < port < 65536:
+                    return StationAddress(host.decode("utf-8", "replace"), port, node_id)
+        raise ResolveError(f"no station_endpoint record for station {node_id.hex()}")

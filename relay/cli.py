@@ -1,0 +1,175 @@
+"""``macula-relay``: run a station.
+
+Prints exactly one line on stdout once it listens — ``node_id@host:port`` — and logs on
+stderr (``key=value`` fields). SIGINT/SIGTERM: GOODBYE to every client, connections and
+stores closed, exit 0 within 5 s. Bad options fail at once with a message naming them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from relay.policy import PuzzleMode, Quotas, StationPolicy
+from relay.station import Station, StationConfig
+
+SHUTDOWN_BUDGET_S = 4.5
+
+
+class KeyValueFormatter(logging.Formatter):
+    """One line per record: ``ts=... level=... logger=... msg="..."``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage().replace('"', "'")
+        line = (
+            f"ts={self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} level={record.levelname.lower()} "
+            f'logger={record.name} msg="{message}"'
+        )
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Quotas()
+    parser = argparse.ArgumentParser(
+        prog="macula-relay", description="Run a Macula wire v2 station."
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=4433, help="UDP port (default 4433, 0 = any free)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("MACULA_HOME", "~/.macula")).expanduser() / "station",
+        help="key, certificate and stores (default $MACULA_HOME/station)",
+    )
+    parser.add_argument(
+        "--advertise-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="host name or IP clients dial (certificate SAN, station_endpoint record); repeatable",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.add_argument(
+        "--puzzle",
+        default="off",
+        choices=[m.value for m in PuzzleMode],
+        help="S/Kademlia puzzle policy for clients (default off)",
+    )
+    parser.add_argument("--puzzle-difficulty", type=int, default=8)
+    parser.add_argument(
+        "--max-clock-skew-ms",
+        type=int,
+        default=300_000,
+        help="refuse frames whose sent_at_ms is further off; 0 disables replay checks",
+    )
+    parser.add_argument(
+        "--max-subscriptions", type=_positive(int), default=defaults.max_subscriptions
+    )
+    parser.add_argument(
+        "--max-advertisements", type=_positive(int), default=defaults.max_advertisements
+    )
+    parser.add_argument(
+        "--max-pending-calls", type=_positive(int), default=defaults.max_pending_calls
+    )
+    parser.add_argument("--max-streams", type=_positive(int), default=defaults.max_streams)
+    parser.add_argument(
+        "--publish-rate",
+        type=_positive(float),
+        default=defaults.publish_rate,
+        help="publishes per second per connection (burst: twice that)",
+    )
+    parser.add_argument(
+        "--call-rate",
+        type=_positive(float),
+        default=defaults.call_rate,
+        help="calls per second per connection (burst: twice that)",
+    )
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> StationConfig:
+    if not 0 <= args.port <= 65535:
+        raise SystemExit(f"macula-relay: --port must be 0..65535, got {args.port}")
+    if not 0 <= args.puzzle_difficulty <= 64:
+        raise SystemExit("macula-relay: --puzzle-difficulty must be 0..64")
+    if args.max_clock_skew_ms < 0:
+        raise SystemExit("macula-relay: --max-clock-skew-ms must be >= 0")
+    quotas = Quotas(
+        max_subscriptions=args.max_subscriptions,
+        max_advertisements=args.max_advertisements,
+        max_pending_calls=args.max_pending_calls,
+        max_streams=args.max_streams,
+        publish_rate=args.publish_rate,
+        publish_burst=args.publish_rate * 2,
+        call_rate=args.call_rate,
+        call_burst=args.call_rate * 2,
+    )
+    policy = StationPolicy(
+        puzzle_mode=PuzzleMode(args.puzzle),
+        puzzle_difficulty=args.puzzle_difficulty,
+        max_clock_skew_ms=args.max_clock_skew_ms,
+        quotas=quotas,
+    )
+    return StationConfig(
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        advertised_hosts=args.advertise_host,
+        policy=policy,
+    )
+
+
+async def serve(config: StationConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with Station(config) as station:
+        print(station.endpoint, flush=True)
+        await stop.wait()
+        logging.getLogger("macula.relay").info("signal received, stopping")
+        await asyncio.wait_for(station.stop(), SHUTDOWN_BUDGET_S)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KeyValueFormatter())
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    logging.getLogger("quic").setLevel(logging.WARNING)
+    config = config_from_args(args)
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:
+        raise SystemExit(
+            f"macula-relay: cannot listen on {config.host}:{config.port}: {exc}"
+        ) from None
+
+
+if __name__ == "__main__":
+    main()
