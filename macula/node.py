@@ -14,17 +14,27 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from macula.backoff import Backoff
 from macula.dht import DhtClient, ResolveError
-from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError, MeshError
+from macula.errors import (
+    BrokenError,
+    ClosedError,
+    ConfigError,
+    HandshakeError,
+    MaculaError,
+    MeshError,
+)
+from macula.keyfile import KeyFileError, load_or_create_identity
 from macula.session import Session, StreamChannel, now_ms, stamp
-from macula.stations import StationAddress, parse_station
+from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_station_list
 from macula.wire import content
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import WireError
@@ -168,6 +178,23 @@ def _first_connect_error(
     return BrokenError(f"no station reachable: {names} (last error: {last})")
 
 
+IDENTITY_ENV = "MACULA_MCP_IDENTITY"
+
+
+def identity_from_env(environ: Mapping[str, str] | None = None) -> Identity:
+    """The identity at ``MACULA_MCP_IDENTITY`` (or ``$MACULA_HOME/identity.key``)."""
+    env = os.environ if environ is None else environ
+    home = Path(env.get("MACULA_HOME") or "~/.macula").expanduser()
+    raw = env.get(IDENTITY_ENV)
+    if raw is not None and not raw.strip():
+        raise ConfigError(f"{IDENTITY_ENV} is set but empty: give the path of a key file")
+    path = Path(raw).expanduser() if raw else home / "identity.key"
+    try:
+        return load_or_create_identity(path)
+    except (KeyFileError, OSError) as exc:
+        raise ConfigError(f"{IDENTITY_ENV}: {exc}") from None
+
+
 class Node:
     def __init__(
         self,
@@ -198,11 +225,23 @@ class Node:
         self._terminal: MaculaError | None = None
         self._wake = asyncio.Event()
         self.station_index = 0
+        self._was_up = False  # announce "disconnected" once per outage
         self.dht = DhtClient(self)
         self._announced: set[tuple[bytes, str]] = set()
         self._direct: dict[bytes, Session] = {}
         self._direct_lock = asyncio.Lock()
         self._handlers: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Node:
+        """A node configured like every macula tool: ``MACULA_MESH_STATIONS`` (comma-separated
+        station addresses, required) and ``MACULA_MCP_IDENTITY`` (key file; default
+        ``$MACULA_HOME/identity.key``, created puzzle-hardened if missing)."""
+        env = os.environ if environ is None else environ
+        stations = parse_station_list(env.get(STATIONS_ENV, ""))
+        if not stations:
+            raise ConfigError(f"{STATIONS_ENV} is empty: set it to host:port or node_id@host:port")
+        return cls(identity_from_env(env), stations, **kwargs)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -268,6 +307,7 @@ class Node:
                     if ever_connected:
                         self.stats.reconnects += 1
                     self._announce("reconnected" if ever_connected else "connected")
+                    self._was_up = True
                     ever_connected = True
                     await session.ended.wait()
             except (BrokenError, HandshakeError, OSError) as exc:
@@ -282,8 +322,9 @@ class Node:
                 self._fail_first(first, self._terminal)
                 self._announce("disconnected")
                 return
-            if ever_connected:
+            if ever_connected and self._was_up:
                 self._announce("disconnected")
+            self._was_up = False
             self.station_index += 1
             if not ever_connected:
                 if self.station_index % len(self.stations) != 0:

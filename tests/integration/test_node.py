@@ -220,3 +220,26 @@ def test_station_addresses_and_the_environment() -> None:
     for bad in ("zz@h:1", f"{'ab' * 31}@h:1", "h:0", "h:99999", "h:x", ":1", "[::1", "a,,b"):
         with pytest.raises(ConfigError, match="MACULA_MESH_STATIONS"):
             parse_station_list(bad)
+
+
+def test_node_from_the_environment(tmp_path: Path) -> None:
+    key = tmp_path / "keys" / "agent.key"
+    env = {
+        "MACULA_MESH_STATIONS": "127.0.0.1:4433, 127.0.0.1:4434",
+        "MACULA_MCP_IDENTITY": str(key),
+    }
+    node = Node.from_env(env)
+    assert [s.port for s in node.stations] == [4433, 4434]
+    assert key.exists() and Node.from_env(env).identity.node_id == node.identity.node_id
+    home = Node.from_env({"MACULA_MESH_STATIONS": "h:1", "MACULA_HOME": str(tmp_path / "home")})
+    assert (tmp_path / "home" / "identity.key").exists() and home.identity.has_valid_puzzle()
+    with pytest.raises(ConfigError, match="MACULA_MESH_STATIONS"):
+        Node.from_env({"MACULA_MESH_STATIONS": "h:1,,h:2", "MACULA_MCP_IDENTITY": str(key)})
+    with pytest.raises(ConfigError, match="MACULA_MESH_STATIONS is empty"):
+        Node.from_env({"MACULA_MCP_IDENTITY": str(key)})
+    (tmp_path / "bad.key").write_bytes(b"junk")
+    (tmp_path / "bad.key").chmod(0o600)
+    with pytest.raises(ConfigError, match="MACULA_MCP_IDENTITY"):
+        Node.from_env(
+            {"MACULA_MESH_STATIONS": "h:1", "MACULA_MCP_IDENTITY": str(tmp_path / "bad.key")}
+        )

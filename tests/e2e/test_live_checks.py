@@ -1,0 +1,32 @@
+"""The two-process live checks pass end to end: real station process, two client processes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+@pytest.mark.parametrize(
+    "script",
+    ["pubsub-two-process-check.py", "rpc-two-process-check.py", "content-two-process-check.py"],
+)
+def test_live_check_passes(script: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / script)],
+        cwd=SCRIPTS,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    match = re.fullmatch(r"(\d+)/(\d+) checks passed", lines[-1])
+    assert match and match.group(1) == match.group(2) and int(match.group(2)) >= 10, lines[-1]
+    assert not any(line.startswith("[FAIL]") for line in lines)
