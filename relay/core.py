@@ -60,7 +60,7 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import Identity, puzzle_valid
-from relay.policy import PuzzleMode, StationPolicy, TokenBucket
+from relay.policy import PuzzleMode, ReplayWindow, StationPolicy, TokenBucket
 from relay.routes import Leg, Route, RouteTable
 
 log = logging.getLogger("macula.relay")
@@ -177,7 +177,7 @@ class RouterCore:
         self.tombstones: dict[tuple[bytes, str], tuple[bytes, int]] = {}
         self.pending: dict[bytes, Pending] = {}
         self.routes = RouteTable()
-        self.seen_frames: dict[bytes, dict[bytes, int]] = {}
+        self.seen_frames: dict[bytes, ReplayWindow] = {}
         self.stats: Counter[str] = Counter()
 
     # --- entry points ---------------------------------------------------------------------
@@ -486,24 +486,25 @@ class RouterCore:
         return None
 
     def _fresh(self, frame: Frame, now_ms: int, node_id: bytes | None = None) -> bool:
+        """§13 #1: ``sent_at_ms`` within the skew bound and ``frame_id`` not seen before."""
         skew = self.policy.max_clock_skew_ms
         if skew <= 0:
             return True
         if abs(frame.sent_at_ms - now_ms) > skew:
             return False
-        seen = self.seen_frames.setdefault(node_id or frame.expected_signer() or b"", {})
-        if frame.frame_id in seen:
-            return False
-        seen[frame.frame_id] = now_ms + 2 * skew
-        return True
+        key = node_id or frame.expected_signer() or b""
+        window = self.seen_frames.get(key)
+        if window is None:
+            window = self.seen_frames[key] = ReplayWindow(self.policy.replay_cache_per_node)
+        return window.admit(frame.frame_id, frame.sent_at_ms)
 
     def _prune_seen(self, now_ms: int) -> None:
+        """Forget frame ids whose ``sent_at_ms`` now fails the skew check on its own."""
+        oldest = now_ms - self.policy.max_clock_skew_ms
         for node_id in list(self.seen_frames):
-            seen = self.seen_frames[node_id]
-            expired = [fid for fid, until in seen.items() if until <= now_ms]
-            for fid in expired:
-                del seen[fid]
-            if not seen and node_id not in self.node_conn:
+            window = self.seen_frames[node_id]
+            window.forget_before(oldest)
+            if not window.seen and node_id not in self.node_conn:
                 del self.seen_frames[node_id]
 
     # --- RPC (§6) ---------------------------------------------------------------------------

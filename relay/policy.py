@@ -36,6 +36,9 @@ class StationPolicy:
     # §13 #1: frames whose sent_at_ms is further than this from the station clock are refused;
     # frame ids are remembered for twice this long. 0 turns both checks off.
     max_clock_skew_ms: int = 300_000
+    # frame ids remembered per node; past this, frames older than the oldest forgotten one
+    # are refused (memory stays bounded under any publish rate)
+    replay_cache_per_node: int = 200_000
     quotas: Quotas = Quotas()
     handshake_timeout_ms: int = 30_000
     forward_slot_ms: int = 60_000
@@ -64,3 +67,38 @@ class TokenBucket:
             self._tokens -= amount
             return True
         return False
+
+
+class ReplayWindow:
+    """Frame ids one node has used (§13 #1), bounded in memory.
+
+    Ids are kept in arrival order with their ``sent_at_ms``. Beyond ``capacity`` the oldest is
+    forgotten and its time becomes a floor: a frame sent at or before the floor is refused,
+    since it might be a replay of a forgotten one. Honest clients stamp frames as they send
+    them, so only frames delayed longer than the window spans are affected.
+    """
+
+    __slots__ = ("capacity", "floor_ms", "seen")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.floor_ms = -1
+        self.seen: dict[bytes, int] = {}
+
+    def admit(self, frame_id: bytes, sent_at_ms: int) -> bool:
+        if sent_at_ms <= self.floor_ms or frame_id in self.seen:
+            return False
+        self.seen[frame_id] = sent_at_ms
+        if len(self.seen) > self.capacity:
+            oldest = next(iter(self.seen))
+            self.floor_ms = max(self.floor_ms, self.seen.pop(oldest))
+        return True
+
+    def forget_before(self, oldest_ms: int) -> None:
+        """Drop ids sent before ``oldest_ms`` (they fail the skew check anyway)."""
+        seen = self.seen
+        while seen:
+            first = next(iter(seen))
+            if seen[first] >= oldest_ms:
+                break
+            del seen[first]
