@@ -224,6 +224,7 @@ class Session:
         self._broken: str | None = None
         self.ended = asyncio.Event()  # set once: broken, closed, or released by the owner
         self.goodbye: Goodbye | None = None
+        self.tls_pinned = False  # the TLS certificate key was checked against the station id
         self.dropped: dict[str, int] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -257,6 +258,7 @@ class Session:
                         f"{key.hex() if key else 'none'}, expected {address.node_id.hex()}",
                         retryable=False,
                     )
+                session.tls_pinned = True
             await session._handshake(timeout)
             try:
                 yield session
@@ -319,7 +321,7 @@ class Session:
                 if self._closed
                 else BrokenError(self._broken or "connection lost")
             )
-        self.protocol.send(stream, frame.signed_by(self.identity).encode())
+        self.protocol.send(stream, frame.sign_and_encode(self.identity))
 
     def send_control(self, frame: Frame) -> None:
         self.send(self.control, frame)
@@ -430,7 +432,14 @@ class Session:
                 self._stream_frame(stream_id, frame)
 
     def _verified(self, frame: Frame) -> bool:
-        key = frame.expected_signer() or self.station_key
+        """§4.3. A frame the station itself signs needs no signature check when TLS already
+        proved the station's key (certificate pinned to ``node_id``): nothing but the
+        station can have sent it on this connection. Relayed frames name their signer and
+        are always verified end to end."""
+        signer = frame.expected_signer()
+        if signer is None and self.tls_pinned:
+            return True
+        key = signer or self.station_key
         if key and frame.verifies(key):
             return True
         self._count("unverified", f"{frame.FRAME_TYPE} does not verify")

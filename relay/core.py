@@ -884,7 +884,7 @@ class RouterCore:
         return {"frame_id": new_frame_id(now_ms, self._random(10)), "sent_at_ms": now_ms}
 
     def _sign(self, frame: Frame) -> bytes:
-        return frame.signed_by(self.identity).encode()
+        return frame.sign_and_encode(self.identity)
 
     @staticmethod
     def _encode(frame: Frame) -> bytes:

@@ -117,7 +117,7 @@ def _encode_into(out: list[bytes], value: object, depth: int, bkeys: bool) -> No
         if not math.isfinite(value):  # type: ignore[arg-type]
             raise LocalProtocolError("non_finite_float", f"{value} has no encoding on this wire")
         out.append(b"\xfb" + _pack_d(value))
-    elif isinstance(value, Mapping):
+    elif isinstance(value, (dict, Mapping)):
         if depth <= 0:
             raise LocalProtocolError("too_deep", "value nests deeper than the encoder allows")
         # Distinct keys of a dict have distinct encodings (text/int/bytes encode injectively),
@@ -164,6 +164,21 @@ def encode(
     out: list[bytes] = []
     _encode_into(out, value, max_depth, allow_bytes_keys)
     return b"".join(out)
+
+
+def encode_pairs(value: Mapping[Any, Any]) -> list[tuple[bytes, bytes]]:
+    """A map's canonical encoding as sorted (encoded key, encoded value) pairs, so callers can
+    encode a map once and emit it with or without some entries (see ``join_pairs``)."""
+    return sorted((_encode_key(k, False), encode(v)) for k, v in value.items())
+
+
+def join_pairs(pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """The canonical map made of already sorted encoded pairs."""
+    return _head(5, len(pairs)) + b"".join(k + v for k, v in pairs)
+
+
+def encode_key(key: str | int) -> bytes:
+    return _encode_key(key, False)
 
 
 class _Decoder:
@@ -214,24 +229,51 @@ class _Decoder:
         return self.data[start : start + length]
 
     def item(self, depth: int) -> Any:
-        if self.pos >= self.end:
+        pos = self.pos
+        if pos >= self.end:
             raise self.fail("truncated", "unexpected end of input")
         self.budget -= 1
         if self.budget < 0:
             raise self.fail("too_many_items", "the value holds more items than allowed")
-        initial = self.data[self.pos]
-        self.pos += 1
+        data = self.data
+        initial = data[pos]
+        pos += 1
         major, ai = initial >> 5, initial & 0x1F
+        if ai < 24 and major != 7:  # short head: the common case, inlined
+            self.pos = pos
+            if major == 0:
+                return ai
+            if major == 3 or major == 2:
+                end = pos + ai
+                if end > self.end:
+                    raise self.fail("truncated", f"declared length {ai} exceeds the input")
+                self.pos = end
+                if major == 2:
+                    return data[pos:end]
+                try:
+                    return data[pos:end].decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise self.fail("invalid_utf8", f"text is not valid UTF-8: {exc}") from None
+            if major == 5:
+                return self.map(ai, depth)
+            if major == 1:
+                return -1 - ai
+            if major == 4:
+                if depth <= 0:
+                    raise self.fail("too_deep", "nesting exceeds the allowed depth")
+                return [self.item(depth - 1) for _ in range(ai)]
+            raise self.fail("tag", "tags (major type 6) are not on this wire")
+        self.pos = pos
         if major == 0:
-            return ai if ai < 24 else self.argument(ai)
+            return self.argument(ai)
         if major == 3:
-            raw = self.take(ai if ai < 24 else self.argument(ai))
+            raw = self.take(self.argument(ai))
             try:
                 return raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise self.fail("invalid_utf8", f"text string is not valid UTF-8: {exc}") from None
         if major == 2:
-            return self.take(ai if ai < 24 else self.argument(ai))
+            return self.take(self.argument(ai))
         if major == 1:
             return -1 - self.argument(ai)
         if major == 4:
@@ -253,9 +295,11 @@ class _Decoder:
         if depth <= 0:
             raise self.fail("too_deep", "nesting exceeds the allowed depth")
         result: dict[Any, Any] = {}
+        item = self.item
+        inner = depth - 1
         for _ in range(count):
             key_at = self.pos
-            key = self.item(depth - 1)
+            key = item(inner)
             kt = type(key)
             if kt is not str and kt is not int and not (kt is bytes and self.bytes_keys):
                 self.pos = key_at
@@ -263,7 +307,7 @@ class _Decoder:
             if key in result:
                 self.pos = key_at
                 raise self.fail("duplicate_key", f"map key {key!r} appears twice")
-            result[key] = self.item(depth - 1)
+            result[key] = item(inner)
         return result
 
     def simple(self, ai: int) -> Any:

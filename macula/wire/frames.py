@@ -16,6 +16,7 @@ naming the field. Invariants:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -128,6 +129,8 @@ def wire(kind: Wire, default: Any = dataclasses.MISSING) -> Any:
 _ENVELOPE_SLOTS = ("realm", "call_id", "source_route")
 _ALWAYS = ("version", "frame_type", "frame_id", "sent_at_ms", "capabilities")
 _SIGNATURE_KEYS = ("signature", "publisher_sig")
+_SIGNATURE_KEY = cbor.encode_key("signature")
+_PUBLISHER_SIG_KEY = cbor.encode_key("publisher_sig")
 
 
 def new_frame_id(now_ms: int, random10: bytes) -> bytes:
@@ -184,6 +187,17 @@ class Frame:
 
     def signed_by(self: F, identity: Identity) -> F:
         return dataclasses.replace(self, signature=identity.sign(self.signable_bytes()))
+
+    def sign_and_encode(self, identity: Identity) -> bytes:
+        """``signed_by(identity).encode()`` with every field encoded once: the signed bytes
+        and the frame share the same encoded pairs, the signature pair is slotted in."""
+        unsigned = self.to_map()
+        unsigned.pop("signature", None)
+        pairs = cbor.encode_pairs(unsigned)
+        signable = [pair for pair in pairs if pair[0] != _PUBLISHER_SIG_KEY]
+        signature = identity.sign(DOMAIN_FRAME + cbor.join_pairs(signable))
+        bisect.insort(pairs, (_SIGNATURE_KEY, cbor.encode(signature)))
+        return frame_bytes(cbor.join_pairs(pairs))
 
     def verifies(self, public_key: bytes) -> bool:
         """True iff ``signature`` is present, 64 bytes, and valid for ``public_key``."""

@@ -289,3 +289,12 @@ def test_any_one_bit_change_of_the_signature_fails(vec: dict[str, Any], bit: int
     assert not dataclasses.replace(frame, signature=bytes(sig)).verifies(
         bytes.fromhex(vec["verify_against_hex"])
     )
+
+
+@pytest.mark.parametrize("vec", FRAMES["frames"], ids=lambda v: v["name"])
+def test_sign_and_encode_equals_sign_then_encode(vec: dict[str, Any]) -> None:
+    frame = parsed(vec["name"])
+    signer = SIGNERS[bytes.fromhex(vec["signer_public_key_hex"])]
+    unsigned = dataclasses.replace(frame, signature=None)
+    assert unsigned.sign_and_encode(signer).hex() == vec["wire_hex"]
+    assert unsigned.sign_and_encode(signer) == unsigned.signed_by(signer).encode()
