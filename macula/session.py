@@ -86,6 +86,7 @@ class StreamChannel:
         self.replied = False
         self.error: tuple[str, str] | None = None
         self.peer_finished = False
+        self.finished = False  # we sent STREAM_END(send)
         self.closed = False
 
     # sending
@@ -102,13 +103,13 @@ class StreamChannel:
         self.session.send(self.quic_stream, frame)
 
     def end(self, role: str = "send") -> None:
-        self.session.send(
-            self.quic_stream,
-            StreamEnd(
-                **stamp(), stream_id=self.stream_id, role=role, signer=self.session.identity.node_id
-            ),
+        """STREAM_END: ``send`` finishes our direction, ``both`` ends the session."""
+        frame = StreamEnd(
+            **stamp(), stream_id=self.stream_id, role=role, signer=self.session.identity.node_id
         )
-        if role == "both":
+        self.session.send(self.quic_stream, frame)
+        self.finished = True
+        if role == "both" or self.peer_finished:
             self.closed = True
 
     def fail(self, code: str, message: str) -> None:
@@ -142,7 +143,7 @@ class StreamChannel:
             self._put(frame.body)
         elif isinstance(frame, StreamEnd):
             self.peer_finished = True
-            self.closed = self.closed or frame.role == "both"
+            self.closed = self.closed or frame.role == "both" or self.finished
             self._put(_END)
         elif isinstance(frame, StreamReply):
             self.reply, self.replied, self.closed = frame.payload, True, True
@@ -507,10 +508,9 @@ class Session:
         self.protocol.close_connection("framing error")
 
     def stream_ended(self, stream_id: int) -> None:
-        channel = self._channels.get(stream_id)
+        channel = self._channels.pop(stream_id, None)
         if channel is not None and not channel.closed:
             channel.lost("stream closed before a terminal frame")
-            self._channels.pop(stream_id, None)
 
     def stream_reset(self, stream_id: int) -> None:
         self.stream_ended(stream_id)

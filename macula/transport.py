@@ -68,13 +68,15 @@ class FrameProtocol(QuicConnectionProtocol):
         self._transmit_scheduled = False
         self.max_frame_size = 0x00FFFFFF
         self.refused: asyncio.Future[str] = self._loop.create_future()
+        self._last_reserved: int | None = None
 
     # -- receiving ------------------------------------------------------------------------
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.StreamDataReceived):
             self._stream_data(event.stream_id, event.data, event.end_stream)
-        elif isinstance(event, events.StreamReset):
+        elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
+            # the peer abandoned the stream (or will not read it any more): same for us
             self._decoders.pop(event.stream_id, None)
             if self.sink is not None:
                 self.sink.stream_reset(event.stream_id)
@@ -87,6 +89,8 @@ class FrameProtocol(QuicConnectionProtocol):
         decoder = self._decoders.get(stream_id)
         if decoder is None:
             if not data and end_stream:
+                if self.sink is not None:
+                    self.sink.stream_ended(stream_id)  # a stream closed without a byte
                 return
             decoder = self._decoders[stream_id] = FrameDecoder(max_frame_size=self.max_frame_size)
         sink = self.sink
@@ -131,8 +135,13 @@ class FrameProtocol(QuicConnectionProtocol):
     # -- sending --------------------------------------------------------------------------
 
     def new_stream(self) -> int:
-        """Allocate a fresh bidirectional stream id (no bytes are sent yet)."""
-        return self._quic.get_next_available_stream_id(is_unidirectional=False)
+        """Reserve a fresh bidirectional stream id. aioquic hands out the same id until bytes
+        are sent on it, so ids reserved here are remembered and never given out twice."""
+        stream_id = self._quic.get_next_available_stream_id(is_unidirectional=False)
+        if self._last_reserved is not None and stream_id <= self._last_reserved:
+            stream_id = self._last_reserved + 4
+        self._last_reserved = stream_id
+        return stream_id
 
     def send(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
         """Queue ``data`` (already framed) on ``stream_id``; transmit on the next loop turn."""
@@ -140,7 +149,7 @@ class FrameProtocol(QuicConnectionProtocol):
             return
         try:
             self._quic.send_stream_data(stream_id, data, end_stream)
-        except (AssertionError, ValueError) as exc:  # stream already finished or reset
+        except (AssertionError, ValueError, RuntimeError) as exc:  # finished, reset or stopped
             log.debug("send on stream %d refused: %s", stream_id, exc)
             return
         self._schedule_transmit()
@@ -153,7 +162,7 @@ class FrameProtocol(QuicConnectionProtocol):
         self._decoders.pop(stream_id, None)
 
     def reset(self, stream_id: int, error_code: int = 0) -> None:
-        with contextlib.suppress(AssertionError, ValueError):
+        with contextlib.suppress(AssertionError, ValueError, RuntimeError):
             self._quic.reset_stream(stream_id, error_code)
         self._decoders.pop(stream_id, None)
         self._schedule_transmit()
@@ -188,6 +197,18 @@ class FrameProtocol(QuicConnectionProtocol):
         if not isinstance(key, Ed25519PublicKey):
             return None
         return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+RECEIVE_BUFFER = 4 * 1024 * 1024
+
+
+def enlarge_receive_buffer(sock: socket.socket | None) -> None:
+    """Ask for a 4 MiB UDP receive buffer (bursts of handshakes or blocks overflow the
+    default); the kernel may grant less, which is fine."""
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
 
 
 def _consume_waiter(protocol: QuicConnectionProtocol) -> None:
@@ -239,6 +260,7 @@ async def dial(
     try:
         sock.bind(("::", 0, 0, 0) if family == socket.AF_INET6 else ("0.0.0.0", 0))
         sock.connect(address)  # a connected socket hears ICMP "port unreachable" at once
+        enlarge_receive_buffer(sock)
         transport, protocol = await loop.create_datagram_endpoint(
             lambda: FrameProtocol(connection), sock=sock
         )

@@ -248,6 +248,8 @@ class RouterCore:
     def stream_reset(self, conn: int, stream: int, now_ms: int) -> list[Action]:
         peer = self.peers.get(conn)
         if peer is not None:
+            if stream == peer.control and peer.state != "draining":
+                return self.stream_ended(conn, stream, now_ms)  # the session is over
             peer.content_streams.pop(stream, None)
             peer.finished_content.discard(stream)
             peer.ignored_streams.discard(stream)
@@ -842,8 +844,10 @@ class RouterCore:
         self.routes.remove(route)
         out: list[Action] = []
         for leg in (route.caller, route.provider):
-            if leg.conn not in self.peers:
+            peer = self.peers.get(leg.conn)
+            if peer is None:
                 continue
+            peer.ignored_streams.add(leg.stream)  # an ended stream takes no new work
             if error is not None and leg is not lost:
                 out.append(
                     self._stream_error(

@@ -22,7 +22,14 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
 from macula.keyfile import load_or_create_identity
-from macula.transport import ALPN, CONNECTION_WINDOW, IDLE_TIMEOUT_S, STREAM_WINDOW, FrameProtocol
+from macula.transport import (
+    ALPN,
+    CONNECTION_WINDOW,
+    IDLE_TIMEOUT_S,
+    STREAM_WINDOW,
+    FrameProtocol,
+    enlarge_receive_buffer,
+)
 from macula.wire.errors import FramingError
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, new_record, record_version
@@ -117,9 +124,10 @@ class Station:
         self._server = await serve(
             config.host, config.port, configuration=quic, create_protocol=self._protocol
         )
-        sockname = (
-            self._server._transport.get_extra_info("sockname") if self._server._transport else None
-        )
+        transport = self._server._transport
+        sockname = transport.get_extra_info("sockname") if transport else None
+        if transport is not None:
+            enlarge_receive_buffer(transport.get_extra_info("socket"))
         self.port = int(sockname[1]) if sockname else config.port
         self._spawn(self._ticker())
         self._spawn(self._endpoint_refresher())
@@ -188,18 +196,24 @@ class Station:
 
     def _run(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, Send):
-                connection = self._connections.get(action.conn)
-                if connection is not None:
-                    connection.send(action.stream, action.data)
-            elif isinstance(action, EndStream):
-                connection = self._connections.get(action.conn)
-                if connection is not None:
-                    connection.end_stream(action.stream)
-            elif isinstance(action, Close):
-                self._close_later(action)
-            elif isinstance(action, RunBuiltin):
-                self._spawn(self._builtin(action))
+            try:
+                self._do(action)
+            except Exception:  # one failed action must not cost the others (or the caller)
+                log.exception("station action %s failed", type(action).__name__)
+
+    def _do(self, action: Action) -> None:
+        if isinstance(action, Send):
+            connection = self._connections.get(action.conn)
+            if connection is not None:
+                connection.send(action.stream, action.data)
+        elif isinstance(action, EndStream):
+            connection = self._connections.get(action.conn)
+            if connection is not None:
+                connection.end_stream(action.stream)
+        elif isinstance(action, Close):
+            self._close_later(action)
+        elif isinstance(action, RunBuiltin):
+            self._spawn(self._builtin(action))
 
     def _close_later(self, action: Close) -> None:
         connection = self._connections.get(action.conn)
