@@ -720,18 +720,8 @@ class RouterCore:
                 >= self.policy.quotas.max_streams
             ):
                 self._drop(peer, "stream_quota", "dedicated stream quota reached")
-                out.append(
-                    self._stream_error(
-                        peer.conn,
-                        stream,
-                        frame_map,
-                        b"quota_exceeded",
-                        b"too many streams on this connection",
-                        now_ms,
-                    )
-                )
-                out.append(EndStream(peer.conn, stream))
-                peer.ignored_streams.add(stream)
+                msg = b"too many streams on this connection"
+                out += self._refuse_stream(peer, stream, frame_map, b"quota_exceeded", msg, now_ms)
                 return
             kind = frame_map.get("frame_type")
             if kind == "stream_open":
@@ -761,29 +751,15 @@ class RouterCore:
         ad = self.advertisements.get((frame.realm, frame.procedure))
         provider = self.peers.get(ad.conn) if ad is not None else None
         if provider is None or provider.state != "connected":
-            out.append(
-                self._stream_error(
-                    peer.conn,
-                    stream,
-                    frame_map,
-                    b"unknown_next_peer",
-                    b"procedure not advertised",
-                    now_ms,
-                )
-            )
-            out.append(EndStream(peer.conn, stream))
-            peer.ignored_streams.add(stream)
+            msg = b"procedure not advertised"
+            out += self._refuse_stream(peer, stream, frame_map, b"unknown_next_peer", msg, now_ms)
             return
         try:
             provider_stream = self._open_stream(provider.conn)
         except Exception as exc:  # the provider's connection cannot take a new stream
             log.warning("cannot open a relay stream to conn %d: %s", provider.conn, exc)
             msg = b"failed to open relay stream"
-            out.append(
-                self._stream_error(peer.conn, stream, frame_map, b"unavailable", msg, now_ms)
-            )
-            out.append(EndStream(peer.conn, stream))
-            peer.ignored_streams.add(stream)
+            out += self._refuse_stream(peer, stream, frame_map, b"unavailable", msg, now_ms)
             return
         route = Route(
             stream_id=frame.stream_id,
@@ -928,6 +904,20 @@ class RouterCore:
             )
         error = StreamError(**self._stamp(now_ms), stream_id=stream_id, code=code, message=message)
         return Send(conn, stream, self._sign(error))
+
+    def _refuse_stream(
+        self,
+        peer: Peer,
+        stream: int,
+        frame_map: dict[str, Any],
+        code: bytes,
+        message: bytes,
+        now_ms: int,
+    ) -> list[Action]:
+        """STREAM_ERROR (station-signed, no signer) then FIN; the stream takes no more work."""
+        peer.ignored_streams.add(stream)
+        error = self._stream_error(peer.conn, stream, frame_map, code, message, now_ms)
+        return [error, EndStream(peer.conn, stream)]
 
     def _drop(self, peer: Peer, counter: str, why: str) -> None:
         self.stats[counter] += 1
