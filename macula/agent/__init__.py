@@ -1,0 +1,1 @@
+"""The agent layer: petnames, room envelopes and threading, contact policy, ring proofs."""

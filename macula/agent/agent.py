@@ -1,0 +1,191 @@
+"""``Agent``: the agent layer on one ``Node`` — presence, rooms, rings, and their stores.
+
+``async with Agent(node, settings) as agent:`` opens the local stores and taps nothing yet.
+Presence starts on the first mesh use (``ensure_present``), never from serving alone; after
+an explicit ``goodbye`` only an explicit ``hello`` restarts it. Starting presence also taps
+central and every room we are in, and serves ``agent.<node_id>.ring`` unless
+``MACULA_MCP_NO_RING=1``. Every background task belongs to the agent's task group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from macula.agent.petnames import petname, resolve
+from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
+from macula.agent.rings import Rings
+from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms
+from macula.errors import ConfigError
+from macula.node import Node
+from macula.store.base import StorePaths, paths_from_env
+from macula.store.rings import RingStore
+from macula.store.roster import RosterStore
+from macula.store.transcript import TranscriptStore
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    paths: StorePaths
+    policy_file: Path
+    profile: Profile = field(default_factory=Profile)
+    policy_override: str | None = None
+    serve_rings: bool = True
+    max_rooms: int = DEFAULT_MAX_ROOMS
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
+        env = os.environ if environ is None else environ
+        paths = paths_from_env(env)
+        home = Path(env.get("MACULA_HOME") or "~/.macula").expanduser()
+        raw_policy = env.get("MACULA_MCP_CONTACT_POLICY_FILE")
+        if raw_policy is not None and not raw_policy.strip():
+            raise ConfigError("MACULA_MCP_CONTACT_POLICY_FILE is set but empty")
+        no_ring = env.get("MACULA_MCP_NO_RING", "0").strip()
+        if no_ring not in ("", "0", "1"):
+            raise ConfigError(f"MACULA_MCP_NO_RING must be 0 or 1, not {no_ring!r}")
+        profile = Profile(
+            operator_name=env.get("MACULA_MCP_OPERATOR_NAME") or None,
+            message=env.get("MACULA_MCP_HELLO_MESSAGE") or None,
+            model=env.get("MACULA_MCP_MODEL") or None,
+            interval_seconds=DEFAULT_INTERVAL_S,
+        )
+        return cls(
+            paths=paths,
+            policy_file=Path(raw_policy).expanduser()
+            if raw_policy
+            else home / "contact_policy.json",
+            profile=profile,
+            policy_override=env.get("MACULA_MCP_CONTACT_POLICY") or None,
+            serve_rings=no_ring != "1",
+        )
+
+
+class Agent:
+    def __init__(
+        self, node: Node, settings: AgentSettings, *, clock: Callable[[], int] = _now_ms
+    ) -> None:
+        self.node = node
+        self.settings = settings
+        self.clock = clock
+        self._group: asyncio.TaskGroup | None = None
+        self._roster: RosterStore | None = None
+        self._transcript: TranscriptStore | None = None
+        self._rings: RingStore | None = None
+        self.presence: Presence
+        self.rooms: Rooms
+        self.rings: Rings
+        self._lock = asyncio.Lock()
+
+    async def __aenter__(self) -> Agent:
+        paths = self.settings.paths
+        self._roster = await RosterStore.open(paths.roster)
+        self._transcript = await TranscriptStore.open(paths.transcript)
+        self._rings = await RingStore.open(paths.rings)
+        self.presence = Presence(self.node, self._roster, self.settings.profile, self.clock)
+        self.rooms = Rooms(
+            self.node, self._transcript, self.clock, max_rooms=self.settings.max_rooms
+        )
+        self.rings = Rings(
+            self.node,
+            self._rings,
+            self.rooms,
+            self.clock,
+            policy_file=self.settings.policy_file,
+            policy_override=self.settings.policy_override,
+        )
+        self._group = asyncio.TaskGroup()
+        await self._group.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self.presence.present:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.goodbye(), 3)
+        await self.presence.stop_tasks()
+        await self.rooms.stop()
+        if self._group is not None:
+            group, self._group = self._group, None
+            await group.__aexit__(None, None, None)
+        for store in (self._roster, self._transcript, self._rings):
+            if store is not None:
+                await store.close()
+
+    @property
+    def group(self) -> asyncio.TaskGroup:
+        assert self._group is not None, "agent not started"
+        return self._group
+
+    async def ensure_present(self) -> None:
+        """Start presence on first mesh use, unless this agent said goodbye."""
+        if self.presence.present or self.presence.said_goodbye:
+            return
+        await self.hello()
+
+    async def hello(self, **profile_changes: Any) -> dict[str, Any]:
+        """Announce this agent (or re-announce with new fields) and start everything presence
+        brings: heartbeat, roster feed, taps on central and our rooms, the ring endpoint."""
+        async with self._lock:
+            profile = self.presence.with_profile(**profile_changes)
+            await self.presence.start(self.group, profile)
+            await self.rooms.start(self.group)
+            if self.settings.serve_rings and not self.rings.serving:
+                await self.rings.serve()
+        return self.identity_view()
+
+    async def goodbye(self) -> dict[str, Any]:
+        """Leave every room (closing those we opened), say goodbye once, stop presence."""
+        left = []
+        for membership in await self.rooms.transcript.joined_rooms():
+            with contextlib.suppress(Exception):
+                await self.rooms.leave(
+                    membership.room_topic, close=int(membership.role == "opener")
+                )
+                left.append(membership.room_topic)
+        await self.presence.goodbye()
+        await self.rooms.stop()
+        if self.rings.serving:
+            await self.rings.unserve()
+        return {"node_id": self.node.identity.node_id.hex(), "rooms_left": left, "present": 0}
+
+    async def agents(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
+        rows = []
+        for entry in await self.presence.agents(limit, offset):
+            row = asdict(entry)
+            row["node_id"] = entry.node_id.hex()
+            row["petname"] = petname(entry.node_id)
+            rows.append(row)
+        return rows
+
+    async def resolve(self, name_or_hex: str) -> bytes:
+        """A node id from 64 hex or a petname seen in our own roster."""
+        return resolve(name_or_hex, await self.presence.roster.node_ids())
+
+    async def inbox(self) -> dict[str, Any]:
+        inbox = await self.rooms.inbox()
+        inbox["rings"] = {"pending": await self.rings.pending()}
+        return inbox
+
+    def identity_view(self) -> dict[str, Any]:
+        policy = self.rings.policy()
+        return {
+            "node_id": self.node.identity.node_id.hex(),
+            "petname": petname(self.node.identity.node_id),
+            "present": int(self.presence.present),
+            "ring": {
+                "serving": int(self.rings.serving),
+                "contact_policy": policy.mode.label,
+                "policy_error": policy.error,
+            },
+            "profile": {k: v for k, v in asdict(self.presence.profile).items() if v is not None},
+        }

@@ -1,0 +1,316 @@
+"""Rings: the addressed, proven invite into a room (``agent.<node_id>.ring``).
+
+Callee order (every step before policy refuses without recording): the ring is addressed to
+me and its proof verifies (bound to ``agent.<me>.ring#ring:<ring_id>``, skew <= 60 s, signed by
+the CALL's attested caller); one ring per caller per 2 s; at most 3 pending per caller; then
+the contact policy (re-read on every ring): 1 accepted (we join the room and publish
+``participant_joined`` *before* answering), 2 declined with a reason, 3 deferred (pending for
+the model, expires after 24 h). Every answer is proven by the callee, bound to
+``agent.<caller>.ring#answer:<ring_id>``. A deferred ring answered later travels back as a
+proven call to the caller's own ring endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from macula.agent.contact_policy import Answer, PolicyState, decide, load_policy
+from macula.agent.proof import (
+    build_ring,
+    build_ring_answer,
+    new_ring_id,
+    ring_endpoint,
+    validate_ring,
+    validate_ring_answer,
+)
+from macula.agent.rooms import Rooms
+from macula.errors import CallTimeout, MaculaError, MeshError
+from macula.node import IncomingCall, Node
+from macula.store.rings import Ring, RingStore
+from macula.wire.codes import ErrorCode
+from macula.wire.identity import ZERO_REALM
+
+log = logging.getLogger("macula.agent.rings")
+
+RATE_WINDOW_MS = 2_000
+MAX_PENDING_PER_CALLER = 3
+RING_TIMEOUT_S = 10.0
+
+
+class Rings:
+    def __init__(
+        self,
+        node: Node,
+        store: RingStore,
+        rooms: Rooms,
+        clock: Callable[[], int],
+        *,
+        policy_file: Path,
+        policy_override: str | None = None,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+    ) -> None:
+        self.node = node
+        self.store = store
+        self.rooms = rooms
+        self.clock = clock
+        self.policy_file = policy_file
+        self.policy_override = policy_override
+        self.random = random_bytes
+        self.me = node.identity.node_id
+        self.stats: Counter[str] = Counter()
+        self._last_ring: dict[bytes, int] = {}
+        self._incoming = asyncio.Condition()
+        self._incoming_count = 0
+        self._latest: dict[str, Any] | None = None
+        self.serving = False
+
+    def policy(self) -> PolicyState:
+        return load_policy(self.policy_file, self.policy_override)
+
+    async def serve(self) -> None:
+        """Serve ``agent.<me>.ring`` (and announce it in the DHT for direct dial)."""
+        await self.node.advertise(ZERO_REALM, ring_endpoint(self.me), self._handle, announce=True)
+        self.serving = True
+
+    async def unserve(self) -> None:
+        await self.node.unadvertise(ZERO_REALM, ring_endpoint(self.me))
+        self.serving = False
+
+    # -- callee ---------------------------------------------------------------------------------
+
+    async def _handle(self, call: IncomingCall) -> Any:
+        payload = call.payload
+        kind = payload.get("kind") if isinstance(payload, dict) else None
+        if kind == "ring":
+            return await self._ring_received(call)
+        if kind == "ring_answer":
+            return await self._answer_received(call)
+        raise ValueError("expected a ring or a ring_answer payload")
+
+    async def _ring_received(self, call: IncomingCall) -> dict[str, Any]:
+        now = self.clock()
+        payload: dict[str, Any] = call.payload
+        problems = validate_ring(payload, self.me, now)
+        if not problems and payload.get("from") != call.caller.hex():
+            problems = ["from is not the attested caller of this ring"]
+        ring_id = _text(payload.get("ring_id"))
+        room = _text(payload.get("room_topic"))
+        if problems:
+            self.stats["rings_unverified"] += 1
+            return self._answer(
+                call.caller, ring_id, room, Answer.DECLINED, "unverified: " + "; ".join(problems)
+            )
+        last = self._last_ring.get(call.caller)
+        if last is not None and now - last < RATE_WINDOW_MS:
+            self.stats["rings_rate_limited"] += 1
+            return self._answer(
+                call.caller, ring_id, room, Answer.DECLINED, "rate limited: one ring per 2 s"
+            )
+        self._last_ring[call.caller] = now
+        decision = decide(self.policy(), call.caller)
+        answer, reason = decision.answer, decision.reason
+        if (
+            answer == Answer.DEFERRED
+            and await self.store.count_pending_from(call.caller, now) >= MAX_PENDING_PER_CALLER
+        ):
+            answer, reason = (
+                Answer.DECLINED,
+                f"too many pending rings from you (max {MAX_PENDING_PER_CALLER})",
+            )
+        if answer == Answer.ACCEPTED:
+            await self.rooms.join(room)  # two-sided before the caller hears "accepted"
+        outcome = await self.store.add(
+            ring_id,
+            "incoming",
+            call.caller,
+            now,
+            purpose=payload.get("purpose"),
+            room_topic=room,
+            answer=None if answer == Answer.DEFERRED else int(answer),
+            reason=reason,
+            pending_limit=MAX_PENDING_PER_CALLER,
+        )
+        if outcome == "duplicate":
+            return self._answer(call.caller, ring_id, room, Answer.DECLINED, "duplicate ring_id")
+        await self._notify(
+            {
+                "ring_id": ring_id,
+                "from": call.caller.hex(),
+                "purpose": payload.get("purpose"),
+                "room_topic": room,
+                "answer": int(answer),
+                "reason": reason,
+            }
+        )
+        return self._answer(call.caller, ring_id, room, answer, reason)
+
+    def _answer(
+        self, caller: bytes, ring_id: str, room: str, answer: int, reason: str | None
+    ) -> dict[str, Any]:
+        if not ring_id or not room:
+            return {"answer": int(answer), "reason": reason}  # too malformed to prove a reply to
+        try:
+            return dict(
+                build_ring_answer(
+                    self.node.identity, caller, ring_id, int(answer), room, self.clock(), reason
+                )
+            )
+        except MaculaError:
+            return {"answer": int(answer), "reason": reason}
+
+    async def _answer_received(self, call: IncomingCall) -> dict[str, Any]:
+        """A deferred ring of ours, answered later by its callee."""
+        now = self.clock()
+        problems = validate_ring_answer(call.payload, self.me, now)
+        if not problems and call.payload.get("from") != call.caller.hex():
+            problems = ["from is not the attested caller"]
+        if problems:
+            self.stats["answers_unverified"] += 1
+            raise ValueError("unverified ring answer: " + "; ".join(problems))
+        ring = await self.store.get(call.payload["ring_id"], now)
+        if ring is None or ring.direction != "outgoing" or ring.peer != call.caller:
+            raise ValueError("no ring of ours with that ring_id to that agent")
+        await self.store.set_answer(
+            ring.ring_id, call.payload["answer"], call.payload.get("reason"), now
+        )
+        await self._notify(
+            {
+                "ring_id": ring.ring_id,
+                "from": call.caller.hex(),
+                "answer": call.payload["answer"],
+                "reason": call.payload.get("reason"),
+                "room_topic": ring.room_topic,
+                "late_answer": 1,
+            }
+        )
+        return {"recorded": 1}
+
+    async def _notify(self, event: dict[str, Any]) -> None:
+        async with self._incoming:
+            self._incoming_count += 1
+            self._latest = event
+            self._incoming.notify_all()
+
+    async def wait_ring(self, wait_seconds: float) -> dict[str, Any] | None:
+        """Block until the next incoming ring (or late answer) arrives, or time runs out."""
+        async with self._incoming:
+            seen = self._incoming_count
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._incoming.wait_for(lambda: self._incoming_count > seen),
+                    max(0.0, wait_seconds),
+                )
+            return self._latest if self._incoming_count > seen else None
+
+    async def answer_ring(
+        self, ring_id: str, answer: int, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Answer a deferred ring: 1 joins its room first, 2 declines; the proven answer goes
+        back to the caller's ring endpoint (``caller_notified`` 0 when they are gone)."""
+        if answer not in (Answer.ACCEPTED, Answer.DECLINED):
+            raise MaculaError("answer must be 1 (accept) or 2 (decline)")
+        now = self.clock()
+        ring = await self.store.get(ring_id, now)
+        if ring is None or ring.direction != "incoming":
+            raise MaculaError(f"no incoming ring {ring_id!r} (mesh_read_inbox lists pending rings)")
+        if ring.state != "pending":
+            raise MaculaError(f"ring {ring_id!r} is already {ring.state}")
+        if answer == Answer.ACCEPTED and ring.room_topic:
+            await self.rooms.join(ring.room_topic)
+        payload = build_ring_answer(
+            self.node.identity, ring.peer, ring_id, int(answer), ring.room_topic or "", now, reason
+        )
+        notified = 0
+        try:
+            await self.node.call(
+                ZERO_REALM, ring_endpoint(ring.peer), dict(payload), timeout=RING_TIMEOUT_S
+            )
+            notified = 1
+        except (MeshError, CallTimeout) as exc:
+            log.info("caller of ring %s not notified: %s", ring_id, exc)
+        updated = await self.store.set_answer(
+            ring_id, int(answer), reason, self.clock(), caller_notified=notified
+        )
+        return {
+            "ring_id": ring_id,
+            "answer": int(answer),
+            "caller_notified": notified,
+            "state": updated.state if updated else "answered",
+        }
+
+    # -- caller --------------------------------------------------------------------------------
+
+    async def ring(
+        self,
+        to: bytes,
+        purpose: str,
+        *,
+        room_topic: str | None = None,
+        wait_join_seconds: float = 0,
+    ) -> dict[str, Any]:
+        if to == self.me:
+            raise MaculaError("you cannot ring yourself")
+        room = room_topic or (await self.rooms.open(purpose[:280] or None))["room_topic"]
+        now = self.clock()
+        ring_id = new_ring_id(self.random(16))
+        payload = build_ring(self.node.identity, to, purpose, room, ring_id, now)
+        result: dict[str, Any] = {"ring_id": ring_id, "to": to.hex(), "room_topic": room}
+        try:
+            reply = await self.node.call(
+                ZERO_REALM, ring_endpoint(to), dict(payload), timeout=RING_TIMEOUT_S
+            )
+        except (MeshError, CallTimeout) as exc:
+            if isinstance(exc, MeshError) and exc.code != ErrorCode.UNKNOWN_NEXT_PEER:
+                raise
+            await self.store.add(ring_id, "outgoing", to, now, purpose=purpose, room_topic=room)
+            await self.store.set_unreachable(ring_id, str(exc), self.clock())
+            return result | {"unreachable": 1, "answer": None, "detail": str(exc)}
+        problems = validate_ring_answer(reply, self.me, self.clock())
+        if problems:
+            raise MaculaError("the callee's answer does not verify: " + "; ".join(problems))
+        answer = reply["answer"]
+        await self.store.add(
+            ring_id,
+            "outgoing",
+            to,
+            now,
+            purpose=purpose,
+            room_topic=room,
+            answer=None if answer == Answer.DEFERRED else answer,
+            reason=reply.get("reason"),
+        )
+        result |= {"unreachable": 0, "answer": answer, "reason": reply.get("reason")}
+        if answer == Answer.ACCEPTED:
+            joined = await self.rooms.wait(
+                room,
+                wait_join_seconds,
+                after_ms=now - 1,
+                kinds={"participant_joined"},
+                sender=to.hex(),
+            )
+            result["joined"] = int(joined is not None)
+        return result
+
+    async def pending(self) -> list[dict[str, Any]]:
+        return [_ring_view(r) for r in await self.store.pending(self.clock())]
+
+    async def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+        return [_ring_view(r) for r in await self.store.recent(limit)]
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _ring_view(ring: Ring) -> dict[str, Any]:
+    view = asdict(ring)
+    view["peer"] = ring.peer.hex()
+    return view

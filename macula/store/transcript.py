@@ -1,0 +1,467 @@
+"""The transcript: envelopes heard on central (``agents.lobby``) and on rooms, plus memberships.
+
+Invariants:
+- A message is identified by ``(room_topic, message_id)``. Recording it again is ignored, not an
+  error, and reported as not new: one ``INSERT ... ON CONFLICT DO NOTHING``, atomic across
+  processes, so two taps of the same room never store a message twice.
+- Reads order messages by ``sent_at`` (the sender's clock), then ``received_ms`` (ours), then
+  arrival order; a ``limit`` keeps the newest ones and returns them oldest first. ``since_ms``
+  filters on ``received_ms`` (inclusive): a sender's clock cannot hide a message from a reader.
+- ``refs`` and ``participants`` are stored as JSON arrays of text; ``envelope`` is the raw JSON
+  text as received (checked to parse, stored unchanged); flags are the ints 0/1.
+- Memberships: at most one row per room. Joining while joined keeps ``joined_ms`` and an
+  opener stays the opener; leaving keeps the row with ``left_ms`` set; joining again starts anew.
+- Public rooms seen on central: one row per topic; the first opener announced for a topic keeps
+  it: an announcement naming another opener is ignored.
+- The store holds what it is given: envelope validation and attestation are the agent layer's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence, Set
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from macula.store.base import (
+    Migration,
+    Params,
+    Row,
+    SqliteStore,
+    check_flag,
+    check_limit,
+    execute,
+    fetchall,
+    opt_int,
+    opt_text,
+)
+
+__all__ = [
+    "PublicRoom",
+    "RoomActivity",
+    "RoomMembership",
+    "RoomRole",
+    "TranscriptMessage",
+    "TranscriptStore",
+]
+
+logger = logging.getLogger("macula.store.transcript")
+
+RoomRole = Literal["opener", "participant"]
+ROLES: Final = ("opener", "participant")
+
+_TRANSCRIPT_V1: Final[Migration] = (
+    """
+    CREATE TABLE messages (
+        seq          INTEGER PRIMARY KEY,   -- arrival order in this file
+        room_topic   TEXT NOT NULL,
+        message_id   TEXT NOT NULL,
+        from_hex     TEXT NOT NULL,
+        kind         TEXT NOT NULL,
+        text         TEXT,
+        in_reply_to  TEXT,
+        refs         TEXT,                  -- JSON array of text, or NULL
+        participants TEXT,                  -- JSON array of text, or NULL
+        purpose      TEXT,
+        sent_at      INTEGER NOT NULL,      -- sender clock, unix ms
+        received_ms  INTEGER NOT NULL,      -- our clock, unix ms
+        publisher    BLOB,                  -- the station-reported publisher
+        attested     INTEGER NOT NULL CHECK (attested IN (0, 1)),
+        envelope     TEXT NOT NULL,         -- the raw envelope JSON
+        UNIQUE (room_topic, message_id)
+    )
+    """,
+    "CREATE INDEX messages_by_room_time ON messages (room_topic, sent_at, received_ms)",
+    "CREATE INDEX messages_by_room_kind ON messages (room_topic, kind, received_ms)",
+    "CREATE INDEX messages_by_received ON messages (received_ms)",
+    """
+    CREATE TABLE memberships (
+        room_topic TEXT PRIMARY KEY,
+        role       TEXT NOT NULL CHECK (role IN ('opener', 'participant')),
+        public     INTEGER NOT NULL CHECK (public IN (0, 1)),
+        purpose    TEXT,
+        joined_ms  INTEGER NOT NULL,
+        left_ms    INTEGER                  -- NULL while joined
+    ) WITHOUT ROWID
+    """,
+    """
+    CREATE TABLE public_rooms (
+        room_topic    TEXT PRIMARY KEY,
+        opener_hex    TEXT NOT NULL,
+        purpose       TEXT,
+        first_seen_ms INTEGER NOT NULL,
+        last_seen_ms  INTEGER NOT NULL
+    ) WITHOUT ROWID
+    """,
+)
+
+_MESSAGE_COLUMNS: Final = (
+    "seq, room_topic, message_id, from_hex, kind, text, in_reply_to, refs, participants,"
+    " purpose, sent_at, received_ms, publisher, attested, envelope"
+)
+
+_INSERT_MESSAGE: Final = """
+INSERT INTO messages (room_topic, message_id, from_hex, kind, text, in_reply_to, refs,
+                      participants, purpose, sent_at, received_ms, publisher, attested, envelope)
+VALUES (:room_topic, :message_id, :from_hex, :kind, :text, :in_reply_to, :refs,
+        :participants, :purpose, :sent_at, :received_ms, :publisher, :attested, :envelope)
+ON CONFLICT (room_topic, message_id) DO NOTHING
+"""
+
+_MEMBERSHIP_COLUMNS: Final = "room_topic, role, public, purpose, joined_ms, left_ms"
+_PUBLIC_ROOM_COLUMNS: Final = "room_topic, opener_hex, purpose, first_seen_ms, last_seen_ms"
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptMessage:
+    seq: int
+    room_topic: str
+    message_id: str
+    from_hex: str
+    kind: str
+    text: str | None
+    in_reply_to: str | None
+    refs: tuple[str, ...] | None
+    participants: tuple[str, ...] | None
+    purpose: str | None
+    sent_at: int
+    received_ms: int
+    publisher: bytes | None
+    attested: int  # 0 or 1
+    envelope: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoomActivity:
+    room_topic: str
+    messages: int
+    last_sent_at: int
+    last_received_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoomMembership:
+    room_topic: str
+    role: RoomRole
+    public: int  # 0 or 1
+    purpose: str | None
+    joined_ms: int
+    left_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PublicRoom:
+    room_topic: str
+    opener_hex: str
+    purpose: str | None
+    first_seen_ms: int
+    last_seen_ms: int
+
+
+class TranscriptStore(SqliteStore):
+    """Messages of central and of rooms, the rooms joined, and public rooms seen on central."""
+
+    MIGRATIONS = (_TRANSCRIPT_V1,)
+
+    # -- messages ------------------------------------------------------------------------------
+
+    async def record(
+        self,
+        *,
+        room_topic: str,
+        message_id: str,
+        from_hex: str,
+        kind: str,
+        sent_at: int,
+        received_ms: int,
+        envelope: str,
+        text: str | None = None,
+        in_reply_to: str | None = None,
+        refs: Sequence[str] | None = None,
+        participants: Sequence[str] | None = None,
+        purpose: str | None = None,
+        publisher: bytes | None = None,
+        attested: int = 0,
+    ) -> bool:
+        """Store one envelope; True if new, False if ``(room_topic, message_id)`` was known."""
+        for name, value in (
+            ("room_topic", room_topic),
+            ("message_id", message_id),
+            ("from_hex", from_hex),
+            ("kind", kind),
+        ):
+            _check_text(value, name)
+        _check_envelope(envelope)
+        if publisher is not None and type(publisher) is not bytes:
+            raise ValueError("publisher must be bytes or None")
+        params = {
+            "room_topic": room_topic,
+            "message_id": message_id,
+            "from_hex": from_hex,
+            "kind": kind,
+            "text": _opt_text_arg(text, "text"),
+            "in_reply_to": _opt_text_arg(in_reply_to, "in_reply_to"),
+            "refs": _json_texts(refs, "refs"),
+            "participants": _json_texts(participants, "participants"),
+            "purpose": _opt_text_arg(purpose, "purpose"),
+            "sent_at": _check_int(sent_at, "sent_at"),
+            "received_ms": _check_int(received_ms, "received_ms"),
+            "publisher": publisher,
+            "attested": check_flag(attested, "attested"),
+            "envelope": envelope,
+        }
+        return await self._execute(_INSERT_MESSAGE, params) > 0
+
+    async def messages(
+        self, room_topic: str | None, since_ms: int | None = None, limit: int = 100
+    ) -> list[TranscriptMessage]:
+        """The newest ``limit`` messages of ``room_topic`` (every room when None) received at or
+        after ``since_ms``, oldest first."""
+        return await self._select([], {}, room_topic, since_ms, limit)
+
+    async def recent(
+        self, kind_in: Set[str], room_topic: str | None, since_ms: int | None, limit: int = 50
+    ) -> list[TranscriptMessage]:
+        """Like ``messages``, only the kinds in ``kind_in`` (e.g. help broadcasts on central)."""
+        if not kind_in:
+            return []
+        names = {f"kind{i}": kind for i, kind in enumerate(sorted(kind_in))}
+        clause = "kind IN (" + ", ".join(f":{name}" for name in names) + ")"
+        return await self._select([clause], names, room_topic, since_ms, limit)
+
+    async def last_message(self, room_topic: str) -> TranscriptMessage | None:
+        """The newest message of ``room_topic`` in transcript order, if any."""
+        found = await self._select([], {}, room_topic, None, 1)
+        return found[0] if found else None
+
+    async def rooms(self) -> list[RoomActivity]:
+        """Every topic with recorded messages, most recently active (by our clock) first."""
+        rows = await self._fetchall(
+            "SELECT room_topic, count(*), max(sent_at), max(received_ms) FROM messages"
+            " GROUP BY room_topic ORDER BY max(received_ms) DESC, room_topic"
+        )
+        return [RoomActivity(str(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in rows]
+
+    async def prune(self, older_than_ms: int) -> int:
+        """Delete messages received before ``older_than_ms``; return how many. Public rooms last
+        announced before it and memberships left before it go too."""
+        async with self._transaction() as db:
+            removed = await execute(
+                db, "DELETE FROM messages WHERE received_ms < ?", (older_than_ms,)
+            )
+            await execute(db, "DELETE FROM public_rooms WHERE last_seen_ms < ?", (older_than_ms,))
+            await execute(
+                db,
+                "DELETE FROM memberships WHERE left_ms IS NOT NULL AND left_ms < ?",
+                (older_than_ms,),
+            )
+        return removed
+
+    async def _select(
+        self,
+        clauses: list[str],
+        params: dict[str, Any],
+        room_topic: str | None,
+        since_ms: int | None,
+        limit: int,
+    ) -> list[TranscriptMessage]:
+        check_limit(limit)
+        params = {**params, "limit": limit}
+        if room_topic is not None:
+            clauses = [*clauses, "room_topic = :room_topic"]
+            params["room_topic"] = room_topic
+        if since_ms is not None:
+            clauses = [*clauses, "received_ms >= :since"]
+            params["since"] = since_ms
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = await self._fetchall(
+            f"SELECT * FROM (SELECT {_MESSAGE_COLUMNS} FROM messages {where}"
+            " ORDER BY sent_at DESC, received_ms DESC, seq DESC LIMIT :limit)"
+            " ORDER BY sent_at, received_ms, seq",
+            params,
+        )
+        return [_message(row, self.path) for row in rows]
+
+    # -- memberships ---------------------------------------------------------------------------
+
+    async def join_room(
+        self, topic: str, role: RoomRole, public: int, purpose: str | None, now_ms: int
+    ) -> bool:
+        """Note that we are in ``topic``; True if newly joined (not already a member)."""
+        _check_text(topic, "topic")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        params: Params = {
+            "topic": topic,
+            "role": role,
+            "public": check_flag(public, "public"),
+            "purpose": _opt_text_arg(purpose, "purpose"),
+            "now": now_ms,
+        }
+        async with self._transaction() as db:
+            rows = await fetchall(
+                db, "SELECT left_ms FROM memberships WHERE room_topic = ?", (topic,)
+            )
+            if rows and rows[0][0] is None:
+                await execute(
+                    db,
+                    "UPDATE memberships SET public = :public,"
+                    " role = CASE role WHEN 'opener' THEN 'opener' ELSE :role END,"
+                    " purpose = coalesce(:purpose, purpose) WHERE room_topic = :topic",
+                    params,
+                )
+                return False
+            await execute(
+                db,
+                f"INSERT OR REPLACE INTO memberships ({_MEMBERSHIP_COLUMNS})"
+                " VALUES (:topic, :role, :public, :purpose, :now, NULL)",
+                params,
+            )
+            return True
+
+    async def leave_room(self, topic: str, now_ms: int) -> bool:
+        """Note that we left ``topic``; True if we were in it."""
+        changed = await self._execute(
+            "UPDATE memberships SET left_ms = ? WHERE room_topic = ? AND left_ms IS NULL",
+            (now_ms, topic),
+        )
+        return changed > 0
+
+    async def joined_rooms(self) -> list[RoomMembership]:
+        """Rooms we are in, earliest joined first."""
+        rows = await self._fetchall(
+            f"SELECT {_MEMBERSHIP_COLUMNS} FROM memberships WHERE left_ms IS NULL"
+            " ORDER BY joined_ms, room_topic"
+        )
+        return [_membership(row) for row in rows]
+
+    # -- public rooms seen on central ----------------------------------------------------------
+
+    async def note_public_room(
+        self, topic: str, opener_hex: str, purpose: str | None, now_ms: int
+    ) -> bool:
+        """Remember a ``room_opened`` announcement seen on central; True if the topic is new.
+        A repeat by the same opener refreshes it; one naming another opener is ignored."""
+        _check_text(topic, "topic")
+        _check_text(opener_hex, "opener_hex")
+        params: Params = {
+            "topic": topic,
+            "opener": opener_hex,
+            "purpose": _opt_text_arg(purpose, "purpose"),
+            "now": now_ms,
+        }
+        async with self._transaction() as db:
+            rows = await fetchall(
+                db, "SELECT opener_hex FROM public_rooms WHERE room_topic = ?", (topic,)
+            )
+            if not rows:
+                await execute(
+                    db,
+                    f"INSERT INTO public_rooms ({_PUBLIC_ROOM_COLUMNS})"
+                    " VALUES (:topic, :opener, :purpose, :now, :now)",
+                    params,
+                )
+                return True
+            if rows[0][0] == opener_hex:
+                await execute(
+                    db,
+                    "UPDATE public_rooms SET purpose = coalesce(:purpose, purpose),"
+                    " last_seen_ms = max(last_seen_ms, :now) WHERE room_topic = :topic",
+                    params,
+                )
+            return False
+
+    async def seen_rooms(self) -> list[PublicRoom]:
+        """Public rooms announced on central, most recently announced first."""
+        rows = await self._fetchall(
+            f"SELECT {_PUBLIC_ROOM_COLUMNS} FROM public_rooms"
+            " ORDER BY last_seen_ms DESC, room_topic"
+        )
+        return [
+            PublicRoom(str(r[0]), str(r[1]), opt_text(r[2]), int(r[3]), int(r[4])) for r in rows
+        ]
+
+
+# --- arguments and rows -----------------------------------------------------------------------
+
+
+def _check_text(value: str, name: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be non-empty text")
+
+
+def _opt_text_arg(value: str | None, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{name} must be text or None")
+    return value
+
+
+def _check_int(value: int, name: str) -> int:
+    if type(value) is not int:
+        raise ValueError(f"{name} must be an int (unix ms)")
+    return value
+
+
+def _check_envelope(envelope: str) -> None:
+    if not isinstance(envelope, str):
+        raise ValueError("envelope must be the raw JSON text")
+    try:
+        json.loads(envelope)
+    except ValueError:
+        raise ValueError("envelope is not valid JSON") from None
+
+
+def _json_texts(values: Sequence[str] | None, name: str) -> str | None:
+    if values is None:
+        return None
+    if isinstance(values, str | bytes) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{name} must be a sequence of text (not one text)")
+    return json.dumps(list(values), ensure_ascii=False, separators=(",", ":"))
+
+
+def _texts_from_json(value: object, name: str, path: Path) -> tuple[str, ...] | None:
+    """Defence in depth: a stored column that is not a JSON array of text reads as None."""
+    if value is None:
+        return None
+    try:
+        decoded = json.loads(str(value))
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, list) and all(isinstance(v, str) for v in decoded):
+        return tuple(decoded)
+    logger.warning("%s: %s is not a JSON array of text; reading it as None", path, name)
+    return None
+
+
+def _message(row: Row, path: Path) -> TranscriptMessage:
+    return TranscriptMessage(
+        seq=int(row[0]),
+        room_topic=str(row[1]),
+        message_id=str(row[2]),
+        from_hex=str(row[3]),
+        kind=str(row[4]),
+        text=opt_text(row[5]),
+        in_reply_to=opt_text(row[6]),
+        refs=_texts_from_json(row[7], "refs", path),
+        participants=_texts_from_json(row[8], "participants", path),
+        purpose=opt_text(row[9]),
+        sent_at=int(row[10]),
+        received_ms=int(row[11]),
+        publisher=None if row[12] is None else bytes(row[12]),
+        attested=int(row[13]),
+        envelope=str(row[14]),
+    )
+
+
+def _membership(row: Row) -> RoomMembership:
+    role: RoomRole = "opener" if row[1] == "opener" else "participant"
+    return RoomMembership(
+        room_topic=str(row[0]),
+        role=role,
+        public=int(row[2]),
+        purpose=opt_text(row[3]),
+        joined_ms=int(row[4]),
+        left_ms=opt_int(row[5]),
+    )
