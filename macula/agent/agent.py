@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from macula.agent.contact_policy import trust, untrust
 from macula.agent.petnames import petname, resolve
 from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
@@ -170,6 +171,29 @@ class Agent:
     async def resolve(self, name_or_hex: str) -> bytes:
         """A node id from 64 hex or a petname seen in our own roster."""
         return resolve(name_or_hex, await self.presence.roster.node_ids())
+
+    async def trust(self, name_or_hex: str) -> dict[str, Any]:
+        """Add a peer (node id or a petname from our roster) to the contact allowlist."""
+        node_id = await self.resolve(name_or_hex)
+        state = trust(
+            self.settings.policy_file, node_id, env_override=self.settings.policy_override
+        )
+        return {
+            "node_id": node_id.hex(),
+            "petname": petname(node_id),
+            "contact_policy": state.mode.label,
+        }
+
+    async def untrust(self, name_or_hex: str) -> dict[str, Any]:
+        node_id = await self.resolve(name_or_hex)
+        state = untrust(
+            self.settings.policy_file, node_id, env_override=self.settings.policy_override
+        )
+        return {
+            "node_id": node_id.hex(),
+            "petname": petname(node_id),
+            "contact_policy": state.mode.label,
+        }
 
     async def inbox(self) -> dict[str, Any]:
         inbox = await self.rooms.inbox()

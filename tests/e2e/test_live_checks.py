@@ -14,7 +14,12 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 @pytest.mark.parametrize(
     "script",
-    ["pubsub-two-process-check.py", "rpc-two-process-check.py", "content-two-process-check.py"],
+    [
+        "pubsub-two-process-check.py",
+        "rpc-two-process-check.py",
+        "content-two-process-check.py",
+        "ring-two-process-check.py",
+    ],
 )
 def test_live_check_passes(script: str) -> None:
     done = subprocess.run(

@@ -253,3 +253,28 @@ async def test_public_rooms_are_announced_on_central_and_observed(
 
 async def _has_help(agent: Agent) -> bool:
     return any(m["kind"] == "help_requested" for m in (await agent.inbox())["central_help"])
+
+
+async def test_trust_by_petname_turns_ask_into_allowlist(station: Station, tmp_path: Path) -> None:
+    async with (
+        agent(station, tmp_path / "alice") as alice,
+        agent(station, tmp_path / "bob", "ask") as bob,
+    ):
+        await bob.hello()  # bob listens before alice's first (immediate) hello
+        await asyncio.sleep(0.2)
+        await alice.hello()
+        alice_name = petname(alice.node.identity.node_id)
+
+        async def bob_knows_alice() -> bool:
+            return any(a["petname"] == alice_name for a in await bob.agents())
+
+        await eventually(bob_knows_alice)
+        trusted = await bob.trust(alice_name)
+        assert trusted["contact_policy"] == "allowlist"
+        rung = await alice.rings.ring(bob.node.identity.node_id, "trusted now")
+        assert rung["answer"] == 1
+        await bob.untrust(alice.node.identity.node_id.hex())
+        assert bob.rings.policy().mode.label == "allowlist"
+        await asyncio.sleep(2.1)  # one ring per caller per 2 s
+        again = await alice.rings.ring(bob.node.identity.node_id, "and now?")
+        assert again["answer"] == 2
