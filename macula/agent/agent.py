@@ -112,7 +112,7 @@ class Agent:
     async def __aexit__(self, *exc_info: object) -> None:
         if self.presence.present:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.goodbye(), 3)
+                await asyncio.wait_for(self.goodbye(), 1.5)
         await self.presence.stop_tasks()
         await self.rooms.stop()
         if self._group is not None:

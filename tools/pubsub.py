@@ -1,0 +1,112 @@
+"""Pub/sub tools: ``mesh_publish`` and ``mesh_watch``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult
+from pydantic import Field
+
+from tools.context import Descriptions, annotations, runtime_of
+from tools.realms import parse_realm
+from tools.results import bad_argument
+from tools.runtime import run_tool
+
+MAX_WAIT_S = 3600.0
+DEFAULT_WAIT_S = 30.0
+MAX_EVENTS = 500
+
+
+def register(app: MCPServer, describe: Descriptions) -> None:
+    @app.tool(
+        name="mesh_publish",
+        description=describe(
+            "mesh_publish",
+            "Publish a fact (any JSON value) on a topic for every current subscriber. Topics are "
+            "exact strings; realm is 64 hex (default: the all-zero realm). Fire-and-forget: "
+            "PUBLISH has no acknowledgement, and nobody who is not subscribed right now will "
+            "ever see it. Payloads are signed end to end (publisher_sig). No booleans: use 0/1.",
+            "Publish a JSON fact on a topic (realm default all-zero). No ack; only current "
+            "subscribers see it. No booleans: 0/1.",
+        ),
+        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+    )
+    async def mesh_publish(
+        ctx: Context,
+        topic: Annotated[str, Field(description="exact topic, e.g. org.example.news.published_v1")],
+        fact: Annotated[Any, Field(description="the payload: any JSON value (no booleans)")],
+        realm: Annotated[
+            str | None, Field(description="64 hex realm tag; default all-zero")
+        ] = None,
+        idempotency_key: Annotated[
+            str | None, Field(description="1-120 chars; replays return the first receipt")
+        ] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        tag = parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
+        if not topic or len(topic) > 256:
+            return bad_argument("topic", "must be 1-256 characters")
+
+        async def work() -> dict[str, Any]:
+            seq = await runtime.node.publish(tag, topic, fact)
+            return {"topic": topic, "realm": tag.hex(), "seq": seq, "published": 1}
+
+        args = {"topic": topic, "fact": fact, "realm": tag.hex()}
+        return await run_tool(runtime, "mesh_publish", args, work, idempotency_key=idempotency_key)
+
+    @app.tool(
+        name="mesh_watch",
+        description=describe(
+            "mesh_watch",
+            "Subscribe to a topic and collect what arrives for up to duration_seconds (default 30, "
+            "max 3600) or until count events came — a real blocking wait, not polling. Each event "
+            "carries publisher (64 hex), seq, payload and authenticated (1 when the publisher's "
+            "end-to-end signature verified). Nothing published before the watch started is seen.",
+            "Wait up to duration_seconds (default 30, max 3600) for up to count events on a topic; "
+            "each has publisher, seq, payload, authenticated 0/1.",
+        ),
+        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+    )
+    async def mesh_watch(
+        ctx: Context,
+        topic: Annotated[str, Field(description="exact topic to watch")],
+        duration_seconds: Annotated[
+            float, Field(description="how long to wait, max 3600")
+        ] = DEFAULT_WAIT_S,
+        count: Annotated[int, Field(description="stop after this many events (1-500)")] = 10,
+        realm: Annotated[
+            str | None, Field(description="64 hex realm tag; default all-zero")
+        ] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        tag = parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
+        if not 0 < duration_seconds <= MAX_WAIT_S:
+            return bad_argument("duration_seconds", f"must be in (0, {MAX_WAIT_S:g}]")
+        if not 1 <= count <= MAX_EVENTS:
+            return bad_argument("count", f"must be 1..{MAX_EVENTS}")
+
+        async def work() -> dict[str, Any]:
+            events: list[dict[str, Any]] = []
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + duration_seconds
+            async with await runtime.node.subscribe(tag, topic) as sub:
+                while len(events) < count:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        delivery = await sub.next(remaining)
+                    except TimeoutError:
+                        break
+                    events.append({"publisher": delivery.publisher.hex(), "seq": delivery.seq,
+                                   "payload": delivery.payload, "authenticated": int(delivery.authenticated)})  # fmt: skip
+            return {"topic": topic, "realm": tag.hex(), "events": events, "count": len(events),
+                    "timed_out": int(len(events) < count)}  # fmt: skip
+
+        return await run_tool(runtime, "mesh_watch", {"topic": topic}, work)

@@ -1,0 +1,201 @@
+"""What the MCP server holds while it runs: one Node, one Agent, receipts, served commands.
+
+Start-up (``open_runtime``): identity from ``MACULA_MCP_IDENTITY``, else a named one
+(``MACULA_MCP_AGENT``), else one per harness session (``CLAUDE_CODE_SESSION_ID``, else the
+parent pid), all under ``MACULA_HOME``; stations from ``MACULA_MESH_STATIONS``, else
+``127.0.0.1:4433``, else an embedded station started in-process on loopback (said on stderr).
+Every tool runs through ``run_tool``: idempotency receipts, presence on first mesh use, and
+errors mapped in one place (``tools.results.from_error``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mcp_types import CallToolResult
+
+from macula.agent.agent import Agent, AgentSettings
+from macula.errors import BrokenError, ConfigError, MaculaError
+from macula.keyfile import load_or_create_identity
+from macula.node import Node
+from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_station_list
+from macula.store.base import StorePaths, paths_from_env
+from macula.wire.identity import Identity
+from tools.receipts import ReceiptStore, args_digest
+from tools.results import bad_argument, fail, from_error, ok
+
+log = logging.getLogger("macula.tools")
+
+DEFAULT_STATION = "127.0.0.1:4433"
+MAX_IDEMPOTENCY_KEY = 120
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def macula_home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("MACULA_HOME") or "~/.macula").expanduser()
+
+
+def identity_path(env: Mapping[str, str]) -> Path:
+    """Which key file this server uses (see the module docstring)."""
+    home = macula_home(env)
+    if raw := env.get("MACULA_MCP_IDENTITY"):
+        return Path(raw).expanduser()
+    if name := env.get("MACULA_MCP_AGENT"):
+        if not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
+            raise ConfigError("MACULA_MCP_AGENT must be 1-64 letters, digits, '-' or '_'")
+        return home / "agents" / f"{name}.key"
+    scope = env.get("CLAUDE_CODE_SESSION_ID") or f"ppid-{os.getppid()}"
+    safe = "".join(c for c in scope if c.isalnum() or c in "-_")[:64] or "default"
+    return home / "sessions" / f"{safe}.key"
+
+
+def agent_settings(env: Mapping[str, str], identity: Identity) -> AgentSettings:
+    """Agent settings; stores default to a folder of this identity's own (rooms joined and
+    rings are per agent), unless the ``MACULA_MCP_*_DB`` variables place them."""
+    settings = AgentSettings.from_env(env)
+    own = macula_home(env) / "agents" / identity.node_id.hex()[:16]
+    shared = paths_from_env(env)
+    defaults = paths_from_env({"MACULA_HOME": str(own)})
+    paths = StorePaths(
+        roster=shared.roster if env.get("MACULA_MCP_ROSTER_DB") else defaults.roster,
+        transcript=shared.transcript
+        if env.get("MACULA_MCP_LOBBY_TRANSCRIPT_DB")
+        else defaults.transcript,
+        rings=shared.rings if env.get("MACULA_MCP_RINGS_DB") else defaults.rings,
+    )
+    return AgentSettings(
+        paths=paths,
+        policy_file=settings.policy_file,
+        profile=settings.profile,
+        policy_override=settings.policy_override,
+        serve_rings=settings.serve_rings,
+        max_rooms=settings.max_rooms,
+    )
+
+
+@dataclass
+class Runtime:
+    node: Node
+    agent: Agent
+    receipts: ReceiptStore
+    env: Mapping[str, str]
+    stations: list[StationAddress]
+    embedded_station: str | None = None
+    terse: bool = False
+    served: dict[str, Any] = field(default_factory=dict)  # procedure name -> serving record
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+
+@contextlib.asynccontextmanager
+async def _stations(
+    env: Mapping[str, str],
+) -> AsyncIterator[tuple[list[StationAddress], str | None]]:
+    configured = parse_station_list(env.get(STATIONS_ENV, ""))
+    if configured:
+        yield configured, None
+        return
+    default = parse_station(DEFAULT_STATION)
+    from macula.transport import client_configuration, dial
+
+    try:
+        async with dial(
+            default.host, default.port, client_configuration(server_name=default.host), timeout=1.0
+        ):
+            pass
+        yield [default], None
+        return
+    except (OSError, TimeoutError, ConnectionError):
+        pass
+    from relay.station import Station, StationConfig
+
+    data_dir = macula_home(env) / "embedded-station"
+    try:
+        station = Station(StationConfig(data_dir=data_dir, port=default.port))
+        await station.__aenter__()
+    except OSError:  # 4433 taken by something that is not a station: any free port
+        station = Station(
+            StationConfig(data_dir=Path(tempfile.mkdtemp(prefix="macula-station-")), port=0)
+        )
+        await station.__aenter__()
+    print(f"macula-mcp: no station at {DEFAULT_STATION}; started an embedded station {station.endpoint}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    try:
+        yield [parse_station(station.endpoint)], station.endpoint
+    finally:
+        await station.stop()
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Runtime]:
+    environ = dict(os.environ if env is None else env)
+    identity = load_or_create_identity(identity_path(environ))
+    terse = environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1"
+    async with _stations(environ) as (stations, embedded):
+        async with (
+            Node(identity, stations) as node,
+            Agent(node, agent_settings(environ, identity)) as agent,
+            await ReceiptStore.open(macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3") as receipts,
+        ):  # fmt: skip
+            yield Runtime(node, agent, receipts, environ, stations, embedded, terse)
+
+
+def check_key(idempotency_key: str | None) -> str | None:
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
+        return f"must be 1-{MAX_IDEMPOTENCY_KEY} characters"
+    return None
+
+
+async def run_tool(
+    runtime: Runtime,
+    tool: str,
+    args: dict[str, Any],
+    work: Callable[[], Awaitable[dict[str, Any]]],
+    *,
+    idempotency_key: str | None = None,
+    mesh: bool = True,
+) -> CallToolResult:
+    """Run one tool call: receipts first, presence on first mesh use, errors mapped once."""
+    problem = check_key(idempotency_key)
+    if problem:
+        return bad_argument("idempotency_key", problem)
+    digest = args_digest(args)
+    if idempotency_key is not None:
+        found = await runtime.receipts.find(tool, idempotency_key)
+        if found is not None:
+            stored_digest, result = found
+            if stored_digest != digest:
+                return fail("idempotency_conflict",
+                            f"idempotency_key {idempotency_key!r} was used with different arguments",
+                            retryable=False, next_action="use a new idempotency_key for a different request")  # fmt: skip
+            return ok(result | {"replayed": 1})
+    runtime.count(tool)
+    try:
+        if mesh:
+            await runtime.agent.ensure_present()
+        result = await work()
+    except (MaculaError, ValueError, KeyError, OSError) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
+            return fail(
+                "os_error", str(exc), retryable=False, next_action="check the path or command"
+            )
+        return from_error(exc if not isinstance(exc, ConnectionError) else BrokenError(str(exc)))
+    except Exception as exc:  # a bug: logged with its traceback, answered without one
+        return from_error(exc)
+    if idempotency_key is not None:
+        await runtime.receipts.store(tool, idempotency_key, digest, result, now_ms())
+    return ok(result)

@@ -1,0 +1,46 @@
+"""The ``macula-mcp`` server: tool groups, resources and prompts over one runtime."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+
+from tools import pubsub, surface
+from tools.context import Descriptions
+from tools.runtime import Runtime, open_runtime
+
+GROUPS = (pubsub, surface)
+
+INSTRUCTIONS = (
+    "You are on the Macula mesh: other agents are present, reachable and talkative. "
+    "Etiquette: payloads never carry booleans (use 0/1); names of facts are past-tense verbs; "
+    "wait with the blocking tools (mesh_wait_room, mesh_wait_ring, mesh_watch) instead of sleeping "
+    "and polling; ring an agent (mesh_ring) before talking to it, never write into a room nobody "
+    "invited you to; rooms are unguessable, not secret; never paste secrets into the mesh."
+)
+
+
+def build_server(env: Mapping[str, str] | None = None) -> MCPServer:
+    environ = dict(os.environ if env is None else env)
+    describe = Descriptions(terse=environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(server: MCPServer[Any]) -> AsyncIterator[Runtime]:
+        async with open_runtime(environ) as runtime:
+            server.runtime = runtime  # type: ignore[attr-defined]
+            try:
+                yield runtime
+            finally:
+                server.runtime = None  # type: ignore[attr-defined]
+
+    app: MCPServer[Any] = MCPServer(
+        name="macula-mcp", instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0"
+    )
+    for group in GROUPS:
+        group.register(app, describe)
+    app.descriptions = describe  # type: ignore[attr-defined]
+    return app
