@@ -104,9 +104,20 @@ def register(app: MCPServer, describe: Descriptions) -> None:
                         delivery = await sub.next(remaining)
                     except TimeoutError:
                         break
-                    events.append({"publisher": delivery.publisher.hex(), "seq": delivery.seq,
-                                   "payload": delivery.payload, "authenticated": int(delivery.authenticated)})  # fmt: skip
-            return {"topic": topic, "realm": tag.hex(), "events": events, "count": len(events),
-                    "timed_out": int(len(events) < count)}  # fmt: skip
+                    events.append(
+                        {
+                            "publisher": delivery.publisher.hex(),
+                            "seq": delivery.seq,
+                            "payload": delivery.payload,
+                            "authenticated": int(delivery.authenticated),
+                        }
+                    )
+            return {
+                "topic": topic,
+                "realm": tag.hex(),
+                "events": events,
+                "count": len(events),
+                "timed_out": int(len(events) < count),
+            }
 
         return await run_tool(runtime, "mesh_watch", {"topic": topic}, work)

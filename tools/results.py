@@ -96,8 +96,12 @@ def fail(code: str, detail: str, *, retryable: bool, next_action: str) -> CallTo
 
 
 def bad_argument(name: str, problem: str) -> CallToolResult:
-    return fail("invalid_argument", f"{name}: {problem}", retryable=False,
-                next_action=f"call again with a valid {name}")  # fmt: skip
+    return fail(
+        "invalid_argument",
+        f"{name}: {problem}",
+        retryable=False,
+        next_action=f"call again with a valid {name}",
+    )
 
 
 def from_error(exc: BaseException) -> CallToolResult:
@@ -105,19 +109,34 @@ def from_error(exc: BaseException) -> CallToolResult:
     if isinstance(exc, MeshError):
         action = "retry after a short backoff" if exc.retryable else "change the request"
         if exc.code == 0x01:
-            action = "nobody serves that procedure here: check its name and realm (mesh_find_records_by_type)"
+            action = (
+                "nobody serves that procedure here: check its name and realm "
+                "(mesh_find_records_by_type)"
+            )
         return fail(exc.name, str(exc), retryable=exc.retryable, next_action=action)
     if isinstance(exc, CallTimeout):
-        return fail("timeout", str(exc), retryable=True,
-                    next_action="retry with a longer timeout, or check that the other side is present")  # fmt: skip
+        return fail(
+            "timeout",
+            str(exc),
+            retryable=True,
+            next_action="retry with a longer timeout, or check that the other side is present",
+        )
     if isinstance(exc, (BrokenError, HandshakeError)):
-        return fail("not_connected", str(exc), retryable=exc.retryable,
-                    next_action="the node is reconnecting to its station; retry in a few seconds")  # fmt: skip
+        return fail(
+            "not_connected",
+            str(exc),
+            retryable=exc.retryable,
+            next_action="the node is reconnecting to its station; retry in a few seconds",
+        )
     if isinstance(exc, ClosedError):
         return fail("closed", str(exc), retryable=False, next_action="restart the MCP server")
     if isinstance(exc, ConfigError):
-        return fail("configuration", str(exc), retryable=False,
-                    next_action="fix the named setting and restart the server")  # fmt: skip
+        return fail(
+            "configuration",
+            str(exc),
+            retryable=False,
+            next_action="fix the named setting and restart the server",
+        )
     if isinstance(exc, MaculaError):
         return fail(
             "refused",
@@ -133,5 +152,9 @@ def from_error(exc: BaseException) -> CallToolResult:
             next_action="fix the arguments and call again",
         )
     log.exception("tool failed unexpectedly", exc_info=exc)
-    return fail("internal_error", f"{type(exc).__name__}: {exc}", retryable=False,
-                next_action="report this; the server logged the traceback on stderr")  # fmt: skip
+    return fail(
+        "internal_error",
+        f"{type(exc).__name__}: {exc}",
+        retryable=False,
+        next_action="report this; the server logged the traceback on stderr",
+    )

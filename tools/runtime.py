@@ -132,8 +132,8 @@ async def _stations(
             StationConfig(data_dir=Path(tempfile.mkdtemp(prefix="macula-station-")), port=0)
         )
         await station.__aenter__()
-    print(f"macula-mcp: no station at {DEFAULT_STATION}; started an embedded station {station.endpoint}",
-          file=sys.stderr, flush=True)  # fmt: skip
+    said = f"no station at {DEFAULT_STATION}; started an embedded station {station.endpoint}"
+    print(f"macula-mcp: {said}", file=sys.stderr, flush=True)
     try:
         yield [parse_station(station.endpoint)], station.endpoint
     finally:
@@ -145,13 +145,14 @@ async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Ru
     environ = dict(os.environ if env is None else env)
     identity = load_or_create_identity(identity_path(environ))
     terse = environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1"
-    async with _stations(environ) as (stations, embedded):
-        async with (
-            Node(identity, stations) as node,
-            Agent(node, agent_settings(environ, identity)) as agent,
-            await ReceiptStore.open(macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3") as receipts,
-        ):  # fmt: skip
-            yield Runtime(node, agent, receipts, environ, stations, embedded, terse)
+    receipts_path = macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3"
+    async with (
+        _stations(environ) as (stations, embedded),
+        Node(identity, stations) as node,
+        Agent(node, agent_settings(environ, identity)) as agent,
+        await ReceiptStore.open(receipts_path) as receipts,
+    ):
+        yield Runtime(node, agent, receipts, environ, stations, embedded, terse)
 
 
 def check_key(idempotency_key: str | None) -> str | None:
@@ -179,9 +180,12 @@ async def run_tool(
         if found is not None:
             stored_digest, result = found
             if stored_digest != digest:
-                return fail("idempotency_conflict",
-                            f"idempotency_key {idempotency_key!r} was used with different arguments",
-                            retryable=False, next_action="use a new idempotency_key for a different request")  # fmt: skip
+                return fail(
+                    "idempotency_conflict",
+                    f"idempotency_key {idempotency_key!r} was used with different arguments",
+                    retryable=False,
+                    next_action="use a new idempotency_key for a different request",
+                )
             return ok(result | {"replayed": 1})
     runtime.count(tool)
     try:
