@@ -9,11 +9,11 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from tools import pubsub, surface
+from tools import presence, pubsub, rings, rooms, surface
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime
 
-GROUPS = (pubsub, surface)
+GROUPS = (pubsub, presence, rooms, rings, surface)
 
 INSTRUCTIONS = (
     "You are on the Macula mesh: other agents are present, reachable and talkative. "

@@ -1,0 +1,327 @@
+"""Ring tools: ring an agent into a room, answer and wait for rings, trust and untrust peers.
+
+Invariants:
+- ``to`` and ``node_id`` accept a 64-hex node id or a petname from this agent's own roster;
+  what a ring or the allowlist uses is always the resolved node id (petnames are labels);
+- answers are the ints 1 accepted, 2 declined, 3 deferred; ``unreachable``,
+  ``joined`` and ``caller_notified`` are 0/1;
+- the allowlist tools edit a local file only: they never start presence or touch the mesh.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult
+from pydantic import Field
+
+from macula.agent.envelope import MAX_PURPOSE_CHARS, is_id, is_room_topic
+from macula.agent.petnames import petname
+from macula.agent.proof import MAX_REASON_CHARS
+from macula.agent.rings import Rings
+from macula.agent.rooms import RoomError
+from tools.context import Descriptions, annotations, runtime_of
+from tools.presence import (
+    KEY_FIELD,
+    check_text,
+    check_wait,
+    invalid,
+    label,
+    resolve_peers,
+    run_agent_tool,
+)
+from tools.runtime import Runtime
+
+MAX_WAIT_S = 3600.0
+DEFAULT_WAIT_S = 30.0
+DEFAULT_JOIN_WAIT_S = 30.0
+
+_NEXT = {
+    1: "talk in room_topic with mesh_say; mesh_wait_room waits for their messages",
+    2: "they declined (see reason); do not write into the room on their behalf",
+    3: "their model decides later: mesh_wait_ring blocks until the answer arrives (late_answer 1)",
+}
+
+
+def _peer_problems(name: str, value: str) -> list[str]:
+    return [] if value.strip() else [f"{name}: expected a 64-hex node id or a petname"]
+
+
+def _policy_note(before: str, after: str, source: str, trusted: bool) -> str:
+    """What a trust/untrust call did to the contact policy, in words."""
+    if source == "override":
+        return (
+            f"MACULA_MCP_CONTACT_POLICY keeps this process on {after!r}; the file changed. "
+            + ("Allowlisted callers are accepted under ask too." if trusted else "")
+        ).strip()
+    if not trusted:
+        return f"removed from the allowlist; contact_policy stays {after!r}"
+    if before != after:
+        return f"contact_policy switched from {before!r} to {after!r} so the allowlist is consulted"
+    if after == "closed":
+        return "recorded, but contact_policy 'closed' declines everyone, allowlisted or not"
+    if after == "open":
+        return "recorded; contact_policy 'open' already accepts everyone"
+    return f"recorded; contact_policy stays {after!r}"
+
+
+async def _edit_allowlist(runtime: Runtime, node_id: str, *, trusted: bool) -> dict[str, Any]:
+    rings: Rings = runtime.agent.rings
+    before = rings.policy().mode.label
+    [peer] = await resolve_peers(runtime, "node_id", [node_id])
+    edit = runtime.agent.trust if trusted else runtime.agent.untrust
+    result = await edit(peer.hex())
+    after = rings.policy()
+    return result | {
+        "allowlisted": int(after.allows(peer)),
+        "policy_source": after.mode_source,
+        "note": _policy_note(before, after.mode.label, after.mode_source, trusted),
+    }
+
+
+def register(app: MCPServer, describe: Descriptions) -> None:
+    _register_ringing(app, describe)
+    _register_allowlist(app, describe)
+
+
+def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
+    @app.tool(
+        name="mesh_ring",
+        description=describe(
+            "mesh_ring",
+            "Ring one agent: an addressed, proven invite (a call to its agent.<node_id>.ring "
+            "endpoint) into a fresh two-party room, or into room_topic if you are in it. to is a "
+            "64-hex node id or a petname you have seen in mesh_agents (an unknown or colliding "
+            "petname fails naming the candidates). purpose (<= 280 chars) is what the callee "
+            "judges you by. The answer comes from the callee's contact policy: answer 1 accepted "
+            "(they join first; joined 1 once their participant_joined is seen within "
+            "wait_join_seconds, default 30, max 3600), 2 declined with a reason, 3 deferred to "
+            "their model (mesh_wait_ring gets the late answer), or unreachable 1 (not present, "
+            "or not serving rings). Ringing is the only way to contact an agent that has not "
+            "invited you: do not write into a room nobody invited you to. Rooms are unguessable, "
+            "not encrypted. One ring per callee every 2 s.",
+            "Ring one agent (to: node id or petname from mesh_agents) into a fresh room or "
+            "room_topic you are in. answer 1 accepted (joined 0/1), 2 declined, 3 deferred, or "
+            "unreachable 1. The only way to contact an agent that has not invited you: do not "
+            "write into a room nobody invited you to. Rooms are unguessable, not encrypted. "
+            "One ring per callee every 2 s.",
+        ),
+        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+    )
+    async def mesh_ring(
+        ctx: Context,
+        to: Annotated[str, Field(description="64-hex node id or a petname from mesh_agents")],
+        purpose: Annotated[str, Field(description="why you ring (<= 280 chars)")],
+        room_topic: Annotated[
+            str | None, Field(description="a room you are in; omit for a fresh room")
+        ] = None,
+        wait_join_seconds: Annotated[
+            float, Field(description="after an accept, wait this long for the join (0-3600)")
+        ] = DEFAULT_JOIN_WAIT_S,
+        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = _peer_problems("to", to) + check_text("purpose", purpose, MAX_PURPOSE_CHARS)
+        if room_topic is not None and not is_room_topic(room_topic):
+            problems.append("room_topic: expected agents.room.<32 lowercase hex>")
+        problems += check_wait(
+            "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
+        )
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            agent = runtime.agent
+            [callee] = await resolve_peers(runtime, "to", [to])
+            if room_topic is not None:
+                joined = {m.room_topic for m in await agent.rooms.transcript.joined_rooms()}
+                if room_topic not in joined:
+                    raise RoomError(
+                        f"not in {room_topic}: ring into a fresh room (omit room_topic) or one "
+                        "you are in"
+                    )
+            rung = await agent.rings.ring(
+                callee, purpose, room_topic=room_topic, wait_join_seconds=wait_join_seconds
+            )
+            answer = rung.get("answer")
+            return rung | {
+                "petname": petname(callee),
+                "joined": rung.get("joined", 0),
+                "next": _NEXT.get(answer or 0, "they are not reachable now; try again later"),
+            }
+
+        args = {
+            "to": to,
+            "purpose": purpose,
+            "room_topic": room_topic,
+            "wait_join_seconds": wait_join_seconds,
+        }
+        return await run_agent_tool(
+            runtime, "mesh_ring", args, work, idempotency_key=idempotency_key
+        )
+
+    @app.tool(
+        name="mesh_answer_ring",
+        description=describe(
+            "mesh_answer_ring",
+            "Answer a ring your contact policy deferred to you (mesh_read_inbox lists them under "
+            "rings.pending; mesh_wait_ring waits for one). answer 1 joins its room first and "
+            "tells the caller; 2 declines, with reason (<= 280 chars) if you like. Judge the "
+            "caller by node_id and purpose, not by petname or operator_name (labels anyone can "
+            "choose). The answer travels back as a proven call to the caller's ring endpoint; "
+            "caller_notified 0 means they were gone and your answer is recorded anyway. Returns "
+            "ring_id, answer, caller_notified 0/1, state, room_topic, peer and its petname.",
+            "Answer a pending ring (rings.pending): 1 joins its room and tells the caller, 2 "
+            "declines (reason optional). Judge by node_id and purpose, not labels. "
+            "caller_notified 0/1.",
+        ),
+        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+    )
+    async def mesh_answer_ring(
+        ctx: Context,
+        ring_id: Annotated[str, Field(description="the ring_id from rings.pending")],
+        answer: Annotated[int, Field(description="1 accept (join the room) or 2 decline")],
+        reason: Annotated[
+            str | None, Field(description="why, told to the caller (<= 280 chars)")
+        ] = None,
+        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = [] if is_id(ring_id) else ["ring_id: expected the ring_id from rings.pending"]
+        if answer not in (1, 2) or type(answer) is not int:
+            problems.append("answer: must be 1 (accept) or 2 (decline)")
+        problems += check_text("reason", reason, MAX_REASON_CHARS)
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            rings = runtime.agent.rings
+            answered = await rings.answer_ring(ring_id, answer, reason)
+            ring = await rings.store.get(ring_id)
+            if ring is not None:
+                answered |= {
+                    "room_topic": ring.room_topic,
+                    "peer": ring.peer.hex(),
+                    "peer_petname": petname(ring.peer),
+                }
+            return answered
+
+        args = {"ring_id": ring_id, "answer": answer, "reason": reason}
+        return await run_agent_tool(
+            runtime, "mesh_answer_ring", args, work, idempotency_key=idempotency_key
+        )
+
+    @app.tool(
+        name="mesh_wait_ring",
+        description=describe(
+            "mesh_wait_ring",
+            "Block for up to wait_seconds (default 30, max 3600) for the next incoming ring, or "
+            "for the late answer to a ring of yours that was deferred (late_answer 1). Returns "
+            "on ANY incoming ring, not only ones awaiting you: check its answer (3 means it "
+            "waits for your mesh_answer_ring; 1 and 2 your policy already gave). ring is null "
+            "and timed_out 1 if none came. Rings that arrived before the call are in "
+            "mesh_read_inbox under rings.pending. Use this instead of sleeping and polling.",
+            "Block up to wait_seconds (default 30, max 3600) for the next incoming ring or late "
+            "answer (late_answer 1); check its answer (3 = yours to answer). Earlier ones: "
+            "rings.pending.",
+        ),
+        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+    )
+    async def mesh_wait_ring(
+        ctx: Context,
+        wait_seconds: Annotated[
+            float, Field(description="how long to wait, (0, 3600]")
+        ] = DEFAULT_WAIT_S,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            ring = await runtime.agent.rings.wait_ring(wait_seconds)
+            if ring is not None:
+                ring = dict(ring) | {"from_petname": label(ring.get("from"))}
+            return {"ring": ring, "timed_out": int(ring is None)}
+
+        return await run_agent_tool(runtime, "mesh_wait_ring", {"wait_seconds": wait_seconds}, work)
+
+
+def _register_allowlist(app: MCPServer, describe: Descriptions) -> None:
+    @app.tool(
+        name="mesh_trust_agent",
+        description=describe(
+            "mesh_trust_agent",
+            "Add a peer to your contact-policy allowlist so its next ring is accepted without "
+            "asking. node_id takes a 64-hex node id or a petname from mesh_agents, resolved "
+            "locally against your roster; the allowlist stores the node id only, never a "
+            "petname or operator_name (labels anyone can pick). An unset or 'ask' policy "
+            "becomes 'allowlist'; 'open' and 'closed' are left alone (closed still declines "
+            "everyone), and the note says which happened. Trust only an agent you have judged "
+            "trustworthy. A local file edit: never touches the mesh.",
+            "Allowlist a peer (node id or petname from mesh_agents; stored as node id only) so "
+            "its rings are accepted; 'ask' becomes 'allowlist', open/closed stay (closed still "
+            "declines). Trust only agents you judged trustworthy. Local only.",
+        ),
+        annotations=annotations(
+            read_only=False, destructive=False, idempotent=True, open_world=False
+        ),
+    )
+    async def mesh_trust_agent(
+        ctx: Context,
+        node_id: Annotated[str, Field(description="64-hex node id or a petname from mesh_agents")],
+        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = _peer_problems("node_id", node_id)
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            return await _edit_allowlist(runtime, node_id, trusted=True)
+
+        return await run_agent_tool(
+            runtime,
+            "mesh_trust_agent",
+            {"node_id": node_id},
+            work,
+            idempotency_key=idempotency_key,
+            mesh=False,
+        )
+
+    @app.tool(
+        name="mesh_untrust_agent",
+        description=describe(
+            "mesh_untrust_agent",
+            "Remove a peer (64-hex node id or a petname from mesh_agents) from your contact-"
+            "policy allowlist, so its rings go through your policy like anyone's. Never changes "
+            "contact_policy itself. A local file edit: never touches the mesh.",
+            "Remove a peer (node id or petname) from the allowlist; contact_policy unchanged. "
+            "Local only.",
+        ),
+        annotations=annotations(
+            read_only=False, destructive=True, idempotent=True, open_world=False
+        ),
+    )
+    async def mesh_untrust_agent(
+        ctx: Context,
+        node_id: Annotated[str, Field(description="64-hex node id or a petname from mesh_agents")],
+        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = _peer_problems("node_id", node_id)
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            return await _edit_allowlist(runtime, node_id, trusted=False)
+
+        return await run_agent_tool(
+            runtime,
+            "mesh_untrust_agent",
+            {"node_id": node_id},
+            work,
+            idempotency_key=idempotency_key,
+            mesh=False,
+        )

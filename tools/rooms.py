@@ -1,0 +1,504 @@
+"""Room tools: open, join and leave rooms, say and wait, read the inbox (observing central is in
+``tools.presence``).
+
+Invariants:
+- a room is ``agents.room.<32 hex>``: unguessable, not encrypted; central is ``agents.lobby``
+  and carries only help broadcasts and public room announcements (no conversations);
+- ``mesh_say`` checks the envelope it will publish before anything is sent and lists every
+  problem (kind, topic, text, in_reply_to, refs) in one error;
+- waits never poll the station: they wait on the transcript the background taps fill, for at
+  most 3600 s; rings made by ``mesh_open_room`` run concurrently, so one slow callee does not
+  delay the others;
+- every message shown carries ``from`` (64 hex) and ``from_petname`` (a label, never a proof).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult
+from pydantic import Field
+
+from macula.agent.agent import Agent
+from macula.agent.envelope import (
+    LOBBY_TOPIC,
+    MAX_PURPOSE_CHARS,
+    TALK_KINDS,
+    poll_hint,
+    validate,
+)
+from macula.agent.petnames import petname
+from macula.agent.rooms import HELP_KINDS, RoomError
+from macula.errors import MaculaError
+from tools.context import Descriptions, annotations, runtime_of
+from tools.presence import (
+    KEY_FIELD,
+    ArgumentProblems,
+    check_flag,
+    check_text,
+    check_wait,
+    invalid,
+    label,
+    resolve_peers,
+    room_problems,
+    run_agent_tool,
+)
+
+MAX_WAIT_S = 3600.0
+DEFAULT_WAIT_S = 30.0
+DEFAULT_JOIN_WAIT_S = 30.0
+MAX_PARTICIPANTS = 16
+ROOM_SCAN = 500  # messages read per room for mesh_rooms' participants
+LEFT = "participant_left"
+
+
+def _say_problems(
+    room_topic: str, kind: str, text: str, in_reply_to: str | None, refs: list[str] | None
+) -> list[str]:
+    """Every problem with the envelope ``mesh_say`` would publish (the library's own rules)."""
+    problems: list[str] = []
+    if kind not in TALK_KINDS:
+        problems.append(
+            f"kind: expected one of {', '.join(sorted(TALK_KINDS))} "
+            "(lifecycle kinds are published by the room tools)"
+        )
+    elif room_topic == LOBBY_TOPIC and kind not in HELP_KINDS:
+        problems.append(
+            "kind: central (agents.lobby) carries only help_requested or help_offered; "
+            "talk in a room (mesh_ring or mesh_open_room)"
+        )
+    trial: dict[str, Any] = {
+        "message_id": "0" * 32,
+        "room_topic": room_topic,
+        "sent_at": 0,
+        "from": "0" * 64,
+        "kind": kind if kind in TALK_KINDS else "remark_made",
+        "text": text,
+    }
+    if in_reply_to is not None:
+        trial["in_reply_to"] = in_reply_to
+    if refs is not None:
+        trial["refs"] = refs
+    return problems + validate(trial)
+
+
+def _with_petname(message: dict[str, Any] | None) -> dict[str, Any] | None:
+    if message is None:
+        return None
+    return message | {"from_petname": label(message.get("from"))}
+
+
+async def _member_topics(agent: Agent) -> set[str]:
+    return {m.room_topic for m in await agent.rooms.transcript.joined_rooms()}
+
+
+async def _ring_one(
+    agent: Agent, to: bytes, purpose: str, room: str, wait_join_seconds: float
+) -> dict[str, Any]:
+    """One participant's ring for ``mesh_open_room``; a failure is reported, not raised."""
+    entry: dict[str, Any] = {"to": to.hex(), "petname": petname(to)}
+    try:
+        rung = await agent.rings.ring(
+            to, purpose, room_topic=room, wait_join_seconds=wait_join_seconds
+        )
+    except MaculaError as exc:
+        return entry | {"failed": 1, "error": str(exc), "answer": None, "unreachable": 0}
+    return entry | {
+        "ring_id": rung["ring_id"],
+        "answer": rung.get("answer"),
+        "reason": rung.get("reason"),
+        "unreachable": rung["unreachable"],
+        "joined": rung.get("joined", 0),
+        "failed": 0,
+    }
+
+
+def _outcomes(rings: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Petnames grouped by what their ring came to."""
+    groups: dict[str, list[str]] = {
+        "joined": [],
+        "accepted_not_yet_joined": [],
+        "deferred": [],
+        "declined": [],
+        "unreachable": [],
+        "failed": [],
+    }
+    for ring in rings:
+        if ring["failed"]:
+            group = "failed"
+        elif ring["unreachable"]:
+            group = "unreachable"
+        elif ring["answer"] == 1:
+            group = "joined" if ring["joined"] else "accepted_not_yet_joined"
+        else:
+            group = "declined" if ring["answer"] == 2 else "deferred"
+        groups[group].append(ring["petname"])
+    return groups
+
+
+def register(app: MCPServer, describe: Descriptions) -> None:
+    _register_rooms(app, describe)
+    _register_talk(app, describe)
+
+
+def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
+    @app.tool(
+        name="mesh_open_room",
+        description=describe(
+            "mesh_open_room",
+            "Open a room: a fresh, unguessable agents.room.<32 hex> topic, watched in the "
+            "background for as long as you stay, with room_opened published on it. public 1 "
+            "also announces it on central (agents.lobby) so anyone around may join; 0 (default) "
+            "keeps it to those you invite. participants (node ids or petnames from mesh_agents, "
+            "at most 16) are each rung with a proven invite into this room, concurrently; the "
+            "result lists who joined, accepted_not_yet_joined, deferred (their model decides "
+            "later: mesh_wait_ring tells you), declined, unreachable or failed, waiting up to "
+            "wait_join_seconds (default 30, max 3600) for each acceptance's participant_joined. "
+            "Rooms are unguessable, not encrypted: the station and anyone who learns the topic "
+            "reads every message; never put secrets in a room. Ringing is how you invite: do "
+            "not write into a room nobody invited you to.",
+            "Open an unguessable agents.room.<32 hex> room (public 1 also announces it on "
+            "central). participants (node ids/petnames, <= 16) are rung into it; result lists "
+            "joined/deferred/declined/unreachable (wait_join_seconds default 30, max 3600). "
+            "Rooms are unguessable, not encrypted: no secrets. Do not write into a room nobody "
+            "invited you to.",
+        ),
+        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+    )
+    async def mesh_open_room(
+        ctx: Context,
+        purpose: Annotated[
+            str | None, Field(description="what the room is for (<= 280 chars)")
+        ] = None,
+        public: Annotated[int, Field(description="1 also announces it on central; 0 or 1")] = 0,
+        participants: Annotated[
+            list[str] | None, Field(description="node ids or petnames to ring into the room")
+        ] = None,
+        wait_join_seconds: Annotated[
+            float, Field(description="per accepted ring, wait this long for the join (0-3600)")
+        ] = DEFAULT_JOIN_WAIT_S,
+        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        names = list(participants or [])
+        problems = check_text("purpose", purpose, MAX_PURPOSE_CHARS) + check_flag("public", public)
+        problems += check_wait(
+            "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
+        )
+        if len(names) > MAX_PARTICIPANTS:
+            problems.append(f"participants: at most {MAX_PARTICIPANTS}")
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            agent = runtime.agent
+            ids = await resolve_peers(runtime, "participants", names) if names else []
+            me = agent.node.identity.node_id
+            if me in ids:
+                raise ArgumentProblems(
+                    [f"participants[{ids.index(me)}]: that is you; list the others only"]
+                )
+            opened = await agent.rooms.open(purpose, public=public, participants=ids)
+            room = opened["room_topic"]
+            rings = list(
+                await asyncio.gather(
+                    *(_ring_one(agent, to, purpose or "", room, wait_join_seconds) for to in ids)
+                )
+            )
+            return opened | {"purpose": purpose, "rings": rings, **_outcomes(rings)}
+
+        args = {
+            "purpose": purpose,
+            "public": public,
+            "participants": names,
+            "wait_join_seconds": wait_join_seconds,
+        }
+        return await run_agent_tool(
+            runtime, "mesh_open_room", args, work, idempotency_key=idempotency_key
+        )
+
+    @app.tool(
+        name="mesh_join_room",
+        description=describe(
+            "mesh_join_room",
+            "Join a room: start watching agents.room.<32 hex> in the background and publish "
+            "participant_joined (once; joining again changes nothing). Join only rooms you were "
+            "invited to (a ring, or a participant gave you the topic) or that were announced "
+            "public on central (mesh_rooms lists them): do not write into a room nobody invited "
+            "you to. Rooms are unguessable, not encrypted. Returns room_topic, joined 1, "
+            "already_member 0/1, message_id (null when already a member).",
+            "Join a room you were invited to or saw announced public (mesh_rooms): watch it, "
+            "publish participant_joined once. Do not write into a room nobody invited you to; "
+            "rooms are unguessable, not encrypted.",
+        ),
+        annotations=annotations(read_only=False, destructive=False, idempotent=True),
+    )
+    async def mesh_join_room(
+        ctx: Context,
+        room_topic: Annotated[str, Field(description="agents.room.<32 lowercase hex>")],
+        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = room_problems("room_topic", room_topic, central_ok=False)
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            return await runtime.agent.rooms.join(room_topic)
+
+        return await run_agent_tool(
+            runtime,
+            "mesh_join_room",
+            {"room_topic": room_topic},
+            work,
+            idempotency_key=idempotency_key,
+        )
+
+    @app.tool(
+        name="mesh_leave_room",
+        description=describe(
+            "mesh_leave_room",
+            "Leave a room: publish participant_left and stop watching it. close 1 (only if you "
+            "opened it) publishes room_closed instead, ending the room for every participant. "
+            "What was recorded stays readable in mesh_lobby_transcript. Returns room_topic, "
+            "left 1, closed 0/1.",
+            "Leave a room (participant_left) and stop watching it; close 1, opener only, ends "
+            "it for everyone (room_closed).",
+        ),
+        annotations=annotations(read_only=False, destructive=True, idempotent=True),
+    )
+    async def mesh_leave_room(
+        ctx: Context,
+        room_topic: Annotated[str, Field(description="a room you are in")],
+        close: Annotated[int, Field(description="1 closes the room for everyone (opener)")] = 0,
+        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = room_problems("room_topic", room_topic, central_ok=False)
+        problems += check_flag("close", close)
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            return await runtime.agent.rooms.leave(room_topic, close=close)
+
+        args = {"room_topic": room_topic, "close": close}
+        return await run_agent_tool(
+            runtime, "mesh_leave_room", args, work, idempotency_key=idempotency_key
+        )
+
+    @app.tool(
+        name="mesh_rooms",
+        description=describe(
+            "mesh_rooms",
+            "Rooms you are in (role opener/participant, public 0/1, purpose, messages recorded, "
+            "participants seen with petnames and left 0/1), plus public rooms announced on "
+            "central that you have not joined (opener, purpose, observed 0/1), and whether the "
+            "lobby observer is on. Instant and local: it reads what the background watches "
+            "recorded, never the network.",
+            "Your rooms (role, public, purpose, message count, participants seen) and public "
+            "rooms announced on central you have not joined. Instant, local.",
+        ),
+        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+    )
+    async def mesh_rooms(ctx: Context) -> CallToolResult:
+        runtime = runtime_of(ctx)
+
+        async def work() -> dict[str, Any]:
+            rooms = runtime.agent.rooms
+            transcript = rooms.transcript
+            counts = {a.room_topic: a.messages for a in await transcript.rooms()}
+            observed = set((await rooms.rooms())["observed"])
+            joined = []
+            for m in await transcript.joined_rooms():
+                last_kind: dict[str, str] = {}
+                for msg in await transcript.messages(m.room_topic, limit=ROOM_SCAN):
+                    if msg.attested:
+                        last_kind[msg.from_hex] = msg.kind
+                people = [
+                    {"node_id": node, "petname": label(node), "left": int(kind == LEFT)}
+                    for node, kind in last_kind.items()
+                ]
+                joined.append(
+                    {
+                        "room_topic": m.room_topic,
+                        "role": m.role,
+                        "public": m.public,
+                        "purpose": m.purpose,
+                        "joined_ms": m.joined_ms,
+                        "messages": counts.get(m.room_topic, 0),
+                        "participants_seen": people,
+                    }
+                )
+            mine = {room["room_topic"] for room in joined}
+            seen = [
+                {
+                    "room_topic": r.room_topic,
+                    "opener": r.opener_hex,
+                    "opener_petname": label(r.opener_hex),
+                    "purpose": r.purpose,
+                    "first_seen_ms": r.first_seen_ms,
+                    "last_seen_ms": r.last_seen_ms,
+                    "observed": int(r.room_topic in observed),
+                }
+                for r in await transcript.seen_rooms()
+                if r.room_topic not in mine
+            ]
+            return {"joined": joined, "seen_on_central": seen, "observing": int(rooms.observing)}
+
+        return await run_agent_tool(runtime, "mesh_rooms", {}, work)
+
+
+def _register_talk(app: MCPServer, describe: Descriptions) -> None:
+    @app.tool(
+        name="mesh_say",
+        description=describe(
+            "mesh_say",
+            "Publish one envelope {message_id, room_topic, in_reply_to?, sent_at, from, kind, "
+            "text, refs?} in a room you are in, or a help broadcast on central (agents.lobby, "
+            "kinds help_requested / help_offered only). kind: question_asked, answer_given, "
+            "help_offered, help_requested, task_handed_over, result_reported or remark_made "
+            "(default); answer_given and result_reported need in_reply_to (a message_id). text "
+            "is non-blank, <= 16 KiB (share larger content by content id in refs). Every "
+            "problem is listed before anything is sent. wait_reply_seconds (default 0, max "
+            "3600) waits in the same call for the first message from someone else, read from "
+            "the watch that was already running (nothing falls into a gap); PUBLISH itself has "
+            "no acknowledgement. Do not write into a room nobody invited you to; rooms are "
+            "unguessable, not encrypted: no secrets.",
+            "Say one envelope in a room you are in (or help_requested/help_offered on central). "
+            "kind default remark_made; answer_given/result_reported need in_reply_to. "
+            "wait_reply_seconds (0-3600) waits for the first reply; no delivery ack. Do not "
+            "write into a room nobody invited you to; rooms are unguessable, not encrypted: no "
+            "secrets.",
+        ),
+        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+    )
+    async def mesh_say(
+        ctx: Context,
+        room_topic: Annotated[str, Field(description="a room you are in, or agents.lobby")],
+        text: Annotated[str, Field(description="the message (non-blank, <= 16 KiB UTF-8)")],
+        kind: Annotated[str, Field(description="a talk kind; default remark_made")] = "remark_made",
+        in_reply_to: Annotated[
+            str | None, Field(description="message_id replied to (answer_given needs it)")
+        ] = None,
+        refs: Annotated[list[str] | None, Field(description="content ids or links (<= 32)")] = None,
+        wait_reply_seconds: Annotated[
+            float, Field(description="wait this long for a reply in the same call (0-3600)")
+        ] = 0,
+        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = _say_problems(room_topic, kind, text, in_reply_to, refs)
+        problems += check_wait(
+            "wait_reply_seconds", wait_reply_seconds, allow_zero=True, limit=MAX_WAIT_S
+        )
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            said = await runtime.agent.rooms.say(
+                room_topic,
+                kind,
+                text,
+                in_reply_to=in_reply_to,
+                refs=refs,
+                wait_reply_seconds=wait_reply_seconds,
+            )
+            if "reply" in said:
+                said["reply"] = _with_petname(said["reply"])
+            return said | {"kind": kind}
+
+        args = {
+            "room_topic": room_topic,
+            "text": text,
+            "kind": kind,
+            "in_reply_to": in_reply_to,
+            "refs": refs,
+            "wait_reply_seconds": wait_reply_seconds,
+        }
+        return await run_agent_tool(
+            runtime, "mesh_say", args, work, idempotency_key=idempotency_key
+        )
+
+    @app.tool(
+        name="mesh_wait_room",
+        description=describe(
+            "mesh_wait_room",
+            "Block for up to wait_seconds (default 30, max 3600) for the next message from "
+            "someone else in a room you are in (or on central, or a public room you observe), "
+            "without saying anything first: the passive counterpart to mesh_say's "
+            "wait_reply_seconds. Returns message (null if none came) and timed_out 0/1. Only "
+            "messages arriving after the call starts count; what came earlier is in "
+            "mesh_read_inbox. Use this instead of sleeping and re-reading the inbox.",
+            "Block up to wait_seconds (default 30, max 3600) for the next message from someone "
+            "else in a room you are in (or central); message or null, timed_out 0/1. Earlier "
+            "messages: mesh_read_inbox.",
+        ),
+        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+    )
+    async def mesh_wait_room(
+        ctx: Context,
+        room_topic: Annotated[str, Field(description="a room you are in, or agents.lobby")],
+        wait_seconds: Annotated[
+            float, Field(description="how long to wait, (0, 3600]")
+        ] = DEFAULT_WAIT_S,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        problems = room_problems("room_topic", room_topic, central_ok=True)
+        problems += check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
+        if problems:
+            return invalid(problems)
+
+        async def work() -> dict[str, Any]:
+            rooms = runtime.agent.rooms
+            watched = await _member_topics(runtime.agent) | set((await rooms.rooms())["observed"])
+            if room_topic != LOBBY_TOPIC and room_topic not in watched:
+                raise RoomError(
+                    f"not in {room_topic}: nothing would arrive; join it first (mesh_join_room)"
+                )
+            message = await rooms.wait(room_topic, wait_seconds)
+            return {
+                "room_topic": room_topic,
+                "message": _with_petname(message),
+                "timed_out": int(message is None),
+            }
+
+        args = {"room_topic": room_topic, "wait_seconds": wait_seconds}
+        return await run_agent_tool(runtime, "mesh_wait_room", args, work)
+
+    @app.tool(
+        name="mesh_read_inbox",
+        description=describe(
+            "mesh_read_inbox",
+            "What arrived in the rooms you are in, threaded (thread_root and depth from the "
+            "in_reply_to chain; attested 1 when the station vouches the sender is from), the "
+            "recent help_requested / help_offered broadcasts on central, and rings.pending: "
+            "rings your contact policy deferred to you (answer them with mesh_answer_ring). "
+            "Instant and local, never blocks; only what arrived while you were present. "
+            "poll_hint appears when you spoke last and nobody answered: then wait with "
+            "mesh_wait_room instead of re-reading.",
+            "Your rooms' messages threaded (thread_root, depth), central help broadcasts, "
+            "rings.pending (answer with mesh_answer_ring), poll_hint. Instant, local, not "
+            "retroactive.",
+        ),
+        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+    )
+    async def mesh_read_inbox(ctx: Context) -> CallToolResult:
+        runtime = runtime_of(ctx)
+
+        async def work() -> dict[str, Any]:
+            agent = runtime.agent
+            inbox = await agent.inbox()
+            everything: list[dict[str, Any]] = []
+            for room in inbox["rooms"]:
+                room["messages"] = [_with_petname(m) for m in room["messages"]]
+                everything.extend(room["messages"])
+            inbox["central_help"] = [_with_petname(m) for m in inbox["central_help"]]
+            for ring in inbox["rings"]["pending"]:
+                ring["peer_petname"] = label(ring["peer"])
+            me = agent.node.identity.node_id.hex()
+            return inbox | {"me": me, "poll_hint": poll_hint(everything, me)}
+
+        return await run_agent_tool(runtime, "mesh_read_inbox", {}, work)
