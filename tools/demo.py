@@ -90,10 +90,12 @@ async def run(workdir: Path) -> None:
             raise Failed(f"ring not accepted and joined: {rung}")
         room = rung["room_topic"]
         say("ada", f"mesh_ring {bob_name}: answer 1 (accepted), joined 1, room {room[:24]}…")
+        listening = asyncio.create_task(bob("mesh_wait_room", room_topic=room, wait_seconds=10))
+        await asyncio.sleep(0.3)  # bob waits before ada speaks: nothing to poll for
         asked = await ada(
             "mesh_say", room_topic=room, kind="question_asked", text="Is step 2 safe?"
         )
-        heard = await bob("mesh_wait_room", room_topic=room, wait_seconds=10)
+        heard = await listening
         message = heard.get("message") or {}
         if message.get("text") != "Is step 2 safe?":
             raise Failed(f"bob did not hear the question: {heard}")
@@ -139,8 +141,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="macula-mcp-demo-") as tmp:
         try:
             asyncio.run(run(Path(tmp)))
-        except Failed as exc:
-            print(f"FAILED: {exc}", flush=True)
+        except* Failed as group:
+            for exc in group.exceptions:
+                print(f"FAILED: {exc}", flush=True)
             raise SystemExit(1) from None
     print(
         "demo passed: hello, agents, ring, room conversation, served call, shared artifact",

@@ -1,0 +1,444 @@
+"""RPC tools: ``mesh_call``, and ``mesh_serve`` / ``mesh_unserve`` (a local command per call).
+
+Invariants of serving (a standing inbound trigger any mesh caller can invoke):
+- the caller's payload reaches the command as JSON (bytes as hex) on its stdin and nowhere
+  else: ``exec`` is split once with ``shlex`` when it is registered and run without a shell, so
+  nothing a caller sends can become part of a command line. The environment adds
+  ``MACULA_CALLER`` (the caller's node id), ``MACULA_PROCEDURE`` and ``MACULA_REALM`` (hex);
+- each call runs in a process group of its own (``start_new_session``); when the call ends —
+  reply, failure, timeout or cancellation — the whole group is killed, so no child outlives it;
+- stdout is read up to ``MAX_STDOUT`` and must be one JSON value (the reply); stderr is kept
+  (last ``MAX_STDERR`` bytes) for the local log only and never leaves this machine;
+- a non-zero exit, a timeout, oversized or non-JSON stdout raise ``CommandFailed`` in the
+  handler: the Node answers that caller with ERROR 0x0F and a short reason; no other call or
+  procedure is affected. At most ``MAX_RUNNING`` commands run at once per procedure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult
+from pydantic import Field
+
+from macula.errors import MaculaError
+from macula.node import IncomingCall
+from tools.context import Descriptions, annotations, runtime_of
+from tools.realms import parse_realm
+from tools.results import bad_argument, plain
+from tools.runtime import MAX_IDEMPOTENCY_KEY, Runtime, check_key, now_ms, run_tool
+
+log = logging.getLogger("macula.tools")
+
+DEFAULT_CALL_TIMEOUT_MS = 5000
+MAX_CALL_TIMEOUT_MS = 600_000
+DEFAULT_EXEC_TIMEOUT_S = 10.0
+MIN_EXEC_TIMEOUT_S = 0.1
+MAX_EXEC_TIMEOUT_S = 60.0
+MAX_STDOUT = 1024 * 1024
+MAX_STDERR = 64 * 1024
+MAX_RUNNING = 8  # concurrent executions per served procedure; more are refused as "busy"
+MAX_PROCEDURE = 256
+MAX_EXEC = 4096
+ANNOUNCE_TIMEOUT_S = 10.0
+RESERVED_PREFIXES = ("_", "agent.")  # station built-ins; the agent layer's ring endpoints
+_READ = 64 * 1024
+_PROCESS = os.urandom(4).hex()  # what mesh_serve did ends with this process: so do its receipts
+
+
+class CommandFailed(Exception):
+    """A served command produced no reply; the message (short, no stderr) goes to the caller."""
+
+
+# -- running one command --------------------------------------------------------------------
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of the group ``pgid`` (gone already is fine)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+async def _feed(pipe: asyncio.StreamWriter | None, data: bytes) -> None:
+    if pipe is None:
+        return
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        pipe.write(data)
+        await pipe.drain()
+    pipe.close()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        await pipe.wait_closed()
+
+
+async def _read_capped(
+    stream: asyncio.StreamReader | None, limit: int, overflow: Callable[[], None]
+) -> bytes | None:
+    """Everything up to ``limit`` bytes, or None (after calling ``overflow``) beyond it."""
+    if stream is None:
+        return b""
+    data = bytearray()
+    while chunk := await stream.read(_READ):
+        if len(data) + len(chunk) > limit:
+            overflow()
+            return None
+        data += chunk
+    return bytes(data)
+
+
+async def _read_tail(stream: asyncio.StreamReader | None, limit: int) -> bytes:
+    """Drain ``stream`` (so the command never blocks on a full pipe), keeping its last bytes."""
+    tail = bytearray()
+    while stream is not None and (chunk := await stream.read(_READ)):
+        tail += chunk
+        del tail[:-limit]
+    return bytes(tail)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_reply(stdout: bytes) -> Any:
+    try:
+        return json.loads(stdout, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise CommandFailed(f"the command's stdout is not one JSON value ({exc})") from None
+
+
+async def run_command(
+    argv: Sequence[str], stdin: bytes, *, timeout: float, env: Mapping[str, str]
+) -> tuple[Any, bytes]:
+    """Run ``argv`` (no shell) with ``stdin``; ``(reply, stderr tail)`` or ``CommandFailed``."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        env=dict(env),
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            stdout, stderr, _ = await asyncio.gather(
+                _read_capped(proc.stdout, MAX_STDOUT, lambda: kill_group(proc.pid)),
+                _read_tail(proc.stderr, MAX_STDERR),
+                _feed(proc.stdin, stdin),
+            )
+            status = await proc.wait()
+    except TimeoutError:
+        raise CommandFailed(f"timed out after {timeout:g} s; the command was killed") from None
+    finally:
+        kill_group(proc.pid)  # stragglers of a finished command too
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                await proc.wait()
+    if stdout is None:
+        raise CommandFailed(f"the command wrote more than {MAX_STDOUT} bytes to stdout")
+    if status != 0:
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        raise CommandFailed(f"the command {how}")
+    return parse_reply(stdout), stderr
+
+
+def _handler(
+    name: str, argv: list[str], timeout: float, entry: dict[str, Any]
+) -> Callable[[IncomingCall], Any]:
+    """The Node's handler for ``name``: one run of ``argv`` per call, counted in ``entry``."""
+
+    async def handle(call: IncomingCall) -> Any:
+        entry["calls"] += 1
+        if entry["running"] >= MAX_RUNNING:
+            entry["errors"] += 1
+            raise CommandFailed(f"busy: {MAX_RUNNING} calls of {name} already running; retry")
+        env = {
+            **os.environ,
+            "MACULA_CALLER": call.caller.hex(),
+            "MACULA_PROCEDURE": name,
+            "MACULA_REALM": call.realm.hex(),
+        }
+        stdin = json.dumps(plain(call.payload), ensure_ascii=False).encode()
+        entry["running"] += 1
+        try:
+            reply, stderr = await run_command(argv, stdin, timeout=timeout, env=env)
+        except (CommandFailed, OSError) as exc:
+            entry["errors"] += 1
+            entry["last_error"] = str(exc)
+            log.warning("served %s failed for caller %s: %s", name, call.caller.hex()[:16], exc)
+            if isinstance(exc, OSError):
+                raise CommandFailed("the command could not be started") from None
+            raise
+        finally:
+            entry["running"] -= 1
+        if stderr:
+            log.info("served %s stderr: %s", name, stderr[-2000:].decode("utf-8", "replace"))
+        return reply
+
+    return handle
+
+
+# -- argument checks ------------------------------------------------------------------------
+
+
+def procedure_problem(name: str, *, serving: bool) -> str | None:
+    if not 1 <= len(name) <= MAX_PROCEDURE:
+        return f"must be 1-{MAX_PROCEDURE} characters"
+    if any(c.isspace() or not c.isprintable() for c in name):
+        return "must not contain whitespace or control characters"
+    if serving and name.startswith(RESERVED_PREFIXES):
+        return "names starting with '_' (station built-ins) or 'agent.' (rings) are reserved"
+    return None
+
+
+def parse_exec(command: str) -> list[str] | CallToolResult:
+    if not command.strip() or len(command) > MAX_EXEC:
+        return bad_argument("exec", f"must be a command line of 1-{MAX_EXEC} characters")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        return bad_argument("exec", f"cannot be split like a shell would ({exc})")
+    program = shutil.which(argv[0])
+    if program is None:
+        return bad_argument("exec", f"{argv[0]!r} is not an executable (nor found on PATH)")
+    return [program, *argv[1:]]
+
+
+def process_scoped(key: str | None) -> str | None:
+    """A receipt of mesh_serve is valid only in the process that served: after a restart the
+    same key serves again instead of replaying a registration that no longer exists."""
+    if key is None:
+        return None
+    room = MAX_IDEMPOTENCY_KEY - len(_PROCESS) - 1
+    if len(key) > room:
+        key = key[: room - 13] + "~" + hashlib.sha256(key.encode()).hexdigest()[:12]
+    return f"{key}@{_PROCESS}"
+
+
+# -- tools ----------------------------------------------------------------------------------
+
+CALL_FULL = (
+    "Call a procedure some peer serves on the mesh and return its reply: {procedure, realm, "
+    "result, duration_ms, direct}. args is any JSON value (sent as the call's payload; "
+    "booleans travel as 0/1). realm is 64 hex (default: the all-zero realm): a procedure "
+    "served under another realm is invisible, and a wrong realm looks exactly like a missing "
+    "procedure (unknown_next_peer) — mesh_find_records_by_type with "
+    "record_type=procedure_advertisement tells which realm it lives in. timeout_ms 1-600000 "
+    "(default 5000). direct=1 resolves the serving station through the DHT and dials it in one "
+    "hop; it fails if the procedure was not announced in the DHT. A call may act on the other "
+    "side: give idempotency_key to make a retry replay the first result instead of calling "
+    "twice. No booleans: use 0/1."
+)
+CALL_TERSE = (
+    "Call a mesh procedure: {procedure, realm, result, duration_ms}. args any JSON; realm 64 "
+    "hex (default all-zero; wrong realm = unknown_next_peer); timeout_ms 1-600000 (5000); "
+    "direct=1 dials via DHT. It may act remotely: idempotency_key makes retries replay. "
+    "No booleans: 0/1."
+)
+SERVE_FULL = (
+    "Serve procedure `name` on the mesh by running the local command `exec` once per inbound "
+    "call. SAFETY: this is a standing inbound trigger — any mesh caller can invoke it, "
+    "repeatedly, until mesh_unserve or this server stops; never register a command you would "
+    "not let a stranger run on this machine. The caller's JSON payload is written to the "
+    "command's stdin ONLY — it is never put on the command line, and exec runs without a "
+    "shell (split like a shell would, so pipes and `$VAR` do not work). The command's stdout "
+    "must be one JSON value: it is the reply. A non-zero exit, exec_timeout_seconds passed "
+    "(default 10, max 60; the whole process group is killed), more than 1 MiB of stdout or "
+    "invalid JSON become an error reply to that caller only; stderr is logged locally and "
+    "never sent. Env: MACULA_CALLER (caller node id, hex), MACULA_PROCEDURE, MACULA_REALM. At "
+    "most 8 calls run at once. Serving a name again replaces its command. announce=1 (default) "
+    "also stores a signed procedure_advertisement in the DHT so others can discover it. Names "
+    "starting with '_' or 'agent.' are reserved. Does not start presence."
+)
+SERVE_TERSE = (
+    "Serve procedure `name` by running local command `exec` per inbound call. SAFETY: any "
+    "mesh caller can trigger it repeatedly until mesh_unserve — never register a command you "
+    "would not let a stranger run. Payload goes on stdin ONLY (no shell, never on the command "
+    "line); stdout = one JSON reply; non-zero exit, timeout (exec_timeout_seconds, default "
+    "10, max 60; process group killed), >1 MiB or bad JSON = error to that caller only. "
+    "announce=1 (default) also lists it in the DHT."
+)
+UNSERVE_FULL = (
+    "Stop serving a procedure registered with mesh_serve: new calls get unknown_next_peer at "
+    "once; calls already running finish. realm defaults to the realm it was served in. "
+    "Returns the procedure's call and error counts. Unknown names are an error listing what "
+    "is served."
+)
+UNSERVE_TERSE = "Stop serving a procedure started with mesh_serve; returns its call/error counts."
+
+
+def register(app: MCPServer, describe: Descriptions) -> None:
+    @app.tool(
+        name="mesh_call",
+        description=describe("mesh_call", CALL_FULL, CALL_TERSE),
+        annotations=annotations(read_only=False, destructive=True, idempotent=False),
+    )
+    async def mesh_call(
+        ctx: Context,
+        procedure: Annotated[str, Field(description="procedure name, e.g. io.macula.echo")],
+        args: Annotated[Any, Field(description="the payload: any JSON value (no booleans)")] = None,
+        realm: Annotated[
+            str | None, Field(description="64 hex realm tag; default all-zero")
+        ] = None,
+        timeout_ms: Annotated[int, Field(description="1-600000 ms; default 5000")] = (
+            DEFAULT_CALL_TIMEOUT_MS
+        ),
+        direct: Annotated[int, Field(description="1: resolve the serving station via DHT")] = 0,
+        idempotency_key: Annotated[
+            str | None, Field(description="1-120 chars; replays return the first result")
+        ] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        tag = parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
+        if problem := procedure_problem(procedure, serving=False):
+            return bad_argument("procedure", problem)
+        if not 1 <= timeout_ms <= MAX_CALL_TIMEOUT_MS:
+            return bad_argument("timeout_ms", f"must be 1..{MAX_CALL_TIMEOUT_MS}")
+        if direct not in (0, 1):
+            return bad_argument("direct", "must be 0 or 1")
+
+        async def work() -> dict[str, Any]:
+            started = time.monotonic()
+            result = await runtime.node.call(
+                tag, procedure, args, timeout=timeout_ms / 1000, direct=direct == 1
+            )
+            elapsed = round((time.monotonic() - started) * 1000, 1)
+            return {"procedure": procedure, "realm": tag.hex(), "result": result,
+                    "duration_ms": elapsed, "direct": direct}  # fmt: skip
+
+        request = {"procedure": procedure, "args": args, "realm": tag.hex(), "direct": direct}
+        return await run_tool(runtime, "mesh_call", request, work, idempotency_key=idempotency_key)
+
+    @app.tool(
+        name="mesh_serve",
+        description=describe("mesh_serve", SERVE_FULL, SERVE_TERSE),
+        annotations=annotations(read_only=False, destructive=True, idempotent=True),
+    )
+    async def mesh_serve(
+        ctx: Context,
+        name: Annotated[str, Field(description="procedure name to serve, e.g. org.example.lint")],
+        exec: Annotated[
+            str, Field(description="local command line, run WITHOUT a shell; payload on stdin only")
+        ],
+        exec_timeout_seconds: Annotated[
+            float, Field(description="per call, 0.1-60; default 10")
+        ] = DEFAULT_EXEC_TIMEOUT_S,
+        realm: Annotated[
+            str | None, Field(description="64 hex realm tag; default all-zero")
+        ] = None,
+        announce: Annotated[
+            int, Field(description="1: store a procedure_advertisement in the DHT")
+        ] = 1,
+        idempotency_key: Annotated[
+            str | None, Field(description="1-120 chars; replays return the first receipt")
+        ] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        tag = parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
+        if problem := procedure_problem(name, serving=True):
+            return bad_argument("name", problem)
+        argv = parse_exec(exec)
+        if isinstance(argv, CallToolResult):
+            return argv
+        if not MIN_EXEC_TIMEOUT_S <= exec_timeout_seconds <= MAX_EXEC_TIMEOUT_S:
+            bounds = f"must be {MIN_EXEC_TIMEOUT_S:g}-{MAX_EXEC_TIMEOUT_S:g}"
+            return bad_argument("exec_timeout_seconds", bounds)
+        if announce not in (0, 1):
+            return bad_argument("announce", "must be 0 or 1")
+        if problem := check_key(idempotency_key):
+            return bad_argument("idempotency_key", problem)
+
+        async def work() -> dict[str, Any]:
+            return await _serve(runtime, name, exec, argv, exec_timeout_seconds, tag, announce)
+
+        request = {"name": name, "exec": exec, "exec_timeout_seconds": exec_timeout_seconds,
+                   "realm": tag.hex(), "announce": announce}  # fmt: skip
+        return await run_tool(runtime, "mesh_serve", request, work, mesh=False,
+                              idempotency_key=process_scoped(idempotency_key))  # fmt: skip
+
+    @app.tool(
+        name="mesh_unserve",
+        description=describe("mesh_unserve", UNSERVE_FULL, UNSERVE_TERSE),
+        annotations=annotations(read_only=False, destructive=True, idempotent=True),
+    )
+    async def mesh_unserve(
+        ctx: Context,
+        name: Annotated[str, Field(description="a procedure served with mesh_serve")],
+        realm: Annotated[
+            str | None, Field(description="64 hex; default: the realm it is served in")
+        ] = None,
+        idempotency_key: Annotated[
+            str | None, Field(description="1-120 chars; replays return the first receipt")
+        ] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        tag = None if realm is None else parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
+        if problem := procedure_problem(name, serving=False):
+            return bad_argument("name", problem)
+
+        async def work() -> dict[str, Any]:
+            entry = runtime.served.get(name)
+            if entry is None or (tag is not None and entry["realm"] != tag.hex()):
+                where = "" if tag is None else f" in realm {tag.hex()[:16]}…"
+                served = ", ".join(sorted(runtime.served)) or "nothing"
+                raise ValueError(f"name: {name!r} is not served here{where} (served: {served})")
+            await runtime.node.unadvertise(bytes.fromhex(entry["realm"]), name)
+            del runtime.served[name]
+            return {"name": name, "realm": entry["realm"], "stopped": 1,
+                    "calls": entry["calls"], "errors": entry["errors"]}  # fmt: skip
+
+        request = {"name": name, "realm": None if tag is None else tag.hex()}
+        return await run_tool(runtime, "mesh_unserve", request, work, mesh=False,
+                              idempotency_key=idempotency_key)  # fmt: skip
+
+
+async def _serve(
+    runtime: Runtime,
+    name: str,
+    command: str,
+    argv: list[str],
+    timeout: float,
+    realm: bytes,
+    announce: int,
+) -> dict[str, Any]:
+    previous = runtime.served.get(name)
+    if previous is not None and previous["realm"] != realm.hex():
+        await runtime.node.unadvertise(bytes.fromhex(previous["realm"]), name)
+    entry: dict[str, Any] = {"exec": command, "realm": realm.hex(), "timeout": timeout,
+                             "calls": 0, "errors": 0, "running": 0, "last_error": None,
+                             "since_ms": now_ms(), "announced": 0}  # fmt: skip
+    runtime.served[name] = entry
+    handler = _handler(name, argv, timeout, entry)
+    result: dict[str, Any] = {"name": name, "realm": realm.hex(), "exec": command,
+                              "exec_timeout_seconds": timeout, "serving": 1,
+                              "replaced": int(previous is not None),
+                              "node_id": runtime.node.identity.node_id.hex()}  # fmt: skip
+    try:  # the handler is registered before advertise's first await; only the record may fail
+        await asyncio.wait_for(
+            runtime.node.advertise(realm, name, handler, announce=announce == 1), ANNOUNCE_TIMEOUT_S
+        )
+        entry["announced"] = announce
+    except (MaculaError, TimeoutError, OSError) as exc:
+        if not announce:
+            raise
+        reason = str(exc) or f"no DHT answer in {ANNOUNCE_TIMEOUT_S:g} s"
+        log.warning("serving %s, but its procedure_advertisement was not stored: %s", name, reason)
+        result["announce_error"] = reason
+    result["announced"] = entry["announced"]
+    return result
