@@ -1,0 +1,184 @@
+"""Every tool of ``macula-mcp``, called over stdio on real subprocesses, with a good and a bad
+argument; two agents ring and talk; idempotency replay and conflict survive a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client, StdioServerParameters
+
+from relay.station import Station, StationConfig
+from tools.cli import server_command
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Agent:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.tools_called: set[str] = set()
+
+    async def good(self, tool: str, **args: Any) -> dict[str, Any]:
+        result = await self.client.call_tool(tool, args)
+        assert not result.is_error, (tool, result.structured_content)
+        self.tools_called.add(tool)
+        return dict(result.structured_content or {})
+
+    async def bad(self, tool: str, **args: Any) -> dict[str, Any]:
+        result = await self.client.call_tool(tool, args)
+        assert result.is_error, (tool, args, result.structured_content)
+        error = dict(result.structured_content or {})
+        assert {"code", "detail", "retryable", "next_action"} <= set(error), error
+        assert error["retryable"] in (0, 1)
+        return error
+
+
+@asynccontextmanager
+async def agent(home: Path, station: str, policy: str) -> AsyncIterator[Agent]:
+    env = dict(
+        os.environ,
+        MACULA_HOME=str(home),
+        MACULA_MESH_STATIONS=station,
+        MACULA_MCP_IDENTITY=str(home / "id.key"),
+        MACULA_MCP_CONTACT_POLICY=policy,
+    )
+    command = server_command()
+    async with Client(
+        StdioServerParameters(command=command[0], args=command[1:], env=env)
+    ) as client:
+        yield Agent(client)
+
+
+async def test_every_tool_good_and_bad_over_stdio(tmp_path: Path) -> None:
+    async with (
+        Station(StationConfig(data_dir=tmp_path / "station", port=0)) as station,
+        agent(tmp_path / "bob", station.endpoint, "open") as bob,
+    ):
+        bob_id = (await bob.good("mesh_hello", message="bob here"))["node_id"]
+        async with agent(tmp_path / "ada", station.endpoint, "ask") as ada:
+            await exercise(ada, bob, bob_id)
+            everything = {t.name for t in (await ada.client.list_tools()).tools}
+            called = ada.tools_called | bob.tools_called
+            assert everything - called == set(), f"never called: {everything - called}"
+
+
+async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
+    ada_id = (await ada.good("mesh_hello", operator_name="ada"))["node_id"]
+    await ada.bad("mesh_hello", message="x" * 5000)
+    await bob.good("mesh_hello", message="bob again")  # ada listens now
+    for _ in range(50):
+        if any(a["node_id"] == bob_id for a in (await ada.good("mesh_agents"))["agents"]):
+            break
+        await asyncio.sleep(0.1)
+    await ada.bad("mesh_agents", limit=0)
+    # pub/sub
+    watch = asyncio.create_task(
+        bob.good("mesh_watch", topic="e2e.news", duration_seconds=5, count=1)
+    )
+    await asyncio.sleep(0.5)
+    await ada.good("mesh_publish", topic="e2e.news", fact={"n": 1})
+    assert (await watch)["events"][0]["payload"] == {"n": 1}
+    await ada.bad("mesh_publish", topic="", fact=1)
+    await ada.bad("mesh_watch", topic="t", duration_seconds=0)
+    # serving and calling
+    echo = f'{sys.executable} -c "import json,sys; print(json.dumps(json.load(sys.stdin)))"'
+    await bob.good("mesh_serve", name="org.example.e2e.echo_v1", exec=echo)
+    await bob.bad("mesh_serve", name="org.example.e2e.echo_v1", exec="")
+    await asyncio.sleep(0.3)
+    assert (await ada.good("mesh_call", procedure="org.example.e2e.echo_v1", args={"a": 1}))[
+        "result"
+    ] == {"a": 1}
+    await ada.bad("mesh_call", procedure="org.example.e2e.nobody_v1", args={})
+    await bob.good("mesh_unserve", name="org.example.e2e.echo_v1")
+    await bob.bad("mesh_unserve", name="org.example.e2e.never_served_v1")
+    # idempotency: the same key replays, a different request under it is refused
+    first = await ada.good("mesh_publish", topic="e2e.once", fact=1, idempotency_key="k-1")
+    again = await ada.good("mesh_publish", topic="e2e.once", fact=1, idempotency_key="k-1")
+    assert again["seq"] == first["seq"] and again["replayed"] == 1
+    assert (await ada.bad("mesh_publish", topic="e2e.once", fact=2, idempotency_key="k-1"))[
+        "code"
+    ] == "idempotency_conflict"
+    # content
+    put = await ada.good(
+        "mesh_put", content=base64.b64encode(b"shared bytes").decode(), name="n.txt"
+    )
+    assert (
+        base64.b64decode((await bob.good("mesh_get", mcid_hex=put["mcid_hex"]))["content_base64"])
+        == b"shared bytes"
+    )
+    await ada.bad("mesh_put", content="not base64!!")
+    await bob.bad("mesh_get", mcid_hex="00")
+    # DHT
+    endpoints = await ada.good("mesh_find_records_by_type", record_type="station_endpoint")
+    key = endpoints["records"][0]["key_hex"]
+    assert (await ada.good("mesh_find_record", key_hex=key))["record"] is not None
+    assert (await ada.good("mesh_find_records", key_hex=key))["count"] >= 1
+    await ada.bad("mesh_find_record", key_hex="zz")
+    await ada.bad("mesh_find_records", key_hex="00")
+    await ada.bad("mesh_find_records_by_type", record_type="no_such_type")
+    # rings and rooms: bob's policy is open, ada's is ask
+    rung = await ada.good("mesh_ring", to=bob_id, purpose="review")
+    assert (rung["answer"], rung["joined"]) == (1, 1)
+    await ada.bad("mesh_ring", to="nobody_we_know_1234", purpose="x")
+    room = rung["room_topic"]
+    listening = asyncio.create_task(bob.good("mesh_wait_room", room_topic=room, wait_seconds=10))
+    await asyncio.sleep(0.3)
+    asked = await ada.good("mesh_say", room_topic=room, kind="question_asked", text="ok?")
+    assert (await listening)["message"]["text"] == "ok?"
+    await bob.good(
+        "mesh_say",
+        room_topic=room,
+        kind="answer_given",
+        text="yes",
+        in_reply_to=asked["message_id"],
+    )
+    await bob.bad("mesh_say", room_topic=room, kind="answer_given", text="no parent")
+    await bob.bad("mesh_wait_room", room_topic="agents.room.nothex", wait_seconds=1)
+    inbox = await ada.good("mesh_read_inbox")
+    assert any(
+        m["kind"] == "answer_given" and m["depth"] == 1
+        for r in inbox["rooms"]
+        for m in r["messages"]
+    )
+    opened = await ada.good("mesh_open_room", purpose="office hours", public=1)
+    await ada.bad("mesh_open_room", public=7)
+    await bob.good("mesh_join_room", room_topic=opened["room_topic"])
+    await bob.bad("mesh_join_room", room_topic="agents.lobby.x")
+    await bob.good("mesh_leave_room", room_topic=opened["room_topic"])
+    await bob.bad("mesh_leave_room", room_topic=opened["room_topic"], close=1)
+    assert (await ada.good("mesh_rooms"))["joined"]
+    await bob.good("mesh_observe_lobby", max_rooms=5)
+    await bob.bad("mesh_observe_lobby", max_rooms=0)
+    await bob.good("mesh_lobby_transcript", limit=10)
+    await bob.bad("mesh_lobby_transcript", limit=0)
+    await bob.good("mesh_unobserve_lobby")
+    # ask policy: bob rings ada, ada defers, then accepts
+    waiting = asyncio.create_task(ada.good("mesh_wait_ring", wait_seconds=10))
+    await asyncio.sleep(0.3)
+    deferred = await bob.good("mesh_ring", to=ada_id, purpose="pair?")
+    assert deferred["answer"] == 3
+    assert (await waiting)["ring"]["ring_id"] == deferred["ring_id"]
+    await ada.bad("mesh_wait_ring", wait_seconds=-1)
+    answered = await ada.good("mesh_answer_ring", ring_id=deferred["ring_id"], answer=1)
+    assert answered["caller_notified"] == 1
+    await ada.bad("mesh_answer_ring", ring_id=deferred["ring_id"], answer=5)
+    await ada.good("mesh_trust_agent", node_id=bob_id)
+    await ada.bad("mesh_trust_agent", node_id="not-a-node")
+    await ada.good("mesh_untrust_agent", node_id=bob_id)
+    await ada.bad("mesh_untrust_agent", node_id="")
+    await ada.good("mesh_goodbye")
+    await bob.good("mesh_goodbye")
+    assert (await bob.bad("mesh_goodbye", idempotency_key=""))["code"] == "invalid_argument"
