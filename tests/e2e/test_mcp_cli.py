@@ -1,0 +1,56 @@
+"""``macula-mcp mcp-config`` and ``macula-mcp doctor`` as a person runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from relay.station import Station, StationConfig
+
+
+def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+
+
+def test_mcp_config_prints_a_ready_entry(tmp_path: Path) -> None:
+    done = run(["mcp-config"], dict(os.environ, MACULA_MESH_STATIONS="127.0.0.1:4433"))
+    assert done.returncode == 0, done.stderr
+    entry = json.loads(done.stdout)["mcpServers"]["macula"]
+    assert Path(entry["command"]).is_absolute()
+    assert entry["env"]["MACULA_MESH_STATIONS"] == "127.0.0.1:4433"
+
+
+def test_doctor_passes_against_a_live_station_and_names_the_failure_otherwise(
+    tmp_path: Path,
+) -> None:
+    async def with_station() -> tuple[
+        subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]
+    ]:
+        async with Station(StationConfig(data_dir=tmp_path / "station", port=0)) as station:
+            env = dict(
+                os.environ,
+                MACULA_HOME=str(tmp_path / "home"),
+                MACULA_MESH_STATIONS=station.endpoint,
+                MACULA_MCP_IDENTITY=str(tmp_path / "home" / "id.key"),
+            )
+            good = await asyncio.to_thread(run, ["doctor"], env)
+            env["MACULA_MESH_STATIONS"] = "127.0.0.1:9"
+            bad = await asyncio.to_thread(run, ["doctor"], env)
+            return good, bad
+
+    good, bad = asyncio.run(with_station())
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "all checks passed" in good.stdout and "MCP round trip" in good.stdout
+    assert bad.returncode == 1
+    assert "[FAIL] station 127.0.0.1:9" in bad.stdout
