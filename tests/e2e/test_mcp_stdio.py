@@ -74,6 +74,17 @@ async def test_terse_descriptions_are_shorter(station: Station, tmp_path: Path) 
     assert full.keys() == terse.keys()
     for name in full:
         assert 0 < len(terse[name]) < len(full[name]), name
+    caveats = {  # safety caveats a terse description must keep
+        "mesh_serve": ["stdin"],
+        "mesh_put": ["secret"],
+        "mesh_join_room": ["invited", "not encrypted"],
+        "mesh_say": ["invited"],
+        "mesh_ring": ["invited"],
+        "mesh_trust_agent": ["trust"],
+    }
+    for name, phrases in caveats.items():
+        for phrase in phrases:
+            assert phrase in full[name].lower() and phrase in terse[name].lower(), (name, phrase)
 
 
 def test_stdin_close_ends_the_server_gracefully(tmp_path: Path) -> None:
