@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.station import Station, StationConfig
 
@@ -109,6 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.call_rate,
         help="calls per second per connection (burst: twice that)",
     )
+    parser.add_argument("--no-memory", action="store_true", help="do not serve shared memory")
+    parser.add_argument(
+        "--no-station-directory", action="store_true", help="do not serve the station directory"
+    )
+    parser.add_argument(
+        "--no-agent-directory", action="store_true", help="do not serve the agent directory"
+    )
+    for name in ("city", "country", "continent"):
+        parser.add_argument(f"--{name}", help=f"this station's {name} (station directory)")
+    parser.add_argument("--lat", type=float, help="latitude, -90..90 (station directory)")
+    parser.add_argument("--lng", type=float, help="longitude, -180..180 (station directory)")
     return parser
 
 
@@ -135,12 +147,27 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         max_clock_skew_ms=args.max_clock_skew_ms,
         quotas=quotas,
     )
+    if args.lat is not None and not -90 <= args.lat <= 90:
+        raise SystemExit("macula-relay: --lat must be -90..90")
+    if args.lng is not None and not -180 <= args.lng <= 180:
+        raise SystemExit("macula-relay: --lng must be -180..180")
+    house = HouseConfig(
+        memory=not args.no_memory,
+        station_directory=not args.no_station_directory,
+        agent_directory=not args.no_agent_directory,
+        city=args.city,
+        country=args.country,
+        continent=args.continent,
+        lat=args.lat,
+        lng=args.lng,
+    )
     return StationConfig(
         data_dir=args.data_dir,
         host=args.host,
         port=args.port,
         advertised_hosts=args.advertise_host,
         policy=policy,
+        house=house,
     )
 
 

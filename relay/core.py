@@ -164,8 +164,10 @@ class RouterCore:
         *,
         open_stream: Callable[[int], int],
         random_bytes: Callable[[int], bytes],
+        services: frozenset[tuple[bytes, str]] = frozenset(),
     ) -> None:
         self.identity = identity
+        self.services = services  # (realm, procedure) served by the station itself
         self.policy = policy
         self._open_stream = open_stream
         self._random = random_bytes
@@ -532,6 +534,10 @@ class RouterCore:
                 peer.content_streams[stream] += 1
             out.append(RunBuiltin(peer.conn, stream, call))
             return
+        if not builtins_only and (call.realm, call.procedure) in self.services:
+            self.stats["service_calls"] += 1
+            out.append(RunBuiltin(peer.conn, stream, call))  # a house service: same path
+            return
         ad = None if builtins_only else self.advertisements.get((call.realm, call.procedure))
         provider = self.peers.get(ad.conn) if ad is not None else None
         if ad is None or provider is None or provider.state != "connected":
@@ -612,8 +618,8 @@ class RouterCore:
         key = (frame.realm, frame.procedure)
         if frame.advertiser != peer.node_id:
             return self._drop(peer, "foreign_advertise", "advertiser is not this connection")
-        if frame.procedure in BUILTINS:
-            return self._drop(peer, "builtin_advertise", f"{frame.procedure} is a built-in")
+        if frame.procedure in BUILTINS or key in self.services:
+            return self._drop(peer, "builtin_advertise", f"{frame.procedure} is the station's")
         current = self.advertisements.get(key)
         if current is not None and current.node_id != peer.node_id and current.conn in self.peers:
             return self._drop(

@@ -30,11 +30,13 @@ from macula.transport import (
     FrameProtocol,
     enlarge_receive_buffer,
 )
+from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, new_record, record_version
-from relay.builtins import Builtins
-from relay.core import Action, Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.builtins import Builtins, Outcome
+from relay.core import BUILTINS, Action, Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.house.services import HouseConfig, HouseServices
 from relay.policy import StationPolicy
 from relay.store import ContentStore, RecordStore
 from relay.tls import ensure_certificate
@@ -56,6 +58,7 @@ class StationConfig:
     policy: StationPolicy = field(default_factory=StationPolicy)
     tick_interval_s: float = 0.2
     endpoint_refresh_s: float = 60.0
+    house: HouseConfig = field(default_factory=HouseConfig)
 
 
 class _Sink:
@@ -95,6 +98,7 @@ class Station:
         self._records: RecordStore | None = None
         self._content: ContentStore | None = None
         self._builtins: Builtins | None = None
+        self._house: HouseServices | None = None
         self.port = 0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -111,7 +115,11 @@ class Station:
         self._content = await ContentStore.open(data_dir / "content.sqlite3")
         self._builtins = Builtins(self._records, self._content, station_id=self.identity.node_id)
         self._core = RouterCore(
-            self.identity, config.policy, open_stream=self._open_stream, random_bytes=os.urandom
+            self.identity,
+            config.policy,
+            open_stream=self._open_stream,
+            random_bytes=os.urandom,
+            services=HouseServices.keys_for(config.house),
         )
         quic = QuicConfiguration(
             is_client=False,
@@ -129,6 +137,9 @@ class Station:
         if transport is not None:
             enlarge_receive_buffer(transport.get_extra_info("socket"))
         self.port = int(sockname[1]) if sockname else config.port
+        self._house = await HouseServices.open(
+            config.house, data_dir, self.identity.node_id, config.host, self.port
+        )
         self._spawn(self._ticker())
         self._spawn(self._endpoint_refresher())
         log.info(
@@ -156,6 +167,8 @@ class Station:
             await self._records.close()
         if self._content is not None:
             await self._content.close()
+        if self._house is not None:
+            await self._house.close()
         log.info("station stopped")
 
     # -- properties ------------------------------------------------------------------------
@@ -223,12 +236,24 @@ class Station:
         loop.call_later(action.after_ms / 1000, connection.close_connection, action.reason)
 
     async def _builtin(self, action: RunBuiltin) -> None:
+        """A built-in (§6.6) or a house service: the router sent both here."""
         assert self._builtins is not None
         now_ms = _now_ms()
         call = action.call
-        outcome = await self._builtins.run(
-            call.procedure, call.payload, now_ms, time.time_ns() // 1000
-        )
+        if call.procedure in BUILTINS:
+            outcome = await self._builtins.run(
+                call.procedure, call.payload, now_ms, time.time_ns() // 1000
+            )
+        elif self._house is None:
+            outcome = Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)  # still starting
+        else:
+            try:
+                outcome = await self._house.handle(
+                    call.procedure, call.payload, call.caller, now_ms
+                )
+            except Exception:
+                log.exception("house service %s failed", call.procedure)
+                outcome = Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
         self._run(self.core.builtin_done(action.conn, action.stream, call, outcome, _now_ms()))
 
     def _spawn(self, coroutine: Any) -> None:
@@ -263,8 +288,10 @@ class Station:
                 now_ms=now,
                 version=record_version(now, os.urandom(10)),
             )
+            announced = self._house.records(self.identity, now) if self._house else []
             try:
-                await self._records.put(record, record.storage_key(), now)
+                for signed in [record, *announced]:
+                    await self._records.put(signed, signed.storage_key(), now)
                 await self._records.reap(now)  # §13 #12: expired records also leave the disk
             except Exception:
                 log.exception("could not refresh this station's records")

@@ -23,8 +23,9 @@ from macula.agent.petnames import petname, resolve
 from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
 from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms
-from macula.errors import ConfigError
+from macula.errors import ConfigError, MaculaError
 from macula.node import Node
+from macula.services import DIRECTORY_RENEW_S, HouseClient
 from macula.store.base import StorePaths, paths_from_env
 from macula.store.rings import RingStore
 from macula.store.roster import RosterStore
@@ -43,6 +44,7 @@ class AgentSettings:
     policy_override: str | None = None
     serve_rings: bool = True
     max_rooms: int = DEFAULT_MAX_ROOMS
+    citizenship: bool = True  # register in the station's agent directory while present
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
@@ -55,6 +57,9 @@ class AgentSettings:
         no_ring = env.get("MACULA_MCP_NO_RING", "0").strip()
         if no_ring not in ("", "0", "1"):
             raise ConfigError(f"MACULA_MCP_NO_RING must be 0 or 1, not {no_ring!r}")
+        no_citizenship = env.get("MACULA_MCP_NO_CITIZENSHIP", "0").strip()
+        if no_citizenship not in ("", "0", "1"):
+            raise ConfigError(f"MACULA_MCP_NO_CITIZENSHIP must be 0 or 1, not {no_citizenship!r}")
         profile = Profile(
             operator_name=env.get("MACULA_MCP_OPERATOR_NAME") or None,
             message=env.get("MACULA_MCP_HELLO_MESSAGE") or None,
@@ -69,6 +74,7 @@ class AgentSettings:
             profile=profile,
             policy_override=env.get("MACULA_MCP_CONTACT_POLICY") or None,
             serve_rings=no_ring != "1",
+            citizenship=no_citizenship != "1",
         )
 
 
@@ -87,6 +93,9 @@ class Agent:
         self.rooms: Rooms
         self.rings: Rings
         self._lock = asyncio.Lock()
+        self.house = HouseClient(node)
+        self._citizen: asyncio.Task[None] | None = None
+        self.directory_error: str | None = None
 
     async def __aenter__(self) -> Agent:
         paths = self.settings.paths
@@ -142,7 +151,31 @@ class Agent:
             await self.rooms.start(self.group)
             if self.settings.serve_rings and not self.rings.serving:
                 await self.rings.serve()
+            if self.settings.citizenship and self._citizen is None:
+                self._citizen = self.group.create_task(self._citizenship())
         return self.identity_view()
+
+    def directory_entry(self) -> dict[str, Any]:
+        profile = self.presence.profile
+        entry: dict[str, Any] = {"petname": petname(self.node.identity.node_id)}
+        for name in ("operator_name", "session_name", "model", "connected_via"):
+            value = getattr(profile, name)
+            if value:
+                entry[name] = value
+        offers = list(self.rings.policy().offers)
+        if offers:
+            entry["offers"] = offers
+        return entry
+
+    async def _citizenship(self) -> None:
+        """Register in the agent directory now and every 5 minutes (entries live 20)."""
+        while True:
+            try:
+                await self.house.register_agent(self.directory_entry())
+                self.directory_error = None
+            except MaculaError as exc:  # no directory here, or it refused: roster still works
+                self.directory_error = str(exc)
+            await asyncio.sleep(DIRECTORY_RENEW_S)
 
     async def goodbye(self) -> dict[str, Any]:
         """Leave every room (closing those we opened), say goodbye once, stop presence."""
@@ -153,6 +186,11 @@ class Agent:
                     membership.room_topic, close=int(membership.role == "opener")
                 )
                 left.append(membership.room_topic)
+        if self._citizen is not None:
+            self._citizen.cancel()
+            self._citizen = None
+            with contextlib.suppress(MaculaError):
+                await self.house.remove_agent()
         await self.presence.goodbye()
         await self.rooms.stop()
         if self.rings.serving:
@@ -160,13 +198,36 @@ class Agent:
         return {"node_id": self.node.identity.node_id.hex(), "rooms_left": left, "present": 0}
 
     async def agents(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
-        rows = []
-        for entry in await self.presence.agents(limit, offset):
-            row = asdict(entry)
-            row["node_id"] = entry.node_id.hex()
-            row["petname"] = petname(entry.node_id)
-            rows.append(row)
-        return rows
+        """Who is present: the roster (heard hellos) merged with the station's agent directory,
+        so a fresh session sees registered agents before their next hello. ``source`` says
+        where each row came from: roster, directory or both."""
+        rows: dict[str, dict[str, Any]] = {}
+        for heard in await self.presence.agents(500, 0):
+            row = asdict(heard)
+            row["node_id"] = heard.node_id.hex()
+            row["petname"] = petname(heard.node_id)
+            row["source"] = "roster"
+            rows[row["node_id"]] = row
+        try:
+            listed = await self.house.list_agents()
+        except MaculaError:
+            listed = []
+        for entry in listed:
+            node = entry.get("node_id")
+            if not isinstance(node, str):
+                continue
+            if node in rows:
+                rows[node]["source"] = "both"
+                rows[node].setdefault("offers", entry.get("offers"))
+            else:
+                rows[node] = {
+                    **entry,
+                    "source": "directory",
+                    "stale": 0,
+                    "last_seen_ms": entry.get("registered_ms"),
+                }
+        ordered = sorted(rows.values(), key=lambda r: r.get("last_seen_ms") or 0, reverse=True)
+        return ordered[offset : offset + limit]
 
     async def resolve(self, name_or_hex: str) -> bytes:
         """A node id from 64 hex or a petname seen in our own roster."""

@@ -27,8 +27,9 @@ def anyio_backend() -> str:
 
 
 class Agent:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, home: Path) -> None:
         self.client = client
+        self.home = home
         self.tools_called: set[str] = set()
 
     async def good(self, tool: str, **args: Any) -> dict[str, Any]:
@@ -59,7 +60,7 @@ async def agent(home: Path, station: str, policy: str) -> AsyncIterator[Agent]:
     async with Client(
         StdioServerParameters(command=command[0], args=command[1:], env=env)
     ) as client:
-        yield Agent(client)
+        yield Agent(client, home)
 
 
 async def test_every_tool_good_and_bad_over_stdio(tmp_path: Path) -> None:
@@ -129,6 +130,18 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     await ada.bad("mesh_find_record", key_hex="zz")
     await ada.bad("mesh_find_records", key_hex="00")
     await ada.bad("mesh_find_records_by_type", record_type="no_such_type")
+    # shared memory and the station directory
+    await ada.good(
+        "mesh_remember", content="The station restarts cleanly on SIGTERM.", source_label="ops"
+    )
+    await ada.bad("mesh_remember", content="")
+    assert (await bob.good("mesh_recall", query_text="restart SIGTERM"))["hits"]
+    await bob.bad("mesh_recall", query_text="x", top_k=0)
+    docs = ada_home_docs(ada)
+    await ada.good("mesh_remember_directory", directory=str(docs))
+    await ada.bad("mesh_remember_directory", directory=str(docs / "missing"))
+    assert (await bob.good("mesh_list_stations"))["count"] == 1
+    await bob.bad("mesh_list_stations", near={"lng": 3.0})
     # rings and rooms: bob's policy is open, ada's is ask
     rung = await ada.good("mesh_ring", to=bob_id, purpose="review")
     assert (rung["answer"], rung["joined"]) == (1, 1)
@@ -182,3 +195,11 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     await ada.good("mesh_goodbye")
     await bob.good("mesh_goodbye")
     assert (await bob.bad("mesh_goodbye", idempotency_key=""))["code"] == "invalid_argument"
+
+
+def ada_home_docs(agent: Agent) -> Path:
+    docs = agent.home / "docs"
+    docs.mkdir(exist_ok=True)
+    (docs / "notes.md").write_text("Deploy notes: the relay listens on UDP 4433 by default.\n")
+    (docs / "blob.txt").write_bytes(b"\x00\x01binary")
+    return docs

@@ -3,51 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from meshkit import new_identity
+from meshkit import agent_in, new_identity
 
-from macula.agent.agent import Agent, AgentSettings
+from macula.agent.agent import Agent
 from macula.agent.envelope import LOBBY_TOPIC, build_envelope, new_message_id
 from macula.agent.petnames import petname
-from macula.agent.presence import Profile
 from macula.agent.proof import build_ring, make_proof, ring_endpoint
 from macula.node import Node
-from macula.store.base import StorePaths
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
 
 pytestmark = pytest.mark.anyio
 
 
-def settings(home: Path, policy: str | None, *, serve_rings: bool = True) -> AgentSettings:
-    home.mkdir(parents=True, exist_ok=True)
-    policy_file = home / "contact_policy.json"
-    if policy is not None:
-        policy_file.write_text(json.dumps({"contact_policy": policy}))
-    paths = StorePaths(home / "roster.sqlite3", home / "transcript.sqlite3", home / "rings.sqlite3")
-    return AgentSettings(
-        paths=paths,
-        policy_file=policy_file,
-        serve_rings=serve_rings,
-        profile=Profile(operator_name=home.name, interval_seconds=10),
-    )
-
-
-@asynccontextmanager
-async def agent(
-    station: Station, home: Path, policy: str | None = "ask", **kw: bool
-) -> AsyncIterator[Agent]:
-    async with (
-        Node(new_identity(), [station.endpoint]) as node,
-        Agent(node, settings(home, policy, **kw)) as a,
-    ):
-        yield a
+agent = agent_in
 
 
 async def eventually(check: Callable[[], object], timeout: float = 5.0) -> None:

@@ -1,0 +1,113 @@
+"""Client of the station's house services: shared memory, station and agent directories.
+
+The realm of each service is resolved from the DHT (the station's signed
+procedure_advertisement records) and cached, then the service is called like any procedure.
+Recall re-hashes every hit (``content_verified`` 1 only when SHA-256 of its text equals the
+``content_hash`` the station reported). Directory entries are proven by our own key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import TYPE_CHECKING, Any
+
+from macula.agent.proof import make_proof
+from macula.house import (
+    AGENTS_LIST,
+    AGENTS_REGISTER,
+    AGENTS_REMOVE,
+    LIST_STATIONS,
+    MEMORY_ADD,
+    MEMORY_QUERY,
+)
+
+if TYPE_CHECKING:
+    from macula.node import Node
+
+DIRECTORY_TTL_S = 20 * 60
+DIRECTORY_RENEW_S = 5 * 60
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class HouseClient:
+    def __init__(self, node: Node, *, timeout: float = 10.0) -> None:
+        self.node = node
+        self.timeout = timeout
+        self._realms: dict[str, bytes] = {}
+
+    async def realm_of(self, procedure: str) -> bytes:
+        realm = self._realms.get(procedure)
+        if realm is None:
+            realm = await self.node.dht.resolve_realm(procedure)
+            self._realms[procedure] = realm
+        return realm
+
+    async def call(self, procedure: str, payload: Any) -> Any:
+        realm = await self.realm_of(procedure)
+        return await self.node.call(realm, procedure, payload, timeout=self.timeout)
+
+    # -- shared memory ----------------------------------------------------------------------
+
+    async def remember(
+        self,
+        content: str,
+        *,
+        source_label: str | None = None,
+        topics: list[str] | None = None,
+        document_id: str | None = None,
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {"content": content}
+        for key, value in (
+            ("source_label", source_label),
+            ("topics", topics),
+            ("document_id", document_id),
+        ):
+            if value is not None:
+                payload[key] = value
+        result = await self.call(MEMORY_ADD, payload)
+        return dict(result) | {"realm": (await self.realm_of(MEMORY_ADD)).hex()}
+
+    async def recall(self, query_text: str, top_k: int = 10) -> dict[str, Any]:
+        result = await self.call(MEMORY_QUERY, {"query_text": query_text, "top_k": top_k})
+        hits = []
+        for hit in result.get("hits", []) if isinstance(result, dict) else []:
+            text = hit.get("text") if isinstance(hit, dict) else None
+            verified = isinstance(text, str) and content_hash(text) == hit.get("content_hash")
+            hits.append(dict(hit) | {"content_verified": int(verified)})
+        return {"realm": (await self.realm_of(MEMORY_QUERY)).hex(), "hits": hits}
+
+    # -- directories --------------------------------------------------------------------------
+
+    async def list_stations(self, filters: dict[str, Any]) -> dict[str, Any]:
+        result = await self.call(LIST_STATIONS, filters)
+        return dict(result) | {"realm": (await self.realm_of(LIST_STATIONS)).hex()}
+
+    async def register_agent(
+        self, entry: dict[str, Any], *, ttl_seconds: int = DIRECTORY_TTL_S
+    ) -> Any:
+        me = self.node.identity.node_id.hex()
+        proof = make_proof(self.node.identity, f"{AGENTS_REGISTER}#{me}", _now_ms())
+        payload = {
+            "entry": {**entry, "node_id": me},
+            "proof": dict(proof),
+            "ttl_seconds": ttl_seconds,
+        }
+        return await self.call(AGENTS_REGISTER, payload)
+
+    async def remove_agent(self) -> Any:
+        me = self.node.identity.node_id.hex()
+        proof = make_proof(self.node.identity, f"{AGENTS_REMOVE}#{me}", _now_ms())
+        return await self.call(AGENTS_REMOVE, {"node_id": me, "proof": dict(proof)})
+
+    async def list_agents(self, limit: int = 200) -> list[dict[str, Any]]:
+        result = await self.call(AGENTS_LIST, {"limit": limit})
+        agents = result.get("agents", []) if isinstance(result, dict) else []
+        return [dict(a) for a in agents if isinstance(a, dict)]

@@ -1,0 +1,1 @@
+"""House services the station hosts as ordinary advertised procedures (DESIGN.md §3)."""

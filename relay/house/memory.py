@@ -1,0 +1,582 @@
+"""The station's shared memory: agents deposit text, anyone recalls it by free-text query.
+
+Invariants:
+- ``MemoryService.handle`` never raises (cancellation aside): every call ends in an ``Outcome``.
+  Refusals are raised inside as ``Refused`` and converted in ``handle`` only; anything else is a
+  bug or a disk error, logged with its traceback and answered 0x02 with no detail.
+- Arguments are validated completely, and the content chunked, before any state is touched (the
+  rate-limit buckets included). Malformed arguments are 0x0F ``bad_request: <what>``; oversize
+  text is 0x0D ``payload_too_large``; a depositor over its rate is 0x08 ``rate_limited``; over
+  its chunk cap, 0x0F ``quota_exceeded``. Extra argument keys are ignored; an optional key whose
+  value is null counts as absent.
+- Chunks: at most ``MAX_CHUNK_CHARS``, balanced in size, cut at whitespace, preferably between
+  paragraphs, else after a sentence (``chunk_text``). A cut never falls inside a word, so a
+  single word longer than the limit stays whole. A chunk with fewer than ``MIN_INDEXED_NONSPACE``
+  non-space characters is not stored; identical chunks of one deposit are stored once.
+- A deposit replaces every earlier chunk of the same ``(depositor, document_id)`` in one
+  ``BEGIN IMMEDIATE`` transaction, the chunk cap checked inside it; a deposit that yields no
+  chunk therefore empties its document. ``content_hash`` is the hex SHA-256 of the chunk's UTF-8
+  text; ``document_id`` defaults to the hex SHA-256 of the whole content.
+- User text never reaches FTS5 ``MATCH`` raw: the query is cut into words, each word quoted, the
+  quoted words OR-ed. Results carry ints, floats, text and lists: never booleans.
+- No clock and no randomness inside: ``now_ms`` is an argument.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import math
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import aiosqlite
+
+from macula.store.base import Migration, Row, SqliteStore, check_node_id, execute, fetchall
+from macula.wire.codes import ErrorCode
+from relay.builtins import Outcome, Refused
+
+__all__ = [
+    "MAX_CHUNK_CHARS",
+    "MEMORY_PROCEDURES",
+    "MIN_INDEXED_NONSPACE",
+    "PROCEDURE_ADD",
+    "PROCEDURE_QUERY",
+    "ChunkCapExceeded",
+    "MemoryHit",
+    "MemoryService",
+    "MemoryStore",
+    "TokenBuckets",
+    "chunk_text",
+    "content_hash",
+    "query_terms",
+]
+
+logger = logging.getLogger("macula.relay.house.memory")
+
+PROCEDURE_ADD: Final = "macula.memory.add_knowledge_v1"
+PROCEDURE_QUERY: Final = "macula.memory.query_v1"
+MEMORY_PROCEDURES: Final = (PROCEDURE_ADD, PROCEDURE_QUERY)
+
+MAX_CHUNK_CHARS: Final = 1000
+MIN_INDEXED_NONSPACE: Final = 20
+SLACK_CHARS: Final = 200  # how far a paragraph or sentence end may pull a cut from its aim
+MAX_LABEL_CHARS: Final = 200
+MAX_DOCUMENT_ID_CHARS: Final = 256
+MAX_TOPICS: Final = 32
+MAX_TOPIC_CHARS: Final = 64
+MAX_QUERY_BYTES: Final = 4096
+MAX_QUERY_TERMS: Final = 32
+DEFAULT_TOP_K: Final = 10
+MAX_TOP_K: Final = 100
+MAX_TRACKED_DEPOSITORS: Final = 10_000
+BM25_WEIGHTS: Final = (1.0, 1.0, 1.0)  # text, source_label, topics: depositor-chosen words count
+
+# --- chunking (pure) --------------------------------------------------------------------------
+
+_PARAGRAPH_BREAK: Final = re.compile(r"\n[^\S\n]*\n\s*")  # a blank line, spaces allowed on it
+_WHITESPACE: Final = re.compile(r"\s+")
+_SENTENCE_END: Final = frozenset(".!?;:")
+
+
+@dataclass(frozen=True, slots=True)
+class _Break:
+    start: int  # where the whitespace run begins (a chunk ends here)
+    end: int  # where it ends (the next chunk starts here)
+    strength: int  # 2 between paragraphs, 1 after a sentence end or at a line break, else 0
+
+
+def chunk_text(text: str) -> list[str]:
+    """The indexable chunks of ``text``, in order (see the module invariants).
+
+    Each cut aims at the size that splits what is left into equal parts of at most
+    ``MAX_CHUNK_CHARS``, and moves up to ``SLACK_CHARS`` away from it to land between
+    paragraphs, else after a sentence; failing both, at the whitespace nearest the aim.
+    """
+    normalized = text.replace("\r\n", "\n").replace("\r", "\n")
+    paragraphs = (p.strip() for p in _PARAGRAPH_BREAK.split(normalized))
+    joined = "\n\n".join(p for p in paragraphs if p)
+    return [chunk for chunk in _split(joined) if _nonspace(chunk) >= MIN_INDEXED_NONSPACE]
+
+
+def _split(text: str) -> list[str]:
+    breaks = [_break(text, m) for m in _WHITESPACE.finditer(text) if m.start() > 0]
+    starts = [b.start for b in breaks]
+    pieces: list[str] = []
+    begin = 0
+    while len(text) - begin > MAX_CHUNK_CHARS:
+        remaining = len(text) - begin
+        aim = begin + remaining / math.ceil(remaining / MAX_CHUNK_CHARS)
+        lo = bisect.bisect_right(starts, begin)
+        hi = bisect.bisect_right(starts, begin + MAX_CHUNK_CHARS)
+        if lo == hi:  # one word longer than the limit: keep it whole
+            if lo == len(breaks):
+                break
+            cut = breaks[lo]
+        else:
+            cut = _best_cut(breaks[lo:hi], aim)
+        pieces.append(text[begin : cut.start])
+        begin = cut.end
+    pieces.append(text[begin:])
+    return pieces
+
+
+def _break(text: str, match: re.Match[str]) -> _Break:
+    gap = match.group()
+    if gap.count("\n") >= 2:
+        strength = 2
+    elif "\n" in gap or text[match.start() - 1] in _SENTENCE_END:
+        strength = 1
+    else:
+        strength = 0
+    return _Break(match.start(), match.end(), strength)
+
+
+def _best_cut(window: Sequence[_Break], aim: float) -> _Break:
+    for strength in (2, 1):
+        near = [b for b in window if b.strength >= strength and abs(b.start - aim) <= SLACK_CHARS]
+        if near:
+            return min(near, key=lambda b: abs(b.start - aim))
+    return min(window, key=lambda b: abs(b.start - aim))
+
+
+def _nonspace(text: str) -> int:
+    return sum(1 for char in text if not char.isspace())
+
+
+def content_hash(text: str) -> str:
+    """Hex SHA-256 of ``text``'s UTF-8 encoding."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --- queries (pure) ---------------------------------------------------------------------------
+
+_WORD: Final = re.compile(r"[^\W_]+")
+_STOPWORD_TEXT: Final = (
+    "a about after all an and any are as at be before but by can could do does did for from has"
+    " have how i if in into is it its me my no not of on or our should so than that the their"
+    " them then there these they this to up was we what when where which who why will with would"
+    " you your"
+    " d ll m re s t ve"  # what is left of English contractions once the apostrophe splits them
+)
+_STOPWORDS: Final = frozenset(_STOPWORD_TEXT.split())
+
+
+def query_terms(query_text: str) -> list[str]:
+    """The distinct words of ``query_text`` worth matching; stopwords only when nothing else."""
+    words = list(dict.fromkeys(match.group().casefold() for match in _WORD.finditer(query_text)))
+    content = [word for word in words if word not in _STOPWORDS]
+    return (content or words)[:MAX_QUERY_TERMS]
+
+
+def _match_expression(terms: Sequence[str]) -> str:
+    """An FTS5 expression matching any of ``terms``, each one a quoted string (never syntax)."""
+    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+# --- the store --------------------------------------------------------------------------------
+
+_MEMORY_V1: Final[Migration] = (
+    """
+    CREATE TABLE chunks (
+        id            INTEGER PRIMARY KEY,
+        depositor     BLOB NOT NULL CHECK (length(depositor) = 32),
+        document_id   TEXT NOT NULL,
+        seq           INTEGER NOT NULL,   -- the chunk's position in its document
+        text          TEXT NOT NULL,
+        content_hash  TEXT NOT NULL,      -- hex SHA-256 of text's UTF-8
+        source_label  TEXT NOT NULL,
+        topics        TEXT NOT NULL,      -- JSON list of text
+        created_ms    INTEGER NOT NULL
+    )
+    """,
+    "CREATE INDEX chunks_by_document ON chunks (depositor, document_id)",
+    """
+    CREATE VIRTUAL TABLE chunks_fts USING fts5(
+        text, source_label, topics, content = 'chunks', content_rowid = 'id',
+        tokenize = 'porter unicode61 remove_diacritics 2'
+    )
+    """,
+    """
+    CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
+        INSERT INTO chunks_fts (rowid, text, source_label, topics)
+        VALUES (new.id, new.text, new.source_label, new.topics);
+    END
+    """,
+    """
+    CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
+        INSERT INTO chunks_fts (chunks_fts, rowid, text, source_label, topics)
+        VALUES ('delete', old.id, old.text, old.source_label, old.topics);
+    END
+    """,
+    """
+    CREATE TRIGGER chunks_au AFTER UPDATE ON chunks BEGIN
+        INSERT INTO chunks_fts (chunks_fts, rowid, text, source_label, topics)
+        VALUES ('delete', old.id, old.text, old.source_label, old.topics);
+        INSERT INTO chunks_fts (rowid, text, source_label, topics)
+        VALUES (new.id, new.text, new.source_label, new.topics);
+    END
+    """,
+)
+
+_INSERT: Final = """
+INSERT INTO chunks (depositor, document_id, seq, text, content_hash, source_label, topics,
+                    created_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+_SEARCH: Final = f"""
+SELECT c.text, c.source_label, c.topics, c.document_id, c.depositor, c.content_hash,
+       bm25(chunks_fts, {", ".join(map(str, BM25_WEIGHTS))}) AS rank
+FROM chunks_fts JOIN chunks AS c ON c.id = chunks_fts.rowid
+WHERE chunks_fts MATCH :expression
+ORDER BY rank, c.id
+LIMIT :limit
+"""
+
+
+class ChunkCapExceeded(Exception):
+    """A deposit would leave its depositor holding more chunks than the cap allows."""
+
+    def __init__(self, held: int, would_hold: int, cap: int) -> None:
+        super().__init__(f"would hold {would_hold} chunks (holds {held}), cap {cap}")
+        self.held = held
+        self.would_hold = would_hold
+        self.cap = cap
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHit:
+    text: str
+    source_label: str
+    topics: list[str]
+    document_id: str
+    depositor: bytes
+    content_hash: str
+    score: float  # higher is better
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "text": self.text,
+            "source_label": self.source_label,
+            "topics": list(self.topics),
+            "document_id": self.document_id,
+            "depositor": self.depositor.hex(),
+            "score": self.score,
+            "content_hash": self.content_hash,
+        }
+
+
+class MemoryStore(SqliteStore):
+    """Chunks of deposited text in SQLite, full-text indexed by FTS5 (porter + unicode61)."""
+
+    MIGRATIONS = (_MEMORY_V1,)
+
+    async def replace_document(
+        self,
+        depositor: bytes,
+        document_id: str,
+        chunks: Sequence[str],
+        *,
+        source_label: str,
+        topics: Sequence[str],
+        now_ms: int,
+        max_chunks: int,
+    ) -> list[str]:
+        """Make ``chunks`` the whole of ``(depositor, document_id)``; return their hashes.
+
+        Raises ``ChunkCapExceeded`` (nothing changed) if the depositor would then hold more than
+        ``max_chunks`` chunks.
+        """
+        check_node_id(depositor, "depositor")
+        hashes = [content_hash(chunk) for chunk in chunks]
+        topics_json = json.dumps(list(topics), ensure_ascii=False)
+        async with self._transaction() as db:
+            held = await _count(db, "depositor = ?", (depositor,))
+            old = await _count(db, "depositor = ? AND document_id = ?", (depositor, document_id))
+            would_hold = held - old + len(chunks)
+            if would_hold > max_chunks and len(chunks) > old:
+                raise ChunkCapExceeded(held, would_hold, max_chunks)
+            await execute(
+                db,
+                "DELETE FROM chunks WHERE depositor = ? AND document_id = ?",
+                (depositor, document_id),
+            )
+            for seq, (chunk, digest) in enumerate(zip(chunks, hashes, strict=True)):
+                row = (depositor, document_id, seq, chunk, digest, source_label, topics_json)
+                await execute(db, _INSERT, (*row, now_ms))
+        return hashes
+
+    async def search(self, terms: Sequence[str], limit: int) -> list[MemoryHit]:
+        """Chunks matching any of ``terms`` (plain words, never FTS5 syntax), best first."""
+        if not terms or limit <= 0:
+            return []
+        rows = await self._fetchall(
+            _SEARCH, {"expression": _match_expression(terms), "limit": limit}
+        )
+        return [_hit(row) for row in rows]
+
+    async def count(self, depositor: bytes | None = None, document_id: str | None = None) -> int:
+        """Chunks held: all, one depositor's, or one document's (depositor and document_id)."""
+        if depositor is None:
+            row = await self._fetchone("SELECT count(*) FROM chunks")
+        elif document_id is None:
+            row = await self._fetchone(
+                "SELECT count(*) FROM chunks WHERE depositor = ?", (depositor,)
+            )
+        else:
+            row = await self._fetchone(
+                "SELECT count(*) FROM chunks WHERE depositor = ? AND document_id = ?",
+                (depositor, document_id),
+            )
+        return int(row[0]) if row is not None else 0
+
+
+async def _count(db: aiosqlite.Connection, where: str, params: tuple[object, ...]) -> int:
+    rows = await fetchall(db, f"SELECT count(*) FROM chunks WHERE {where}", params)
+    return int(rows[0][0]) if rows else 0
+
+
+def _hit(row: Row) -> MemoryHit:
+    topics = json.loads(str(row[2]))
+    return MemoryHit(
+        text=str(row[0]),
+        source_label=str(row[1]),
+        topics=[str(topic) for topic in topics] if isinstance(topics, list) else [],
+        document_id=str(row[3]),
+        depositor=bytes(row[4]),
+        content_hash=str(row[5]),
+        score=0.0 - float(row[6]),  # bm25 is lower-is-better; 0.0 - x also avoids -0.0
+    )
+
+
+# --- rate limiting (pure) ---------------------------------------------------------------------
+
+
+class TokenBuckets:
+    """One token bucket per key: ``rate`` tokens a second, at most ``burst`` banked."""
+
+    def __init__(
+        self, rate: float, burst: float, *, max_tracked: int = MAX_TRACKED_DEPOSITORS
+    ) -> None:
+        if not (rate > 0 and burst >= 1 and max_tracked > 0):
+            raise ValueError("rate must be > 0, burst >= 1 and max_tracked > 0")
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self.max_tracked = max_tracked
+        self._buckets: dict[bytes, tuple[float, int]] = {}  # key -> (tokens, at_ms)
+
+    def take(self, key: bytes, now_ms: int) -> int:
+        """Spend one token of ``key``'s bucket: 0 if done, else the ms until one is available."""
+        tokens = self._tokens(key, now_ms)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now_ms)
+            return max(1, math.ceil((1.0 - tokens) / self.rate * 1000))
+        if key not in self._buckets and len(self._buckets) >= self.max_tracked:
+            self._forget_full(now_ms)
+        self._buckets[key] = (tokens - 1.0, now_ms)
+        return 0
+
+    def _tokens(self, key: bytes, now_ms: int) -> float:
+        held = self._buckets.get(key)
+        if held is None:
+            return self.burst
+        tokens, at_ms = held
+        return min(self.burst, tokens + max(0, now_ms - at_ms) * self.rate / 1000)
+
+    def _forget_full(self, now_ms: int) -> None:
+        """Drop buckets that have refilled (forgetting them changes nothing), else the oldest."""
+        full = [key for key in self._buckets if self._tokens(key, now_ms) >= self.burst]
+        for key in full or [min(self._buckets, key=lambda k: self._buckets[k][1])]:
+            del self._buckets[key]
+
+
+# --- argument checks --------------------------------------------------------------------------
+
+
+def _bad_request(text: str) -> Refused:
+    return Refused(ErrorCode.UNKNOWN_ERROR, "bad_request", text)
+
+
+def _too_large(what: str, size: int, limit: int) -> Refused:
+    return Refused(
+        ErrorCode.PAYLOAD_TOO_LARGE, "payload_too_large", f"{what} is {size} bytes, limit {limit}"
+    )
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if value is None:
+        return "null"
+    if isinstance(value, bytes):
+        return f"bytes({len(value)})"
+    names = {str: "text", int: "int", float: "float", list: "array", dict: "map"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _arguments(payload: object) -> Mapping[object, object]:
+    if not isinstance(payload, Mapping):
+        raise _bad_request(f"the argument must be a map, got {_kind(payload)}")
+    return payload
+
+
+def _text(value: object, name: str, *, max_chars: int | None = None, nul: int = 0) -> str:
+    if not isinstance(value, str):
+        raise _bad_request(f"{name!r} must be text, got {_kind(value)}")
+    if not nul and "\x00" in value:
+        raise _bad_request(f"{name!r} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad_request(f"{name!r} is not valid Unicode text (lone surrogates)") from None
+    if max_chars is not None and len(value) > max_chars:
+        raise _bad_request(f"{name!r} is {len(value)} characters, limit {max_chars}")
+    return value
+
+
+def _optional_text(args: Mapping[object, object], name: str, max_chars: int) -> str | None:
+    value = args.get(name)
+    if value is None:
+        return None
+    text = _text(value, name, max_chars=max_chars)
+    if not text.strip():
+        raise _bad_request(f"{name!r} must not be empty or blank")
+    return text
+
+
+def _topics(args: Mapping[object, object]) -> list[str]:
+    value = args.get("topics")
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _bad_request(f"'topics' must be an array of text, got {_kind(value)}")
+    if len(value) > MAX_TOPICS:
+        raise _bad_request(f"'topics' has {len(value)} entries, limit {MAX_TOPICS}")
+    topics: list[str] = []
+    for index, item in enumerate(value):
+        topic = _text(item, f"topics[{index}]", max_chars=MAX_TOPIC_CHARS)
+        if not topic.strip():
+            raise _bad_request(f"'topics[{index}]' must not be empty or blank")
+        if topic not in topics:
+            topics.append(topic)
+    return topics
+
+
+def _sized_text(args: Mapping[object, object], name: str, limit: int, *, nul: int = 0) -> str:
+    if name not in args:
+        raise _bad_request(f"missing {name!r}")
+    text = _text(args[name], name, nul=nul)
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise _too_large(f"{name!r}", size, limit)
+    return text
+
+
+def _top_k(args: Mapping[object, object]) -> int:
+    value = args.get("top_k")
+    if value is None:
+        return DEFAULT_TOP_K
+    if type(value) is not int or not 1 <= value <= MAX_TOP_K:
+        raise _bad_request(f"'top_k' must be an int 1..{MAX_TOP_K}, got {value!r:.40}")
+    return value
+
+
+def _depositor(caller: object) -> bytes:
+    if type(caller) is not bytes or len(caller) != 32:
+        raise _bad_request("the caller is not a 32-byte node id")
+    return caller
+
+
+# --- the service ------------------------------------------------------------------------------
+
+_Handler = Callable[[object, bytes, int], Awaitable[object]]
+
+
+class MemoryService:
+    """``macula.memory.add_knowledge_v1`` and ``macula.memory.query_v1`` over a ``MemoryStore``."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        *,
+        max_content_bytes: int = 256 * 1024,
+        max_chunks_per_depositor: int = 20_000,
+        rate: float = 5.0,
+        burst: float = 20.0,
+    ) -> None:
+        if max_content_bytes <= 0 or max_chunks_per_depositor <= 0:
+            raise ValueError("max_content_bytes and max_chunks_per_depositor must be positive")
+        self.store = store
+        self.max_content_bytes = max_content_bytes
+        self.max_chunks_per_depositor = max_chunks_per_depositor
+        self.buckets = TokenBuckets(rate, burst)
+        self._handlers: dict[str, _Handler] = {
+            PROCEDURE_ADD: self._add,
+            PROCEDURE_QUERY: self._query,
+        }
+
+    async def handle(self, procedure: str, payload: object, caller: bytes, now_ms: int) -> Outcome:
+        """Answer one call of ``procedure`` by ``caller``; 0x01 if it is not ours. Never raises."""
+        try:
+            handler = self._handlers.get(procedure) if isinstance(procedure, str) else None
+            if handler is None:
+                return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
+            return Outcome.result(await handler(payload, caller, now_ms))
+        except Refused as refused:
+            return Outcome.error(refused.code, refused.detail)
+        except Exception:
+            logger.exception("memory procedure %.80r failed", procedure)
+            return Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
+
+    async def _add(self, payload: object, caller: bytes, now_ms: int) -> object:
+        args = _arguments(payload)
+        content = _sized_text(args, "content", self.max_content_bytes)
+        if not content:
+            raise _bad_request("'content' must not be empty")
+        source_label = _optional_text(args, "source_label", MAX_LABEL_CHARS) or ""
+        topics = _topics(args)
+        document_id = _optional_text(args, "document_id", MAX_DOCUMENT_ID_CHARS)
+        depositor = _depositor(caller)
+        chunks = list(dict.fromkeys(chunk_text(content)))  # identical chunks stored once
+        wait_ms = self.buckets.take(depositor, now_ms)
+        if wait_ms:
+            raise Refused(
+                ErrorCode.UPSTREAM_CONGESTION,
+                "rate_limited",
+                f"too many deposits from this node; retry in {wait_ms} ms",
+            )
+        document_id = document_id or content_hash(content)
+        try:
+            hashes = await self.store.replace_document(
+                depositor,
+                document_id,
+                chunks,
+                source_label=source_label,
+                topics=topics,
+                now_ms=now_ms,
+                max_chunks=self.max_chunks_per_depositor,
+            )
+        except ChunkCapExceeded as exc:
+            raise Refused(
+                ErrorCode.UNKNOWN_ERROR,
+                "quota_exceeded",
+                f"this deposit would leave this node holding {exc.would_hold} chunks"
+                f" (it holds {exc.held}); the limit is {exc.cap}",
+            ) from None
+        return {"chunks": len(hashes), "document_id": document_id, "content_hashes": hashes}
+
+    async def _query(self, payload: object, caller: bytes, now_ms: int) -> object:
+        args = _arguments(payload)
+        query_text = _sized_text(args, "query_text", MAX_QUERY_BYTES, nul=1)  # never stored
+        top_k = _top_k(args)
+        _depositor(caller)
+        terms = query_terms(query_text)
+        if not terms:
+            return {"hits": []}
+        hits = await self.store.search(terms, top_k)
+        return {"hits": [hit.to_wire() for hit in hits]}

@@ -1,0 +1,140 @@
+"""House services over a real station: shared memory, station directory, agent directory."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from meshkit import agent_in, new_identity, station_config
+
+from macula.agent.proof import make_proof
+from macula.errors import MeshError
+from macula.house import AGENTS_REGISTER, HOUSE_REALM
+from macula.node import Node
+from macula.services import HouseClient
+from relay.house.services import HouseConfig
+from relay.station import Station
+
+pytestmark = pytest.mark.anyio
+
+DOC_V1 = (
+    "Rotating TLS certificates: renew the certificate a week before it expires "
+    "and reload the station."
+)
+DOC_V2 = "Rotating TLS certificates: now automated by the operator's renewal timer every night."
+
+
+@pytest.fixture
+async def house_station(tmp_path: Path) -> AsyncIterator[Station]:
+    config = station_config(tmp_path / "station")
+    config.house = HouseConfig(
+        city="Brussels", country="BE", continent="Europe", lat=50.85, lng=4.35
+    )
+    async with Station(config) as running:
+        await asyncio.sleep(0.3)  # the station announces its services in its own DHT store
+        yield running
+
+
+async def test_remember_then_recall_across_agents(house_station: Station) -> None:
+    async with (
+        Node(new_identity(), [house_station.endpoint]) as alice,
+        Node(new_identity(), [house_station.endpoint]) as bob,
+    ):
+        alice_house, bob_house = HouseClient(alice), HouseClient(bob)
+        stored = await alice_house.remember(DOC_V1, source_label="ops.md", document_id="ops.md")
+        assert stored["chunks"] >= 1 and stored["realm"] == HOUSE_REALM.hex()
+        found = await bob_house.recall("how do I renew TLS certificates", top_k=5)
+        [hit] = [h for h in found["hits"] if h["document_id"] == "ops.md"]
+        assert hit["content_verified"] == 1 and hit["depositor"] == alice.identity.node_id.hex()
+        await alice_house.remember(DOC_V2, source_label="ops.md", document_id="ops.md")
+        again = await bob_house.recall("renewal timer", top_k=5)
+        texts = [h["text"] for h in again["hits"] if h["document_id"] == "ops.md"]
+        assert texts and all("week before" not in t for t in texts)  # replaced, not duplicated
+        assert (await bob_house.recall("zebra crossing quantum", top_k=5))["hits"] == []
+        with pytest.raises(MeshError):
+            await bob_house.recall("tls", top_k=101)
+        with pytest.raises(MeshError) as too_big:
+            await alice_house.remember("x " * 200_000)
+        assert too_big.value.code == 0x0D
+
+
+async def test_deposits_are_rate_limited_per_depositor(house_station: Station) -> None:
+    async with Node(new_identity(), [house_station.endpoint]) as node:
+        house = HouseClient(node)
+        outcomes = []
+        for i in range(40):
+            try:
+                await house.remember(f"note number {i} about sourdough starter feeding schedules")
+                outcomes.append("ok")
+            except MeshError as exc:
+                outcomes.append(exc.code)
+        assert "ok" in outcomes and 0x08 in outcomes
+
+
+async def test_a_tampered_hit_is_reported_unverified(house_station: Station) -> None:
+    async with Node(new_identity(), [house_station.endpoint]) as node:
+        house = HouseClient(node)
+        await house.remember(DOC_V1, document_id="tls.md")
+        db = sqlite3.connect(house_station.config.data_dir / "memory.sqlite3")
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in tables:
+            columns = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+            if "text" in columns:
+                db.execute(f"UPDATE {table} SET text = replace(text, 'week', 'year')")
+        db.commit()
+        db.close()
+        hits = (await house.recall("renew certificate", top_k=5))["hits"]
+        assert hits and all(h["content_verified"] == 0 for h in hits)
+
+
+async def test_list_stations_filters(house_station: Station) -> None:
+    async with Node(new_identity(), [house_station.endpoint]) as node:
+        house = HouseClient(node)
+        everything = await house.list_stations({})
+        assert everything["count"] == 1 and everything["stations"][0]["city"] == "Brussels"
+        assert (await house.list_stations({"country": "be"}))["count"] == 1
+        assert (await house.list_stations({"country": "FR"}))["count"] == 0
+        near = await house.list_stations({"near": {"lat": 48.85, "lng": 2.35, "limit": 1}})
+        assert 200 < near["stations"][0]["distance_km"] < 300  # Paris to Brussels
+        with pytest.raises(MeshError):
+            await house.list_stations({"near": {"lat": "north"}})
+
+
+async def test_a_fresh_agent_sees_a_registered_agent_before_its_hello(
+    house_station: Station, tmp_path: Path
+) -> None:
+    async with agent_in(house_station, tmp_path / "alice") as alice:
+        await alice.hello()
+        await asyncio.sleep(0.5)  # alice's first hello is long gone when bob arrives
+        async with agent_in(house_station, tmp_path / "bob") as bob:
+            await bob.hello()
+            rows = await bob.agents()
+            [row] = [r for r in rows if r["node_id"] == alice.node.identity.node_id.hex()]
+            assert row["source"] == "directory" and row["petname"]
+
+
+async def test_an_entry_proven_by_another_key_is_refused(house_station: Station) -> None:
+    mallory = new_identity()
+    async with Node(mallory, [house_station.endpoint]) as node:
+        house = HouseClient(node)
+        victim = new_identity()
+        proof = make_proof(victim, f"{AGENTS_REGISTER}#{victim.node_id.hex()}", _now())
+        entry = {"node_id": victim.node_id.hex(), "petname": "x"}
+        with pytest.raises(MeshError):
+            await house.call(AGENTS_REGISTER, {"entry": entry, "proof": dict(proof)})
+        own_proof_wrong_key = make_proof(
+            victim, f"{AGENTS_REGISTER}#{mallory.node_id.hex()}", _now()
+        )
+        with pytest.raises(MeshError):
+            await house.call(
+                AGENTS_REGISTER,
+                {"entry": {"node_id": mallory.node_id.hex()}, "proof": dict(own_proof_wrong_key)},
+            )
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,600 @@
+"""House directories (relay.house.directory): the station directory and the agent directory.
+
+Real SQLite files under ``tmp_path``; coroutines run with ``asyncio.run`` (no pytest-asyncio).
+Time is stepped through ``now_ms``, never slept for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from macula.agent.petnames import petname
+from macula.agent.proof import make_proof
+from macula.wire import cbor
+from macula.wire.codes import ErrorCode
+from macula.wire.identity import Identity
+from macula.wire.records import RecordType, validate_payload
+from relay.builtins import Outcome
+from relay.house.directory import (
+    MAX_KNOWN_STATIONS,
+    PROCEDURE_LIST,
+    PROCEDURE_LIST_STATIONS,
+    PROCEDURE_REGISTER,
+    PROCEDURE_REMOVE,
+    AgentDirectory,
+    AgentDirectoryStore,
+    StationDirectory,
+    StationEntry,
+    StationInfo,
+    haversine_km,
+    key_holder_procedure,
+)
+
+T = TypeVar("T")
+
+NOW_MS = 1_767_225_600_000
+BAD = ErrorCode.UNKNOWN_ERROR
+STATION_ID = bytes(range(100, 132))
+ALICE = Identity.generate(os.urandom)
+BOB = Identity.generate(os.urandom)
+
+
+def run(coro: Awaitable[T]) -> T:
+    async def wrapper() -> T:
+        return await coro
+
+    return asyncio.run(wrapper())
+
+
+def ok(outcome: Outcome) -> Any:
+    assert not outcome.is_error, outcome.detail
+    return outcome.payload
+
+
+def refused(outcome: Outcome, reason: str) -> str:
+    """The refusal's text after ``<reason>: ``; the code must be 0x0F."""
+    assert outcome.code == BAD, outcome
+    assert outcome.detail is not None
+    detail = outcome.detail.decode()
+    assert detail.startswith(f"{reason}: "), detail
+    return detail
+
+
+def walk(value: object) -> Iterator[object]:
+    yield value
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from walk(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from walk(item)
+
+
+def assert_no_booleans(value: object) -> None:
+    assert not [item for item in walk(value) if type(item) is bool]
+
+
+# --- the station directory --------------------------------------------------------------------
+
+BERLIN = StationInfo("berlin.example", 4433, "Berlin", "DE", "Europe", 52.52, 13.405)
+STATIONS = {
+    bytes([1]) * 32: StationInfo("paris.example", 4433, "Paris", "FR", "Europe", 48.8566, 2.3522),
+    bytes([2]) * 32: StationInfo("hamburg.example", 443, "Hamburg", "DE", "Europe", 53.55, 9.99),
+    bytes([3]) * 32: StationInfo("tokyo.example", 4433, "Tokyo", "JP", "Asia", 35.68, 139.69),
+    bytes([4]) * 32: StationInfo(
+        "nyc.example", 4433, "New York", "US", "North America", 40.71, -74
+    ),
+    bytes([5]) * 32: StationInfo("nowhere.example", 4433, country="DE"),
+}
+
+
+def station_directory() -> StationDirectory:
+    directory = StationDirectory(STATION_ID, BERLIN)
+    for node_id, info in STATIONS.items():
+        assert directory.add_known(StationEntry(node_id, info))
+    return directory
+
+
+def list_stations(directory: StationDirectory, payload: object) -> Outcome:
+    return run(directory.handle(PROCEDURE_LIST_STATIONS, payload, ALICE.node_id, NOW_MS))
+
+
+def hosts(result: Any) -> list[str]:
+    assert result["count"] == len(result["stations"])
+    return [station["host"] for station in result["stations"]]
+
+
+@pytest.mark.parametrize("payload", [None, {}, {"unknown": 1}])
+def test_list_stations_without_filters_lists_every_station_own_first(payload: object) -> None:
+    result = ok(list_stations(station_directory(), payload))
+    assert hosts(result) == [
+        "berlin.example",
+        "paris.example",
+        "hamburg.example",
+        "tokyo.example",
+        "nyc.example",
+        "nowhere.example",
+    ]
+    own = result["stations"][0]
+    assert own == {
+        "node_id": STATION_ID.hex(),
+        "host": "berlin.example",
+        "port": 4433,
+        "city": "Berlin",
+        "country": "DE",
+        "continent": "Europe",
+        "lat": 52.52,
+        "lng": 13.405,
+    }
+    assert result["stations"][-1]["lat"] is None
+    assert_no_booleans(result)
+    cbor.encode(result)  # the result travels as CBOR
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        ({"country": "de"}, ["berlin.example", "hamburg.example", "nowhere.example"]),
+        ({"country": "DE", "city": "HAMBURG"}, ["hamburg.example"]),
+        ({"continent": "europe"}, ["berlin.example", "paris.example", "hamburg.example"]),
+        ({"continent": "north america"}, ["nyc.example"]),
+        ({"city": "Ber"}, []),  # exact, not a prefix
+        ({"country": "FR", "continent": "Asia"}, []),
+        ({"country": None, "city": "tokyo"}, ["tokyo.example"]),  # null is absent
+    ],
+)
+def test_list_stations_filters_match_case_insensitively_and_exactly(
+    payload: dict[str, object], expected: list[str]
+) -> None:
+    assert hosts(ok(list_stations(station_directory(), payload))) == expected
+
+
+def test_near_sorts_by_great_circle_distance_and_skips_unplaced_stations() -> None:
+    directory = station_directory()
+    result = ok(list_stations(directory, {"near": {"lat": 50.11, "lng": 8.68}}))  # Frankfurt
+    assert hosts(result) == [
+        "hamburg.example",
+        "berlin.example",
+        "paris.example",
+        "nyc.example",
+        "tokyo.example",
+    ]
+    distances = [station["distance_km"] for station in result["stations"]]
+    assert distances == sorted(distances)
+    assert 420 < distances[1] < 430  # Frankfurt-Berlin is about 424 km
+    assert distances[1] == round(haversine_km(50.11, 8.68, 52.52, 13.405), 3)
+    assert_no_booleans(result)
+
+    limited = ok(list_stations(directory, {"near": {"lat": 35, "lng": 139, "limit": 2}}))
+    assert hosts(limited) == ["tokyo.example", "berlin.example"]
+    filtered = ok(list_stations(directory, {"near": {"lat": 0, "lng": 0}, "country": "de"}))
+    assert hosts(filtered) == ["berlin.example", "hamburg.example"]
+    no_near = ok(list_stations(directory, {"country": "JP"}))
+    assert "distance_km" not in no_near["stations"][0]
+
+
+def test_near_cuts_to_ten_by_default() -> None:
+    directory = StationDirectory(STATION_ID, BERLIN)
+    for n in range(1, 15):
+        info = StationInfo(f"s{n}.example", 4433, lat=n / 10, lng=0.0)
+        directory.add_known(StationEntry(bytes([15 - n]) * 32, info))
+    result = ok(list_stations(directory, {"near": {"lat": 0, "lng": 0}}))
+    assert hosts(result) == [f"s{n}.example" for n in range(1, 11)]
+
+
+def test_haversine_known_distances() -> None:
+    assert haversine_km(0, 0, 0, 0) == 0
+    assert math.isclose(haversine_km(0, 0, 0, 180), math.pi * 6371.0088)
+    assert math.isclose(haversine_km(90, 0, -90, 0), math.pi * 6371.0088)
+    assert math.isclose(haversine_km(51.5074, -0.1278, 48.8566, 2.3522), 343.5, abs_tol=1)
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        ([1, 2], "the argument must be a map, got array"),
+        ("near", "the argument must be a map, got text"),
+        ({"near": [52, 13]}, "'near' must be a map, got array"),
+        ({"near": {"lng": 13}}, "missing 'near.lat'"),
+        ({"near": {"lat": 52}}, "missing 'near.lng'"),
+        ({"near": {"lat": "52", "lng": 13}}, "'near.lat' must be a number -90..90, got text"),
+        ({"near": {"lat": 91, "lng": 13}}, "'near.lat' must be a number -90..90, got int 91"),
+        ({"near": {"lat": 1, "lng": -180.5}}, "'near.lng' must be a number -180..180"),
+        ({"near": {"lat": True, "lng": 13}}, "'near.lat' must be a number -90..90, got bool"),
+        ({"near": {"lat": math.nan, "lng": 13}}, "'near.lat' must be a number"),
+        ({"near": {"lat": 1, "lng": math.inf}}, "'near.lng' must be a number"),
+        ({"near": {"lat": 1, "lng": 1, "limit": 0}}, "'near.limit' must be an int 1..100"),
+        ({"near": {"lat": 1, "lng": 1, "limit": 101}}, "'near.limit' must be an int 1..100"),
+        ({"near": {"lat": 1, "lng": 1, "limit": 2.0}}, "'near.limit' must be an int 1..100"),
+        ({"near": {"lat": 1, "lng": 1, "limit": False}}, "'near.limit' must be an int 1..100"),
+        ({"country": 49}, "'country' must be 1..100 characters of text, got int 49"),
+        ({"city": ""}, "'city' must be 1..100 characters of text, got text(0 chars)"),
+        ({"continent": "x" * 101}, "'continent' must be 1..100 characters of text"),
+        ({"city": b"Berlin"}, "'city' must be 1..100 characters of text, got bytes(6)"),
+        ({"city": "\ud800"}, "'city' must be 1..100 characters of text"),
+    ],
+)
+def test_list_stations_refuses_bad_arguments_naming_the_problem(
+    payload: object, named: str
+) -> None:
+    detail = refused(list_stations(station_directory(), payload), "bad_request")
+    assert named in detail
+
+
+def test_unknown_procedures_and_garbage_are_refused_not_raised() -> None:
+    directory = station_directory()
+    detail = refused(
+        run(directory.handle("macula.agents.list_v1", {}, ALICE.node_id, NOW_MS)),
+        "unknown_procedure",
+    )
+    assert PROCEDURE_LIST_STATIONS in detail
+    odd: Any = 7
+    assert run(directory.handle(odd, {}, ALICE.node_id, NOW_MS)).code == BAD
+    garbage: list[object] = [b"", 1.5, {1: 2}, {"near": None}, {"near": {"lat": {}, "lng": []}}]
+    for payload in garbage:
+        assert isinstance(list_stations(directory, payload), Outcome)
+
+
+def test_own_record_payload_is_a_valid_node_record_with_text_coordinates() -> None:
+    payload = station_directory().own_record_payload()
+    assert payload == {
+        "node_id": STATION_ID,
+        "station_id": STATION_ID,
+        "realms": [],
+        "capabilities": 1,
+        "hostname": "berlin.example",
+        "kind": "station",
+        "city": "Berlin",
+        "country": "DE",
+        "lat": "52.52",
+        "lng": "13.405",
+    }
+    validate_payload(RecordType.NODE_RECORD, payload)
+    cbor.encode(payload)
+
+
+def test_own_record_payload_omits_absent_fields_and_writes_odd_coordinates_plainly() -> None:
+    bare = StationDirectory(STATION_ID, StationInfo("10.0.0.1", 4433)).own_record_payload()
+    assert set(bare) == {"node_id", "station_id", "realms", "capabilities", "hostname", "kind"}
+    assert None not in bare.values()
+    validate_payload(RecordType.NODE_RECORD, bare)
+    odd = StationInfo("h", 1, lat=-0.0000001, lng=180)
+    placed = StationDirectory(STATION_ID, odd).own_record_payload()
+    assert (placed["lat"], placed["lng"]) == ("0", "180")
+    tiny = StationDirectory(STATION_ID, StationInfo("h", 1, lat=1e-5, lng=-33.8688))
+    assert (tiny.own_record_payload()["lat"], tiny.own_record_payload()["lng"]) == (
+        "0.00001",
+        "-33.8688",
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"host": "", "port": 1},
+        {"host": "h", "port": 0},
+        {"host": "h", "port": 65536},
+        {"host": "h", "port": True},
+        {"host": "h", "port": 1, "city": ""},
+        {"host": "h", "port": 1, "lat": 1.0},  # lat without lng
+        {"host": "h", "port": 1, "lat": 91.0, "lng": 0.0},
+        {"host": "h", "port": 1, "lat": math.nan, "lng": 0.0},
+        {"host": "h", "port": 1, "lat": "1", "lng": "2"},
+    ],
+)
+def test_station_info_refuses_bad_fields(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        StationInfo(**kwargs)
+
+
+def test_add_known_replaces_by_node_id_refuses_own_and_is_capped() -> None:
+    directory = StationDirectory(STATION_ID, BERLIN)
+    node = bytes([9]) * 32
+    directory.add_known(StationEntry(node, StationInfo("old.example", 1)))
+    directory.add_known(StationEntry(node, StationInfo("new.example", 2)))
+    assert [e.info.host for e in directory.entries()] == ["berlin.example", "new.example"]
+    with pytest.raises(ValueError):
+        directory.add_known(StationEntry(STATION_ID, BERLIN))
+    with pytest.raises(ValueError):
+        StationEntry(b"short", BERLIN)
+    assert directory.forget(node) and not directory.forget(node)
+    for n in range(MAX_KNOWN_STATIONS):
+        assert directory.add_known(StationEntry(n.to_bytes(32, "big"), BERLIN))
+    assert not directory.add_known(StationEntry(b"\xff" * 32, BERLIN))
+    assert directory.add_known(StationEntry((5).to_bytes(32, "big"), BERLIN))  # an update
+
+
+# --- the agent directory ----------------------------------------------------------------------
+
+
+def open_directory(path: Path, max_agents: int = 10_000) -> AgentDirectory:
+    return AgentDirectory(run(AgentDirectoryStore.open(path)), max_agents=max_agents)
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[AgentDirectory]:
+    directory = open_directory(tmp_path / "agents.sqlite3")
+    yield directory
+    run(directory.store.close())
+
+
+def entry(identity: Identity, **fields: object) -> dict[str, object]:
+    return {"node_id": identity.node_id.hex(), "petname": petname(identity.node_id), **fields}
+
+
+def register_payload(
+    identity: Identity, now_ms: int = NOW_MS, signer: Identity | None = None, **extra: object
+) -> dict[str, object]:
+    procedure = key_holder_procedure(PROCEDURE_REGISTER, identity.node_id)
+    proof = make_proof(signer or identity, procedure, now_ms)
+    return {"entry": entry(identity, model="claude"), "proof": proof, **extra}
+
+
+def remove_payload(identity: Identity, now_ms: int = NOW_MS) -> dict[str, object]:
+    procedure = key_holder_procedure(PROCEDURE_REMOVE, identity.node_id)
+    return {"node_id": identity.node_id.hex(), "proof": make_proof(identity, procedure, now_ms)}
+
+
+def call(
+    directory: AgentDirectory, procedure: str, payload: object, caller: Identity, now_ms: int
+) -> Outcome:
+    return run(directory.handle(procedure, payload, caller.node_id, now_ms))
+
+
+def listed(directory: AgentDirectory, now_ms: int = NOW_MS, **args: object) -> list[Any]:
+    result = ok(call(directory, PROCEDURE_LIST, args, ALICE, now_ms))
+    assert result["count"] == len(result["agents"])
+    assert_no_booleans(result)
+    return list(result["agents"])
+
+
+def test_register_list_remove(agents: AgentDirectory) -> None:
+    payload = register_payload(ALICE)
+    payload["entry"] = entry(
+        ALICE,
+        operator_name="Ada",
+        session_name="review",
+        model="claude",
+        connected_via="station.example",
+        offers=["code review", "translation"],
+    )
+    over_the_wire = cbor.decode(cbor.encode(payload))
+    result = ok(call(agents, PROCEDURE_REGISTER, over_the_wire, ALICE, NOW_MS))
+    assert result == {"registered": 1, "expires_ms": NOW_MS + 1_200_000}
+    assert listed(agents) == [
+        {
+            "node_id": ALICE.node_id.hex(),
+            "petname": petname(ALICE.node_id),
+            "operator_name": "Ada",
+            "session_name": "review",
+            "model": "claude",
+            "connected_via": "station.example",
+            "offers": ["code review", "translation"],
+            "registered_ms": NOW_MS,
+            "expires_ms": NOW_MS + 1_200_000,
+        }
+    ]
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB, NOW_MS + 5), BOB, NOW_MS + 5))
+    bob, alice = listed(agents, NOW_MS + 5)
+    assert (bob["node_id"], alice["node_id"]) == (BOB.node_id.hex(), ALICE.node_id.hex())
+    assert bob["operator_name"] is None and bob["offers"] == []
+    assert [a["node_id"] for a in listed(agents, NOW_MS + 5, limit=1)] == [BOB.node_id.hex()]
+
+    removed = ok(call(agents, PROCEDURE_REMOVE, remove_payload(ALICE, NOW_MS + 6), ALICE, NOW_MS))
+    assert removed == {"removed": 1}
+    again = ok(call(agents, PROCEDURE_REMOVE, remove_payload(ALICE, NOW_MS + 6), ALICE, NOW_MS))
+    assert again == {"removed": 0}
+    assert [a["node_id"] for a in listed(agents, NOW_MS + 7)] == [BOB.node_id.hex()]
+
+
+def test_entries_expire_after_their_ttl_and_are_pruned(agents: AgentDirectory) -> None:
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE, ttl_seconds=60), ALICE, NOW_MS))
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB), BOB, NOW_MS))
+    assert len(listed(agents, NOW_MS + 59_999)) == 2
+    assert [a["node_id"] for a in listed(agents, NOW_MS + 60_000)] == [BOB.node_id.hex()]
+    assert run(agents.store.count()) == 1  # listing deleted the expired row
+    assert run(agents.prune(NOW_MS + 1_200_000)) == 1
+    assert listed(agents, NOW_MS + 1_200_000) == []
+    assert run(agents.store.count()) == 0
+
+
+def test_re_registering_renews_and_replaces(agents: AgentDirectory) -> None:
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB, NOW_MS + 1), BOB, NOW_MS + 1))
+    later = NOW_MS + 1_000_000
+    payload = register_payload(ALICE, later, ttl_seconds=3600)
+    payload["entry"] = entry(ALICE, model="renewed")
+    assert ok(call(agents, PROCEDURE_REGISTER, payload, ALICE, later))["expires_ms"] == (
+        later + 3_600_000
+    )
+    first, second = listed(agents, later)
+    assert first["node_id"] == ALICE.node_id.hex()  # most recently registered first
+    assert (first["model"], first["registered_ms"]) == ("renewed", later)
+    assert second["node_id"] == BOB.node_id.hex()
+    assert run(agents.store.count()) == 2
+    assert [a["node_id"] for a in listed(agents, NOW_MS + 1_300_000)] == [ALICE.node_id.hex()]
+
+
+def test_an_entry_for_another_node_id_is_refused(agents: AgentDirectory) -> None:
+    detail = refused(
+        call(agents, PROCEDURE_REGISTER, register_payload(BOB), ALICE, NOW_MS), "unauthorized"
+    )
+    assert "key" in detail
+    refused(call(agents, PROCEDURE_REMOVE, remove_payload(BOB), ALICE, NOW_MS), "unauthorized")
+    assert listed(agents) == []
+
+
+def test_a_proof_signed_by_another_key_is_refused(agents: AgentDirectory) -> None:
+    by_bob = register_payload(ALICE, signer=BOB)
+    assert "wrong_node" in refused(
+        call(agents, PROCEDURE_REGISTER, by_bob, ALICE, NOW_MS), "unauthorized"
+    )
+    forged = register_payload(ALICE)
+    bob_signature = make_proof(BOB, key_holder_procedure(PROCEDURE_REGISTER, ALICE.node_id), NOW_MS)
+    forged["proof"] = {
+        **make_proof(ALICE, key_holder_procedure(PROCEDURE_REGISTER, ALICE.node_id), NOW_MS),
+        "signature": bob_signature["signature"],
+    }
+    assert "bad_signature" in refused(
+        call(agents, PROCEDURE_REGISTER, forged, ALICE, NOW_MS), "unauthorized"
+    )
+    assert listed(agents) == []
+
+
+def test_a_proof_for_another_procedure_is_refused(agents: AgentDirectory) -> None:
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
+    as_register = register_payload(ALICE)
+    as_register["proof"] = remove_payload(ALICE)["proof"]
+    assert "wrong_procedure" in refused(
+        call(agents, PROCEDURE_REGISTER, as_register, ALICE, NOW_MS), "unauthorized"
+    )
+    as_remove = remove_payload(ALICE)
+    as_remove["proof"] = register_payload(ALICE)["proof"]
+    assert "wrong_procedure" in refused(
+        call(agents, PROCEDURE_REMOVE, as_remove, ALICE, NOW_MS), "unauthorized"
+    )
+    unbound = register_payload(ALICE)
+    unbound["proof"] = make_proof(ALICE, PROCEDURE_REGISTER, NOW_MS)  # no "#<node>"
+    refused(call(agents, PROCEDURE_REGISTER, unbound, ALICE, NOW_MS), "unauthorized")
+    assert len(listed(agents)) == 1
+
+
+@pytest.mark.parametrize("skew_ms", [-60_001, 60_001, -(10**9)])
+def test_a_stale_proof_is_refused(agents: AgentDirectory, skew_ms: int) -> None:
+    signed_at = NOW_MS + skew_ms
+    stale = register_payload(ALICE, signed_at)
+    assert "stale" in refused(
+        call(agents, PROCEDURE_REGISTER, stale, ALICE, NOW_MS), "unauthorized"
+    )
+    old_remove = remove_payload(ALICE, signed_at)
+    refused(call(agents, PROCEDURE_REMOVE, old_remove, ALICE, NOW_MS), "unauthorized")
+    for edge in (NOW_MS - 60_000, NOW_MS + 60_000):  # the window's edges still pass
+        ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE, edge), ALICE, NOW_MS))
+
+
+def test_a_wrong_petname_is_refused(agents: AgentDirectory) -> None:
+    payload = register_payload(ALICE)
+    payload["entry"] = entry(ALICE, petname=petname(BOB.node_id))
+    detail = refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "bad_request")
+    assert petname(ALICE.node_id) in detail
+    payload["entry"] = entry(ALICE, petname=petname(ALICE.node_id).upper())
+    refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "bad_request")
+    del payload["entry"]["petname"]  # type: ignore[attr-defined]
+    refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "bad_request")
+    assert listed(agents) == []
+
+
+def good_entry() -> dict[str, object]:
+    return entry(ALICE)
+
+
+BAD_REGISTER_PAYLOADS: list[tuple[object, str]] = [
+    (None, "missing 'entry'"),
+    ([], "the argument must be a map"),
+    ({"proof": {}}, "missing 'entry'"),
+    ({"entry": "alice", "proof": {}}, "'entry' must be a map, got text"),
+    ({"entry": {**good_entry(), "node_id": "AB" * 32}, "proof": {}}, "'entry.node_id'"),
+    ({"entry": {**good_entry(), "node_id": b"\x00" * 32}, "proof": {}}, "got bytes(32)"),
+    ({"entry": {**good_entry(), "model": "x" * 281}, "proof": {}}, "'entry.model' must be"),
+    ({"entry": {**good_entry(), "operator_name": 5}, "proof": {}}, "'entry.operator_name'"),
+    ({"entry": {**good_entry(), "session_name": ["a"]}, "proof": {}}, "'entry.session_name'"),
+    ({"entry": {**good_entry(), "connected_via": True}, "proof": {}}, "'entry.connected_via'"),
+    ({"entry": {**good_entry(), "offers": "chat"}, "proof": {}}, "'entry.offers' must be"),
+    ({"entry": {**good_entry(), "offers": ["a"] * 33}, "proof": {}}, "'entry.offers' must be"),
+    ({"entry": {**good_entry(), "offers": ["a", ""]}, "proof": {}}, "'entry.offers[1]'"),
+    ({"entry": {**good_entry(), "offers": [{}]}, "proof": {}}, "'entry.offers[0]'"),
+    ({"entry": good_entry()}, "missing 'proof'"),
+    ({"entry": good_entry(), "proof": {}, "ttl_seconds": 59}, "'ttl_seconds' must be an int"),
+    ({"entry": good_entry(), "proof": {}, "ttl_seconds": 3601}, "60..3600, got int 3601"),
+    ({"entry": good_entry(), "proof": {}, "ttl_seconds": 600.0}, "got float 600.0"),
+    ({"entry": good_entry(), "proof": {}, "ttl_seconds": 2**70}, "got a huge int"),
+]
+
+
+@pytest.mark.parametrize(("payload", "named"), BAD_REGISTER_PAYLOADS)
+def test_bad_register_payloads_are_refused_by_name(
+    agents: AgentDirectory, payload: object, named: str
+) -> None:
+    detail = refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "bad_request")
+    assert named in detail
+    assert listed(agents) == []
+
+
+@pytest.mark.parametrize(
+    ("procedure", "payload"),
+    [
+        (PROCEDURE_REGISTER, {"entry": good_entry(), "proof": "signed, honestly"}),
+        (PROCEDURE_REGISTER, {"entry": good_entry(), "proof": [1, 2, 3]}),
+        (PROCEDURE_REMOVE, {"node_id": "", "proof": {}}),
+        (PROCEDURE_REMOVE, {"proof": {}}),
+        (PROCEDURE_REMOVE, 42),
+        (PROCEDURE_LIST, {"limit": 0}),
+        (PROCEDURE_LIST, {"limit": 501}),
+        (PROCEDURE_LIST, {"limit": "all"}),
+        (PROCEDURE_LIST, "please"),
+        ("macula.agents.unknown_v1", {}),
+        (PROCEDURE_LIST_STATIONS, {}),
+    ],
+)
+def test_bad_shapes_never_raise(agents: AgentDirectory, procedure: str, payload: object) -> None:
+    outcome = call(agents, procedure, payload, ALICE, NOW_MS)
+    assert outcome.code == BAD
+    assert outcome.detail is not None and outcome.detail.split(b": ")[0] in (
+        b"bad_request",
+        b"unauthorized",
+        b"unknown_procedure",
+    )
+
+
+def test_a_caller_without_a_node_id_is_refused(agents: AgentDirectory) -> None:
+    for caller in (b"", b"x" * 31):
+        outcome = run(agents.handle(PROCEDURE_REGISTER, register_payload(ALICE), caller, NOW_MS))
+        refused(outcome, "unauthorized")
+
+
+def test_the_directory_is_capped_but_renewals_pass(tmp_path: Path) -> None:
+    agents = open_directory(tmp_path / "agents.sqlite3", max_agents=1)
+    try:
+        ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
+        detail = refused(
+            call(agents, PROCEDURE_REGISTER, register_payload(BOB), BOB, NOW_MS), "directory_full"
+        )
+        assert "1 agents" in detail
+        ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))  # renewal
+        later = NOW_MS + 1_200_000  # Alice has expired: her slot is free again
+        ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB, later), BOB, later))
+        assert [a["node_id"] for a in listed(agents, later)] == [BOB.node_id.hex()]
+    finally:
+        run(agents.store.close())
+
+
+def test_entries_survive_reopening_the_store(tmp_path: Path) -> None:
+    path = tmp_path / "agents.sqlite3"
+    first = open_directory(path)
+    payload = register_payload(ALICE)
+    payload["entry"] = entry(ALICE, offers=["ünïcode ✓"], operator_name="Zoë")
+    ok(call(first, PROCEDURE_REGISTER, payload, ALICE, NOW_MS))
+    run(first.store.close())
+    second = open_directory(path)
+    try:
+        (alice,) = listed(second)
+        assert (alice["offers"], alice["operator_name"]) == (["ünïcode ✓"], "Zoë")
+        assert alice["expires_ms"] == NOW_MS + 1_200_000
+        assert run(second.store.schema_version()) == 1
+    finally:
+        run(second.store.close())
+
+
+def test_a_store_failure_is_a_temporary_failure_not_an_exception(tmp_path: Path) -> None:
+    agents = open_directory(tmp_path / "agents.sqlite3")
+    run(agents.store.close())
+    outcome = call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS)
+    assert (outcome.code, outcome.detail) == (ErrorCode.TEMPORARY_RELAY_FAILURE, None)
+    assert call(agents, PROCEDURE_LIST, {}, ALICE, NOW_MS).code == ErrorCode.TEMPORARY_RELAY_FAILURE
