@@ -28,7 +28,7 @@ from macula.wire.codes import ErrorCode
 from macula.wire.content import MCID_SIZE, Manifest, Mcid
 from macula.wire.errors import ProtocolError
 from macula.wire.identity import ZERO_REALM
-from tools.context import Descriptions, annotations, runtime_of
+from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_hex
 from tools.results import bad_argument
 from tools.runtime import run_tool
@@ -118,7 +118,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "size_bytes, name}. Anyone with the MCID can read it: never put secrets. Reliable "
             "at your own station only.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=True),
+        annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
     async def mesh_put(
         ctx: Context,
@@ -163,7 +163,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             f" Max {MAX_INLINE_BYTES} bytes inline, else error too_large; mismatch = "
             "content_invalid.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_get(
         ctx: Context,

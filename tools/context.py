@@ -24,7 +24,7 @@ def current_runtime(app: Any) -> Runtime:
     return runtime
 
 
-def annotations(
+def hints(
     *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool = True
 ) -> ToolAnnotations:
     """Every tool states all four hints explicitly."""

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from macula.wire.errors import WireError
 from macula.wire.records import KEY_SIZE, Record, RecordType, has_storage_rule, is_domain_type
-from tools.context import Descriptions, annotations, runtime_of
+from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_hex
 from tools.results import bad_argument, plain
 from tools.runtime import Runtime, run_tool
@@ -99,7 +99,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "Newest verified DHT record under a 64-hex storage key: {key_hex, record|null, "
             "dropped}. Unverified or expired records are only counted.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_find_record(
         ctx: Context, key_hex: Annotated[str, Field(description=KEY_HELP)]
@@ -129,7 +129,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "All verified DHT records under a 64-hex storage key, newest first: {key_hex, "
             "records, count, dropped}.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_find_records(
         ctx: Context, key_hex: Annotated[str, Field(description=KEY_HELP)]
@@ -162,7 +162,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "Verified DHT records of one type (name like procedure_advertisement or "
             "station_endpoint, or 1-255): {record_type, records, count, dropped}.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_find_records_by_type(
         ctx: Context,

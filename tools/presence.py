@@ -31,7 +31,7 @@ from macula.agent.petnames import PetnameError, petname
 from macula.agent.presence import HELLO_TOPIC, MAX_TEXT
 from macula.agent.proof import ring_endpoint
 from macula.store.transcript import TranscriptMessage
-from tools.context import Descriptions, annotations, runtime_of
+from tools.context import Descriptions, hints, runtime_of
 from tools.runtime import Runtime, run_tool
 
 DEFAULT_AGENTS = 50
@@ -279,7 +279,7 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
             "ring endpoint). Optional operator_name/message/model/session_name (<= 280, "
             "public, unverified; no secrets). Returns node_id, petname, ring state, policy_error.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=True),
+        annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
     async def mesh_hello(
         ctx: Context,
@@ -341,7 +341,7 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
             "(label, can collide), self-reported operator_name/message/model, connected_via, "
             "stale 0/1, first/last seen, is_me. Others appear at their next heartbeat (~60 s).",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_agents(
         ctx: Context,
@@ -387,7 +387,7 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
             "Leave: leave every room (closing the ones you opened, for everyone), publish "
             "agent.goodbye, stop heartbeat, watches and ring endpoint. Only mesh_hello undoes it.",
         ),
-        annotations=annotations(read_only=False, destructive=True, idempotent=True),
+        annotations=hints(read_only=False, destructive=True, idempotent=True),
     )
     async def mesh_goodbye(
         ctx: Context,
@@ -418,7 +418,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
             "Watch every public room announced on central, into the local transcript; "
             "max_rooms 1-200 (default 20). Watching is not joining. Not retroactive.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=True),
+        annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
     async def mesh_observe_lobby(
         ctx: Context,
@@ -464,7 +464,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
             "Raw recorded messages of central and the public rooms announced there (or one "
             "topic), newest last, limit 1-500. Local, instant, not retroactive.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_lobby_transcript(
         ctx: Context,
@@ -513,7 +513,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
             "Stop watching public rooms from central; transcript kept. Central and your own "
             "rooms stay watched until mesh_goodbye.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=True),
+        annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
     async def mesh_unobserve_lobby(
         ctx: Context,

@@ -9,7 +9,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult
 from pydantic import Field
 
-from tools.context import Descriptions, annotations, runtime_of
+from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_realm
 from tools.results import bad_argument
 from tools.runtime import run_tool
@@ -31,7 +31,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "Publish a JSON fact on a topic (realm default all-zero). No ack; only current "
             "subscribers see it. No booleans: 0/1.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+        annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_publish(
         ctx: Context,
@@ -69,7 +69,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "Wait up to duration_seconds (default 30, max 3600) for up to count events on a topic; "
             "each has publisher, seq, payload, authenticated 0/1.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_watch(
         ctx: Context,

@@ -21,7 +21,7 @@ from macula.agent.petnames import petname
 from macula.agent.proof import MAX_REASON_CHARS
 from macula.agent.rings import Rings
 from macula.agent.rooms import RoomError
-from tools.context import Descriptions, annotations, runtime_of
+from tools.context import Descriptions, hints, runtime_of
 from tools.presence import (
     KEY_FIELD,
     check_text,
@@ -107,7 +107,7 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             "write into a room nobody invited you to. Rooms are unguessable, not encrypted. "
             "One ring per callee every 2 s.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+        annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_ring(
         ctx: Context,
@@ -176,7 +176,7 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             "declines (reason optional). Judge by node_id and purpose, not labels. "
             "caller_notified 0/1.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+        annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_answer_ring(
         ctx: Context,
@@ -226,7 +226,7 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             "answer (late_answer 1); check its answer (3 = yours to answer). Earlier ones: "
             "rings.pending.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_wait_ring(
         ctx: Context,
@@ -264,9 +264,7 @@ def _register_allowlist(app: MCPServer, describe: Descriptions) -> None:
             "its rings are accepted; 'ask' becomes 'allowlist', open/closed stay (closed still "
             "declines). Trust only agents you judged trustworthy. Local only.",
         ),
-        annotations=annotations(
-            read_only=False, destructive=False, idempotent=True, open_world=False
-        ),
+        annotations=hints(read_only=False, destructive=False, idempotent=True, open_world=False),
     )
     async def mesh_trust_agent(
         ctx: Context,
@@ -300,9 +298,7 @@ def _register_allowlist(app: MCPServer, describe: Descriptions) -> None:
             "Remove a peer (node id or petname) from the allowlist; contact_policy unchanged. "
             "Local only.",
         ),
-        annotations=annotations(
-            read_only=False, destructive=True, idempotent=True, open_world=False
-        ),
+        annotations=hints(read_only=False, destructive=True, idempotent=True, open_world=False),
     )
     async def mesh_untrust_agent(
         ctx: Context,

@@ -32,7 +32,7 @@ from macula.agent.envelope import (
 from macula.agent.petnames import petname
 from macula.agent.rooms import HELP_KINDS, RoomError
 from macula.errors import MaculaError
-from tools.context import Descriptions, annotations, runtime_of
+from tools.context import Descriptions, hints, runtime_of
 from tools.presence import (
     KEY_FIELD,
     ArgumentProblems,
@@ -165,7 +165,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             "Rooms are unguessable, not encrypted: no secrets. Do not write into a room nobody "
             "invited you to.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+        annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_open_room(
         ctx: Context,
@@ -233,7 +233,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             "publish participant_joined once. Do not write into a room nobody invited you to; "
             "rooms are unguessable, not encrypted.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=True),
+        annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
     async def mesh_join_room(
         ctx: Context,
@@ -267,7 +267,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             "Leave a room (participant_left) and stop watching it; close 1, opener only, ends "
             "it for everyone (room_closed).",
         ),
-        annotations=annotations(read_only=False, destructive=True, idempotent=True),
+        annotations=hints(read_only=False, destructive=True, idempotent=True),
     )
     async def mesh_leave_room(
         ctx: Context,
@@ -301,7 +301,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             "Your rooms (role, public, purpose, message count, participants seen) and public "
             "rooms announced on central you have not joined. Instant, local.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_rooms(ctx: Context) -> CallToolResult:
         runtime = runtime_of(ctx)
@@ -373,7 +373,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             "write into a room nobody invited you to; rooms are unguessable, not encrypted: no "
             "secrets.",
         ),
-        annotations=annotations(read_only=False, destructive=False, idempotent=False),
+        annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_say(
         ctx: Context,
@@ -436,7 +436,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             "else in a room you are in (or central); message or null, timed_out 0/1. Earlier "
             "messages: mesh_read_inbox.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_wait_room(
         ctx: Context,
@@ -483,7 +483,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             "rings.pending (answer with mesh_answer_ring), poll_hint. Instant, local, not "
             "retroactive.",
         ),
-        annotations=annotations(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_read_inbox(ctx: Context) -> CallToolResult:
         runtime = runtime_of(ctx)

@@ -35,7 +35,7 @@ from pydantic import Field
 
 from macula.errors import MaculaError
 from macula.node import IncomingCall
-from tools.context import Descriptions, annotations, runtime_of
+from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_realm
 from tools.results import bad_argument, plain
 from tools.runtime import MAX_IDEMPOTENCY_KEY, Runtime, check_key, now_ms, run_tool
@@ -281,7 +281,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     @app.tool(
         name="mesh_call",
         description=describe("mesh_call", CALL_FULL, CALL_TERSE),
-        annotations=annotations(read_only=False, destructive=True, idempotent=False),
+        annotations=hints(read_only=False, destructive=True, idempotent=False),
     )
     async def mesh_call(
         ctx: Context,
@@ -324,7 +324,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     @app.tool(
         name="mesh_serve",
         description=describe("mesh_serve", SERVE_FULL, SERVE_TERSE),
-        annotations=annotations(read_only=False, destructive=True, idempotent=True),
+        annotations=hints(read_only=False, destructive=True, idempotent=True),
     )
     async def mesh_serve(
         ctx: Context,
@@ -373,7 +373,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     @app.tool(
         name="mesh_unserve",
         description=describe("mesh_unserve", UNSERVE_FULL, UNSERVE_TERSE),
-        annotations=annotations(read_only=False, destructive=True, idempotent=True),
+        annotations=hints(read_only=False, destructive=True, idempotent=True),
     )
     async def mesh_unserve(
         ctx: Context,
