@@ -1,7 +1,7 @@
 """The station's durable stores (PROTOCOL.md §10.5, §11): DHT records and content, in SQLite.
 
 Invariants:
-- One aiosqlite connection per store, autocommit, WAL journal, ``synchronous=FULL``; the schema
+- ``macula.store.base.SqliteStore`` underneath: WAL journal, ``synchronous=NORMAL``; the schema
   is versioned by ``PRAGMA user_version`` and migrated forward in one transaction per step. A
   database newer than this code is refused (``StoreError``), never downgraded.
 - The database file is 0600; a missing parent directory is created 0700 (SQLite gives its
@@ -20,16 +20,13 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import ClassVar, Final, Literal, Self
+from typing import Final, Literal
 
-import aiosqlite
-
+from macula.store.base import Migration, SqliteStore, StoreError
 from macula.wire import cbor
 from macula.wire.content import DIGEST_SIZE, Manifest
 from macula.wire.errors import WireError
@@ -45,105 +42,29 @@ STORAGE_KEY_SIZE: Final = 32
 PutOutcome = Literal["stored", "stale"]
 
 
-class StoreError(Exception):
-    """A database file cannot be used (not a database, or a schema newer than this code)."""
-
-
-def _prepare_file(path: Path) -> None:
-    """Create missing parent directories 0700 and the database file 0600."""
-    missing = [p for p in (path.parent, *path.parent.parents) if not p.exists()]
-    for directory in reversed(missing):
-        directory.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    os.close(fd)
-    os.chmod(path, 0o600)
-
-
-class _SqliteStore:
-    """Open/close, pragmas and ``user_version`` migrations shared by the stores."""
-
-    MIGRATIONS: ClassVar[tuple[str, ...]] = ()
-
-    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
-        self._db = db
-        self.path = path
-
-    @classmethod
-    async def open(cls, path: str | os.PathLike[str]) -> Self:
-        target = Path(path)
-        _prepare_file(target)
-        db = await aiosqlite.connect(target, isolation_level=None)
-        try:
-            await cls._configure(db, target)
-        except BaseException:
-            await db.close()
-            raise
-        return cls(db, target)
-
-    @classmethod
-    async def _configure(cls, db: aiosqlite.Connection, path: Path) -> None:
-        try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute("PRAGMA synchronous=FULL")
-            await db.execute("PRAGMA busy_timeout=5000")
-            await cls._migrate(db, path)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path} is not a usable SQLite database: {exc}") from exc
-
-    @classmethod
-    async def _migrate(cls, db: aiosqlite.Connection, path: Path) -> None:
-        async with db.execute("PRAGMA user_version") as cursor:
-            row = await cursor.fetchone()
-        current = int(row[0]) if row is not None else 0
-        latest = len(cls.MIGRATIONS)
-        if current > latest:
-            raise StoreError(
-                f"{path} has schema version {current}; this station knows up to {latest}"
-            )
-        for version in range(current + 1, latest + 1):
-            script = cls.MIGRATIONS[version - 1]
-            await db.executescript(
-                f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {version};\nCOMMIT;"
-            )
-            logger.info("%s: schema migrated to version %d", path, version)
-
-    async def schema_version(self) -> int:
-        async with self._db.execute("PRAGMA user_version") as cursor:
-            row = await cursor.fetchone()
-        return int(row[0]) if row is not None else 0
-
-    async def close(self) -> None:
-        await self._db.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-
 # --- records ----------------------------------------------------------------------------------
 
-_RECORDS_V1: Final = """
-CREATE TABLE records (
-    storage_key BLOB NOT NULL,
-    signer      BLOB NOT NULL,
-    type        INTEGER NOT NULL,
-    created_at  INTEGER NOT NULL,   -- Unix ms, clamped to int64 (informational)
-    expires_at  INTEGER NOT NULL,   -- Unix ms, clamped to int64
-    recency     BLOB NOT NULL,      -- created_at (8 bytes, big-endian) || version (16 bytes)
-    body        BLOB NOT NULL,      -- canonical CBOR of the RPC form
-    PRIMARY KEY (storage_key, signer)
-) WITHOUT ROWID;
-CREATE INDEX records_by_type ON records (type, recency);
-CREATE INDEX records_by_expiry ON records (expires_at);
-"""
+_RECORDS_V1: Final[Migration] = (
+    """
+    CREATE TABLE records (
+        storage_key BLOB NOT NULL,
+        signer      BLOB NOT NULL,
+        type        INTEGER NOT NULL,
+        created_at  INTEGER NOT NULL,   -- Unix ms, clamped to int64 (informational)
+        expires_at  INTEGER NOT NULL,   -- Unix ms, clamped to int64
+        recency     BLOB NOT NULL,      -- created_at (8 bytes, big-endian) || version (16 bytes)
+        body        BLOB NOT NULL,      -- canonical CBOR of the RPC form
+        PRIMARY KEY (storage_key, signer)
+    ) WITHOUT ROWID
+    """,
+    """
+    CREATE INDEX records_by_type ON records (type, recency)
+    """,
+    """
+    CREATE INDEX records_by_expiry ON records (expires_at)
+    """,
+)
+
 
 _UPSERT_RECORD: Final = """
 INSERT INTO records (storage_key, signer, type, created_at, expires_at, recency, body)
@@ -165,7 +86,7 @@ def _recency(record: Record) -> bytes:
     return record.created_at.to_bytes(8, "big") + record.version
 
 
-class RecordStore(_SqliteStore):
+class RecordStore(SqliteStore):
     """DHT records by storage key, newest one per signer (§10.5 with §13 #12 closed)."""
 
     MIGRATIONS = (_RECORDS_V1,)
@@ -246,17 +167,21 @@ def _parse_record(body: object, path: Path) -> Record | None:
 
 # --- content ----------------------------------------------------------------------------------
 
-_CONTENT_V1: Final = """
-CREATE TABLE blocks (
-    digest BLOB PRIMARY KEY,        -- BLAKE3 of data (the raw MCID without 0x01 0x55)
-    size   INTEGER NOT NULL,
-    data   BLOB NOT NULL
-);
-CREATE TABLE manifests (
-    digest BLOB PRIMARY KEY,        -- digest of the manifest MCID (without 0x01 0x56)
-    body   BLOB NOT NULL            -- canonical CBOR of the wire map (name as text)
-);
-"""
+_CONTENT_V1: Final[Migration] = (
+    """
+    CREATE TABLE blocks (
+        digest BLOB PRIMARY KEY,        -- BLAKE3 of data (the raw MCID without 0x01 0x55)
+        size   INTEGER NOT NULL,
+        data   BLOB NOT NULL
+    )
+    """,
+    """
+    CREATE TABLE manifests (
+        digest BLOB PRIMARY KEY,        -- digest of the manifest MCID (without 0x01 0x56)
+        body   BLOB NOT NULL            -- canonical CBOR of the wire map (name as text)
+    )
+    """,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +196,7 @@ def _check_digest(digest: bytes) -> None:
         raise ValueError("a content digest is exactly 32 bytes")
 
 
-class ContentStore(_SqliteStore):
+class ContentStore(SqliteStore):
     """Raw blocks and manifests by digest (§11). Puts are idempotent: the first copy stays."""
 
     MIGRATIONS = (_CONTENT_V1,)
