@@ -81,7 +81,7 @@ def main() -> None:
         print(f"-- {label}: {len(wire)} bytes on the wire")
 
         def encode_sign(frame: Frame = frame) -> bytes:
-            return frame.signed_by(identity).encode()
+            return frame.sign_and_encode(identity)
 
         def decode_verify(wire: bytes = wire) -> None:
             [frame_map] = FrameDecoder().feed(wire)
