@@ -363,6 +363,7 @@ class StationDirectory:
             "realms": [],
             "capabilities": STATION_CAPABILITIES,
             "hostname": info.host,
+            "endpoint": f"quic://{info.host}:{info.port}",
             "kind": STATION_KIND,
         }
         for name in ("city", "country"):

@@ -12,7 +12,7 @@ import pytest
 from meshkit import agent_in, new_identity, station_config
 
 from macula.agent.proof import make_proof
-from macula.errors import MeshError
+from macula.errors import MaculaError, MeshError
 from macula.house import AGENTS_REGISTER, HOUSE_REALM
 from macula.node import Node
 from macula.services import HouseClient
@@ -138,3 +138,17 @@ async def test_an_entry_proven_by_another_key_is_refused(house_station: Station)
 
 def _now() -> int:
     return time.time_ns() // 1_000_000
+
+
+async def test_a_switched_off_service_is_not_served(tmp_path: Path) -> None:
+    config = station_config(tmp_path / "station")
+    config.house = HouseConfig(memory=False)
+    async with Station(config) as station, Node(new_identity(), [station.endpoint]) as node:
+        await asyncio.sleep(0.3)
+        house = HouseClient(node)
+        with pytest.raises(MaculaError):
+            await house.recall("anything")
+        assert (await house.list_stations({}))["count"] == 1  # the others still are
+        with pytest.raises(MeshError) as no_route:
+            await node.call(HOUSE_REALM, "macula.memory.query_v1", {"query_text": "x"})
+        assert no_route.value.code == 0x01

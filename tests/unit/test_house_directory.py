@@ -250,6 +250,7 @@ def test_own_record_payload_is_a_valid_node_record_with_text_coordinates() -> No
         "realms": [],
         "capabilities": 1,
         "hostname": "berlin.example",
+        "endpoint": "quic://berlin.example:4433",
         "kind": "station",
         "city": "Berlin",
         "country": "DE",
@@ -262,7 +263,15 @@ def test_own_record_payload_is_a_valid_node_record_with_text_coordinates() -> No
 
 def test_own_record_payload_omits_absent_fields_and_writes_odd_coordinates_plainly() -> None:
     bare = StationDirectory(STATION_ID, StationInfo("10.0.0.1", 4433)).own_record_payload()
-    assert set(bare) == {"node_id", "station_id", "realms", "capabilities", "hostname", "kind"}
+    assert set(bare) == {
+        "node_id",
+        "station_id",
+        "realms",
+        "capabilities",
+        "hostname",
+        "endpoint",
+        "kind",
+    }
     assert None not in bare.values()
     validate_payload(RecordType.NODE_RECORD, bare)
     odd = StationInfo("h", 1, lat=-0.0000001, lng=180)
