@@ -732,7 +732,7 @@ async def fuzz_connection(
             raw.send_bytes(data, stream=rng.choice([None, raw.new_stream()]), end=end)
             counts["garbage"] += 1
             with contextlib.suppress(TimeoutError):  # an incomplete frame just waits
-                await raw.wait_lost(1)
+                await raw.wait_lost(3)
                 counts["closed_by_station"] += 1
         await asyncio.sleep(0.05)
 
