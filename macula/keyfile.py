@@ -17,11 +17,12 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from macula.errors import MaculaError
 from macula.wire.errors import ProtocolError
 from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, Identity
 
 
-class KeyFileError(Exception):
+class KeyFileError(MaculaError):
     """A key file cannot be used; the message says which file and why."""
 
 

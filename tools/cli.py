@@ -15,7 +15,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from macula.errors import MaculaError
 from relay.cli import KeyValueFormatter
@@ -31,17 +31,25 @@ def _logging(level: str = "WARNING") -> None:
 
 
 def serve() -> None:
+    from tools.runtime import preflight
     from tools.server import build_server
 
     _logging()
     try:
-        app = build_server()
-        asyncio.run(app.run_stdio_async())
+        preflight(os.environ)  # bad settings fail before any protocol, in one line
     except MaculaError as exc:
-        print(f"macula-mcp: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except KeyboardInterrupt:
+        _fatal(exc)
+    try:
+        asyncio.run(build_server().run_stdio_async())
+    except* MaculaError as group:  # raised later, inside the server's task groups
+        _fatal(group.exceptions[0])
+    except* KeyboardInterrupt:
         pass
+
+
+def _fatal(exc: BaseException) -> NoReturn:
+    print(f"macula-mcp: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 def server_command() -> list[str]:

@@ -25,7 +25,7 @@ from mcp_types import CallToolResult
 
 from macula.agent.agent import Agent, AgentSettings
 from macula.errors import BrokenError, ConfigError, MaculaError
-from macula.keyfile import load_or_create_identity
+from macula.keyfile import KeyFileError, load_or_create_identity
 from macula.node import Node
 from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_station_list
 from macula.store.base import StorePaths, paths_from_env
@@ -138,6 +138,18 @@ async def _stations(
         yield [parse_station(station.endpoint)], station.endpoint
     finally:
         await station.stop()
+
+
+def preflight(env: Mapping[str, str]) -> Identity:
+    """Check every setting before speaking MCP: a bad value fails here, naming itself."""
+    try:
+        identity = load_or_create_identity(identity_path(env))
+    except (KeyFileError, OSError) as exc:
+        source = "MACULA_MCP_IDENTITY" if env.get("MACULA_MCP_IDENTITY") else "identity"
+        raise ConfigError(f"{source}: {exc}") from None
+    parse_station_list(env.get(STATIONS_ENV, ""))
+    agent_settings(env, identity)
+    return identity
 
 
 @contextlib.asynccontextmanager

@@ -54,3 +54,30 @@ def test_doctor_passes_against_a_live_station_and_names_the_failure_otherwise(
     assert "all checks passed" in good.stdout and "MCP round trip" in good.stdout
     assert bad.returncode == 1
     assert "[FAIL] station 127.0.0.1:9" in bad.stdout
+
+
+def test_bad_settings_fail_at_start_in_one_line_naming_the_variable(tmp_path: Path) -> None:
+    bad_key = tmp_path / "bad.key"
+    bad_key.write_bytes(b"junk")
+    bad_key.chmod(0o600)
+    home = str(tmp_path / "home")
+    cases = {
+        "MACULA_MCP_IDENTITY": {"MACULA_MCP_IDENTITY": str(bad_key)},
+        "MACULA_MESH_STATIONS": {"MACULA_MESH_STATIONS": "host:0"},
+        "MACULA_MCP_NO_RING": {"MACULA_MCP_NO_RING": "yes"},
+    }
+    for variable, extra in cases.items():
+        env = dict(os.environ, MACULA_HOME=home, **extra)
+        done = subprocess.run(
+            [sys.executable, "-m", "tools.cli"],
+            input="",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 2, (variable, done.stderr)
+        assert done.stdout == ""  # stdout carries protocol only, and there was none
+        [line] = done.stderr.strip().splitlines()
+        assert variable in line and "Traceback" not in done.stderr
