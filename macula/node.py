@@ -489,6 +489,16 @@ class Node:
             raise BrokenError("not connected to any station")
         return self._session
 
+    async def flush(self, timeout: float = 10.0) -> None:
+        """Return once the station has processed every frame this node sent before the call.
+
+        One ``_relay.ping`` round trip on the control stream: the stream is ordered and the
+        station handles its frames in order, so its answer comes after every SUBSCRIBE,
+        ADVERTISE, UNSUBSCRIBE and PUBLISH sent earlier has taken effect at the station.
+        """
+        session = await self.session(timeout)
+        await session.builtin("_relay.ping", None, timeout)
+
     @property
     def connected(self) -> bool:
         return self._session is not None and self._session.alive

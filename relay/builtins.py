@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from macula.wire import cbor
@@ -29,6 +28,7 @@ from macula.wire.content import CODEC_MANIFEST, CODEC_RAW, MCID_SIZE, Manifest, 
 from macula.wire.errors import ContentInvalid, ProtocolError, RecordInvalid
 from macula.wire.records import Record, validate_payload
 from relay.core import BUILTINS
+from relay.outcome import Outcome, Refused
 from relay.store import ContentStore, RecordStore
 
 __all__ = [
@@ -48,49 +48,11 @@ MAX_RECORD_BYTES: Final = 64 * 1024
 MAX_BLOCK_BYTES: Final = 4 * 1024 * 1024
 MAX_MANIFEST_BYTES: Final = 4 * 1024 * 1024
 MAX_FIND_BY_TYPE: Final = 1000
-MAX_DETAIL_CHARS: Final = 300
 KEY_SIZE: Final = 32
 
 OK: Final = "ok"
 NOT_FOUND: Final = "not_found"
 HASH_MISMATCH: Final = "hash_mismatch"
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What a built-in answers: a RESULT ``payload`` or an ERROR ``code`` with ``detail``."""
-
-    payload: object = None
-    code: int | None = None
-    detail: bytes | None = None
-
-    @classmethod
-    def result(cls, payload: object) -> Outcome:
-        return cls(payload=payload)
-
-    @classmethod
-    def error(cls, code: int, detail: bytes | None = None) -> Outcome:
-        return cls(code=int(code), detail=detail)
-
-    @property
-    def is_error(self) -> bool:
-        return self.code is not None
-
-
-class Refused(Exception):
-    """An anticipated refusal inside a built-in; ``run`` turns it into an ERROR outcome."""
-
-    def __init__(self, code: int, reason: str, text: str) -> None:
-        super().__init__(f"{reason}: {text}")
-        self.code = int(code)
-        self.detail = _detail(reason, text)
-
-
-def _detail(reason: str, text: str) -> bytes:
-    message = f"{reason}: {text}"
-    if len(message) > MAX_DETAIL_CHARS:
-        message = message[: MAX_DETAIL_CHARS - 3] + "..."
-    return message.encode("utf-8", "backslashreplace")
 
 
 def _bad_request(text: str) -> Refused:

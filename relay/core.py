@@ -60,6 +60,7 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import Identity, puzzle_valid
+from relay.outcome import Outcome
 from relay.policy import PuzzleMode, ReplayWindow, StationPolicy, TokenBucket
 from relay.routes import Leg, Route, RouteTable
 
@@ -265,15 +266,14 @@ class RouterCore:
         return self._forget_peer(peer, now_ms)
 
     def builtin_done(
-        self, conn: int, stream: int, call: Call, outcome: Any, now_ms: int
+        self, conn: int, stream: int, call: Call, outcome: Outcome, now_ms: int
     ) -> list[Action]:
-        """Reply to a built-in CALL. ``outcome`` has ``is_error``, ``payload``, ``code``,
-        ``detail`` (``relay.builtins.Outcome``)."""
+        """Reply to a built-in CALL (or a house service's) with its ``Outcome``."""
         peer = self.peers.get(conn)
         if peer is None or peer.state == "closed":
             return []
         out: list[Action] = []
-        if outcome.is_error:
+        if outcome.code is not None:
             out.append(
                 self._error(peer, stream, call.call_id, outcome.code, outcome.detail, now_ms)
             )

@@ -42,7 +42,7 @@ from macula.store.base import (
     opt_text,
 )
 from macula.wire.codes import ErrorCode
-from relay.builtins import Outcome, Refused
+from relay.outcome import Outcome, Refused
 
 __all__ = [
     "MAX_AGENTS",

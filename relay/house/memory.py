@@ -38,7 +38,7 @@ import aiosqlite
 
 from macula.store.base import Migration, Row, SqliteStore, check_node_id, execute, fetchall
 from macula.wire.codes import ErrorCode
-from relay.builtins import Outcome, Refused
+from relay.outcome import Outcome, Refused
 
 __all__ = [
     "MAX_CHUNK_CHARS",

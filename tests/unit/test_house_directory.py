@@ -21,7 +21,6 @@ from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, validate_payload
-from relay.builtins import Outcome
 from relay.house.directory import (
     MAX_KNOWN_STATIONS,
     PROCEDURE_LIST,
@@ -36,6 +35,7 @@ from relay.house.directory import (
     haversine_km,
     key_holder_procedure,
 )
+from relay.outcome import Outcome
 
 T = TypeVar("T")
 

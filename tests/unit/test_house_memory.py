@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 import pytest
 
 from macula.wire.codes import ErrorCode
-from relay.builtins import Outcome
 from relay.house.memory import (
     MAX_CHUNK_CHARS,
     MIN_INDEXED_NONSPACE,
@@ -31,6 +30,7 @@ from relay.house.memory import (
     chunk_text,
     query_terms,
 )
+from relay.outcome import Outcome
 
 T = TypeVar("T")
 

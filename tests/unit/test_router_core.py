@@ -47,8 +47,8 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, puzzle_evidence, puzzle_valid, realm_tag
-from relay.builtins import Outcome
 from relay.core import Action, Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.outcome import Outcome
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 
 F = TypeVar("F", bound=Frame)
