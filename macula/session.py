@@ -1,11 +1,12 @@
-"""One handshaken connection from one identity to one station (PROTOCOL.md §5-§8).
+"""One handshaken connection from one identity to one station: the I/O shell of ``ClientCore``.
 
-A ``Session`` owns one QUIC connection: the control stream (CONNECT/HELLO, CALL/RESULT/ERROR,
-PUBLISH/EVENT, ...) plus any number of dedicated streams (content calls, streaming RPC). It does
-no reconnecting: when the connection breaks it fails what is pending with ``BrokenError`` and
-tells its owner (the ``Node``) once. Every frame received is verified before use (§4.3): HELLO
-against the pinned key when there is one, EVENTs against the station key and their
-``publisher_sig``, replies against their responder, CALLs against their caller.
+``Session`` is to ``macula.client_core.ClientCore`` what ``relay.station`` is to
+``relay.core.RouterCore``: it moves bytes between the QUIC connection (``macula.transport``) and
+the core, reads the clock, keeps one timer for call deadlines, and turns the core's outputs into
+asyncio futures (calls, the handshake), queue items (streaming channels) and calls on its owner
+(the ``Node``). Every protocol decision — handshake, verification, call matching, deadlines,
+intent replay, duplicate suppression — is the core's. A session does no reconnecting: when the
+connection breaks it fails what is pending with ``BrokenError`` and tells its owner once.
 """
 
 from __future__ import annotations
@@ -14,44 +15,42 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from macula.errors import BrokenError, CallTimeout, ClosedError, HandshakeError, MeshError
+from macula.client_core import (
+    CallArrived,
+    CallSettled,
+    ChannelData,
+    ChannelFinished,
+    ChannelOpened,
+    ChannelState,
+    ClientCore,
+    Ended,
+    Established,
+    EventArrived,
+    EventDedup,
+    HandshakeFailed,
+    Intent,
+    Output,
+    Transmit,
+)
+from macula.clock import Clock, now_ms
+from macula.errors import BrokenError, CallTimeout, HandshakeError, MeshError
 from macula.stations import StationAddress
 from macula.transport import FrameProtocol, client_configuration, dial
-from macula.wire.codes import ErrorCode, code_name
-from macula.wire.errors import FramingError, ProtocolError
-from macula.wire.frames import (
-    Call,
-    Connect,
-    Error,
-    Event,
-    Frame,
-    Goodbye,
-    Hello,
-    Result,
-    StreamData,
-    StreamEnd,
-    StreamError,
-    StreamOpen,
-    StreamReply,
-    UnknownFrameType,
-    new_frame_id,
-    parse_frame,
-)
+from macula.wire.codes import ErrorCode
+from macula.wire.errors import FramingError
+from macula.wire.frames import Call, Event, Frame, Goodbye, StreamOpen, new_frame_id
 from macula.wire.identity import ZERO_REALM, Identity
 
 log = logging.getLogger("macula.session")
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+__all__ = ["Session", "SessionOwner", "StreamChannel", "now_ms", "stamp"]
 
 
 def stamp() -> dict[str, Any]:
+    """``frame_id`` and ``sent_at_ms`` for a frame built outside a core (tests, tools)."""
     now = now_ms()
     return {"frame_id": new_frame_id(now, os.urandom(10)), "sent_at_ms": now}
 
@@ -76,93 +75,43 @@ _END = object()
 class StreamChannel:
     """One streaming-RPC session on a dedicated stream (§8), seen from either side."""
 
-    def __init__(self, session: Session, quic_stream: int, stream_id: bytes) -> None:
+    def __init__(self, session: Session, state: ChannelState) -> None:
         self.session = session
-        self.quic_stream = quic_stream
-        self.stream_id = stream_id
+        self.state = state
         self._inbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
-        self._seq = 0
-        self.reply: Any = None
-        self.replied = False
-        self.error: tuple[str, str] | None = None
-        self.peer_finished = False
-        self.finished = False  # we sent STREAM_END(send)
-        self.closed = False
+
+    quic_stream = property(lambda self: self.state.stream)
+    stream_id = property(lambda self: self.state.stream_id)
+    reply = property(lambda self: self.state.reply)
+    replied = property(lambda self: self.state.replied)
+    error = property(lambda self: self.state.error)
+    peer_finished = property(lambda self: self.state.peer_finished)
+    finished = property(lambda self: self.state.finished)
+    closed = property(lambda self: self.state.closed)
 
     # sending
     def send(self, body: Any, *, encoding: str = "raw") -> None:
-        frame = StreamData(
-            **stamp(),
-            stream_id=self.stream_id,
-            seq=self._seq,
-            encoding=encoding,
-            body=body,
-            signer=self.session.identity.node_id,
-        )
-        self._seq += 1
-        self.session.send(self.quic_stream, frame)
+        core = self.session.core
+        self.session.run(core.channel_send(self.state, body, encoding, self.session.clock()))
 
     def end(self, role: str = "send") -> None:
         """STREAM_END: ``send`` finishes our direction, ``both`` ends the session."""
-        frame = StreamEnd(
-            **stamp(), stream_id=self.stream_id, role=role, signer=self.session.identity.node_id
-        )
-        self.session.send(self.quic_stream, frame)
-        self.finished = True
-        if role == "both" or self.peer_finished:
-            self.closed = True
+        self.session.run(self.session.core.channel_end(self.state, role, self.session.clock()))
 
     def fail(self, code: str, message: str) -> None:
-        self.session.send(
-            self.quic_stream,
-            StreamError(
-                **stamp(),
-                stream_id=self.stream_id,
-                code=code.encode(),
-                message=message.encode(),
-                signer=self.session.identity.node_id,
-            ),
-        )
-        self.closed = True
+        core = self.session.core
+        self.session.run(core.channel_fail(self.state, code, message, self.session.clock()))
 
     def send_reply(self, payload: Any) -> None:
-        self.session.send(
-            self.quic_stream,
-            StreamReply(
-                **stamp(),
-                stream_id=self.stream_id,
-                payload=payload,
-                responded_by=self.session.identity.node_id,
-            ),
-        )
-        self.closed = True
+        core = self.session.core
+        self.session.run(core.channel_reply(self.state, payload, self.session.clock()))
 
-    # receiving
-    def deliver(self, frame: Frame) -> None:
-        if isinstance(frame, StreamData):
-            self._put(frame.body)
-        elif isinstance(frame, StreamEnd):
-            self.peer_finished = True
-            self.closed = self.closed or frame.role == "both" or self.finished
-            self._put(_END)
-        elif isinstance(frame, StreamReply):
-            self.reply, self.replied, self.closed = frame.payload, True, True
-            self._put(_END)
-        elif isinstance(frame, StreamError):
-            self.error = (
-                frame.code.decode("utf-8", "replace"),
-                frame.message.decode("utf-8", "replace"),
-            )
-            self.closed = True
-            self._put(_END)
-
-    def lost(self, reason: str) -> None:
-        if not self.closed:
-            self.error = ("unavailable", reason)
-            self.closed = True
-            self._put(_END)
-
+    # receiving (fed by the session from the core's outputs)
     def _put(self, item: Any) -> None:
+        if item is _END:
+            while self._inbox.full():  # the end marker always gets in: drop the oldest body
+                self._inbox.get_nowait()
+                log.warning("stream %s: receiver too slow, frame dropped", self.stream_id.hex()[:8])
         try:
             self._inbox.put_nowait(item)
         except asyncio.QueueFull:
@@ -198,11 +147,6 @@ class StreamChannel:
         return self.reply
 
 
-@dataclass(slots=True)
-class _ContentStream:
-    waiters: dict[bytes, asyncio.Future[Any]]
-
-
 class Session:
     def __init__(
         self,
@@ -210,23 +154,57 @@ class Session:
         address: StationAddress,
         protocol: FrameProtocol,
         owner: SessionOwner,
+        *,
+        intent: Intent | None = None,
+        dedup: EventDedup | None = None,
+        clock: Clock = now_ms,
     ) -> None:
         self.identity = identity
         self.address = address
         self.protocol = protocol
         self.owner = owner
-        self.station_key: bytes = b""
-        self.control = protocol.new_stream()
-        self._hello: asyncio.Future[Hello] | None = None
-        self._calls: dict[bytes, asyncio.Future[Any]] = {}
-        self._content: dict[int, _ContentStream] = {}
-        self._channels: dict[int, StreamChannel] = {}
-        self._closed = False
-        self._broken: str | None = None
+        self.clock = clock
+        self.core = ClientCore(
+            identity,
+            os.urandom,
+            intent=intent or Intent(),
+            dedup=dedup or EventDedup(),
+            control=protocol.new_stream(),
+            pinned=address.node_id,
+        )
         self.ended = asyncio.Event()  # set once: broken, closed, or released by the owner
-        self.goodbye: Goodbye | None = None
-        self.tls_pinned = False  # the TLS certificate key was checked against the station id
-        self.dropped: dict[str, int] = {}
+        self._hello: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._hello.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen
+        self._waiters: dict[bytes, asyncio.Future[Any]] = {}
+        self._channels: dict[int, StreamChannel] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+
+    # -- what the core knows ----------------------------------------------------------------
+
+    @property
+    def control(self) -> int:
+        return self.core.control
+
+    @property
+    def station_key(self) -> bytes:
+        return self.core.station_key
+
+    @property
+    def tls_pinned(self) -> bool:
+        return self.core.tls_pinned
+
+    @property
+    def goodbye(self) -> Goodbye | None:
+        return self.core.goodbye
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        return dict(self.core.dropped)
+
+    @property
+    def alive(self) -> bool:
+        return self.core.alive and not self.protocol.lost
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -239,17 +217,23 @@ class Session:
         owner: SessionOwner,
         *,
         timeout: float = 10.0,
+        intent: Intent | None = None,
+        dedup: EventDedup | None = None,
     ) -> AsyncIterator[Session]:
+        """Dial, check the pinned key, handshake; the connection closes when the block ends,
+        whatever step failed (nothing opened here outlives the block)."""
         configuration = client_configuration(server_name=address.host)
-        try:
-            connecting = dial(address.host, address.port, configuration, timeout=timeout)
-            protocol = await connecting.__aenter__()
-        except (OSError, TimeoutError, ConnectionError) as exc:
-            raise BrokenError(
-                f"cannot reach station {address}: {exc or type(exc).__name__}"
-            ) from exc
-        try:
-            session = cls(identity, address, protocol, owner)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                protocol = await stack.enter_async_context(
+                    dial(address.host, address.port, configuration, timeout=timeout)
+                )
+            except (OSError, TimeoutError, ConnectionError) as exc:
+                raise BrokenError(
+                    f"cannot reach station {address}: {exc or type(exc).__name__}"
+                ) from exc
+            session = cls(identity, address, protocol, owner, intent=intent, dedup=dedup)
+            stack.callback(session.close)
             protocol.sink = session
             if address.node_id is not None:
                 key = protocol.peer_certificate_key()
@@ -259,73 +243,125 @@ class Session:
                         f"{key.hex() if key else 'none'}, expected {address.node_id.hex()}",
                         retryable=False,
                     )
-                session.tls_pinned = True
+                session.core.tls_pinned = True
             await session._handshake(timeout)
-            try:
-                yield session
-            finally:
-                session._close()
-        finally:
-            await connecting.__aexit__(None, None, None)
+            yield session
 
     async def _handshake(self, timeout: float) -> None:
-        connect = Connect(
-            **stamp(),
-            node_id=self.identity.node_id,
-            station_id=self.identity.node_id,
-            puzzle_evidence=self.identity.puzzle_evidence,
-        )
-        self._hello = asyncio.get_running_loop().create_future()
-        self.send(self.control, connect)
+        self.run(self.core.connect(self.clock()))
         try:
-            hello = await asyncio.wait_for(asyncio.shield(self._hello), timeout)
+            await asyncio.wait_for(asyncio.shield(self._hello), timeout)
         except TimeoutError:
             raise BrokenError(
                 f"station {self.address} sent no HELLO within {timeout:g} s"
             ) from None
-        if not hello.accepted:
-            code = hello.refusal_code
-            why = f" ({code_name(code)})" if code is not None else ""
+        except HandshakeError as exc:
             raise HandshakeError(
-                f"station {self.address} refused the connection{why}", refusal_code=code
-            )
-        self.station_key = hello.node_id
+                f"station {self.address}: {exc}", exc.refusal_code, retryable=exc.retryable
+            ) from None
+        except BrokenError as exc:
+            raise BrokenError(f"station {self.address}: {exc}") from None
 
-    def _close(self) -> None:
-        if self._closed:
+    def close(self) -> None:
+        """We end the session: what is pending fails with ``ClosedError``."""
+        self.run(self.core.close())
+
+    # -- the core's outputs -------------------------------------------------------------------
+
+    def run(self, outputs: list[Output]) -> None:
+        for output in outputs:
+            if isinstance(output, Transmit):
+                self.protocol.send(output.stream, output.data)
+            elif isinstance(output, EventArrived):
+                self.owner.event_received(self, output.event)
+            elif isinstance(output, CallSettled):
+                self._settle(output)
+            elif isinstance(output, CallArrived):
+                self.owner.call_received(self, output.stream, output.call)
+            elif isinstance(output, (ChannelData, ChannelFinished)):
+                self._to_channel(output)
+            elif isinstance(output, ChannelOpened):
+                state = self.core.channel(output.stream)
+                if state is not None:
+                    channel = self._channels[output.stream] = StreamChannel(self, state)
+                    self.owner.stream_opened(self, channel, output.opening)
+            elif isinstance(output, Established):
+                if not self._hello.done():
+                    self._hello.set_result(output.station_key)
+            elif isinstance(output, HandshakeFailed):
+                if not self._hello.done():
+                    self._hello.set_exception(output.error)
+            elif isinstance(output, Ended):
+                self._ended(output)
+
+    def _settle(self, settled: CallSettled) -> None:
+        future = self._waiters.pop(settled.call_id, None)
+        if future is None or future.done():
             return
-        self._closed = True
+        if settled.error is not None:
+            future.set_exception(settled.error)
+        else:
+            future.set_result(settled.payload)
+
+    def _to_channel(self, output: ChannelData | ChannelFinished) -> None:
+        channel = self._channels.get(output.stream)
+        if channel is None:
+            return
+        if isinstance(output, ChannelData):
+            channel._put(output.body)
+        else:
+            channel._put(_END)
+            if self.core.channel(output.stream) is None:
+                self._channels.pop(output.stream, None)
+
+    def _ended(self, ended: Ended) -> None:
         self.ended.set()
-        self._fail_all(ClosedError("session closed"))
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not ended.closed:
+            self.owner.session_broken(self, ended.reason, ended.terminal)
 
-    def _fail_all(self, error: Exception) -> None:
-        for future in [
-            *self._calls.values(),
-            *(w for c in self._content.values() for w in c.waiters.values()),
-        ]:
-            if not future.done():
-                future.set_exception(error)
-        self._calls.clear()
-        for channel in self._channels.values():
-            channel.lost(str(error))
+    def _arm_timer(self) -> None:
+        """One timer, at the earliest call deadline the core holds."""
+        due = self.core.next_deadline()
+        if due == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = due
+        if due is not None and self.core.alive:
+            delay = max(0.0, (due - self.clock()) / 1000)
+            self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
 
-    @property
-    def alive(self) -> bool:
-        return not self._closed and self._broken is None and not self.protocol.lost
+    def _tick(self) -> None:
+        self._timer, self._timer_at = None, None
+        self.run(self.core.tick(self.clock()))
+        self._arm_timer()
 
     # -- sending ------------------------------------------------------------------------------
 
     def send(self, stream: int, frame: Frame) -> None:
-        if not self.alive:
-            raise (
-                ClosedError("session closed")
-                if self._closed
-                else BrokenError(self._broken or "connection lost")
-            )
-        self.protocol.send(stream, frame.sign_and_encode(self.identity))
+        self.run([self.core.send_frame(stream, frame)])
 
     def send_control(self, frame: Frame) -> None:
         self.send(self.control, frame)
+
+    def subscribe(self, realm: bytes, topic: str) -> None:
+        self.run(self.core.subscribe(realm, topic, self.clock()))
+
+    def unsubscribe(self, realm: bytes, topic: str) -> None:
+        self.run(self.core.unsubscribe(realm, topic, self.clock()))
+
+    def advertise(self, realm: bytes, procedure: str) -> None:
+        self.run(self.core.advertise(realm, procedure, self.clock()))
+
+    def unadvertise(self, realm: bytes, procedure: str) -> None:
+        self.run(self.core.unadvertise(realm, procedure, self.clock()))
+
+    def publish(self, realm: bytes, topic: str, payload: Any, seq: int) -> None:
+        self.run(self.core.publish(realm, topic, payload, seq, self.clock()))
 
     async def call(
         self,
@@ -335,37 +371,42 @@ class Session:
         timeout: float,
         *,
         stream: int | None = None,
+        deadline_ms: int | None = None,
     ) -> Any:
-        call_id = os.urandom(16)
-        call = Call(
-            **stamp(),
-            call_id=call_id,
-            procedure=procedure,
-            realm=realm,
-            payload=payload,
-            deadline_ms=now_ms() + int(timeout * 1000),
-            caller=self.identity.node_id,
+        """CALL and wait for its answer; ``CallTimeout`` after ``timeout`` seconds.
+        ``deadline_ms`` overrides the deadline written in the frame (not the local wait)."""
+        now = self.clock()
+        expires = now + int(timeout * 1000)
+        call_id, out = self.core.call(
+            realm,
+            procedure,
+            payload,
+            expires if deadline_ms is None else deadline_ms,
+            now,
+            stream=stream,
+            expires_ms=expires,
         )
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        waiters = self._calls if stream is None else self._content[stream].waiters
-        waiters[call_id] = future
+        self._waiters[call_id] = future
+        self.run(out)
+        self._arm_timer()
         try:
-            self.send(self.control if stream is None else stream, call)
-            return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
+            return await future
+        except CallTimeout:
             raise CallTimeout(f"{procedure}: no answer within {timeout:g} s") from None
         finally:
-            waiters.pop(call_id, None)
+            if self._waiters.pop(call_id, None) is not None:
+                self.core.forget_call(call_id)  # cancelled: a late answer is ignored
 
     @contextlib.asynccontextmanager
     async def content_stream(self) -> AsyncIterator[int]:
         """A dedicated stream for a sequence of built-in CALLs (§6.3); FIN when done."""
         stream = self.protocol.new_stream()
-        self._content[stream] = _ContentStream({})
+        self.core.open_content(stream)
         try:
             yield stream
         finally:
-            self._content.pop(stream, None)
+            self.core.close_content(stream)
             if self.alive:
                 self.protocol.end_stream(stream)
 
@@ -378,156 +419,37 @@ class Session:
         self, realm: bytes, procedure: str, mode: str, args: Any, timeout: float
     ) -> StreamChannel:
         stream = self.protocol.new_stream()
-        channel = StreamChannel(self, stream, os.urandom(16))
-        self._channels[stream] = channel
-        opening = StreamOpen(
-            **stamp(),
-            stream_id=channel.stream_id,
-            procedure=procedure,
-            realm=realm,
-            mode=mode,
-            args=args,
-            deadline_ms=now_ms() + int(timeout * 1000),
-            caller=self.identity.node_id,
+        now = self.clock()
+        state, out = self.core.open_channel(
+            stream, realm, procedure, mode, args, now + int(timeout * 1000), now
         )
-        self.send(stream, opening)
+        channel = self._channels[stream] = StreamChannel(self, state)
+        self.run(out)
         return channel
 
     def reply(self, stream: int, call: Call, payload: Any) -> None:
-        self.send(
-            stream,
-            Result(
-                **stamp(), call_id=call.call_id, payload=payload, responded_by=self.identity.node_id
-            ),
-        )
+        self.run(self.core.reply(stream, call, payload, self.clock()))
 
     def reply_error(self, stream: int, call: Call, code: int, detail: str | None) -> None:
-        raw = None if detail is None else detail.encode("utf-8")[:256]
-        self.send(
-            stream,
-            Error(
-                **stamp(),
-                call_id=call.call_id,
-                code=code,
-                reported_by=self.identity.node_id,
-                detail=raw,
-            ),
-        )
+        self.run(self.core.reply_error(stream, call, code, detail, self.clock()))
 
     # -- receiving (FrameSink) --------------------------------------------------------------
 
     def frames_received(self, stream_id: int, frames: list[dict[str, Any]]) -> None:
-        for frame_map in frames:
-            try:
-                frame = parse_frame(frame_map)
-            except UnknownFrameType:
-                continue
-            except ProtocolError as exc:
-                self._count("malformed", f"{exc}")
-                continue
-            if stream_id == self.control:
-                self._control_frame(frame)
-            elif stream_id in self._content:
-                self._reply_frame(frame, self._content[stream_id].waiters)
-            else:
-                self._stream_frame(stream_id, frame)
-
-    def _verified(self, frame: Frame) -> bool:
-        """§4.3. A frame the station itself signs needs no signature check when TLS already
-        proved the station's key (certificate pinned to ``node_id``): nothing but the
-        station can have sent it on this connection. Relayed frames name their signer and
-        are always verified end to end."""
-        signer = frame.expected_signer()
-        if signer is None and self.tls_pinned:
-            return True
-        key = signer or self.station_key
-        if key and frame.verifies(key):
-            return True
-        self._count("unverified", f"{frame.FRAME_TYPE} does not verify")
-        return False
-
-    def _control_frame(self, frame: Frame) -> None:
-        if isinstance(frame, Hello):
-            if self._hello is None or self._hello.done():
-                return
-            expected = self.address.node_id or frame.node_id
-            if frame.node_id != expected or not frame.verifies(expected):
-                self._hello.set_exception(
-                    HandshakeError(
-                        f"station {self.address}: HELLO does not verify against {expected.hex()}"
-                    )
-                )
-            else:
-                self._hello.set_result(frame)
-            return
-        if not self.station_key or not self._verified(frame):
-            return
-        if isinstance(frame, Event):
-            if frame.publisher_sig is not None and not frame.publisher_sig_valid():
-                self._count("bad_publisher_sig", "event publisher_sig does not verify")
-                return
-            self.owner.event_received(self, frame)
-        elif isinstance(frame, (Result, Error)):
-            self._reply_frame(frame, self._calls)
-        elif isinstance(frame, Call):
-            self.owner.call_received(self, self.control, frame)
-        elif isinstance(frame, Goodbye):
-            self.goodbye = frame
-            terminal = frame.reason == "replaced_by_newer_handshake"
-            self._broke(f"station said goodbye: {frame.reason}", terminal=terminal)
-
-    def _reply_frame(self, frame: Frame, waiters: dict[bytes, asyncio.Future[Any]]) -> None:
-        if not isinstance(frame, (Result, Error)) or not self._verified(frame):
-            return
-        future = waiters.pop(frame.call_id, None)
-        if future is None or future.done():
-            return
-        if isinstance(frame, Result):
-            future.set_result(frame.payload)
-        else:
-            future.set_exception(MeshError(frame.code, frame.detail_text, frame.name))
-
-    def _stream_frame(self, stream_id: int, frame: Frame) -> None:
-        if not self._verified(frame):
-            return
-        channel = self._channels.get(stream_id)
-        if channel is not None:
-            channel.deliver(frame)
-            if (channel.closed and channel.peer_finished) or channel.replied or channel.error:
-                self._channels.pop(stream_id, None)
-            return
-        if isinstance(frame, StreamOpen):
-            channel = StreamChannel(self, stream_id, frame.stream_id)
-            self._channels[stream_id] = channel
-            self.owner.stream_opened(self, channel, frame)
-        elif isinstance(frame, Call):
-            self.owner.call_received(self, stream_id, frame)
+        self.run(self.core.frames_received(stream_id, frames, self.clock()))
+        self._arm_timer()
 
     def framing_failed(self, stream_id: int, error: FramingError) -> None:
-        self._broke(f"station sent a malformed stream: {error}", terminal=False)
+        self.run(self.core.framing_failed(stream_id, error))
         self.protocol.close_connection("framing error")
 
     def stream_ended(self, stream_id: int) -> None:
-        channel = self._channels.pop(stream_id, None)
-        if channel is not None and not channel.closed:
-            channel.lost("stream closed before a terminal frame")
+        self.run(self.core.stream_ended(stream_id))
+        self._channels.pop(stream_id, None)
 
     def stream_reset(self, stream_id: int) -> None:
-        self.stream_ended(stream_id)
+        self.run(self.core.stream_reset(stream_id))
+        self._channels.pop(stream_id, None)
 
     def connection_lost(self, reason: str) -> None:
-        self._broke(reason, terminal=False)
-
-    def _broke(self, reason: str, *, terminal: bool) -> None:
-        if self._closed or self._broken is not None:
-            return
-        self._broken = reason
-        self.ended.set()
-        if self._hello is not None and not self._hello.done():
-            self._hello.set_exception(BrokenError(f"station {self.address}: {reason}"))
-        self._fail_all(BrokenError(f"connection to {self.address} lost: {reason}"))
-        self.owner.session_broken(self, reason, terminal)
-
-    def _count(self, what: str, why: str) -> None:
-        self.dropped[what] = self.dropped.get(what, 0) + 1
-        log.warning("session %s: dropped frame: %s", self.address, why)
+        self.run(self.core.connection_lost(reason))

@@ -19,10 +19,9 @@ from meshkit import REALM, new_identity, station_config
 
 from macula.errors import MeshError
 from macula.node import IncomingCall, Node
-from macula.session import Session, StreamChannel, stamp
+from macula.session import Session, StreamChannel
 from macula.wire.codes import ErrorCode
 from macula.wire.content import CODEC_MANIFEST, Manifest, raw_mcid
-from macula.wire.frames import Call
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.records import (
     Record,
@@ -373,7 +372,7 @@ async def test_missing_content_is_a_clear_error(make_node: Callable[..., Node]) 
 async def wait_forgotten(session: Session, channel: StreamChannel) -> None:
     """Until the session has dropped ``channel`` (terminal frame or FIN seen)."""
     for _ in range(100):
-        if channel.quic_stream not in session._channels:
+        if session.core.channel(channel.quic_stream) is None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the stream was never closed")
@@ -530,24 +529,7 @@ async def call_with_deadline(
 ) -> object:
     """A CALL whose ``deadline_ms`` the test chooses, answered through the node's session."""
     session = await node.session()
-    call_id = os.urandom(16)
-    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    session._calls[call_id] = answer
-    try:
-        session.send_control(
-            Call(
-                **stamp(),
-                call_id=call_id,
-                procedure=procedure,
-                realm=realm,
-                payload=payload,
-                deadline_ms=deadline_ms,
-                caller=node.identity.node_id,
-            )
-        )
-        return await asyncio.wait_for(answer, 5)
-    finally:
-        session._calls.pop(call_id, None)
+    return await session.call(realm, procedure, payload, 5, deadline_ms=deadline_ms)
 
 
 async def test_an_expired_call_is_answered_0x07(make_node: Callable[..., Node]) -> None:

@@ -1,0 +1,686 @@
+"""The client's protocol core (PROTOCOL.md §4-§8), sans-I/O: the mirror of ``relay.core``.
+
+A ``ClientCore`` is one connection of one identity to one station, seen without sockets: it is
+fed decoded frame maps (with the stream they came on) and the time, and answers with outputs —
+``Transmit`` (framed bytes for a stream) and small event dataclasses the adapter
+(``macula.session``) turns into futures and queue items. Time (``now_ms`` arguments, deadlines)
+and randomness (``random_bytes``) are injected; nothing here imports asyncio or a socket.
+Invariants:
+- handshake (§5): CONNECT first; only a HELLO that verifies against the pinned station key (or
+  its own ``node_id`` when nothing is pinned) counts; ``accepted`` false is a ``HandshakeFailed``
+  carrying the refusal code. Control frames before an accepted HELLO are ignored.
+- every frame that names a signer is verified before it touches any state (§4.3); a station-signed
+  frame needs no check when TLS already proved the station key (``tls_pinned``). EVENTs carrying a
+  ``publisher_sig`` must verify end to end. Failures are counted in ``dropped``, never raised.
+- a CALL gets a ``call_id`` from ``random_bytes`` and a deadline; exactly one ``CallSettled``
+  per call: its RESULT/ERROR (only on the stream it was sent on), ``tick`` past the deadline
+  (``CallTimeout``), or the end of the connection (``BrokenError``/``ClosedError``).
+- the intent (subscriptions, advertisements) outlives a connection: it lives in an ``Intent``
+  owned by the node, and is replayed, in full, right after the HELLO, before ``Established``.
+- duplicate EVENTs (same realm, publisher, seq) are suppressed across reconnects by the node's
+  ``EventDedup`` window.
+- once ``Ended`` has been emitted (GOODBYE, framing error, connection lost, closed) nothing is
+  transmitted again; sending raises ``ClosedError`` (we closed) or ``BrokenError`` (it broke).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from macula.errors import (
+    BrokenError,
+    CallTimeout,
+    ClosedError,
+    HandshakeError,
+    MaculaError,
+    MeshError,
+)
+from macula.wire.codes import code_name
+from macula.wire.errors import FramingError, ProtocolError
+from macula.wire.frames import (
+    Advertise,
+    Call,
+    Connect,
+    Error,
+    Event,
+    Frame,
+    Goodbye,
+    Hello,
+    Publish,
+    Result,
+    StreamData,
+    StreamEnd,
+    StreamError,
+    StreamOpen,
+    StreamReply,
+    Subscribe,
+    Unadvertise,
+    UnknownFrameType,
+    Unsubscribe,
+    new_frame_id,
+    parse_frame,
+)
+from macula.wire.identity import Identity
+
+RandomBytes = Callable[[int], bytes]
+Key = tuple[bytes, str]  # (realm, topic) or (realm, procedure)
+REPLACED = "replaced_by_newer_handshake"
+
+# --- outputs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Transmit:
+    """Send ``data`` (one complete, length-prefixed frame) on ``stream``."""
+
+    stream: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Established:
+    """The station accepted us (HELLO ``true``); the intent has been replayed before this."""
+
+    station_key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeFailed:
+    error: MaculaError
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The connection is over: GOODBYE, framing error, loss, or our own close."""
+
+    reason: str
+    terminal: bool  # this identity connected elsewhere: reconnecting would fight it
+    closed: bool = False  # we closed it (not broken)
+
+
+@dataclass(frozen=True, slots=True)
+class EventArrived:
+    event: Event
+    authenticated: bool  # publisher_sig present and valid (§4.4)
+
+
+@dataclass(frozen=True, slots=True)
+class CallArrived:
+    stream: int
+    call: Call
+
+
+@dataclass(frozen=True, slots=True)
+class CallSettled:
+    call_id: bytes
+    payload: Any = None
+    error: MaculaError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelOpened:
+    """A caller opened a streaming-RPC session to us on ``stream`` (§8)."""
+
+    stream: int
+    opening: StreamOpen
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelData:
+    stream: int
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelFinished:
+    """No more data will arrive on this channel (END, REPLY, ERROR or loss): see its state."""
+
+    stream: int
+
+
+Output = (
+    Transmit
+    | Established
+    | HandshakeFailed
+    | Ended
+    | EventArrived
+    | CallArrived
+    | CallSettled
+    | ChannelOpened
+    | ChannelData
+    | ChannelFinished
+)
+
+
+# --- state shared with the node ----------------------------------------------------------------
+
+
+class Intent:
+    """What the station should know about this identity: replayed on every connection."""
+
+    def __init__(self) -> None:
+        self._subscriptions: dict[Key, None] = {}
+        self._advertisements: dict[Key, None] = {}
+
+    def add_subscription(self, realm: bytes, topic: str) -> bool:
+        """Record the wish; ``True`` when it is new (a SUBSCRIBE is due)."""
+        new = (realm, topic) not in self._subscriptions
+        self._subscriptions[(realm, topic)] = None
+        return new
+
+    def drop_subscription(self, realm: bytes, topic: str) -> bool:
+        return self._subscriptions.pop((realm, topic), False) is None
+
+    def add_advertisement(self, realm: bytes, procedure: str) -> bool:
+        new = (realm, procedure) not in self._advertisements
+        self._advertisements[(realm, procedure)] = None
+        return new
+
+    def drop_advertisement(self, realm: bytes, procedure: str) -> bool:
+        return self._advertisements.pop((realm, procedure), False) is None
+
+    @property
+    def subscriptions(self) -> list[Key]:
+        return list(self._subscriptions)
+
+    @property
+    def advertisements(self) -> list[Key]:
+        return list(self._advertisements)
+
+
+class EventDedup:
+    """The last ``window`` (realm, publisher, seq) seen; older ones are forgotten first."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self.window = window
+        self._seen: OrderedDict[tuple[bytes, bytes, int], None] = OrderedDict()
+        self.duplicates = 0
+
+    def first_time(self, event: Event) -> bool:
+        key = (event.realm, event.publisher, event.seq)
+        if key in self._seen:
+            self.duplicates += 1
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self.window:
+            self._seen.popitem(last=False)
+        return True
+
+
+class CoreState(enum.Enum):
+    CONNECTING = "connecting"
+    ESTABLISHED = "established"
+    ENDED = "ended"
+
+
+@dataclass(slots=True)
+class ChannelState:
+    """One streaming-RPC session (§8) on a dedicated stream, from either side."""
+
+    stream: int
+    stream_id: bytes
+    seq: int = 0
+    reply: Any = None
+    replied: bool = False
+    error: tuple[str, str] | None = None
+    peer_finished: bool = False
+    finished: bool = False  # we sent STREAM_END(send)
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class _PendingCall:
+    stream: int
+    procedure: str
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class ClientCore:
+    identity: Identity
+    random_bytes: RandomBytes
+    intent: Intent = field(default_factory=Intent)
+    dedup: EventDedup = field(default_factory=EventDedup)
+    control: int = 0
+    pinned: bytes | None = None  # the station key we expect, if the address names one
+    tls_pinned: bool = False  # TLS proved ``pinned`` (certificate key checked)
+    state: CoreState = CoreState.CONNECTING
+    station_key: bytes = b""
+    goodbye: Goodbye | None = None
+    ended: Ended | None = None
+    dropped: Counter[str] = field(default_factory=Counter)
+    _calls: dict[bytes, _PendingCall] = field(default_factory=dict)
+    _content: set[int] = field(default_factory=set)
+    _channels: dict[int, ChannelState] = field(default_factory=dict)
+
+    # --- handshake ------------------------------------------------------------------------
+
+    def connect(self, now_ms: int) -> list[Output]:
+        """The CONNECT that opens the control stream (§5.1)."""
+        frame = Connect(
+            **self._stamp(now_ms),
+            node_id=self.identity.node_id,
+            station_id=self.identity.node_id,
+            puzzle_evidence=self.identity.puzzle_evidence,
+        )
+        return [Transmit(self.control, frame.sign_and_encode(self.identity))]
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not CoreState.ENDED
+
+    # --- sending ----------------------------------------------------------------------------
+
+    def send_frame(self, stream: int, frame: Frame) -> Transmit:
+        """Sign and encode ``frame`` for ``stream``; raises once the connection has ended."""
+        if self.ended is not None:
+            if self.ended.closed:
+                raise ClosedError("session closed")
+            raise BrokenError(self.ended.reason)
+        return Transmit(stream, frame.sign_and_encode(self.identity))
+
+    def subscribe(self, realm: bytes, topic: str, now_ms: int) -> list[Output]:
+        frame = Subscribe(
+            **self._stamp(now_ms), topic=topic, realm=realm, subscriber=self.identity.node_id
+        )
+        return [self.send_frame(self.control, frame)]
+
+    def unsubscribe(self, realm: bytes, topic: str, now_ms: int) -> list[Output]:
+        frame = Unsubscribe(
+            **self._stamp(now_ms), topic=topic, realm=realm, subscriber=self.identity.node_id
+        )
+        return [self.send_frame(self.control, frame)]
+
+    def advertise(self, realm: bytes, procedure: str, now_ms: int) -> list[Output]:
+        frame = Advertise(
+            **self._stamp(now_ms),
+            realm=realm,
+            procedure=procedure,
+            advertiser=self.identity.node_id,
+        )
+        return [self.send_frame(self.control, frame)]
+
+    def unadvertise(self, realm: bytes, procedure: str, now_ms: int) -> list[Output]:
+        frame = Unadvertise(
+            **self._stamp(now_ms),
+            realm=realm,
+            procedure=procedure,
+            advertiser=self.identity.node_id,
+        )
+        return [self.send_frame(self.control, frame)]
+
+    def publish(
+        self, realm: bytes, topic: str, payload: Any, seq: int, now_ms: int
+    ) -> list[Output]:
+        frame = Publish(
+            **self._stamp(now_ms),
+            topic=topic,
+            realm=realm,
+            publisher=self.identity.node_id,
+            seq=seq,
+            payload=payload,
+            published_at_ms=now_ms,
+        )
+        return [self.send_frame(self.control, frame.with_publisher_sig(self.identity))]
+
+    def call(
+        self,
+        realm: bytes,
+        procedure: str,
+        payload: Any,
+        deadline_ms: int,
+        now_ms: int,
+        *,
+        stream: int | None = None,
+        expires_ms: int | None = None,
+    ) -> tuple[bytes, list[Output]]:
+        """A CALL on the control stream (or a content stream); its ``call_id`` and the bytes.
+        ``expires_ms`` is when ``tick`` gives up on it (default: ``deadline_ms``)."""
+        call_id = self.random_bytes(16)
+        call = Call(
+            **self._stamp(now_ms),
+            call_id=call_id,
+            procedure=procedure,
+            realm=realm,
+            payload=payload,
+            deadline_ms=deadline_ms,
+            caller=self.identity.node_id,
+        )
+        on = self.control if stream is None else stream
+        out = self.send_frame(on, call)
+        expires = deadline_ms if expires_ms is None else expires_ms
+        self._calls[call_id] = _PendingCall(on, procedure, expires)
+        return call_id, [out]
+
+    def forget_call(self, call_id: bytes) -> None:
+        """The caller gave up (cancelled): a late answer is ignored."""
+        self._calls.pop(call_id, None)
+
+    def reply(self, stream: int, call: Call, payload: Any, now_ms: int) -> list[Output]:
+        result = Result(
+            **self._stamp(now_ms),
+            call_id=call.call_id,
+            payload=payload,
+            responded_by=self.identity.node_id,
+        )
+        return [self.send_frame(stream, result)]
+
+    def reply_error(
+        self, stream: int, call: Call, code: int, detail: str | None, now_ms: int
+    ) -> list[Output]:
+        raw = None if detail is None else detail.encode("utf-8")[:256]
+        error = Error(
+            **self._stamp(now_ms),
+            call_id=call.call_id,
+            code=code,
+            reported_by=self.identity.node_id,
+            detail=raw,
+        )
+        return [self.send_frame(stream, error)]
+
+    def open_content(self, stream: int) -> None:
+        """``stream`` carries a sequence of built-in CALLs (§6.3) answered by ``call_id``."""
+        self._content.add(stream)
+
+    def close_content(self, stream: int) -> None:
+        self._content.discard(stream)
+
+    # --- streaming RPC (§8) ---------------------------------------------------------------
+
+    def channel(self, stream: int) -> ChannelState | None:
+        """The channel on ``stream`` while it is open (forgotten once it ended both ways)."""
+        return self._channels.get(stream)
+
+    def open_channel(
+        self,
+        stream: int,
+        realm: bytes,
+        procedure: str,
+        mode: str,
+        args: Any,
+        deadline_ms: int,
+        now_ms: int,
+    ) -> tuple[ChannelState, list[Output]]:
+        channel = ChannelState(stream, self.random_bytes(16))
+        opening = StreamOpen(
+            **self._stamp(now_ms),
+            stream_id=channel.stream_id,
+            procedure=procedure,
+            realm=realm,
+            mode=mode,
+            args=args,
+            deadline_ms=deadline_ms,
+            caller=self.identity.node_id,
+        )
+        out = self.send_frame(stream, opening)
+        self._channels[stream] = channel
+        return channel, [out]
+
+    def channel_send(
+        self, channel: ChannelState, body: Any, encoding: str, now_ms: int
+    ) -> list[Output]:
+        frame = StreamData(
+            **self._stamp(now_ms),
+            stream_id=channel.stream_id,
+            seq=channel.seq,
+            encoding=encoding,
+            body=body,
+            signer=self.identity.node_id,
+        )
+        out = self.send_frame(channel.stream, frame)
+        channel.seq += 1
+        return [out]
+
+    def channel_end(self, channel: ChannelState, role: str, now_ms: int) -> list[Output]:
+        """STREAM_END: ``send`` finishes our direction, ``both`` ends the session."""
+        frame = StreamEnd(
+            **self._stamp(now_ms),
+            stream_id=channel.stream_id,
+            role=role,
+            signer=self.identity.node_id,
+        )
+        out = self.send_frame(channel.stream, frame)
+        channel.finished = True
+        if role == "both" or channel.peer_finished:
+            channel.closed = True
+        return [out]
+
+    def channel_fail(
+        self, channel: ChannelState, code: str, message: str, now_ms: int
+    ) -> list[Output]:
+        frame = StreamError(
+            **self._stamp(now_ms),
+            stream_id=channel.stream_id,
+            code=code.encode(),
+            message=message.encode(),
+            signer=self.identity.node_id,
+        )
+        out = self.send_frame(channel.stream, frame)
+        channel.closed = True
+        return [out]
+
+    def channel_reply(self, channel: ChannelState, payload: Any, now_ms: int) -> list[Output]:
+        frame = StreamReply(
+            **self._stamp(now_ms),
+            stream_id=channel.stream_id,
+            payload=payload,
+            responded_by=self.identity.node_id,
+        )
+        out = self.send_frame(channel.stream, frame)
+        channel.closed = True
+        return [out]
+
+    # --- receiving --------------------------------------------------------------------------
+
+    def frames_received(
+        self, stream: int, frames: list[dict[str, Any]], now_ms: int
+    ) -> list[Output]:
+        out: list[Output] = []
+        for frame_map in frames:
+            if self.ended is not None:
+                break
+            try:
+                frame = parse_frame(frame_map)
+            except UnknownFrameType:
+                continue  # §4.2: unknown frame types are ignored
+            except ProtocolError:
+                self.dropped["malformed"] += 1
+                continue
+            if stream == self.control:
+                self._control_frame(frame, now_ms, out)
+            elif stream in self._content:
+                self._reply(stream, frame, out)
+            else:
+                self._stream_frame(stream, frame, out)
+        return out
+
+    def framing_failed(self, stream: int, error: FramingError) -> list[Output]:
+        return self._end(f"station sent a malformed stream: {error}", terminal=False)
+
+    def stream_ended(self, stream: int) -> list[Output]:
+        channel = self._channels.pop(stream, None)
+        if channel is None or channel.closed:
+            return []
+        return self._lose(channel, "stream closed before a terminal frame")
+
+    def stream_reset(self, stream: int) -> list[Output]:
+        return self.stream_ended(stream)
+
+    def connection_lost(self, reason: str) -> list[Output]:
+        return self._end(reason, terminal=False)
+
+    def close(self) -> list[Output]:
+        """We end the session: pending calls fail with ``ClosedError``."""
+        return self._end("session closed", terminal=False, closed=True)
+
+    # --- timers -----------------------------------------------------------------------------
+
+    def next_deadline(self) -> int | None:
+        """The earliest pending-call deadline (ms), for the adapter's one timer."""
+        return min((p.deadline_ms for p in self._calls.values()), default=None)
+
+    def tick(self, now_ms: int) -> list[Output]:
+        """Fail every call whose deadline has passed with ``CallTimeout``."""
+        out: list[Output] = []
+        for call_id, pending in list(self._calls.items()):
+            if now_ms >= pending.deadline_ms:
+                del self._calls[call_id]
+                error = CallTimeout(f"{pending.procedure}: no answer before its deadline")
+                out.append(CallSettled(call_id, error=error))
+        return out
+
+    # --- inside -----------------------------------------------------------------------------
+
+    def _control_frame(self, frame: Frame, now_ms: int, out: list[Output]) -> None:
+        if isinstance(frame, Hello):
+            self._hello(frame, now_ms, out)
+            return
+        if self.state is not CoreState.ESTABLISHED or not self._verified(frame):
+            return
+        if isinstance(frame, Event):
+            if frame.publisher_sig is not None and not frame.publisher_sig_valid():
+                self.dropped["bad_publisher_sig"] += 1
+                return
+            if self.dedup.first_time(frame):
+                out.append(EventArrived(frame, frame.publisher_sig is not None))
+        elif isinstance(frame, (Result, Error)):
+            self._reply(self.control, frame, out)
+        elif isinstance(frame, Call):
+            out.append(CallArrived(self.control, frame))
+        elif isinstance(frame, Goodbye):
+            self.goodbye = frame
+            reason = f"station said goodbye: {frame.reason}"
+            out += self._end(reason, terminal=frame.reason == REPLACED)
+
+    def _hello(self, hello: Hello, now_ms: int, out: list[Output]) -> None:
+        if self.state is not CoreState.CONNECTING:
+            self.dropped["unexpected_hello"] += 1
+            return
+        expected = self.pinned or hello.node_id
+        if hello.node_id != expected or not hello.verifies(expected):
+            error = HandshakeError(f"HELLO does not verify against {expected.hex()}")
+            out += self._end("station could not prove its key", terminal=False, failure=error)
+            return
+        if not hello.accepted:
+            code = hello.refusal_code
+            why = f" ({code_name(code)})" if code is not None else ""
+            refusal = HandshakeError(f"the station refused the connection{why}", refusal_code=code)
+            out += self._end(f"refused{why}", terminal=False, failure=refusal)
+            return
+        self.station_key = hello.node_id
+        self.state = CoreState.ESTABLISHED
+        for realm, topic in self.intent.subscriptions:
+            out += self.subscribe(realm, topic, now_ms)
+        for realm, procedure in self.intent.advertisements:
+            out += self.advertise(realm, procedure, now_ms)
+        out.append(Established(hello.node_id))
+
+    def _verified(self, frame: Frame) -> bool:
+        """§4.3. A frame the station itself signs needs no check when TLS already proved the
+        station's key: nothing but the station can have sent it on this connection. Relayed
+        frames name their signer and are always verified end to end."""
+        signer = frame.expected_signer()
+        if signer is None and self.tls_pinned:
+            return True
+        key = signer or self.station_key
+        if key and frame.verifies(key):
+            return True
+        self.dropped["unverified"] += 1
+        return False
+
+    def _reply(self, stream: int, frame: Frame, out: list[Output]) -> None:
+        if not isinstance(frame, (Result, Error)) or not self._verified(frame):
+            return
+        pending = self._calls.get(frame.call_id)
+        if pending is None or pending.stream != stream:
+            self.dropped["unmatched_reply"] += 1
+            return
+        del self._calls[frame.call_id]
+        if isinstance(frame, Result):
+            out.append(CallSettled(frame.call_id, payload=frame.payload))
+        else:
+            error = MeshError(frame.code, frame.detail_text, frame.name)
+            out.append(CallSettled(frame.call_id, error=error))
+
+    def _stream_frame(self, stream: int, frame: Frame, out: list[Output]) -> None:
+        if not self._verified(frame):
+            return
+        channel = self._channels.get(stream)
+        if channel is not None:
+            self._deliver(channel, frame, out)
+            if (channel.closed and channel.peer_finished) or channel.replied or channel.error:
+                self._channels.pop(stream, None)
+            return
+        if isinstance(frame, StreamOpen):
+            self._channels[stream] = ChannelState(stream, frame.stream_id)
+            out.append(ChannelOpened(stream, frame))
+        elif isinstance(frame, Call):
+            out.append(CallArrived(stream, frame))
+
+    @staticmethod
+    def _deliver(channel: ChannelState, frame: Frame, out: list[Output]) -> None:
+        if isinstance(frame, StreamData):
+            out.append(ChannelData(channel.stream, frame.body))
+        elif isinstance(frame, StreamEnd):
+            channel.peer_finished = True
+            channel.closed = channel.closed or frame.role == "both" or channel.finished
+            out.append(ChannelFinished(channel.stream))
+        elif isinstance(frame, StreamReply):
+            channel.reply, channel.replied, channel.closed = frame.payload, True, True
+            out.append(ChannelFinished(channel.stream))
+        elif isinstance(frame, StreamError):
+            channel.error = (
+                frame.code.decode("utf-8", "replace"),
+                frame.message.decode("utf-8", "replace"),
+            )
+            channel.closed = True
+            out.append(ChannelFinished(channel.stream))
+
+    @staticmethod
+    def _lose(channel: ChannelState, reason: str) -> list[Output]:
+        if channel.closed:
+            return []
+        channel.error = ("unavailable", reason)
+        channel.closed = True
+        return [ChannelFinished(channel.stream)]
+
+    def _end(
+        self,
+        reason: str,
+        *,
+        terminal: bool,
+        closed: bool = False,
+        failure: MaculaError | None = None,
+    ) -> list[Output]:
+        if self.ended is not None:
+            return []
+        failing = self.state is CoreState.CONNECTING
+        self.state = CoreState.ENDED
+        self.ended = Ended(reason, terminal, closed)
+        out: list[Output] = []
+        if failing:
+            out.append(
+                HandshakeFailed(failure or (ClosedError(reason) if closed else BrokenError(reason)))
+            )
+        error: MaculaError = (
+            ClosedError("session closed") if closed else BrokenError(f"connection lost: {reason}")
+        )
+        for call_id in list(self._calls):
+            out.append(CallSettled(call_id, error=error))
+        self._calls.clear()
+        for channel in list(self._channels.values()):
+            out += self._lose(channel, str(error))
+        out.append(self.ended)
+        return out
+
+    def _stamp(self, now_ms: int) -> dict[str, Any]:
+        return {"frame_id": new_frame_id(now_ms, self.random_bytes(10)), "sent_at_ms": now_ms}
+
+
+def outputs_of(kind: type[Any], outputs: list[Output]) -> Iterator[Any]:
+    """The outputs of one kind, in order (for adapters and tests)."""
+    return (o for o in outputs if isinstance(o, kind))

@@ -1,0 +1,532 @@
+"""The client core and the station's router core, paired over an in-memory link, no sockets.
+
+Bytes move only when the test pumps the link; time moves only when the test steps it. Each test
+is one protocol story: handshake and refusal, same-identity replacement, pub/sub, call/reply,
+a deadline passing, a station restart with the intent replayed, a forged frame refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from macula.client_core import (
+    CallArrived,
+    CallSettled,
+    ChannelData,
+    ChannelFinished,
+    ChannelOpened,
+    ClientCore,
+    CoreState,
+    Ended,
+    Established,
+    EventArrived,
+    EventDedup,
+    HandshakeFailed,
+    Intent,
+    Output,
+    Transmit,
+)
+from macula.errors import BrokenError, CallTimeout, ClosedError, HandshakeError, MeshError
+from macula.wire.codes import ErrorCode
+from macula.wire.errors import FramingError
+from macula.wire.frames import Event, Result, new_frame_id
+from macula.wire.framing import FrameDecoder
+from macula.wire.identity import Identity, realm_tag
+from relay.core import Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.outcome import Outcome
+from relay.policy import PuzzleMode, StationPolicy
+
+NOW = 1_767_225_600_000
+REALM = realm_tag("test.client-pair")
+ZERO_REALM = bytes(32)
+STATION = Identity(bytes(range(100, 132)))
+OTHER_STATION = Identity(bytes(range(140, 172)))
+
+
+def hardened(n: int) -> Identity:
+    """A puzzle-valid identity, the same on every run."""
+    return Identity.generate(random.Random(n).randbytes)
+
+
+ALICE, BOB, CAROL = hardened(11), hardened(12), hardened(13)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def step(self, ms: int) -> None:
+        self.now += ms
+
+
+@dataclass
+class End:
+    """One client of the link: its core, the outputs it produced, its connection id."""
+
+    core: ClientCore
+    conn: int
+    outputs: list[Output] = field(default_factory=list)
+    next_stream: int = 4
+
+    def new_stream(self) -> int:
+        stream, self.next_stream = self.next_stream, self.next_stream + 4
+        return stream
+
+    def of(self, kind: type[Any]) -> list[Any]:
+        return [o for o in self.outputs if isinstance(o, kind)]
+
+    def take(self, kind: type[Any]) -> list[Any]:
+        """The outputs of ``kind`` so far, forgetting them."""
+        taken = self.of(kind)
+        self.outputs = [o for o in self.outputs if not isinstance(o, kind)]
+        return taken
+
+
+class Link:
+    """RouterCore and any number of ClientCores; the built-in ``_relay.ping`` runs in-line."""
+
+    def __init__(self, clock: Clock, station: Identity = STATION, **policy: Any) -> None:
+        self.clock = clock
+        self.station = station
+        self.router = RouterCore(
+            station,
+            StationPolicy(**policy),
+            open_stream=self._open_stream,
+            random_bytes=random.Random(7).randbytes,
+        )
+        self.ends: dict[int, End] = {}
+        self._server_streams: dict[int, int] = {}
+        self._to_router: dict[tuple[int, int], FrameDecoder] = {}
+        self._to_client: dict[tuple[int, int], FrameDecoder] = {}
+        self._conns = iter(range(1, 1000))
+        self.builtins_run: list[str] = []
+
+    def _open_stream(self, conn: int) -> int:
+        stream = self._server_streams.get(conn, 1)
+        self._server_streams[conn] = stream + 4
+        return stream
+
+    def dial(
+        self,
+        identity: Identity,
+        *,
+        intent: Intent | None = None,
+        dedup: EventDedup | None = None,
+        pinned: bytes | None = None,
+    ) -> End:
+        """A new connection from ``identity``: CONNECT sent and the link pumped."""
+        conn = next(self._conns)
+        core = ClientCore(
+            identity,
+            random.Random(conn).randbytes,
+            intent=intent or Intent(),
+            dedup=dedup or EventDedup(),
+            pinned=self.station.node_id if pinned is None else pinned,
+        )
+        end = self.ends[conn] = End(core, conn)
+        self.router.connection_made(conn, self.clock.now)
+        self.client_did(end, core.connect(self.clock.now))
+        return end
+
+    # moving bytes --------------------------------------------------------------------------
+
+    def client_did(self, end: End, outputs: list[Output]) -> None:
+        """Take a client core's outputs: bytes go to the router, the rest is recorded."""
+        for output in outputs:
+            if isinstance(output, Transmit):
+                decoder = self._to_router.setdefault((end.conn, output.stream), FrameDecoder())
+                frames = decoder.feed(output.data)
+                if end.conn in self.router.peers:
+                    actions = self.router.frames_received(
+                        end.conn, output.stream, frames, self.clock.now
+                    )
+                    self.router_did(actions)
+            else:
+                end.outputs.append(output)
+
+    def router_did(self, actions: list[Any]) -> None:
+        for action in actions:
+            end = self.ends.get(action.conn)
+            if end is None:
+                continue
+            if isinstance(action, Send):
+                decoder = self._to_client.setdefault((action.conn, action.stream), FrameDecoder())
+                frames = decoder.feed(action.data)
+                out = end.core.frames_received(action.stream, frames, self.clock.now)
+                self.client_did(end, out)
+            elif isinstance(action, EndStream):
+                self.client_did(end, end.core.stream_ended(action.stream))
+            elif isinstance(action, Close):
+                self.lose(end, action.reason)
+            elif isinstance(action, RunBuiltin):
+                self.builtins_run.append(action.call.procedure)
+                assert action.call.procedure == "_relay.ping", action.call.procedure
+                outcome = Outcome.result({"ts": self.clock.now * 1000})
+                done = self.router.builtin_done(
+                    action.conn, action.stream, action.call, outcome, self.clock.now
+                )
+                self.router_did(done)
+
+    def lose(self, end: End, reason: str) -> None:
+        """The connection is gone, for both sides."""
+        self.router_did(self.router.connection_lost(end.conn, self.clock.now))
+        self.client_did(end, end.core.connection_lost(reason))
+        self.ends.pop(end.conn, None)
+
+    def tick(self) -> None:
+        self.router_did(self.router.tick(self.clock.now))
+        for end in list(self.ends.values()):
+            self.client_did(end, end.core.tick(self.clock.now))
+
+    def flush(self, end: End) -> Any:
+        """``Node.flush``: a ``_relay.ping`` CALL; its RESULT comes after everything before."""
+        call_id, out = end.core.call(
+            ZERO_REALM, "_relay.ping", None, self.clock.now + 10_000, self.clock.now
+        )
+        self.client_did(end, out)
+        settled = [s for s in end.take(CallSettled) if s.call_id == call_id]
+        assert len(settled) == 1 and settled[0].error is None
+        return settled[0].payload
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def link(clock: Clock) -> Link:
+    return Link(clock)
+
+
+def established(link: Link, identity: Identity, **kw: Any) -> End:
+    end = link.dial(identity, **kw)
+    assert end.take(Established) == [Established(link.station.node_id)]
+    assert end.core.state is CoreState.ESTABLISHED
+    return end
+
+
+# --- handshake ----------------------------------------------------------------------------------
+
+
+def test_handshake_is_accepted_and_names_the_station(link: Link) -> None:
+    end = established(link, ALICE)
+    assert end.core.station_key == STATION.node_id
+    assert link.router.node_conn[ALICE.node_id] == end.conn
+    assert end.outputs == []
+
+
+def test_a_refusal_carries_its_code_and_ends_the_connection(clock: Clock) -> None:
+    link = Link(clock, puzzle_mode=PuzzleMode.ENFORCE, puzzle_difficulty=30)
+    end = link.dial(ALICE)
+    (failed,) = end.take(HandshakeFailed)
+    assert isinstance(failed.error, HandshakeError)
+    assert failed.error.refusal_code is not None
+    assert "refused" in str(failed.error)
+    assert end.core.state is CoreState.ENDED
+    assert end.of(Established) == []
+    with pytest.raises(BrokenError):
+        end.core.subscribe(REALM, "after.refusal", clock.now)
+
+
+def test_a_hello_from_another_key_than_the_pinned_one_is_refused(clock: Clock) -> None:
+    link = Link(clock, station=OTHER_STATION)  # someone else answers at the address
+    end = link.dial(ALICE, pinned=STATION.node_id)
+    (failed,) = end.take(HandshakeFailed)
+    assert isinstance(failed.error, HandshakeError)
+    assert "does not verify" in str(failed.error)
+    assert end.core.station_key == b""
+
+
+def test_control_frames_before_the_hello_are_ignored(link: Link, clock: Clock) -> None:
+    core = ClientCore(ALICE, random.Random(1).randbytes, pinned=STATION.node_id)
+    core.connect(clock.now)
+    stray = Result(
+        frame_id=new_frame_id(clock.now, bytes(10)),
+        sent_at_ms=clock.now,
+        call_id=bytes(16),
+        payload="x",
+        responded_by=STATION.node_id,
+    ).signed_by(STATION)
+    assert core.frames_received(0, [stray.to_map()], clock.now) == []
+    assert core.state is CoreState.CONNECTING
+
+
+def test_the_same_identity_connecting_again_replaces_the_older_connection(link: Link) -> None:
+    first = established(link, ALICE)
+    second = established(link, ALICE)
+    (ended,) = first.take(Ended)
+    assert ended.terminal and "replaced_by_newer_handshake" in ended.reason
+    assert first.core.goodbye is not None
+    assert link.router.node_conn[ALICE.node_id] == second.conn
+    assert second.of(Ended) == []
+
+
+# --- pub/sub -------------------------------------------------------------------------------------
+
+
+def test_publish_reaches_a_subscriber_once_verified_end_to_end(link: Link) -> None:
+    alice, bob = established(link, ALICE), established(link, BOB)
+    link.client_did(bob, bob.core.subscribe(REALM, "news", link.clock.now))
+    link.flush(bob)  # the SUBSCRIBE has taken effect at the station
+    link.client_did(alice, alice.core.publish(REALM, "news", {"n": 1}, 41, link.clock.now))
+    (arrived,) = bob.take(EventArrived)
+    assert arrived.authenticated
+    assert (arrived.event.publisher, arrived.event.seq) == (ALICE.node_id, 41)
+    assert arrived.event.payload == {"n": 1}
+    assert alice.of(EventArrived) == []  # not subscribed
+
+
+def test_unsubscribe_then_flush_means_nothing_more_arrives(link: Link) -> None:
+    alice, bob = established(link, ALICE), established(link, BOB)
+    link.client_did(bob, bob.core.subscribe(REALM, "news", link.clock.now))
+    link.flush(bob)
+    link.client_did(bob, bob.core.unsubscribe(REALM, "news", link.clock.now))
+    link.flush(bob)
+    link.client_did(alice, alice.core.publish(REALM, "news", 1, 1, link.clock.now))
+    assert bob.of(EventArrived) == []
+
+
+def test_a_duplicate_event_is_suppressed(link: Link) -> None:
+    alice, bob = established(link, ALICE), established(link, BOB)
+    link.client_did(bob, bob.core.subscribe(REALM, "news", link.clock.now))
+    link.flush(bob)
+    link.client_did(alice, alice.core.publish(REALM, "news", "a", 7, link.clock.now))
+    (event,) = [o.event for o in bob.take(EventArrived)]
+    # the station sends the same event again (a relay retry): same realm, publisher, seq
+    again = Event(**{**_fields(event), "frame_id": new_frame_id(link.clock.now, b"\x09" * 10)})
+    out = bob.core.frames_received(0, [again.signed_by(STATION).to_map()], link.clock.now)
+    assert out == []
+    assert bob.core.dedup.duplicates == 1
+
+
+def _fields(event: Event) -> dict[str, Any]:
+    return {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name != "sig"}
+
+
+# --- call / reply --------------------------------------------------------------------------------
+
+
+def test_a_call_is_forwarded_to_the_advertiser_and_its_result_comes_back(link: Link) -> None:
+    provider, caller = established(link, BOB), established(link, ALICE)
+    link.client_did(provider, provider.core.advertise(REALM, "org.example.add_v1", link.clock.now))
+    link.flush(provider)
+    call_id, out = caller.core.call(
+        REALM, "org.example.add_v1", [2, 3], link.clock.now + 5_000, link.clock.now
+    )
+    link.client_did(caller, out)
+    (arrived,) = provider.take(CallArrived)
+    assert arrived.call.payload == [2, 3] and arrived.call.caller == ALICE.node_id
+    reply = provider.core.reply(arrived.stream, arrived.call, 5, link.clock.now)
+    link.client_did(provider, reply)
+    assert caller.take(CallSettled) == [CallSettled(call_id, payload=5)]
+
+
+def test_an_error_reply_becomes_a_mesh_error(link: Link) -> None:
+    provider, caller = established(link, BOB), established(link, ALICE)
+    link.client_did(provider, provider.core.advertise(REALM, "org.example.fail_v1", link.clock.now))
+    link.flush(provider)
+    _, out = caller.core.call(
+        REALM, "org.example.fail_v1", 0, link.clock.now + 5_000, link.clock.now
+    )
+    link.client_did(caller, out)
+    (arrived,) = provider.take(CallArrived)
+    answer = provider.core.reply_error(
+        arrived.stream, arrived.call, ErrorCode.UNKNOWN_ERROR, "handler_error", link.clock.now
+    )
+    link.client_did(provider, answer)
+    (settled,) = caller.take(CallSettled)
+    assert isinstance(settled.error, MeshError)
+    assert settled.error.code == ErrorCode.UNKNOWN_ERROR
+    assert settled.error.detail == "handler_error"
+
+
+def test_a_call_nobody_serves_is_answered_by_the_station(link: Link) -> None:
+    caller = established(link, ALICE)
+    _, out = caller.core.call(
+        REALM, "org.example.none_v1", 0, link.clock.now + 5_000, link.clock.now
+    )
+    link.client_did(caller, out)
+    (settled,) = caller.take(CallSettled)
+    assert isinstance(settled.error, MeshError)
+
+
+def test_a_deadline_passing_settles_the_call_once(link: Link, clock: Clock) -> None:
+    provider, caller = established(link, BOB), established(link, ALICE)
+    link.client_did(provider, provider.core.advertise(REALM, "org.example.slow_v1", clock.now))
+    link.flush(provider)
+    call_id, out = caller.core.call(
+        REALM, "org.example.slow_v1", 0, clock.now + 2_000, clock.now, expires_ms=clock.now + 1_000
+    )
+    link.client_did(caller, out)
+    (arrived,) = provider.take(CallArrived)
+    assert caller.core.next_deadline() == clock.now + 1_000
+    clock.step(999)
+    link.tick()
+    assert caller.of(CallSettled) == []
+    clock.step(1)
+    link.tick()
+    (settled,) = caller.take(CallSettled)
+    assert settled.call_id == call_id and isinstance(settled.error, CallTimeout)
+    assert caller.core.next_deadline() is None
+    # the provider's late answer is ignored, counted
+    link.client_did(provider, provider.core.reply(arrived.stream, arrived.call, 1, clock.now))
+    assert caller.of(CallSettled) == []
+    assert caller.core.dropped["unmatched_reply"] == 1
+
+
+def test_the_station_answers_an_expired_deadline(link: Link, clock: Clock) -> None:
+    provider, caller = established(link, BOB), established(link, ALICE)
+    link.client_did(provider, provider.core.advertise(REALM, "org.example.slow_v1", clock.now))
+    link.flush(provider)
+    _, out = caller.core.call(
+        REALM, "org.example.slow_v1", 0, clock.now + 1_000, clock.now, expires_ms=clock.now + 9_000
+    )
+    link.client_did(caller, out)
+    clock.step(1_000)
+    link.tick()  # the station's pending-call table expires first here
+    (settled,) = caller.take(CallSettled)
+    assert isinstance(settled.error, MeshError)
+    assert settled.error.code == ErrorCode.EXPIRY_TOO_SOON
+
+
+def test_losing_the_connection_fails_every_pending_call_with_broken(link: Link) -> None:
+    provider, caller = established(link, BOB), established(link, ALICE)
+    link.client_did(provider, provider.core.advertise(REALM, "org.example.slow_v1", link.clock.now))
+    link.flush(provider)
+    _, out = caller.core.call(
+        REALM, "org.example.slow_v1", 0, link.clock.now + 5_000, link.clock.now
+    )
+    link.client_did(caller, out)
+    link.lose(caller, "network down")
+    (settled,) = caller.take(CallSettled)
+    assert isinstance(settled.error, BrokenError)
+    (ended,) = caller.take(Ended)
+    assert not ended.terminal and not ended.closed
+    with pytest.raises(BrokenError):
+        caller.core.publish(REALM, "t", 1, 1, link.clock.now)
+
+
+def test_closing_fails_pending_calls_with_closed(link: Link) -> None:
+    caller = established(link, ALICE)
+    caller.core.call(REALM, "org.example.x_v1", 0, link.clock.now + 5_000, link.clock.now)
+    out = caller.core.close()
+    assert [type(o.error) for o in out if isinstance(o, CallSettled)] == [ClosedError]
+    with pytest.raises(ClosedError):
+        caller.core.subscribe(REALM, "t", link.clock.now)
+
+
+# --- streams --------------------------------------------------------------------------------------
+
+
+def test_a_streaming_call_carries_data_and_a_reply(link: Link, clock: Clock) -> None:
+    provider, caller = established(link, BOB), established(link, ALICE)
+    link.client_did(provider, provider.core.advertise(REALM, "org.example.count_v1", clock.now))
+    link.flush(provider)
+    stream = caller.new_stream()
+    mine, out = caller.core.open_channel(
+        stream, REALM, "org.example.count_v1", "server_stream", 3, clock.now + 5_000, clock.now
+    )
+    link.client_did(caller, out)
+    (opened,) = provider.take(ChannelOpened)
+    theirs = provider.core.channel(opened.stream)
+    assert theirs is not None and opened.opening.args == 3
+    for n in range(3):
+        link.client_did(provider, provider.core.channel_send(theirs, bytes([n]), "raw", clock.now))
+    link.client_did(provider, provider.core.channel_reply(theirs, "done", clock.now))
+    assert [o.body for o in caller.take(ChannelData)] == [b"\x00", b"\x01", b"\x02"]
+    assert caller.take(ChannelFinished) == [ChannelFinished(stream)]
+    assert mine.replied and mine.reply == "done" and mine.closed
+    assert caller.core.channel(stream) is None
+
+
+# --- reconnect ------------------------------------------------------------------------------------
+
+
+def test_a_station_restart_replays_the_intent_before_established(clock: Clock) -> None:
+    intent, dedup = Intent(), EventDedup()
+    first = Link(clock)
+    bob = established(first, BOB, intent=intent, dedup=dedup)
+    assert intent.add_subscription(REALM, "news")
+    assert intent.add_advertisement(REALM, "org.example.echo_v1")
+    first.client_did(bob, bob.core.subscribe(REALM, "news", clock.now))
+    first.client_did(bob, bob.core.advertise(REALM, "org.example.echo_v1", clock.now))
+    first.lose(bob, "station restarted")
+
+    clock.step(1_000)
+    second = Link(clock)  # the restarted station knows nobody
+    bob = second.dial(BOB, intent=intent, dedup=dedup)
+    # the replay went out before Established: nothing to wait for
+    assert bob.take(Established)
+    alice = established(second, ALICE)
+    link_call, out = alice.core.call(
+        REALM, "org.example.echo_v1", "hi", clock.now + 5_000, clock.now
+    )
+    second.client_did(alice, out)
+    (arrived,) = bob.take(CallArrived)
+    second.client_did(bob, bob.core.reply(arrived.stream, arrived.call, "hi", clock.now))
+    assert alice.take(CallSettled) == [CallSettled(link_call, payload="hi")]
+    second.client_did(alice, alice.core.publish(REALM, "news", "back", 2, clock.now))
+    assert [o.event.payload for o in bob.take(EventArrived)] == ["back"]
+
+
+def test_dropped_intent_is_not_replayed(clock: Clock) -> None:
+    intent = Intent()
+    intent.add_subscription(REALM, "gone")
+    assert intent.drop_subscription(REALM, "gone")
+    assert not intent.drop_subscription(REALM, "gone")
+    link = Link(clock)
+    bob = established(link, BOB, intent=intent)
+    alice = established(link, ALICE)
+    link.client_did(alice, alice.core.publish(REALM, "gone", 1, 1, clock.now))
+    assert bob.of(EventArrived) == []
+
+
+# --- forged frames ------------------------------------------------------------------------------
+
+
+def test_a_forged_event_is_refused_and_counted(link: Link) -> None:
+    alice, bob = established(link, ALICE), established(link, BOB)
+    link.client_did(bob, bob.core.subscribe(REALM, "news", link.clock.now))
+    link.flush(bob)
+    link.client_did(alice, alice.core.publish(REALM, "news", "real", 1, link.clock.now))
+    (event,) = [o.event for o in bob.take(EventArrived)]
+    forged_payload = Event(**{**_fields(event), "payload": "forged", "seq": 2})
+    # signed by someone who is not the station: the frame signature fails
+    by_mallory = forged_payload.signed_by(CAROL).to_map()
+    # signed by the station, but the publisher_sig no longer covers the payload
+    by_station = forged_payload.signed_by(STATION).to_map()
+    assert bob.core.frames_received(0, [by_mallory, by_station], link.clock.now) == []
+    assert bob.core.dropped["unverified"] == 1
+    assert bob.core.dropped["bad_publisher_sig"] == 1
+
+
+def test_a_forged_result_does_not_settle_a_call(link: Link) -> None:
+    caller = established(link, ALICE)
+    call_id, _ = caller.core.call(
+        REALM, "org.example.x_v1", 0, link.clock.now + 5_000, link.clock.now
+    )
+    forged = Result(
+        frame_id=new_frame_id(link.clock.now, b"\x01" * 10),
+        sent_at_ms=link.clock.now,
+        call_id=call_id,
+        payload="forged",
+        responded_by=CAROL.node_id,
+    ).signed_by(CAROL)
+    # changed after signing: the signature no longer covers it, so it settles nothing
+    mangled = {**forged.to_map(), "payload": "changed after signing"}
+    assert caller.core.frames_received(0, [mangled], link.clock.now) == []
+    assert caller.core.dropped["unverified"] == 1
+    assert caller.core.next_deadline() is not None  # still pending
+
+
+def test_garbage_on_a_stream_ends_the_connection(link: Link) -> None:
+    end = established(link, ALICE)
+    out = end.core.framing_failed(0, FramingError("oversize", "frame too large"))
+    assert [type(o) for o in out] == [Ended]
+    assert not end.core.alive
