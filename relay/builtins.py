@@ -7,7 +7,7 @@ Invariants:
   logged with its traceback, answered 0x02 with no detail.
 - Arguments are validated completely (``relay.arguments``) before any store is touched (§13 #13):
   a malformed argument is 0x0F ``bad_request: <what>``, never 0x02. Extra argument keys are
-  ignored; a null key counts as absent.
+  ignored; a required key that is null is missing.
 - Records: parsed, size-capped, payload-checked (§10.6), signature- and expiry-checked; the
   newest record per signer wins and an older put is refused as ``stale`` (§13 #12); reads never
   return expired records.
