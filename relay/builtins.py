@@ -3,10 +3,11 @@
 Invariants:
 - ``Builtins.run`` never raises (cancellation aside): every call ends in an ``Outcome``, a RESULT
   payload or an ERROR code + detail. Refusals are raised inside as ``Refused`` and turned into
-  outcomes in ``run`` only; any other exception is a bug or a disk error: logged with its
-  traceback, answered 0x02 with no detail.
-- Arguments are validated completely before any store is touched (§13 #13): a malformed
-  argument is 0x0F ``bad_request: <what>``, never 0x02. Extra argument keys are ignored.
+  outcomes by ``relay.outcome.answer`` only; any other exception is a bug or a disk error:
+  logged with its traceback, answered 0x02 with no detail.
+- Arguments are validated completely (``relay.arguments``) before any store is touched (§13 #13):
+  a malformed argument is 0x0F ``bad_request: <what>``, never 0x02. Extra argument keys are
+  ignored; a required key that is null is missing.
 - Records: parsed, size-capped, payload-checked (§10.6), signature- and expiry-checked; the
   newest record per signer wins and an older put is refused as ``stale`` (§13 #12); reads never
   return expired records.
@@ -27,8 +28,19 @@ from macula.wire.codes import ErrorCode
 from macula.wire.content import CODEC_MANIFEST, CODEC_RAW, MCID_SIZE, Manifest, Mcid, digest
 from macula.wire.errors import ContentInvalid, ProtocolError, RecordInvalid
 from macula.wire.records import Record, validate_payload
+from relay.arguments import (
+    Args,
+    arguments,
+    bad_request,
+    bytes_arg,
+    integer,
+    kind,
+    refusal,
+    required,
+    too_large,
+)
 from relay.core import BUILTINS
-from relay.outcome import Outcome, Refused
+from relay.outcome import Outcome, Refused, answer
 from relay.store import ContentStore, RecordStore
 
 __all__ = [
@@ -55,85 +67,30 @@ NOT_FOUND: Final = "not_found"
 HASH_MISMATCH: Final = "hash_mismatch"
 
 
-def _bad_request(text: str) -> Refused:
-    return Refused(ErrorCode.UNKNOWN_ERROR, "bad_request", text)
+# --- argument checks (the shared ones are relay.arguments) ------------------------------------
 
 
-def _too_large(what: str, size: int, limit: int) -> Refused:
-    return Refused(
-        ErrorCode.PAYLOAD_TOO_LARGE, "payload_too_large", f"{what} is {size} bytes, limit {limit}"
-    )
-
-
-# --- argument checks --------------------------------------------------------------------------
-
-
-_KIND_NAMES: Final[tuple[tuple[type, str], ...]] = (
-    (bool, "bool"),
-    (type(None), "null"),
-    (str, "text"),
-    (int, "int"),
-    (float, "float"),
-    (list, "array"),
-    (Mapping, "map"),
-)
-
-
-def _kind(value: object) -> str:
-    """A short name of a peer value's CBOR kind for error details (never the value itself)."""
-    if isinstance(value, bytes):
-        return f"bytes({len(value)})"
-    return next((n for t, n in _KIND_NAMES if isinstance(value, t)), type(value).__name__)
-
-
-def _arguments(payload: object) -> Mapping[object, object]:
-    if not isinstance(payload, Mapping):
-        raise _bad_request(f"the argument must be a map, got {_kind(payload)}")
-    return payload
-
-
-def _field(args: Mapping[object, object], name: str) -> object:
-    if name not in args:
-        raise _bad_request(f"missing {name!r}")
-    return args[name]
-
-
-def _bytes_field(args: Mapping[object, object], name: str, size: int | None = None) -> bytes:
-    value = _field(args, name)
-    if type(value) is not bytes or (size is not None and len(value) != size):
-        wanted = "bytes" if size is None else f"bytes({size})"
-        raise _bad_request(f"{name!r} must be {wanted}, got {_kind(value)}")
-    return value
-
-
-def _mcid_field(args: Mapping[object, object], codec: int) -> Mcid:
-    raw = _bytes_field(args, "mcid", MCID_SIZE)
+def _mcid_field(args: Args, codec: int) -> Mcid:
+    raw = bytes_arg(args, "mcid", MCID_SIZE)
     try:
         mcid = Mcid.from_bytes(raw)
     except ProtocolError as exc:
-        raise _bad_request(exc.detail) from None
+        raise bad_request(exc.detail) from None
     if mcid.codec != codec:
         wanted = "a raw block (0x55)" if codec == CODEC_RAW else "a manifest (0x56)"
-        raise _bad_request(f"'mcid' has codec {mcid.codec:#04x}; this procedure takes {wanted}")
+        raise bad_request(f"'mcid' has codec {mcid.codec:#04x}; this procedure takes {wanted}")
     return mcid
 
 
-def _replicate_field(args: Mapping[object, object]) -> None:
+def _replicate_field(args: Args) -> None:
     value = args.get("replicate", "true")
     if value not in ("true", "false"):
-        raise _bad_request(f'\'replicate\' must be text "true" or "false", got {_kind(value)}')
-
-
-def _type_field(args: Mapping[object, object]) -> int:
-    value = _field(args, "type")
-    if type(value) is not int or not 0 <= value <= 0xFF:
-        raise _bad_request(f"'type' must be a uint 0..255, got {value!r:.40}")
-    return value
+        raise bad_request(f'\'replicate\' must be text "true" or "false", got {kind(value)}')
 
 
 def _record_refusal(exc: RecordInvalid) -> Refused:
     reason = exc.reason if exc.reason in ("bad_signature", "expired") else "bad_request"
-    return Refused(ErrorCode.UNKNOWN_ERROR, reason, exc.detail)
+    return refusal(reason, exc.detail)
 
 
 # --- the procedures ---------------------------------------------------------------------------
@@ -167,89 +124,78 @@ class Builtins:
         handler = self._handlers.get(procedure)
         if handler is None:
             return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
-        try:
-            result = await handler(payload, now_ms, now_us)
-        except Refused as refused:
-            return Outcome.error(refused.code, refused.detail)
-        except Exception:
-            logger.exception("built-in %s failed", procedure)
-            return Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
-        return Outcome.result(result)
+        return await answer(procedure, lambda: handler(payload, now_ms, now_us), logger)
 
     # -- _dht.* --
 
     async def _put_record(self, payload: object, now_ms: int, now_us: int) -> object:
         if not isinstance(payload, Mapping):
-            raise _bad_request(f"a record (RPC form) is a map, got {_kind(payload)}")
+            raise bad_request(f"a record (RPC form) is a map, got {kind(payload)}")
         try:
             record = Record.from_rpc(payload)
             size = len(cbor.encode(record.to_rpc()))
             if size > MAX_RECORD_BYTES:
-                raise _too_large("the record", size, MAX_RECORD_BYTES)
+                raise too_large("the record", size, MAX_RECORD_BYTES)
             storage_key = record.storage_key()
             validate_payload(record.type, record.payload)
             record.verify(now_ms)
         except RecordInvalid as exc:
             raise _record_refusal(exc) from None
         if await self.records.put(record, storage_key, now_ms) == "stale":
-            raise Refused(
-                ErrorCode.UNKNOWN_ERROR,
-                "stale",
-                "this signer already stored a newer record under this key",
-            )
+            raise refusal("stale", "this signer already stored a newer record under this key")
         return OK
 
     async def _find_record(self, payload: object, now_ms: int, now_us: int) -> object:
-        key = _bytes_field(_arguments(payload), "key", KEY_SIZE)
+        key = bytes_arg(arguments(payload), "key", KEY_SIZE)
         found = await self.records.find(key, now_ms)
         return found[0].to_rpc() if found else NOT_FOUND
 
     async def _find_records(self, payload: object, now_ms: int, now_us: int) -> object:
-        key = _bytes_field(_arguments(payload), "key", KEY_SIZE)
+        key = bytes_arg(arguments(payload), "key", KEY_SIZE)
         return [record.to_rpc() for record in await self.records.find(key, now_ms)]
 
     async def _find_records_by_type(self, payload: object, now_ms: int, now_us: int) -> object:
-        record_type = _type_field(_arguments(payload))
+        record_type = integer(arguments(payload), "type", 0, 0xFF)
         found = await self.records.find_by_type(record_type, now_ms, MAX_FIND_BY_TYPE)
         return [record.to_rpc() for record in found]
 
     # -- _content.* --
 
     async def _put_block(self, payload: object, now_ms: int, now_us: int) -> object:
-        args = _arguments(payload)
+        args = arguments(payload)
         mcid = _mcid_field(args, CODEC_RAW)
-        data = _bytes_field(args, "payload")
+        data = bytes_arg(args, "payload")
         _replicate_field(args)  # accepted and validated; nothing to replicate to yet
         if len(data) > MAX_BLOCK_BYTES:
-            raise _too_large("the block", len(data), MAX_BLOCK_BYTES)
+            raise too_large("the block", len(data), MAX_BLOCK_BYTES)
         if digest(data) != mcid.digest:
             return HASH_MISMATCH
         await self.content.put_block(mcid.digest, data)
         return OK
 
     async def _get_block(self, payload: object, now_ms: int, now_us: int) -> object:
-        mcid = _mcid_field(_arguments(payload), CODEC_RAW)
+        mcid = _mcid_field(arguments(payload), CODEC_RAW)
         data = await self.content.get_block(mcid.digest)
         return NOT_FOUND if data is None else data
 
     async def _put_manifest(self, payload: object, now_ms: int, now_us: int) -> object:
-        raw = _field(_arguments(payload), "manifest")
+        raw = required(arguments(payload), "manifest")
         try:
             manifest = Manifest.from_wire(raw)
             manifest.verify()
         except ContentInvalid as exc:
             reason = "mcid_mismatch" if exc.reason == "manifest_mcid_mismatch" else "bad_request"
-            raise Refused(ErrorCode.UNKNOWN_ERROR, reason, exc.detail) from None
+            raise refusal(reason, exc.detail) from None
         except ProtocolError as exc:
-            raise _bad_request(exc.detail) from None
+            raise bad_request(exc.detail) from None
         size = len(cbor.encode(manifest.to_wire()))
         if size > MAX_MANIFEST_BYTES:
-            raise _too_large("the manifest", size, MAX_MANIFEST_BYTES)
+            raise too_large("the manifest", size, MAX_MANIFEST_BYTES)
         await self.content.put_manifest(manifest)
         return OK
 
     async def _get_manifest(self, payload: object, now_ms: int, now_us: int) -> object:
-        mcid = _mcid_field(_arguments(payload), CODEC_MANIFEST)
+        mcid = _mcid_field(arguments(payload), CODEC_MANIFEST)
         manifest = await self.content.get_manifest(mcid.digest)
         return NOT_FOUND if manifest is None else manifest.to_wire()
 

@@ -2,13 +2,19 @@
 
 ``Outcome`` is a RESULT payload or an ERROR code with a detail; ``Refused`` is raised inside a
 built-in or house service for an anticipated refusal and turned into an ``Outcome`` at one
-boundary. Error details are ``<reason>: <text>`` in UTF-8, at most ``MAX_DETAIL_CHARS`` chars.
+boundary, ``answer``, which every built-in and house service goes through. Anything else reaching
+it is a bug or a disk error: logged with its traceback, answered 0x02 with no detail.
+Error details are ``<reason>: <text>`` in UTF-8, at most ``MAX_DETAIL_CHARS`` chars.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
+
+from macula.wire.codes import ErrorCode
 
 MAX_DETAIL_CHARS: Final = 300
 
@@ -35,7 +41,7 @@ class Outcome:
 
 
 class Refused(Exception):
-    """An anticipated refusal inside a built-in; ``run`` turns it into an ERROR outcome."""
+    """An anticipated refusal inside a built-in; ``answer`` turns it into an ERROR outcome."""
 
     def __init__(self, code: int, reason: str, text: str) -> None:
         super().__init__(f"{reason}: {text}")
@@ -48,3 +54,20 @@ def _detail(reason: str, text: str) -> bytes:
     if len(message) > MAX_DETAIL_CHARS:
         message = message[: MAX_DETAIL_CHARS - 3] + "..."
     return message.encode("utf-8", "backslashreplace")
+
+
+async def answer(
+    procedure: object, work: Callable[[], Awaitable[object]], log: logging.Logger
+) -> Outcome:
+    """Run ``work``, one call of ``procedure``, to an ``Outcome``; never raises (but cancels).
+
+    Its result is a RESULT; a ``Refused`` is its ERROR; any other exception is logged on ``log``
+    with its traceback and answered 0x02 with no detail.
+    """
+    try:
+        return Outcome.result(await work())
+    except Refused as refused:
+        return Outcome.error(refused.code, refused.detail)
+    except Exception:
+        log.exception("procedure %.100r failed", procedure)
+        return Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)

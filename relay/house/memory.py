@@ -2,21 +2,25 @@
 
 Invariants:
 - ``MemoryService.handle`` never raises (cancellation aside): every call ends in an ``Outcome``.
-  Refusals are raised inside as ``Refused`` and converted in ``handle`` only; anything else is a
-  bug or a disk error, logged with its traceback and answered 0x02 with no detail.
-- Arguments are validated completely, and the content chunked, before any state is touched (the
-  rate-limit buckets included). Malformed arguments are 0x0F ``bad_request: <what>``; oversize
-  text is 0x0D ``payload_too_large``; a depositor over its rate is 0x08 ``rate_limited``; over
-  its chunk cap, 0x0F ``quota_exceeded``. Extra argument keys are ignored; an optional key whose
-  value is null counts as absent.
+  Refusals are raised inside as ``Refused`` and converted by ``relay.outcome.answer`` only;
+  anything else is a bug or a disk error, logged with its traceback and answered 0x02 with no
+  detail.
+- Arguments are validated completely (``relay.arguments``), and the content chunked, before any
+  state is touched (the rate-limit buckets included). Malformed arguments are 0x0F
+  ``bad_request: <what>``; oversize text is 0x0D ``payload_too_large``; a depositor over its
+  rate is 0x08 ``rate_limited``; over its chunk cap, 0x0F ``quota_exceeded``. Extra argument
+  keys are ignored; a key whose value is null counts as absent.
 - Chunks: at most ``MAX_CHUNK_CHARS``, balanced in size, cut at whitespace, preferably between
   paragraphs, else after a sentence (``chunk_text``). A cut never falls inside a word, so a
   single word longer than the limit stays whole. A chunk with fewer than ``MIN_INDEXED_NONSPACE``
   non-space characters is not stored; identical chunks of one deposit are stored once.
 - A deposit replaces every earlier chunk of the same ``(depositor, document_id)`` in one
   ``BEGIN IMMEDIATE`` transaction, the chunk cap checked inside it; a deposit that yields no
-  chunk therefore empties its document. ``content_hash`` is the hex SHA-256 of the chunk's UTF-8
-  text; ``document_id`` defaults to the hex SHA-256 of the whole content.
+  chunk therefore empties its document. ``content_hash`` (``macula.services``, the one clients
+  verify recalls with) is the hex SHA-256 of the chunk's UTF-8 text; ``document_id`` defaults to
+  the hex SHA-256 of the whole content.
+- Each depositor has one ``relay.policy.TokenBucket``; at most ``MAX_TRACKED_DEPOSITORS`` are
+  kept, refilled ones forgotten first (forgetting a full bucket changes nothing).
 - User text never reaches FTS5 ``MATCH`` raw: the query is cut into words, each word quoted, the
   quoted words OR-ed. Results carry ints, floats, text and lists: never booleans.
 - No clock and no randomness inside: ``now_ms`` is an argument.
@@ -25,20 +29,33 @@ Invariants:
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 import aiosqlite
 
+from macula.services import content_hash
 from macula.store.base import Migration, Row, SqliteStore, check_node_id, execute, fetchall
 from macula.wire.codes import ErrorCode
-from relay.outcome import Outcome, Refused
+from relay.arguments import (
+    Args,
+    arguments,
+    bad_request,
+    caller_id,
+    integer,
+    kind,
+    optional_text,
+    required,
+    text,
+    too_large,
+)
+from relay.outcome import Outcome, Refused, answer
+from relay.policy import TokenBucket
 
 __all__ = [
     "MAX_CHUNK_CHARS",
@@ -52,7 +69,6 @@ __all__ = [
     "MemoryStore",
     "TokenBuckets",
     "chunk_text",
-    "content_hash",
     "query_terms",
 ]
 
@@ -146,11 +162,6 @@ def _best_cut(window: Sequence[_Break], aim: float) -> _Break:
 
 def _nonspace(text: str) -> int:
     return sum(1 for char in text if not char.isspace())
-
-
-def content_hash(text: str) -> str:
-    """Hex SHA-256 of ``text``'s UTF-8 encoding."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # --- queries (pure) ---------------------------------------------------------------------------
@@ -357,8 +368,18 @@ def _hit(row: Row) -> MemoryHit:
 # --- rate limiting (pure) ---------------------------------------------------------------------
 
 
+class _Bucket(TokenBucket):
+    """A ``TokenBucket`` that also says how full it is (``take(now_ms, 0)`` only refills it)."""
+
+    __slots__ = ()
+
+    def tokens(self, now_ms: int) -> float:
+        self.take(now_ms, 0.0)
+        return self._tokens
+
+
 class TokenBuckets:
-    """One token bucket per key: ``rate`` tokens a second, at most ``burst`` banked."""
+    """One ``TokenBucket`` per key: ``rate`` tokens a second, at most ``burst`` banked."""
 
     def __init__(
         self, rate: float, burst: float, *, max_tracked: int = MAX_TRACKED_DEPOSITORS
@@ -368,128 +389,61 @@ class TokenBuckets:
         self.rate = float(rate)
         self.burst = float(burst)
         self.max_tracked = max_tracked
-        self._buckets: dict[bytes, tuple[float, int]] = {}  # key -> (tokens, at_ms)
+        self._buckets: dict[bytes, _Bucket] = {}  # least recently used first
 
     def take(self, key: bytes, now_ms: int) -> int:
         """Spend one token of ``key``'s bucket: 0 if done, else the ms until one is available."""
-        tokens = self._tokens(key, now_ms)
-        if tokens < 1.0:
-            self._buckets[key] = (tokens, now_ms)
-            return max(1, math.ceil((1.0 - tokens) / self.rate * 1000))
-        if key not in self._buckets and len(self._buckets) >= self.max_tracked:
-            self._forget_full(now_ms)
-        self._buckets[key] = (tokens - 1.0, now_ms)
-        return 0
-
-    def _tokens(self, key: bytes, now_ms: int) -> float:
-        held = self._buckets.get(key)
-        if held is None:
-            return self.burst
-        tokens, at_ms = held
-        return min(self.burst, tokens + max(0, now_ms - at_ms) * self.rate / 1000)
+        bucket = self._buckets.pop(key, None)
+        if bucket is None:
+            if len(self._buckets) >= self.max_tracked:
+                self._forget_full(now_ms)
+            bucket = _Bucket(self.rate, self.burst, now_ms)
+        self._buckets[key] = bucket
+        if bucket.take(now_ms):
+            return 0
+        return max(1, math.ceil((1.0 - bucket.tokens(now_ms)) / self.rate * 1000))
 
     def _forget_full(self, now_ms: int) -> None:
         """Drop buckets that have refilled (forgetting them changes nothing), else the oldest."""
-        full = [key for key in self._buckets if self._tokens(key, now_ms) >= self.burst]
-        for key in full or [min(self._buckets, key=lambda k: self._buckets[k][1])]:
+        full = [key for key, bucket in self._buckets.items() if bucket.tokens(now_ms) >= self.burst]
+        for key in full or [next(iter(self._buckets))]:
             del self._buckets[key]
 
 
-# --- argument checks --------------------------------------------------------------------------
+# --- argument checks (the shared ones are relay.arguments) ------------------------------------
 
 
-def _bad_request(text: str) -> Refused:
-    return Refused(ErrorCode.UNKNOWN_ERROR, "bad_request", text)
-
-
-def _too_large(what: str, size: int, limit: int) -> Refused:
-    return Refused(
-        ErrorCode.PAYLOAD_TOO_LARGE, "payload_too_large", f"{what} is {size} bytes, limit {limit}"
-    )
-
-
-def _kind(value: object) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if value is None:
-        return "null"
-    if isinstance(value, bytes):
-        return f"bytes({len(value)})"
-    names = {str: "text", int: "int", float: "float", list: "array", dict: "map"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _arguments(payload: object) -> Mapping[object, object]:
-    if not isinstance(payload, Mapping):
-        raise _bad_request(f"the argument must be a map, got {_kind(payload)}")
-    return payload
-
-
-def _text(value: object, name: str, *, max_chars: int | None = None, nul: int = 0) -> str:
-    if not isinstance(value, str):
-        raise _bad_request(f"{name!r} must be text, got {_kind(value)}")
-    if not nul and "\x00" in value:
-        raise _bad_request(f"{name!r} must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _bad_request(f"{name!r} is not valid Unicode text (lone surrogates)") from None
-    if max_chars is not None and len(value) > max_chars:
-        raise _bad_request(f"{name!r} is {len(value)} characters, limit {max_chars}")
+def _nonblank_text(args: Args, name: str, max_chars: int) -> str | None:
+    value = optional_text(args, name, high=max_chars)
+    if value is not None and not value.strip():
+        raise bad_request(f"{name!r} must not be empty or blank")
     return value
 
 
-def _optional_text(args: Mapping[object, object], name: str, max_chars: int) -> str | None:
-    value = args.get(name)
-    if value is None:
-        return None
-    text = _text(value, name, max_chars=max_chars)
-    if not text.strip():
-        raise _bad_request(f"{name!r} must not be empty or blank")
-    return text
-
-
-def _topics(args: Mapping[object, object]) -> list[str]:
+def _topics(args: Args) -> list[str]:
     value = args.get("topics")
     if value is None:
         return []
     if not isinstance(value, list):
-        raise _bad_request(f"'topics' must be an array of text, got {_kind(value)}")
+        raise bad_request(f"'topics' must be an array of text, got {kind(value)}")
     if len(value) > MAX_TOPICS:
-        raise _bad_request(f"'topics' has {len(value)} entries, limit {MAX_TOPICS}")
+        raise bad_request(f"'topics' has {len(value)} entries, limit {MAX_TOPICS}")
     topics: list[str] = []
     for index, item in enumerate(value):
-        topic = _text(item, f"topics[{index}]", max_chars=MAX_TOPIC_CHARS)
+        topic = text(item, f"topics[{index}]", high=MAX_TOPIC_CHARS)
         if not topic.strip():
-            raise _bad_request(f"'topics[{index}]' must not be empty or blank")
+            raise bad_request(f"'topics[{index}]' must not be empty or blank")
         if topic not in topics:
             topics.append(topic)
     return topics
 
 
-def _sized_text(args: Mapping[object, object], name: str, limit: int, *, nul: int = 0) -> str:
-    if name not in args:
-        raise _bad_request(f"missing {name!r}")
-    text = _text(args[name], name, nul=nul)
-    size = len(text.encode("utf-8"))
+def _sized_text(args: Args, name: str, limit: int, *, nul_ok: bool = False) -> str:
+    value = text(required(args, name), name, nul_ok=nul_ok)
+    size = len(value.encode("utf-8"))
     if size > limit:
-        raise _too_large(f"{name!r}", size, limit)
-    return text
-
-
-def _top_k(args: Mapping[object, object]) -> int:
-    value = args.get("top_k")
-    if value is None:
-        return DEFAULT_TOP_K
-    if type(value) is not int or not 1 <= value <= MAX_TOP_K:
-        raise _bad_request(f"'top_k' must be an int 1..{MAX_TOP_K}, got {value!r:.40}")
+        raise too_large(f"{name!r}", size, limit)
     return value
-
-
-def _depositor(caller: object) -> bytes:
-    if type(caller) is not bytes or len(caller) != 32:
-        raise _bad_request("the caller is not a 32-byte node id")
-    return caller
 
 
 # --- the service ------------------------------------------------------------------------------
@@ -522,26 +476,20 @@ class MemoryService:
 
     async def handle(self, procedure: str, payload: object, caller: bytes, now_ms: int) -> Outcome:
         """Answer one call of ``procedure`` by ``caller``; 0x01 if it is not ours. Never raises."""
-        try:
-            handler = self._handlers.get(procedure) if isinstance(procedure, str) else None
-            if handler is None:
-                return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
-            return Outcome.result(await handler(payload, caller, now_ms))
-        except Refused as refused:
-            return Outcome.error(refused.code, refused.detail)
-        except Exception:
-            logger.exception("memory procedure %.80r failed", procedure)
-            return Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
+        handler = self._handlers.get(procedure) if type(procedure) is str else None
+        if handler is None:
+            return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
+        return await answer(procedure, lambda: handler(payload, caller, now_ms), logger)
 
     async def _add(self, payload: object, caller: bytes, now_ms: int) -> object:
-        args = _arguments(payload)
+        args = arguments(payload)
         content = _sized_text(args, "content", self.max_content_bytes)
         if not content:
-            raise _bad_request("'content' must not be empty")
-        source_label = _optional_text(args, "source_label", MAX_LABEL_CHARS) or ""
+            raise bad_request("'content' must not be empty")
+        source_label = _nonblank_text(args, "source_label", MAX_LABEL_CHARS) or ""
         topics = _topics(args)
-        document_id = _optional_text(args, "document_id", MAX_DOCUMENT_ID_CHARS)
-        depositor = _depositor(caller)
+        document_id = _nonblank_text(args, "document_id", MAX_DOCUMENT_ID_CHARS)
+        depositor = caller_id(caller, "bad_request")
         chunks = list(dict.fromkeys(chunk_text(content)))  # identical chunks stored once
         wait_ms = self.buckets.take(depositor, now_ms)
         if wait_ms:
@@ -571,10 +519,10 @@ class MemoryService:
         return {"chunks": len(hashes), "document_id": document_id, "content_hashes": hashes}
 
     async def _query(self, payload: object, caller: bytes, now_ms: int) -> object:
-        args = _arguments(payload)
-        query_text = _sized_text(args, "query_text", MAX_QUERY_BYTES, nul=1)  # never stored
-        top_k = _top_k(args)
-        _depositor(caller)
+        args = arguments(payload)
+        query_text = _sized_text(args, "query_text", MAX_QUERY_BYTES, nul_ok=True)  # never stored
+        top_k = integer(args, "top_k", 1, MAX_TOP_K, default=DEFAULT_TOP_K)
+        caller_id(caller, "bad_request")
         terms = query_terms(query_text)
         if not terms:
             return {"hits": []}

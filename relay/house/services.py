@@ -21,8 +21,9 @@ from macula.house import (
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.house.directory import AgentDirectory, AgentDirectoryStore, StationDirectory, StationInfo
+from relay.house.agents import AgentDirectory, AgentDirectoryStore
 from relay.house.memory import MemoryService, MemoryStore
+from relay.house.stations import StationDirectory, StationInfo
 from relay.outcome import Outcome
 
 Handler = Callable[[str, object, bytes, int], Awaitable[Outcome]]

@@ -505,6 +505,16 @@ def test_token_buckets_refill_cap_and_forget() -> None:
         TokenBuckets(rate=0.0, burst=1.0)
 
 
+def test_token_buckets_wait_exactly_and_forget_refilled_buckets_first() -> None:
+    buckets = TokenBuckets(rate=3.0, burst=1.0)
+    assert buckets.take(ALICE, 0) == 0
+    assert buckets.take(ALICE, 100) == 234  # 0.3 tokens banked: 0.7 / 3 per s = 233.3 ms
+    buckets = TokenBuckets(rate=1.0, burst=2.0, max_tracked=2)
+    assert [buckets.take(BOB, 0), buckets.take(BOB, 0), buckets.take(ALICE, 0)] == [0, 0, 0]
+    assert buckets.take(bytes(32), 1000) == 0  # ALICE has refilled: she is forgotten, not BOB
+    assert [buckets.take(BOB, 1000), buckets.take(BOB, 1000)] == [0, 1000]
+
+
 # --- the quality script -----------------------------------------------------------------------
 
 
