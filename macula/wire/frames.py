@@ -138,11 +138,6 @@ def new_frame_id(now_ms: int, random10: bytes) -> bytes:
     return uuid7(now_ms, random10)
 
 
-def frame_id_time_ms(frame_id: bytes) -> int:
-    """The Unix ms a UUIDv7 frame id carries."""
-    return int.from_bytes(frame_id[:6], "big")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Frame:
     """Fields common to every frame. Subclasses declare their own with ``wire(KIND)``."""
@@ -641,7 +636,6 @@ __all__ = [
     "UnknownFrameType",
     "Unsubscribe",
     "event_from_publish",
-    "frame_id_time_ms",
     "new_frame_id",
     "parse_frame",
     "publication_signable",
