@@ -66,6 +66,7 @@ class FrameProtocol(QuicConnectionProtocol):
         self._failed_streams: set[int] = set()
         self._lost = False
         self._transmit_scheduled = False
+        self.max_frame_size = 0x00FFFFFF
         self.refused: asyncio.Future[str] = self._loop.create_future()
         self._last_reserved: int | None = None
 
@@ -91,7 +92,7 @@ class FrameProtocol(QuicConnectionProtocol):
                 if self.sink is not None:
                     self.sink.stream_ended(stream_id)  # a stream closed without a byte
                 return
-            decoder = self._decoders[stream_id] = FrameDecoder()
+            decoder = self._decoders[stream_id] = FrameDecoder(max_frame_size=self.max_frame_size)
         sink = self.sink
         try:
             frames = decoder.feed(data) if data else []
