@@ -18,14 +18,8 @@ from macula.stations import StationAddress
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import RecordInvalid
 from macula.wire.identity import ZERO_REALM
-from macula.wire.records import (
-    Record,
-    RecordType,
-    new_record,
-    record_version,
-    station_endpoint_key,
-    storage_key_for_procedure,
-)
+from macula.wire.record_keys import station_endpoint_key, storage_key_for_procedure
+from macula.wire.records import Record, RecordType, new_record, record_version
 
 if TYPE_CHECKING:
     from macula.node import Node

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TypedDict
 
+from macula.clock import now_ms
 from macula.wire import content
 from macula.wire.frames import (
     CAP_STATION,
@@ -45,17 +46,13 @@ class Tour:
         print(f"[{mark}] {label}" + (f"  ({detail})" if detail else ""))
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Stamp(TypedDict):
     frame_id: bytes
     sent_at_ms: int
 
 
 def _header() -> Stamp:
-    now = _now_ms()
+    now = now_ms()
     return {"frame_id": new_frame_id(now, os.urandom(10)), "sent_at_ms": now}
 
 
@@ -114,14 +111,14 @@ def run(say: Callable[[str], None] = print) -> int:
             publisher=alice.node_id,
             seq=1,
             payload={"kind": "remark_made", "text": "hello from alice", "urgent": 0},
-            published_at_ms=_now_ms(),
+            published_at_ms=now_ms(),
         )
         .with_publisher_sig(alice)
         .signed_by(alice)
     )
     at_station = _through_stream(publish)
     assert isinstance(at_station, Publish)
-    now = _now_ms()
+    now = now_ms()
     event = event_from_publish(
         at_station, frame_id=new_frame_id(now, os.urandom(10)), sent_at_ms=now
     ).signed_by(station)
@@ -153,7 +150,7 @@ def run(say: Callable[[str], None] = print) -> int:
         procedure="org.example.echo_v1",
         realm=realm,
         payload={"msg": "ping"},
-        deadline_ms=_now_ms() + 5000,
+        deadline_ms=now_ms() + 5000,
         caller=bob.node_id,
     ).signed_by(bob)
     at_alice = _through_stream(call)
@@ -179,7 +176,7 @@ def run(say: Callable[[str], None] = print) -> int:
         procedure="org.example.echo_v1",
         realm=realm,
         payload={},
-        deadline_ms=_now_ms() + 5000,
+        deadline_ms=now_ms() + 5000,
         caller=bob.node_id,
     ).signed_by(mallory)
     tour.check(
@@ -207,11 +204,11 @@ def run(say: Callable[[str], None] = print) -> int:
             "advertiser_node": alice.node_id,
             "serving_station": station.node_id,
         },
-        now_ms=_now_ms(),
-        version=record_version(_now_ms(), os.urandom(10)),
+        now_ms=now_ms(),
+        version=record_version(now_ms(), os.urandom(10)),
     )
     stored = Record.from_rpc(record.to_rpc())
-    stored.verify(_now_ms())
+    stored.verify(now_ms())
     tour.check(
         "alice's procedure advertisement record: signed, parsed, verified, keyed",
         stored == record,

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from macula.wire.errors import FramingError
-from macula.wire.framing import FrameDecoder, frame_bytes
+from macula.wire.framing import FrameDecoder
 
 log = logging.getLogger("macula.transport")
 
@@ -154,18 +154,9 @@ class FrameProtocol(QuicConnectionProtocol):
             return
         self._schedule_transmit()
 
-    def send_frame_body(self, stream_id: int, body: bytes, end_stream: bool = False) -> None:
-        self.send(stream_id, frame_bytes(body), end_stream)
-
     def end_stream(self, stream_id: int) -> None:
         self.send(stream_id, b"", end_stream=True)
         self._decoders.pop(stream_id, None)
-
-    def reset(self, stream_id: int, error_code: int = 0) -> None:
-        with contextlib.suppress(AssertionError, ValueError, RuntimeError):
-            self._quic.reset_stream(stream_id, error_code)
-        self._decoders.pop(stream_id, None)
-        self._schedule_transmit()
 
     def _schedule_transmit(self) -> None:
         if not self._transmit_scheduled:

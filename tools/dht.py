@@ -21,7 +21,8 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from macula.wire.errors import WireError
-from macula.wire.records import KEY_SIZE, Record, RecordType, has_storage_rule, is_domain_type
+from macula.wire.record_keys import KEY_SIZE, is_domain_type
+from macula.wire.records import Record, RecordType, has_storage_rule
 from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_hex
 from tools.results import bad_argument, plain

@@ -9,229 +9,59 @@ naming the field. Invariants:
   STREAM_ERROR ``code``/``message`` stay ``bytes``), and unknown keys are kept in ``extras``.
   Hence verification (which re-encodes the decoded map, §4.2) and relaying are lossless.
 - The field table of each class *is* the spec: a ``Wire`` kind per field, one generic
-  ``to_map``/``parse``; no per-frame hand-written codec.
+  ``to_map``/``parse``; no per-frame hand-written codec. The kinds and the ``Frame`` base
+  (envelope, signing) are ``macula.wire.envelope``; ``Frame`` and ``PROTOCOL_VERSION`` are
+  re-exported here, the one module callers import frames from.
 - Time and randomness are arguments (``new_frame_id(now_ms, random10)``); nothing here reads a
   clock or an RNG.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 from macula.wire import cbor
 from macula.wire.codes import code_name
-from macula.wire.errors import LocalProtocolError, ProtocolError, SignatureInvalid
-from macula.wire.framing import frame_bytes
-from macula.wire.identity import DOMAIN_EVENT_PUB, DOMAIN_FRAME, Identity, uuid7, verify
+from macula.wire.envelope import (
+    ANY,
+    ARRAY,
+    ARRAY_B32,
+    B16,
+    B32,
+    BOOL_TEXT,
+    BYTES,
+    INT,
+    MAP,
+    NAME,
+    PROTOCOL_VERSION,
+    TEXT,
+    UINT,
+    Frame,
+    Wire,
+    field_specs,
+    is_int,
+    nullable,
+    one_of,
+    optional,
+    wire,
+)
+from macula.wire.errors import LocalProtocolError, ProtocolError
+from macula.wire.identity import DOMAIN_EVENT_PUB, Identity, uuid7, verify
 
-PROTOCOL_VERSION = 2
 CAP_STATION = 0x1
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 class UnknownFrameType(ProtocolError):
     """A well-formed frame of a type this side does not handle (§2.5: MUST ignore)."""
 
 
-# --- wire kinds: how one field travels ------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Wire:
-    """One field's wire rule: ``check`` validates a Python value (both directions) and says why
-    not; ``to_wire``/``from_wire`` convert where Python and wire types differ."""
-
-    describe: str
-    check: Callable[[Any], bool]
-    to_wire: Callable[[Any], Any] = lambda v: v
-    from_wire: Callable[[Any], Any] = lambda v: v
-    omit_when_none: bool = False  # key absent (not null) when the value is None
-
-
-def _is_int(v: Any) -> bool:
-    """An integer (IntEnum members included), never a bool (§2.2: no booleans)."""
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_uint(v: Any) -> bool:
-    return _is_int(v) and v >= 0
-
-
-def _bytes_n(n: int) -> Wire:
-    return Wire(f"bytes({n})", lambda v: type(v) is bytes and len(v) == n)
-
-
-def _nullable(kind: Wire) -> Wire:
-    return Wire(
-        f"{kind.describe} or null",
-        lambda v: v is None or kind.check(v),
-        lambda v: None if v is None else kind.to_wire(v),
-        lambda v: None if v is None else kind.from_wire(v),
-    )
-
-
-def _optional(kind: Wire) -> Wire:
-    return dataclasses.replace(_nullable(kind), omit_when_none=True)
-
-
-def _enum(*values: str) -> Wire:
-    return Wire("one of " + "/".join(values), lambda v: type(v) is str and v in values)
-
-
-def _utf8(v: Any) -> str:
-    if type(v) is not bytes:
-        raise ProtocolError("bad_field", "expected UTF-8 bytes")
-    try:
-        return v.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError("bad_field", "bytes are not valid UTF-8") from None
-
-
-B16 = _bytes_n(16)
-B32 = _bytes_n(32)
-BYTES = Wire("bytes", lambda v: type(v) is bytes)
-TEXT = Wire("text", lambda v: type(v) is str)
-UINT = Wire("uint", _is_uint)
-INT = Wire("int", _is_int)
-ANY = Wire("any", lambda v: True)
-MAP = Wire("map", lambda v: isinstance(v, Mapping))
-ARRAY = Wire("array", lambda v: isinstance(v, (list, tuple)))
-ARRAY_B32 = Wire(
-    "array of bytes(32)",
-    lambda v: isinstance(v, (list, tuple)) and all(type(x) is bytes and len(x) == 32 for x in v),
-)
-# A name the API treats as a string but the wire carries as UTF-8 bytes (§2.3, §3.15).
-NAME = Wire("UTF-8 bytes", lambda v: type(v) is str, lambda v: v.encode("utf-8"), _utf8)
-# Frame-level boolean (§2.3): text "true"/"false" on the wire.
-BOOL_TEXT = Wire(
-    'text "true"/"false"',
-    lambda v: type(v) is bool,
-    lambda v: "true" if v else "false",
-    lambda v: {"true": True, "false": False}.get(v, v) if type(v) is str else v,
-)
-
-
-def wire(kind: Wire, default: Any = dataclasses.MISSING) -> Any:
-    if default is dataclasses.MISSING:
-        return field(metadata={"wire": kind})
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"wire": kind})
-    return field(default=default, metadata={"wire": kind})
-
-
-# --- the envelope ----------------------------------------------------------------------------
-
-_ENVELOPE_SLOTS = ("realm", "call_id", "source_route")
-_ALWAYS = ("version", "frame_type", "frame_id", "sent_at_ms", "capabilities")
-_SIGNATURE_KEYS = ("signature", "publisher_sig")
-_SIGNATURE_KEY = cbor.encode_key("signature")
-_PUBLISHER_SIG_KEY = cbor.encode_key("publisher_sig")
-
-
 def new_frame_id(now_ms: int, random10: bytes) -> bytes:
     """A fresh UUIDv7 frame id (§12.3) from the given time and 10 random bytes."""
     return uuid7(now_ms, random10)
-
-
-def frame_id_time_ms(frame_id: bytes) -> int:
-    """The Unix ms a UUIDv7 frame id carries."""
-    return int.from_bytes(frame_id[:6], "big")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Frame:
-    """Fields common to every frame. Subclasses declare their own with ``wire(KIND)``."""
-
-    FRAME_TYPE: ClassVar[str] = ""
-    NULL_SLOTS: ClassVar[tuple[str, ...]] = _ENVELOPE_SLOTS
-    SIGNER: ClassVar[str | None] = None  # field holding the key the frame verifies against
-
-    frame_id: bytes = wire(B16)
-    sent_at_ms: int = wire(UINT)
-    capabilities: int = wire(UINT, 0)
-    signature: bytes | None = wire(_optional(BYTES), None)
-    extras: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
-
-    def __post_init__(self) -> None:
-        for name, kind in _specs(type(self)):
-            value = getattr(self, name)
-            if not kind.check(value):
-                raise LocalProtocolError(
-                    "bad_field", f"{self.FRAME_TYPE}.{name} must be {kind.describe}"
-                )
-
-    def to_map(self, *, signed: bool = True) -> dict[str, Any]:
-        """The complete wire map; ``signed=False`` leaves out ``signature``/``publisher_sig``."""
-        out: dict[str, Any] = dict(self.extras)
-        out["version"] = PROTOCOL_VERSION
-        out["frame_type"] = self.FRAME_TYPE
-        for slot in self.NULL_SLOTS:
-            out[slot] = None
-        for name, kind in _specs(type(self)):
-            value = getattr(self, name)
-            if value is None and kind.omit_when_none:
-                continue
-            if not signed and name in _SIGNATURE_KEYS:
-                continue
-            out[name] = kind.to_wire(value)
-        return out
-
-    def signable_bytes(self) -> bytes:
-        """``macula-v2-frame\\0 || canonical CBOR(map without signature/publisher_sig)`` (§4.2)."""
-        return DOMAIN_FRAME + cbor.encode(self.to_map(signed=False))
-
-    def signed_by(self: F, identity: Identity) -> F:
-        return dataclasses.replace(self, signature=identity.sign(self.signable_bytes()))
-
-    def sign_and_encode(self, identity: Identity) -> bytes:
-        """``signed_by(identity).encode()`` with every field encoded once: the signed bytes
-        and the frame share the same encoded pairs, the signature pair is slotted in."""
-        unsigned = self.to_map()
-        unsigned.pop("signature", None)
-        pairs = cbor.encode_pairs(unsigned)
-        signable = [pair for pair in pairs if pair[0] != _PUBLISHER_SIG_KEY]
-        signature = identity.sign(DOMAIN_FRAME + cbor.join_pairs(signable))
-        bisect.insort(pairs, (_SIGNATURE_KEY, cbor.encode(signature)))
-        return frame_bytes(cbor.join_pairs(pairs))
-
-    def verifies(self, public_key: bytes) -> bool:
-        """True iff ``signature`` is present, 64 bytes, and valid for ``public_key``."""
-        return verify(public_key, self.signable_bytes(), self.signature)
-
-    def expected_signer(self) -> bytes | None:
-        """The key §4.3 verifies this frame against, when the frame names it; ``None`` means
-        "the sending connection's key" (or the station's HELLO key on the client side)."""
-        return getattr(self, self.SIGNER) if self.SIGNER else None
-
-    def require_signed_by(self, connection_key: bytes) -> None:
-        """Verify per §4.3: against the named signer field if any, else ``connection_key``."""
-        key = self.expected_signer() or connection_key
-        if not self.verifies(key):
-            raise SignatureInvalid(
-                "signature_invalid", f"{self.FRAME_TYPE} does not verify against {key.hex()}"
-            )
-
-    def encode(self) -> bytes:
-        """Length-prefixed canonical CBOR, ready for a stream."""
-        return frame_bytes(cbor.encode(self.to_map()))
-
-
-F = TypeVar("F", bound=Frame)
-
-_SPEC_CACHE: dict[type[Frame], tuple[tuple[str, Wire], ...]] = {}
-
-
-def _specs(cls: type[Frame]) -> tuple[tuple[str, Wire], ...]:
-    specs = _SPEC_CACHE.get(cls)
-    if specs is None:
-        specs = tuple((f.name, f.metadata["wire"]) for f in dataclasses.fields(cls) if f.metadata)
-        _SPEC_CACHE[cls] = specs
-    return specs
 
 
 # --- frame types (§3.3-§3.14) ------------------------------------------------------------------
@@ -246,7 +76,7 @@ class Connect(Frame):
     puzzle_evidence: bytes = wire(B32)
     realms: list[bytes] = wire(ARRAY_B32, [])
     addresses: list[Any] = wire(ARRAY, [])
-    site: Any = wire(_nullable(MAP), None)
+    site: Any = wire(nullable(MAP), None)
     endorsements: list[Any] = wire(ARRAY, [])
 
 
@@ -258,17 +88,17 @@ class Hello(Frame):
     station_id: bytes = wire(B32)
     accepted: bool = wire(BOOL_TEXT)
     negotiated_capabilities: int = wire(UINT)
-    refusal_code: int | None = wire(_nullable(UINT), None)
+    refusal_code: int | None = wire(nullable(UINT), None)
     realms: list[bytes] = wire(ARRAY_B32, [])
     addresses: list[Any] = wire(ARRAY, [])
-    site: Any = wire(_nullable(MAP), None)
+    site: Any = wire(nullable(MAP), None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Goodbye(Frame):
     FRAME_TYPE = "goodbye"
     reason: str = wire(TEXT)
-    detail: bytes | None = wire(_nullable(BYTES), None)
+    detail: bytes | None = wire(nullable(BYTES), None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -306,15 +136,15 @@ class Error(Frame):
     NULL_SLOTS = ("realm", "source_route")
     SIGNER = "reported_by"
     call_id: bytes = wire(B16)
-    code: int = wire(Wire("uint 0..255", lambda v: _is_int(v) and 0 <= v <= 255))
+    code: int = wire(Wire("uint 0..255", lambda v: is_int(v) and 0 <= v <= 255))
     reported_by: bytes = wire(B32)
     name: str = wire(TEXT, "")
-    detail: bytes | None = wire(_nullable(BYTES), None)
-    offending_hop: bytes | None = wire(_nullable(B32), None)
+    detail: bytes | None = wire(nullable(BYTES), None)
+    offending_hop: bytes | None = wire(nullable(B32), None)
     source_route_partial: bytes = wire(BYTES, b"")
 
     def __post_init__(self) -> None:
-        if self.name == "" and _is_int(self.code):
+        if self.name == "" and is_int(self.code):
             object.__setattr__(self, "name", code_name(self.code))
         Frame.__post_init__(self)
 
@@ -352,8 +182,8 @@ class Publish(Frame):
     seq: int = wire(UINT)
     payload: Any = wire(ANY)
     published_at_ms: int = wire(UINT)
-    ttl_ms: int | None = wire(_nullable(UINT), None)
-    publisher_sig: bytes | None = wire(_optional(BYTES), None)
+    ttl_ms: int | None = wire(nullable(UINT), None)
+    publisher_sig: bytes | None = wire(optional(BYTES), None)
 
     def with_publisher_sig(self, identity: Identity) -> Publish:
         """Add the end-to-end ``publisher_sig`` of §4.4 (re-sign the frame afterwards)."""
@@ -392,8 +222,8 @@ class Event(Frame):
     publisher: bytes = wire(B32)
     seq: int = wire(UINT)
     payload: Any = wire(ANY)
-    delivered_via: str = wire(_enum("direct", "plumtree", "dht"), "direct")
-    publisher_sig: bytes | None = wire(_optional(BYTES), None)
+    delivered_via: str = wire(one_of("direct", "plumtree", "dht"), "direct")
+    publisher_sig: bytes | None = wire(optional(BYTES), None)
 
     def publisher_sig_valid(self) -> bool:
         """§4.4: True only when ``publisher_sig`` is present and verifies against
@@ -409,7 +239,7 @@ class StreamOpen(Frame):
     stream_id: bytes = wire(B16)
     procedure: str = wire(NAME)
     realm: bytes = wire(B32)
-    mode: str = wire(_enum("server_stream", "client_stream", "bidi"))
+    mode: str = wire(one_of("server_stream", "client_stream", "bidi"))
     args: Any = wire(ANY)
     deadline_ms: int = wire(INT)
     caller: bytes = wire(B32)
@@ -432,9 +262,9 @@ class StreamData(_StreamSigned):
     FRAME_TYPE = "stream_data"
     stream_id: bytes = wire(B16)
     seq: int = wire(UINT)
-    encoding: str = wire(_enum("raw", "msgpack"), "raw")
+    encoding: str = wire(one_of("raw", "msgpack"), "raw")
     body: Any = wire(ANY)
-    signer: bytes | None = wire(_optional(B32), None)
+    signer: bytes | None = wire(optional(B32), None)
 
     def __post_init__(self) -> None:
         Frame.__post_init__(self)
@@ -446,8 +276,8 @@ class StreamData(_StreamSigned):
 class StreamEnd(_StreamSigned):
     FRAME_TYPE = "stream_end"
     stream_id: bytes = wire(B16)
-    role: str = wire(_enum("send", "both"))
-    signer: bytes | None = wire(_optional(B32), None)
+    role: str = wire(one_of("send", "both"))
+    signer: bytes | None = wire(optional(B32), None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -456,7 +286,7 @@ class StreamError(_StreamSigned):
     stream_id: bytes = wire(B16)
     code: bytes = wire(BYTES)
     message: bytes = wire(BYTES, b"")
-    signer: bytes | None = wire(_optional(B32), None)
+    signer: bytes | None = wire(optional(B32), None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -529,7 +359,7 @@ def parse_frame(frame_map: object) -> Frame:
     if cls is None:
         raise UnknownFrameType("unknown_frame_type", f"frame_type {frame_type!r}")
     values: dict[str, Any] = {}
-    for name, kind in _specs(cls):
+    for name, kind in field_specs(cls):
         if name not in frame_map:
             if kind.omit_when_none:
                 values[name] = None
@@ -565,7 +395,7 @@ def _known_keys(cls: type[Frame]) -> frozenset[str]:
     known = _KNOWN_CACHE.get(cls)
     if known is None:
         known = frozenset(
-            ("version", "frame_type", *cls.NULL_SLOTS, *(name for name, _ in _specs(cls)))
+            ("version", "frame_type", *cls.NULL_SLOTS, *(name for name, _ in field_specs(cls)))
         )
         _KNOWN_CACHE[cls] = known
     return known
@@ -641,7 +471,6 @@ __all__ = [
     "UnknownFrameType",
     "Unsubscribe",
     "event_from_publish",
-    "frame_id_time_ms",
     "new_frame_id",
     "parse_frame",
     "publication_signable",

@@ -35,11 +35,6 @@ def frame_bytes(body: bytes) -> bytes:
     return len(body).to_bytes(PREFIX_SIZE, "big") + body
 
 
-def encode_map(frame_map: dict[str, Any]) -> bytes:
-    """Canonical CBOR of a frame map, length-prefixed, ready for a stream."""
-    return frame_bytes(cbor.encode(frame_map))
-
-
 def decode_body(
     body: bytes, *, max_depth: int = cbor.DEFAULT_MAX_DEPTH, max_items: int = cbor.DEFAULT_MAX_ITEMS
 ) -> dict[str, Any]:

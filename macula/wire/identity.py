@@ -51,9 +51,6 @@ class Identity:
         """Ed25519 signature (64 bytes) of ``message`` (callers prepend the domain)."""
         return self._signing_key.sign(message).signature
 
-    def sign_in_domain(self, domain: bytes, body: bytes) -> bytes:
-        return self.sign(domain + body)
-
     @property
     def puzzle_evidence(self) -> bytes:
         return puzzle_evidence(self.node_id)

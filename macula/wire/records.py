@@ -1,4 +1,6 @@
-"""DHT records of Macula wire v2 (PROTOCOL.md §10): model, signature, storage keys, payloads.
+"""DHT records of Macula wire v2 (PROTOCOL.md §10): model, signature, storage rule, payloads.
+
+The storage-key functions of §10.5 themselves are ``macula.wire.record_keys``.
 
 Invariants:
 - A record is signed over ``DOMAIN_RECORD || canonical CBOR`` of the single-letter envelope
@@ -18,7 +20,6 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,17 +27,25 @@ from enum import IntEnum
 from typing import Any, Final, NamedTuple, TypeGuard
 
 from macula.wire import cbor
+from macula.wire.content import MCID_SIZE
 from macula.wire.errors import LocalProtocolError, RecordInvalid, WireError
 from macula.wire.identity import DOMAIN_RECORD, Identity, uuid7, verify
+from macula.wire.record_keys import (
+    KEY_SIZE,
+    content_announcement_key,
+    domain_record_key,
+    foundation_realm_trust_list_key,
+    foundation_seed_list_key,
+    is_domain_type,
+    station_endpoint_key,
+    storage_key_for_procedure,
+)
 
 Payload = dict[str, Any]
 
 UINT64_MAX: Final = (1 << 64) - 1
-KEY_SIZE: Final = 32
 VERSION_SIZE: Final = 16
 SIGNATURE_SIZE: Final = 64
-MCID_SIZE: Final = 34
-DOMAIN_TYPE_MIN: Final = 0x20
 DEFAULT_TTL_MS: Final = 48 * 3600 * 1000
 STATION_ENDPOINT_TTL_MS: Final = 5 * 60 * 1000
 
@@ -61,10 +70,6 @@ class RecordType(IntEnum):
 
 
 _NAMED_TYPES: Final = frozenset(int(t) for t in RecordType)
-
-
-def is_domain_type(record_type: int) -> bool:
-    return DOMAIN_TYPE_MIN <= record_type <= 0xFF
 
 
 def has_storage_rule(record_type: int) -> bool:
@@ -99,114 +104,7 @@ def is_newer(a: Record, b: Record) -> bool:
     return (a.created_at, a.version) > (b.created_at, b.version)
 
 
-# --- storage keys (§10.5) ---------------------------------------------------------------------
-
-
-def _sha256(*parts: bytes) -> bytes:
-    return hashlib.sha256(b"".join(parts)).digest()
-
-
-def _exact(value: object, size: int, what: str) -> bytes:
-    if type(value) is not bytes or len(value) != size:
-        raise LocalProtocolError("bad_argument", f"{what} must be {size} bytes")
-    return value
-
-
-def _name_bytes(value: object, what: str) -> bytes:
-    if type(value) is bytes:
-        return value
-    if type(value) is str:
-        try:
-            return value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise LocalProtocolError("bad_argument", f"{what} is not valid UTF-8") from None
-    raise LocalProtocolError("bad_argument", f"{what} must be text or bytes")
-
-
-def signer_storage_key(key: bytes) -> bytes:
-    """0x01 node_record, 0x03 realm_directory, 0x0C tombstone, domain types without ``u``."""
-    return _exact(key, KEY_SIZE, "key")
-
-
-def storage_key_for_procedure(procedure_uri: str) -> bytes:
-    """0x06 procedure_advertisement: SHA-256(UTF-8 procedure_uri)."""
-    return _sha256(_name_bytes(procedure_uri, "procedure_uri"))
-
-
-def realm_stations_key(realm: bytes) -> bytes:
-    """0x04 realm_stations: SHA-256("station_set" || realm id)."""
-    return _sha256(b"station_set", _exact(realm, KEY_SIZE, "realm"))
-
-
-def member_endorsement_key(realm: bytes, member_node: bytes) -> bytes:
-    """0x05 realm_member_endorsement: SHA-256("member_endorsement" || realm || member_node)."""
-    return _sha256(
-        b"member_endorsement",
-        _exact(realm, KEY_SIZE, "realm"),
-        _exact(member_node, KEY_SIZE, "member_node"),
-    )
-
-
-def foundation_seed_list_key(key: bytes) -> bytes:
-    """0x0D foundation_seed_list: SHA-256("foundation_seed_list" || key)."""
-    return _sha256(b"foundation_seed_list", _exact(key, KEY_SIZE, "key"))
-
-
-def foundation_parameter_key(key: bytes, param_name: str | bytes) -> bytes:
-    """0x0E foundation_parameter: SHA-256("foundation_parameter" || key || param_name)."""
-    return _sha256(
-        b"foundation_parameter",
-        _exact(key, KEY_SIZE, "key"),
-        _name_bytes(param_name, "param_name"),
-    )
-
-
-def foundation_realm_trust_list_key(key: bytes) -> bytes:
-    """0x0F foundation_realm_trust_list: SHA-256("foundation_realm_trust_list" || key)."""
-    return _sha256(b"foundation_realm_trust_list", _exact(key, KEY_SIZE, "key"))
-
-
-def foundation_t3_attestation_key(station_id: bytes) -> bytes:
-    """0x10 foundation_t3_attestation: SHA-256("foundation_t3_attestation" || station_id)."""
-    return _sha256(b"foundation_t3_attestation", _exact(station_id, KEY_SIZE, "station_id"))
-
-
-def content_announcement_key(mcid: bytes) -> bytes:
-    """0x11 content_announcement: SHA-256(mcid), the 34-byte MCID."""
-    return _sha256(_exact(mcid, MCID_SIZE, "mcid"))
-
-
-def station_endpoint_key(station_key: bytes) -> bytes:
-    """0x12 station_endpoint: SHA-256("station_endpoint" || station public key)."""
-    return _sha256(b"station_endpoint", _exact(station_key, KEY_SIZE, "station_key"))
-
-
-def org_directory_key(realm: bytes, org_name: str | bytes) -> bytes:
-    """0x15 org_directory: SHA-256("org_directory" || realm id || org_name)."""
-    return _sha256(
-        b"org_directory", _exact(realm, KEY_SIZE, "realm"), _name_bytes(org_name, "org_name")
-    )
-
-
-def procedure_delegation_key(org_key: bytes, advertiser: bytes) -> bytes:
-    """0x16 procedure_delegation: SHA-256("procedure_delegation" || org key || advertiser)."""
-    return _sha256(
-        b"procedure_delegation",
-        _exact(org_key, KEY_SIZE, "org_key"),
-        _exact(advertiser, KEY_SIZE, "advertiser"),
-    )
-
-
-def domain_record_key(record_type: int, key: bytes, subject_id: bytes | None = None) -> bytes:
-    """0x20..0xFF: SHA-256(type byte || key || subject_id) with ``u``, else ``key`` itself."""
-    if type(record_type) is not int or not is_domain_type(record_type):
-        raise LocalProtocolError("bad_argument", "a domain record type is 0x20..0xFF")
-    if subject_id is None:
-        return signer_storage_key(key)
-    if type(subject_id) is not bytes:
-        raise LocalProtocolError("bad_argument", "subject_id must be bytes")
-    return _sha256(bytes((record_type,)), _exact(key, KEY_SIZE, "key"), subject_id)
-
+# --- storage keys (§10.5): the functions live in macula.wire.record_keys ----------------------
 
 # Types whose rule needs an input that no payload field named by PROTOCOL.md carries.
 _UNDERIVABLE: Final[Mapping[int, tuple[str, str]]] = {

@@ -23,14 +23,8 @@ from macula.session import Session, StreamChannel
 from macula.wire.codes import ErrorCode
 from macula.wire.content import CODEC_MANIFEST, Manifest, raw_mcid
 from macula.wire.identity import ZERO_REALM, Identity
-from macula.wire.records import (
-    Record,
-    RecordType,
-    new_record,
-    record_version,
-    station_endpoint_key,
-    storage_key_for_procedure,
-)
+from macula.wire.record_keys import station_endpoint_key, storage_key_for_procedure
+from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.station import Station
 
 pytestmark = pytest.mark.anyio

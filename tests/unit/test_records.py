@@ -15,30 +15,32 @@ from hypothesis import strategies as st
 from macula.wire import cbor
 from macula.wire.errors import LocalProtocolError, RecordInvalid
 from macula.wire.identity import DOMAIN_RECORD, Identity
-from macula.wire.records import (
-    DEFAULT_TTL_MS,
-    STATION_ENDPOINT_TTL_MS,
-    Record,
-    RecordType,
+from macula.wire.record_keys import (
     content_announcement_key,
-    default_ttl_ms,
     domain_record_key,
     foundation_parameter_key,
     foundation_realm_trust_list_key,
     foundation_seed_list_key,
     foundation_t3_attestation_key,
-    has_storage_rule,
     is_domain_type,
-    is_newer,
     member_endorsement_key,
-    new_record,
     org_directory_key,
     procedure_delegation_key,
     realm_stations_key,
-    record_version,
     signer_storage_key,
     station_endpoint_key,
     storage_key_for_procedure,
+)
+from macula.wire.records import (
+    DEFAULT_TTL_MS,
+    STATION_ENDPOINT_TTL_MS,
+    Record,
+    RecordType,
+    default_ttl_ms,
+    has_storage_rule,
+    is_newer,
+    new_record,
+    record_version,
     validate_payload,
 )
 
