@@ -21,8 +21,7 @@ from macula.agent.petnames import petname
 from macula.agent.proof import MAX_REASON_CHARS
 from macula.agent.rings import Rings
 from macula.agent.rooms import RoomError
-from tools.context import Descriptions, hints, runtime_of
-from tools.presence import (
+from tools.agent_arguments import (
     KEY_FIELD,
     check_text,
     check_wait,
@@ -31,6 +30,7 @@ from tools.presence import (
     resolve_peers,
     run_agent_tool,
 )
+from tools.context import Descriptions, hints, runtime_of
 from tools.runtime import Runtime
 
 MAX_WAIT_S = 3600.0

@@ -1,5 +1,5 @@
 """Room tools: open, join and leave rooms, say and wait, read the inbox (observing central is in
-``tools.presence``).
+``tools.presence``; argument checks in ``tools.agent_arguments``).
 
 Invariants:
 - a room is ``agents.room.<32 hex>``: unguessable, not encrypted; central is ``agents.lobby``
@@ -32,8 +32,7 @@ from macula.agent.envelope import (
 from macula.agent.petnames import petname
 from macula.agent.rooms import HELP_KINDS, RoomError
 from macula.errors import MaculaError
-from tools.context import Descriptions, hints, runtime_of
-from tools.presence import (
+from tools.agent_arguments import (
     KEY_FIELD,
     ArgumentProblems,
     check_flag,
@@ -45,6 +44,7 @@ from tools.presence import (
     room_problems,
     run_agent_tool,
 )
+from tools.context import Descriptions, hints, runtime_of
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
