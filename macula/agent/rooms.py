@@ -8,13 +8,17 @@ Invariants:
 - only attested messages count as someone joining or replying;
 - the observer also taps PUBLIC rooms announced on central (a ``room_opened`` on central whose
   ``refs[0]`` names the room), at most ``max_rooms``; what it drops is counted;
-- waiting never polls the station: it waits on the local transcript, which the taps fill.
+- waiting never polls the station: it waits on the local transcript, which the taps fill;
+  every new message bumps ``_generation`` under ``_changed``, and a waiter re-reads whenever
+  the generation moved since its last read, so nothing recorded between a read and the wait
+  is missed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -71,6 +75,7 @@ class Rooms:
         self._taps: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._observed: set[str] = set()  # public rooms tapped by the observer only
         self._changed = asyncio.Condition()
+        self._generation = 0  # messages recorded so far (bumped under ``_changed``)
         self._group: asyncio.TaskGroup | None = None
         self.observing = False
 
@@ -177,6 +182,7 @@ class Rooms:
         )
         if new:
             async with self._changed:
+                self._generation += 1
                 self._changed.notify_all()
         return new
 
@@ -288,7 +294,8 @@ class Rooms:
     ) -> dict[str, Any] | None:
         """The first attested message in ``topic`` from someone else received after now."""
         since = self.clock() if after_ms is None else after_ms
-        deadline = asyncio.get_running_loop().time() + max(0.0, wait_seconds)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait_seconds)
 
         async def found() -> dict[str, Any] | None:
             for message in await self.transcript.messages(topic, since_ms=since, limit=200):
@@ -302,15 +309,20 @@ class Rooms:
             return None
 
         while True:
+            generation = self._generation  # read before looking: a later record moves it
             hit = await found()
             if hit is not None:
                 return hit
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 return None
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), remaining)
+                    moved = functools.partial(self._moved_since, generation)
+                    await asyncio.wait_for(self._changed.wait_for(moved), remaining)
+
+    def _moved_since(self, generation: int) -> bool:
+        return self._generation != generation
 
     async def rooms(self) -> dict[str, Any]:
         joined = [asdict(m) for m in await self.transcript.joined_rooms()]
