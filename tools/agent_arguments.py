@@ -22,7 +22,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import Field
 
 from macula.agent.envelope import LOBBY_TOPIC, is_node_hex, is_room_topic
-from macula.agent.petnames import PetnameError, petname
+from macula.agent.petnames import PetnameError
 from tools.results import InvalidArgument
 from tools.runtime import Runtime, run_tool
 
@@ -108,13 +108,6 @@ def room_problems(name: str, topic: str, *, central_ok: bool) -> list[str]:
         return []
     where = f"{LOBBY_TOPIC!r} or {ROOM_TOPIC_SHAPE}" if central_ok else ROOM_TOPIC_SHAPE
     return [f"{name}: expected {where}"]
-
-
-def label(node_hex: object) -> str | None:
-    """The petname of a 64-hex node id, or None if it is not one."""
-    if not isinstance(node_hex, str) or not is_node_hex(node_hex):
-        return None
-    return petname(bytes.fromhex(node_hex))
 
 
 async def run_agent_tool(

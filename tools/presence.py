@@ -21,10 +21,10 @@ from tools.agent_arguments import (
     KEY_FIELD,
     check_text,
     invalid,
-    label,
     room_problems,
     run_agent_tool,
 )
+from tools.agent_views import label
 from tools.context import Descriptions, hints, runtime_of
 
 DEFAULT_AGENTS = 50
@@ -248,7 +248,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
                 "observing": 1,
                 "max_rooms": max_rooms,
                 "observed_rooms": count,
-                "observed": (await rooms.rooms())["observed"],
+                "observed": rooms.observed(),
                 "dropped_for_cap": rooms.stats["observer_rooms_dropped"],
             }
 
@@ -333,7 +333,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
 
         async def work() -> dict[str, Any]:
             rooms = runtime.agent.rooms
-            before = len((await rooms.rooms())["observed"])
+            before = len(rooms.observed())
             await rooms.unobserve()
             return {"observing": 0, "stopped_rooms": before, "transcript_kept": 1}
 

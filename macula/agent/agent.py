@@ -23,15 +23,15 @@ from macula.agent.contact_policy import trust, untrust
 from macula.agent.petnames import petname, resolve
 from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
-from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms
+from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
 from macula.clock import Clock, now_ms
 from macula.errors import ConfigError, MaculaError
 from macula.node import Node
 from macula.services import DIRECTORY_RENEW_S, HouseClient
 from macula.store.base import StorePaths, paths_from_env
-from macula.store.rings import RingStore
+from macula.store.rings import Ring, RingStore
 from macula.store.roster import RosterStore
-from macula.store.transcript import TranscriptStore
+from macula.store.transcript import TranscriptMessage, TranscriptStore
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,15 @@ class AgentSettings:
             serve_rings=no_ring != "1",
             citizenship=no_citizenship != "1",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Inbox:
+    """What waits for the model: its rooms threaded, help on central, rings deferred to it."""
+
+    rooms: list[RoomThread]
+    central_help: list[TranscriptMessage]
+    pending_rings: list[Ring]
 
 
 class Agent:
@@ -261,10 +270,9 @@ class Agent:
             "contact_policy": state.mode.label,
         }
 
-    async def inbox(self) -> dict[str, Any]:
-        inbox = await self.rooms.inbox()
-        inbox["rings"] = {"pending": await self.rings.pending()}
-        return inbox
+    async def inbox(self) -> Inbox:
+        rooms = await self.rooms.inbox()
+        return Inbox(rooms.rooms, rooms.central_help, await self.rings.pending())
 
     def identity_view(self) -> dict[str, Any]:
         policy = self.rings.policy()

@@ -53,7 +53,7 @@ def test_a_message_recorded_between_the_check_and_the_wait_is_seen_at_once(
 
             monkeypatch.setattr(transcript, "messages", read_then_arrive)
             hit = await asyncio.wait_for(rooms.wait(topic, 3600), 2.0)
-            assert hit is not None and hit["message_id"] == envelope["message_id"]
+            assert hit is not None and hit.message_id == envelope["message_id"]
             assert reads == 2
 
     asyncio.run(scenario())
