@@ -24,6 +24,12 @@ pytestmark = pytest.mark.anyio
 agent = agent_in
 
 
+async def settled(*agents: Agent) -> None:
+    """Every agent's earlier subscriptions and advertisements have taken effect at the station."""
+    for one in agents:
+        await one.node.flush()
+
+
 async def eventually(check: Callable[[], object], timeout: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -93,7 +99,7 @@ async def test_open_ring_accepted_and_a_conversation(station: Station, tmp_path:
     ):
         await alice.hello()
         await bob.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         rung = await alice.rings.ring(bob.node.identity.node_id, "review the plan")
         assert (rung.answer, rung.joined, rung.unreachable) == (1, 1, 0)
         room = rung.room_topic
@@ -119,7 +125,7 @@ async def test_ask_policy_defers_then_the_answer_reaches_the_caller(
     ):
         await alice.hello()
         await bob.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         waiting = asyncio.create_task(bob.rings.wait_ring(5))
         rung = await alice.rings.ring(bob.node.identity.node_id, "pair on a bug")
         assert rung.answer == 3
@@ -151,7 +157,7 @@ async def test_closed_policy_declines_and_unserved_is_unreachable(
     ):
         for a in (alice, bob, carol):
             await a.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob, carol)
         declined = await alice.rings.ring(bob.node.identity.node_id, "hello?")
         assert declined.answer == 2 and declined.reason
         unreachable = await alice.rings.ring(carol.node.identity.node_id, "hello?")
@@ -166,7 +172,7 @@ async def test_a_ring_proven_for_another_procedure_is_declined_unrecorded(
         agent(station, tmp_path / "bob", "open") as bob,
     ):
         await bob.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         now = alice.clock()
         room = (await alice.rooms.open("x")).room_topic
         bob_id = bob.node.identity.node_id
@@ -209,7 +215,7 @@ async def test_public_rooms_are_announced_on_central_and_observed(
     async with agent(station, tmp_path / "alice") as alice, agent(station, tmp_path / "bob") as bob:
         await alice.hello()
         await bob.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         opened = await alice.rooms.open("open office hours", public=1)
 
         async def bob_sees_it() -> bool:
@@ -232,7 +238,7 @@ async def test_trust_by_petname_turns_ask_into_allowlist(station: Station, tmp_p
         agent(station, tmp_path / "bob", "ask") as bob,
     ):
         await bob.hello()  # bob listens before alice's first (immediate) hello
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         await alice.hello()
         alice_name = petname(alice.node.identity.node_id)
 
