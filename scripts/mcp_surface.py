@@ -19,7 +19,7 @@ from mcp import Client, StdioServerParameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from relay.station import Station, StationConfig
-from tools.cli import server_command
+from tools.launch import server_command
 
 
 async def measure(endpoint: str, home: Path, terse: bool) -> tuple[float, int, int]:

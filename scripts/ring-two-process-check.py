@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -159,7 +160,7 @@ async def _child(station: str, home: Path, policy: str) -> None:
 
         async def forged_ring(to: str) -> dict[str, Any]:
             callee = bytes.fromhex(to)
-            room = (await agent.rooms.open("forged"))["room_topic"]
+            room = (await agent.rooms.open("forged")).room_topic
             now = agent.clock()
             payload = dict(build_ring(identity, callee, "x", room, "forged1", now))
             payload["proof"] = dict(
@@ -169,10 +170,10 @@ async def _child(station: str, home: Path, policy: str) -> None:
 
         ops = {
             "hello": lambda a: agent.hello(),
-            "ring": lambda a: agent.rings.ring(bytes.fromhex(a["to"]), a["purpose"]),
-            "say": lambda a: agent.rooms.say(a["room"], a["kind"], a["text"]),
+            "ring": lambda a: _fields(agent.rings.ring(bytes.fromhex(a["to"]), a["purpose"])),
+            "say": lambda a: _fields(agent.rooms.say(a["room"], a["kind"], a["text"])),
             "pending": lambda a: _wrap("rings", agent.rings.pending()),
-            "answer": lambda a: agent.rings.answer_ring(a["ring_id"], a["answer"]),
+            "answer": lambda a: _fields(agent.rings.answer_ring(a["ring_id"], a["answer"])),
             "wait": lambda a: _wrap(
                 "message",
                 agent.rooms.wait(
@@ -194,7 +195,25 @@ async def _child(station: str, home: Path, policy: str) -> None:
 
 
 async def _wrap(key: str, work: Any) -> dict[str, Any]:
-    return {key: await work}
+    return {key: _plain(await work)}
+
+
+async def _fields(work: Any) -> dict[str, Any]:
+    """A typed result of the agent layer as JSON-ready fields."""
+    fields = _plain(await work)
+    assert isinstance(fields, dict)
+    return fields
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses as dicts, bytes as hex, lists element by element (for JSON lines)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def main() -> None:

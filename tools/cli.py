@@ -11,14 +11,13 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn
 
 from macula.errors import MaculaError
 from relay.cli import KeyValueFormatter
+from tools.launch import server_command
 
 
 def _logging(level: str = "WARNING") -> None:
@@ -50,14 +49,6 @@ def serve() -> None:
 def _fatal(exc: BaseException) -> NoReturn:
     print(f"macula-mcp: {exc}", file=sys.stderr)
     raise SystemExit(2) from None
-
-
-def server_command() -> list[str]:
-    """How to start this server, with absolute paths."""
-    script = shutil.which("macula-mcp") or str(Path(sys.executable).with_name("macula-mcp"))
-    if Path(script).exists():
-        return [str(Path(script).resolve())]
-    return [sys.executable, "-m", "tools.cli"]
 
 
 def mcp_config() -> None:

@@ -4,6 +4,9 @@ subprocess driven by the official MCP SDK client, exactly as a harness would dri
 Steps: both say hello and see each other; ada rings bob (bob's policy: open) and they talk in
 the room; bob serves a procedure that ada calls; ada shares an artifact bob fetches. A readable
 transcript on the terminal; exit 0 only if every step worked.
+
+Nothing sleeps to let the mesh settle: where one agent needs another's state, it polls a
+condition with a deadline (``until``); a step that fails closes both servers and the station.
 """
 
 from __future__ import annotations
@@ -13,15 +16,20 @@ import base64
 import os
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mcp import Client, StdioServerParameters
 
 from relay.station import Station, StationConfig
-from tools.cli import server_command
+from tools.launch import server_command
+
+T = TypeVar("T")
+POLL_S = 0.1  # between two looks at another agent's state
+REPLY_WAIT_S = 10.0
+SUM = "org.example.demo.sum_v1"
 
 
 class Failed(Exception):
@@ -33,10 +41,14 @@ class Agent:
         self.name = name
         self.client = client
 
-    async def __call__(self, tool: str, **args: Any) -> dict[str, Any]:
+    async def raw(self, tool: str, **args: Any) -> tuple[bool, dict[str, Any]]:
+        """``(failed, structured content)`` of one tool call."""
         result = await self.client.call_tool(tool, args)
-        data = dict(result.structured_content or {})
-        if result.is_error:
+        return bool(result.is_error), dict(result.structured_content or {})
+
+    async def __call__(self, tool: str, **args: Any) -> dict[str, Any]:
+        failed, data = await self.raw(tool, **args)
+        if failed:
             raise Failed(f"{self.name}: {tool} failed: {data.get('code')}: {data.get('detail')}")
         return data
 
@@ -61,7 +73,21 @@ def say(who: str, text: str) -> None:
     print(f"  {who:>4} | {text}", flush=True)
 
 
+async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout: float = 10.0) -> T:
+    """Poll ``check`` until it returns something, or fail naming ``what`` at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        found = await check()
+        if found is not None:
+            return found
+        if loop.time() >= deadline:
+            raise Failed(f"{what}: not within {timeout:g} s")
+        await asyncio.sleep(POLL_S)
+
+
 async def run(workdir: Path) -> None:
+    """Every step; whatever fails closes (and cancels) all that was started before it."""
     async with (
         Station(StationConfig(data_dir=workdir / "station", port=0)) as station,
         AsyncExitStack() as stack,
@@ -74,55 +100,37 @@ async def run(workdir: Path) -> None:
         ada = await stack.enter_async_context(
             agent("ada", workdir / "ada", station.endpoint, "ask")
         )
-        ada_id = (await ada("mesh_hello", message="looking for a reviewer"))["node_id"]
+        await ada("mesh_hello", message="looking for a reviewer")
         await bob("mesh_hello", message="happy to review plans")  # re-announce so ada hears bob now
-        for _ in range(50):
+
+        async def bob_seen() -> dict[str, Any] | None:
             seen = (await ada("mesh_agents"))["agents"]
-            if any(a["node_id"] == bob_id for a in seen):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            raise Failed("ada never saw bob in mesh_agents")
-        bob_name = next(a["petname"] for a in seen if a["node_id"] == bob_id)
+            return next((a for a in seen if a["node_id"] == bob_id), None)
+
+        bob_name = (await until(bob_seen, "ada never saw bob in mesh_agents"))["petname"]
         say("ada", f"mesh_agents: I see {bob_name} ({bob_id[:12]}…): 'happy to review plans'")
         rung = await ada("mesh_ring", to=bob_name, purpose="review my plan")
         if rung.get("answer") != 1 or rung.get("joined") != 1:
             raise Failed(f"ring not accepted and joined: {rung}")
         room = rung["room_topic"]
         say("ada", f"mesh_ring {bob_name}: answer 1 (accepted), joined 1, room {room[:24]}…")
-        listening = asyncio.create_task(bob("mesh_wait_room", room_topic=room, wait_seconds=10))
-        await asyncio.sleep(0.3)  # bob waits before ada speaks: nothing to poll for
-        asked = await ada(
-            "mesh_say", room_topic=room, kind="question_asked", text="Is step 2 safe?"
-        )
-        heard = await listening
-        message = heard.get("message") or {}
-        if message.get("text") != "Is step 2 safe?":
-            raise Failed(f"bob did not hear the question: {heard}")
-        say("bob", f"heard: {message['text']!r} (attested {message.get('attested')})")
-        reply = await bob(
-            "mesh_say",
-            room_topic=room,
-            kind="answer_given",
-            text="Yes, if you lock first.",
-            in_reply_to=asked["message_id"],
-        )
-        say("bob", f"answered in reply to {asked['message_id'][:8]}… ({reply['message_id'][:8]}…)")
-        inbox = await ada("mesh_read_inbox")
-        threaded = [m for r in inbox["rooms"] if r["room_topic"] == room for m in r["messages"]]
-        answer = next((m for m in threaded if m["kind"] == "answer_given"), None)
-        if answer is None or answer["depth"] != 1:
-            raise Failed(f"the answer is not threaded under the question: {threaded}")
-        say("ada", f"inbox: {answer['text']!r}, threaded at depth {answer['depth']}")
+        await converse(ada, bob, room)
         script = "import json,sys; print(json.dumps({'sum': sum(json.load(sys.stdin)['numbers'])}))"
         echo = f'{sys.executable} -c "{script}"'
-        await bob("mesh_serve", name="org.example.demo.sum_v1", exec=echo)
-        await asyncio.sleep(0.3)
-        called = await ada(
-            "mesh_call", procedure="org.example.demo.sum_v1", args={"numbers": [1, 2, 3, 4]}
-        )
-        if called.get("result") != {"sum": 10}:
-            raise Failed(f"served procedure answered {called}")
+        await bob("mesh_serve", name=SUM, exec=echo)
+
+        async def summed() -> dict[str, Any] | None:
+            args = {"numbers": [1, 2, 3, 4]}
+            failed, called = await ada.raw(
+                "mesh_call", procedure="org.example.demo.sum_v1", args=args
+            )
+            if failed and called.get("code") == "unknown_next_peer":
+                return None  # bob's advertisement has not reached ada's side yet
+            if failed or called.get("result") != {"sum": 10}:
+                raise Failed(f"served procedure answered {called}")
+            return called
+
+        called = await until(summed, "bob's served procedure never became callable")
         say("ada", f"mesh_call sum_v1 [1,2,3,4] -> {called['result']} (bob's command answered)")
         artifact = os.urandom(9_000)  # results are bounded (~24 KB): big artifacts go peer to peer
         put = await ada("mesh_put", content=base64.b64encode(artifact).decode(), name="plan.bin")
@@ -130,7 +138,58 @@ async def run(workdir: Path) -> None:
         if base64.b64decode(got.get("content_base64", "")) != artifact:
             raise Failed("bob fetched something else than ada put")
         say("bob", f"mesh_get {put['mcid_hex'][:20]}…: {put['size_bytes']} bytes, verified")
-        _ = ada_id
+
+
+async def converse(ada: Agent, bob: Agent, room: str) -> None:
+    """ada asks and waits for the reply in the same call; bob finds the question and answers."""
+    question = "Is step 2 safe?"
+
+    async def heard() -> dict[str, Any] | None:
+        inbox = await bob("mesh_read_inbox")
+        messages = [m for r in inbox["rooms"] if r["room_topic"] == room for m in r["messages"]]
+        return next((m for m in messages if m["kind"] == "question_asked"), None)
+
+    async with asyncio.TaskGroup() as group:
+        asking = group.create_task(
+            ada(
+                "mesh_say",
+                room_topic=room,
+                kind="question_asked",
+                text=question,
+                wait_reply_seconds=REPLY_WAIT_S,
+            )
+        )
+        message = await until(heard, "bob never heard the question")
+        if message.get("text") != question:
+            raise Failed(f"bob heard something else: {message}")
+        say("bob", f"heard: {message['text']!r} (attested {message.get('attested')})")
+        reply = await bob(
+            "mesh_say",
+            room_topic=room,
+            kind="answer_given",
+            text="Yes, if you lock first.",
+            in_reply_to=message["message_id"],
+        )
+        say(
+            "bob", f"answered in reply to {message['message_id'][:8]}… ({reply['message_id'][:8]}…)"
+        )
+    answered = (asking.result().get("reply") or {}).get("message_id")
+    if answered != reply["message_id"]:
+        raise Failed(f"ada's question got no reply in the same call: {asking.result()}")
+    inbox = await ada("mesh_read_inbox")
+    threaded = [m for r in inbox["rooms"] if r["room_topic"] == room for m in r["messages"]]
+    answer = next((m for m in threaded if m["kind"] == "answer_given"), None)
+    if answer is None or answer["depth"] != 1:
+        raise Failed(f"the answer is not threaded under the question: {threaded}")
+    say("ada", f"inbox: {answer['text']!r}, threaded at depth {answer['depth']}")
+
+
+def _leaves(group: BaseExceptionGroup[Failed]) -> list[BaseException]:
+    """The failures of a (possibly nested) exception group, in order."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
 
 
 def main() -> None:
@@ -142,7 +201,7 @@ def main() -> None:
         try:
             asyncio.run(run(Path(tmp)))
         except* Failed as group:
-            for exc in group.exceptions:
+            for exc in _leaves(group):
                 print(f"FAILED: {exc}", flush=True)
             raise SystemExit(1) from None
     print(

@@ -1,38 +1,31 @@
-"""Presence and observing tools, and what the agent tool groups share.
+"""Presence and observing tools.
 
 Presence is one decision with being watchable on central: ``mesh_hello`` / ``mesh_agents`` /
 ``mesh_goodbye``, and the lobby observer ``mesh_observe_lobby`` / ``mesh_lobby_transcript`` /
-``mesh_unobserve_lobby``. Shared with ``tools.rooms`` and ``tools.rings``: naming peers (node id
-or petname), argument checks, and errors that list every problem.
-
-Invariants:
-- argument checks collect *every* problem before answering; a failure is ``invalid_argument``
-  with ``problems`` (each ``"<argument>: <why>"``), never only the first;
-- a petname resolves only against this agent's own roster; zero or several matches fail with
-  ``unknown_agent`` / ``ambiguous_agent`` and ``candidates`` naming what the caller may have meant;
-  what reaches a ring or the allowlist is always the resolved node id;
-- library errors that carry ``problems`` (``EnvelopeError``, ``RingError``) or ``candidates``
-  (``PetnameError``) keep those lists in the tool error; everything else is mapped by
-  ``tools.results.from_error`` through ``run_tool``, unchanged.
+``mesh_unobserve_lobby``. Argument checks and errors follow ``tools.agent_arguments``.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 from pydantic import Field
 
-from macula.agent.envelope import LOBBY_TOPIC, is_node_hex, is_room_topic
-from macula.agent.petnames import PetnameError, petname
+from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.presence import HELLO_TOPIC, MAX_TEXT
 from macula.agent.proof import ring_endpoint
 from macula.store.transcript import TranscriptMessage
+from tools.agent_arguments import (
+    KEY_FIELD,
+    check_text,
+    invalid,
+    room_problems,
+    run_agent_tool,
+)
+from tools.agent_views import label
 from tools.context import Descriptions, hints, runtime_of
-from tools.runtime import Runtime, run_tool
 
 DEFAULT_AGENTS = 50
 MAX_AGENTS = 200
@@ -40,189 +33,6 @@ DEFAULT_MAX_ROOMS = 20
 MAX_OBSERVED_ROOMS = 200
 DEFAULT_TRANSCRIPT = 50
 MAX_TRANSCRIPT = 500
-ROOM_TOPIC_SHAPE = "agents.room.<32 lowercase hex>"
-KEY_FIELD = Field(description="1-120 chars; replays return the first receipt")
-
-
-# -- shared by the agent tool groups ------------------------------------------------------------
-
-
-class ArgumentProblems(ValueError):
-    """Every problem found with a call's arguments; ``candidates`` per argument, if any."""
-
-    def __init__(
-        self,
-        problems: Sequence[str],
-        candidates: dict[str, list[str]] | None = None,
-        *,
-        code: str = "invalid_argument",
-        next_action: str = "fix every listed problem and call again",
-    ) -> None:
-        self.problems = list(problems)
-        self.candidates = candidates or {}
-        self.code = code
-        self.next_action = next_action
-        super().__init__("; ".join(self.problems))
-
-
-def failure(
-    code: str,
-    detail: str,
-    next_action: str,
-    *,
-    problems: Sequence[str] = (),
-    candidates: dict[str, list[str]] | None = None,
-    retryable: int = 0,
-) -> CallToolResult:
-    """The ``{code, detail, retryable, next_action}`` error, plus ``problems``/``candidates``."""
-    error: dict[str, Any] = {
-        "code": code,
-        "detail": detail,
-        "retryable": retryable,
-        "next_action": next_action,
-    }
-    if problems:
-        error["problems"] = list(problems)
-    if candidates:
-        error["candidates"] = candidates
-    return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(error, ensure_ascii=False))],
-        structured_content=error,
-        is_error=True,
-    )
-
-
-def invalid(problems: Sequence[str]) -> CallToolResult:
-    """``invalid_argument`` listing every problem found by a tool's own checks."""
-    return failure(
-        "invalid_argument",
-        "; ".join(problems),
-        "fix every listed problem and call again",
-        problems=problems,
-    )
-
-
-def check_wait(name: str, value: float, *, allow_zero: bool, limit: float) -> list[str]:
-    low_ok = value >= 0 if allow_zero else value > 0
-    if low_ok and value <= limit:
-        return []
-    bracket = "[0" if allow_zero else "(0"
-    return [f"{name}: must be in {bracket}, {limit:g}] seconds"]
-
-
-def check_flag(name: str, value: int) -> list[str]:
-    return [] if value in (0, 1) and type(value) is int else [f"{name}: must be 0 or 1"]
-
-
-def check_text(name: str, value: str | None, limit: int) -> list[str]:
-    if value is not None and len(value) > limit:
-        return [f"{name}: at most {limit} characters"]
-    return []
-
-
-def room_problems(name: str, topic: str, *, central_ok: bool) -> list[str]:
-    if is_room_topic(topic) or (central_ok and topic == LOBBY_TOPIC):
-        return []
-    where = f"{LOBBY_TOPIC!r} or {ROOM_TOPIC_SHAPE}" if central_ok else ROOM_TOPIC_SHAPE
-    return [f"{name}: expected {where}"]
-
-
-def label(node_hex: object) -> str | None:
-    """The petname of a 64-hex node id, or None if it is not one."""
-    if not isinstance(node_hex, str) or not is_node_hex(node_hex):
-        return None
-    return petname(bytes.fromhex(node_hex))
-
-
-async def run_agent_tool(
-    runtime: Runtime,
-    tool: str,
-    args: dict[str, Any],
-    work: Callable[[], Awaitable[dict[str, Any]]],
-    *,
-    idempotency_key: str | None = None,
-    mesh: bool = True,
-) -> CallToolResult:
-    """``run_tool``, with errors that keep their lists (problems, candidates)."""
-    caught: list[BaseException] = []
-
-    async def tracked() -> dict[str, Any]:
-        try:
-            return await work()
-        except Exception as exc:
-            caught.append(exc)
-            raise
-
-    result = await run_tool(
-        runtime, tool, args, tracked, idempotency_key=idempotency_key, mesh=mesh
-    )
-    if not result.is_error or not caught:
-        return result
-    return _with_lists(result, caught[0])
-
-
-def _with_lists(result: CallToolResult, exc: BaseException) -> CallToolResult:
-    if isinstance(exc, PetnameError):  # a library path that resolved a name by itself
-        exc = _unresolved([("name", str(exc), exc.candidates)])
-    if isinstance(exc, ArgumentProblems):
-        return failure(
-            exc.code,
-            str(exc),
-            exc.next_action,
-            problems=exc.problems,
-            candidates=exc.candidates,
-        )
-    problems = getattr(exc, "problems", None)  # EnvelopeError, RingError
-    if isinstance(problems, tuple | list) and problems:
-        return failure(
-            "invalid_argument",
-            str(exc),
-            "fix every listed problem and call again",
-            problems=[str(p) for p in problems],
-        )
-    return result
-
-
-def _unresolved(found: list[tuple[str, str, Sequence[str]]]) -> ArgumentProblems:
-    """One error for every name that did not resolve: ``(argument, why, candidates)``."""
-    ambiguous = any(len(c) > 1 and all(is_node_hex(x) for x in c) for _, _, c in found)
-    unknown = any("no agent in your roster" in why for _, why, _ in found)
-    if ambiguous:
-        code, action = "ambiguous_agent", "use one of the candidate node ids instead of the petname"
-    elif unknown:
-        code, action = (
-            "unknown_agent",
-            "check the name with mesh_agents (petnames resolve only against agents you have "
-            "seen), or pass the 64-hex node id",
-        )
-    else:
-        code, action = "invalid_argument", "pass a 64-hex node id or a petname from mesh_agents"
-    return ArgumentProblems(
-        [f"{arg}: {why}" for arg, why, _ in found],
-        {arg: list(c) for arg, _, c in found if c},
-        code=code,
-        next_action=action,
-    )
-
-
-async def resolve_peers(runtime: Runtime, argument: str, names: Sequence[str]) -> list[bytes]:
-    """Node ids for node ids or roster petnames; ``ArgumentProblems`` naming every failure."""
-    resolved: list[bytes] = []
-    found: list[tuple[str, str, Sequence[str]]] = []
-    single = len(names) == 1 and argument != "participants"
-    for i, name in enumerate(names):
-        where = argument if single else f"{argument}[{i}]"
-        try:
-            node_id = await runtime.agent.resolve(name)
-        except PetnameError as exc:
-            found.append((where, str(exc), exc.candidates))
-            continue
-        if node_id in resolved:
-            found.append((where, f"{name!r} names the same agent as an earlier entry", ()))
-        resolved.append(node_id)
-    if found:
-        raise _unresolved(found)
-    return resolved
 
 
 def _transcript_row(message: TranscriptMessage) -> dict[str, Any]:
@@ -438,7 +248,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
                 "observing": 1,
                 "max_rooms": max_rooms,
                 "observed_rooms": count,
-                "observed": (await rooms.rooms())["observed"],
+                "observed": rooms.observed(),
                 "dropped_for_cap": rooms.stats["observer_rooms_dropped"],
             }
 
@@ -523,7 +333,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
 
         async def work() -> dict[str, Any]:
             rooms = runtime.agent.rooms
-            before = len((await rooms.rooms())["observed"])
+            before = len(rooms.observed())
             await rooms.unobserve()
             return {"observing": 0, "stopped_rooms": before, "transcript_kept": 1}
 

@@ -5,7 +5,10 @@ Invariants (every tool goes through here):
 - bytes become lowercase hex; results are bounded (about 24 KB of JSON): long lists are cut
   and the result carries ``truncated: 1`` with what was dropped;
 - a failure is ``isError`` with ``{code, detail, retryable (0/1), next_action}`` — never a
-  traceback. ``MaculaError`` subclasses map to codes in exactly one function, ``from_error``.
+  traceback. ``MaculaError`` subclasses map to codes in exactly one function, ``from_error``;
+- ``invalid_argument`` comes only from a tool's own argument checks (``InvalidArgument``): any
+  other exception that is not a ``MaculaError`` is a bug, logged with its traceback and answered
+  as ``internal_error``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,14 @@ from macula.errors import (
 log = logging.getLogger("macula.tools")
 
 MAX_RESULT_BYTES = 24 * 1024
+FIX_ARGUMENTS = "fix the arguments and call again"
+
+
+class InvalidArgument(Exception):
+    """A tool's own argument check failed; ``str(exc)`` names the argument and the problem."""
+
+    code = "invalid_argument"
+    next_action = FIX_ARGUMENTS
 
 
 def plain(value: Any) -> Any:
@@ -144,13 +155,8 @@ def from_error(exc: BaseException) -> CallToolResult:
             retryable=exc.retryable,
             next_action="read detail and adjust the call",
         )
-    if isinstance(exc, (ValueError, KeyError)):
-        return fail(
-            "invalid_argument",
-            str(exc),
-            retryable=False,
-            next_action="fix the arguments and call again",
-        )
+    if isinstance(exc, InvalidArgument):
+        return fail(exc.code, str(exc), retryable=False, next_action=exc.next_action)
     log.exception("tool failed unexpectedly", exc_info=exc)
     return fail(
         "internal_error",

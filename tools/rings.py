@@ -19,18 +19,18 @@ from pydantic import Field
 from macula.agent.envelope import MAX_PURPOSE_CHARS, is_id, is_room_topic
 from macula.agent.petnames import petname
 from macula.agent.proof import MAX_REASON_CHARS
-from macula.agent.rings import Rings
+from macula.agent.rings import RingEvent, RingPlaced, Rings
 from macula.agent.rooms import RoomError
-from tools.context import Descriptions, hints, runtime_of
-from tools.presence import (
+from tools.agent_arguments import (
     KEY_FIELD,
     check_text,
     check_wait,
     invalid,
-    label,
     resolve_peers,
     run_agent_tool,
 )
+from tools.agent_views import label
+from tools.context import Descriptions, hints, runtime_of
 from tools.runtime import Runtime
 
 MAX_WAIT_S = 3600.0
@@ -46,6 +46,44 @@ _NEXT = {
 
 def _peer_problems(name: str, value: str) -> list[str]:
     return [] if value.strip() else [f"{name}: expected a 64-hex node id or a petname"]
+
+
+def _placed_view(placed: RingPlaced) -> dict[str, Any]:
+    """A ring we placed: ``detail`` if unreachable, else ``reason``; ``joined`` after an accept."""
+    view: dict[str, Any] = {
+        "ring_id": placed.ring_id,
+        "to": placed.to.hex(),
+        "room_topic": placed.room_topic,
+        "unreachable": placed.unreachable,
+        "answer": placed.answer,
+    }
+    if placed.unreachable:
+        view["detail"] = placed.detail
+    else:
+        view["reason"] = placed.reason
+    if placed.joined is not None:
+        view["joined"] = placed.joined
+    return view
+
+
+def _event_view(event: RingEvent) -> dict[str, Any]:
+    """An incoming ring (with its purpose), or a late answer to ours (``late_answer`` 1)."""
+    view: dict[str, Any] = {"ring_id": event.ring_id, "from": event.sender.hex()}
+    if event.late_answer:
+        view |= {
+            "answer": event.answer,
+            "reason": event.reason,
+            "room_topic": event.room_topic,
+            "late_answer": 1,
+        }
+    else:
+        view |= {
+            "purpose": event.purpose,
+            "room_topic": event.room_topic,
+            "answer": event.answer,
+            "reason": event.reason,
+        }
+    return view | {"from_petname": label(view["from"])}
 
 
 def _policy_note(before: str, after: str, source: str, trusted: bool) -> str:
@@ -144,11 +182,10 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             rung = await agent.rings.ring(
                 callee, purpose, room_topic=room_topic, wait_join_seconds=wait_join_seconds
             )
-            answer = rung.get("answer")
-            return rung | {
+            return _placed_view(rung) | {
                 "petname": petname(callee),
-                "joined": rung.get("joined", 0),
-                "next": _NEXT.get(answer or 0, "they are not reachable now; try again later"),
+                "joined": rung.joined or 0,
+                "next": _NEXT.get(rung.answer or 0, "they are not reachable now; try again later"),
             }
 
         args = {
@@ -197,7 +234,13 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
 
         async def work() -> dict[str, Any]:
             rings = runtime.agent.rings
-            answered = await rings.answer_ring(ring_id, answer, reason)
+            done = await rings.answer_ring(ring_id, answer, reason)
+            answered: dict[str, Any] = {
+                "ring_id": done.ring_id,
+                "answer": done.answer,
+                "caller_notified": done.caller_notified,
+                "state": done.state,
+            }
             ring = await rings.store.get(ring_id)
             if ring is not None:
                 answered |= {
@@ -240,9 +283,8 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             return invalid(problems)
 
         async def work() -> dict[str, Any]:
-            ring = await runtime.agent.rings.wait_ring(wait_seconds)
-            if ring is not None:
-                ring = dict(ring) | {"from_petname": label(ring.get("from"))}
+            event = await runtime.agent.rings.wait_ring(wait_seconds)
+            ring = None if event is None else _event_view(event)
             return {"ring": ring, "timed_out": int(ring is None)}
 
         return await run_agent_tool(runtime, "mesh_wait_ring", {"wait_seconds": wait_seconds}, work)

@@ -1,5 +1,5 @@
 """Room tools: open, join and leave rooms, say and wait, read the inbox (observing central is in
-``tools.presence``).
+``tools.presence``; argument checks in ``tools.agent_arguments``).
 
 Invariants:
 - a room is ``agents.room.<32 hex>``: unguessable, not encrypted; central is ``agents.lobby``
@@ -32,19 +32,25 @@ from macula.agent.envelope import (
 from macula.agent.petnames import petname
 from macula.agent.rooms import HELP_KINDS, RoomError
 from macula.errors import MaculaError
-from tools.context import Descriptions, hints, runtime_of
-from tools.presence import (
+from tools.agent_arguments import (
     KEY_FIELD,
     ArgumentProblems,
     check_flag,
     check_text,
     check_wait,
     invalid,
-    label,
     resolve_peers,
     room_problems,
     run_agent_tool,
 )
+from tools.agent_views import (
+    label,
+    message_view,
+    optional_message_view,
+    ring_view,
+    with_petname,
+)
+from tools.context import Descriptions, hints, runtime_of
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
@@ -84,12 +90,6 @@ def _say_problems(
     return problems + validate(trial)
 
 
-def _with_petname(message: dict[str, Any] | None) -> dict[str, Any] | None:
-    if message is None:
-        return None
-    return message | {"from_petname": label(message.get("from"))}
-
-
 async def _member_topics(agent: Agent) -> set[str]:
     return {m.room_topic for m in await agent.rooms.transcript.joined_rooms()}
 
@@ -106,11 +106,11 @@ async def _ring_one(
     except MaculaError as exc:
         return entry | {"failed": 1, "error": str(exc), "answer": None, "unreachable": 0}
     return entry | {
-        "ring_id": rung["ring_id"],
-        "answer": rung.get("answer"),
-        "reason": rung.get("reason"),
-        "unreachable": rung["unreachable"],
-        "joined": rung.get("joined", 0),
+        "ring_id": rung.ring_id,
+        "answer": rung.answer,
+        "reason": rung.reason,
+        "unreachable": rung.unreachable,
+        "joined": rung.joined or 0,
         "failed": 0,
     }
 
@@ -201,13 +201,20 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                     [f"participants[{ids.index(me)}]: that is you; list the others only"]
                 )
             opened = await agent.rooms.open(purpose, public=public, participants=ids)
-            room = opened["room_topic"]
+            room = opened.room_topic
             rings = list(
                 await asyncio.gather(
                     *(_ring_one(agent, to, purpose or "", room, wait_join_seconds) for to in ids)
                 )
             )
-            return opened | {"purpose": purpose, "rings": rings, **_outcomes(rings)}
+            return {
+                "room_topic": room,
+                "message_id": opened.message_id,
+                "public": opened.public,
+                "purpose": purpose,
+                "rings": rings,
+                **_outcomes(rings),
+            }
 
         args = {
             "purpose": purpose,
@@ -246,7 +253,13 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             return invalid(problems)
 
         async def work() -> dict[str, Any]:
-            return await runtime.agent.rooms.join(room_topic)
+            joined = await runtime.agent.rooms.join(room_topic)
+            return {
+                "room_topic": joined.room_topic,
+                "joined": 1,
+                "already_member": joined.already_member,
+                "message_id": joined.message_id,
+            }
 
         return await run_agent_tool(
             runtime,
@@ -282,7 +295,8 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             return invalid(problems)
 
         async def work() -> dict[str, Any]:
-            return await runtime.agent.rooms.leave(room_topic, close=close)
+            left = await runtime.agent.rooms.leave(room_topic, close=close)
+            return {"room_topic": left.room_topic, "left": 1, "closed": left.closed}
 
         args = {"room_topic": room_topic, "close": close}
         return await run_agent_tool(
@@ -310,7 +324,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             rooms = runtime.agent.rooms
             transcript = rooms.transcript
             counts = {a.room_topic: a.messages for a in await transcript.rooms()}
-            observed = set((await rooms.rooms())["observed"])
+            observed = set(rooms.observed())
             joined = []
             for m in await transcript.joined_rooms():
                 last_kind: dict[str, str] = {}
@@ -406,9 +420,11 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
                 refs=refs,
                 wait_reply_seconds=wait_reply_seconds,
             )
-            if "reply" in said:
-                said["reply"] = _with_petname(said["reply"])
-            return said | {"kind": kind}
+            result: dict[str, Any] = {"room_topic": said.room_topic, "message_id": said.message_id}
+            if said.waited:
+                result["reply"] = optional_message_view(said.reply)
+                result["timed_out"] = int(said.reply is None)
+            return result | {"kind": kind}
 
         args = {
             "room_topic": room_topic,
@@ -453,7 +469,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
 
         async def work() -> dict[str, Any]:
             rooms = runtime.agent.rooms
-            watched = await _member_topics(runtime.agent) | set((await rooms.rooms())["observed"])
+            watched = await _member_topics(runtime.agent) | set(rooms.observed())
             if room_topic != LOBBY_TOPIC and room_topic not in watched:
                 raise RoomError(
                     f"not in {room_topic}: nothing would arrive; join it first (mesh_join_room)"
@@ -461,7 +477,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             message = await rooms.wait(room_topic, wait_seconds)
             return {
                 "room_topic": room_topic,
-                "message": _with_petname(message),
+                "message": optional_message_view(message),
                 "timed_out": int(message is None),
             }
 
@@ -492,13 +508,24 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             agent = runtime.agent
             inbox = await agent.inbox()
             everything: list[dict[str, Any]] = []
-            for room in inbox["rooms"]:
-                room["messages"] = [_with_petname(m) for m in room["messages"]]
-                everything.extend(room["messages"])
-            inbox["central_help"] = [_with_petname(m) for m in inbox["central_help"]]
-            for ring in inbox["rings"]["pending"]:
-                ring["peer_petname"] = label(ring["peer"])
+            rooms: list[dict[str, Any]] = []
+            for thread in inbox.rooms:
+                messages = [with_petname(m) for m in thread.messages]
+                everything.extend(messages)
+                entry: dict[str, Any] = {"room_topic": thread.room_topic, "messages": messages}
+                if thread.poll_hint:
+                    entry["poll_hint"] = thread.poll_hint
+                rooms.append(entry)
+            pending = [
+                ring_view(r) | {"peer_petname": label(r.peer.hex())} for r in inbox.pending_rings
+            ]
             me = agent.node.identity.node_id.hex()
-            return inbox | {"me": me, "poll_hint": poll_hint(everything, me)}
+            return {
+                "rooms": rooms,
+                "central_help": [message_view(m) for m in inbox.central_help],
+                "rings": {"pending": pending},
+                "me": me,
+                "poll_hint": poll_hint(everything, me),
+            }
 
         return await run_agent_tool(runtime, "mesh_read_inbox", {}, work)

@@ -33,12 +33,13 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult
 from pydantic import Field
 
+from macula.clock import now_ms
 from macula.errors import MaculaError
 from macula.node import IncomingCall
 from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_realm
-from tools.results import bad_argument, plain
-from tools.runtime import MAX_IDEMPOTENCY_KEY, Runtime, check_key, now_ms, run_tool
+from tools.results import InvalidArgument, bad_argument, plain
+from tools.runtime import MAX_IDEMPOTENCY_KEY, Runtime, check_key, run_tool
 
 log = logging.getLogger("macula.tools")
 
@@ -397,7 +398,9 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             if entry is None or (tag is not None and entry["realm"] != tag.hex()):
                 where = "" if tag is None else f" in realm {tag.hex()[:16]}…"
                 served = ", ".join(sorted(runtime.served)) or "nothing"
-                raise ValueError(f"name: {name!r} is not served here{where} (served: {served})")
+                raise InvalidArgument(
+                    f"name: {name!r} is not served here{where} (served: {served})"
+                )
             await runtime.node.unadvertise(bytes.fromhex(entry["realm"]), name)
             del runtime.served[name]
             return {"name": name, "realm": entry["realm"], "stopped": 1,

@@ -11,11 +11,11 @@ errors mapped in one place (``tools.results.from_error``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 from mcp_types import CallToolResult
 
 from macula.agent.agent import Agent, AgentSettings
+from macula.clock import now_ms
 from macula.errors import BrokenError, ConfigError, MaculaError
 from macula.keyfile import KeyFileError, load_or_create_identity
 from macula.node import Node
@@ -31,16 +32,12 @@ from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_s
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
 from tools.receipts import ReceiptStore, args_digest
-from tools.results import bad_argument, fail, from_error, ok
+from tools.results import InvalidArgument, bad_argument, fail, from_error, ok
 
 log = logging.getLogger("macula.tools")
 
 DEFAULT_STATION = "127.0.0.1:4433"
 MAX_IDEMPOTENCY_KEY = 120
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def macula_home(env: Mapping[str, str]) -> Path:
@@ -75,14 +72,7 @@ def agent_settings(env: Mapping[str, str], identity: Identity) -> AgentSettings:
         else defaults.transcript,
         rings=shared.rings if env.get("MACULA_MCP_RINGS_DB") else defaults.rings,
     )
-    return AgentSettings(
-        paths=paths,
-        policy_file=settings.policy_file,
-        profile=settings.profile,
-        policy_override=settings.policy_override,
-        serve_rings=settings.serve_rings,
-        max_rooms=settings.max_rooms,
-    )
+    return dataclasses.replace(settings, paths=paths)
 
 
 @dataclass
@@ -204,7 +194,7 @@ async def run_tool(
         if mesh:
             await runtime.agent.ensure_present()
         result = await work()
-    except (MaculaError, ValueError, KeyError, OSError) as exc:
+    except (MaculaError, InvalidArgument, OSError) as exc:
         if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
             return fail(
                 "os_error", str(exc), retryable=False, next_action="check the path or command"

@@ -5,6 +5,8 @@ Presence starts on the first mesh use (``ensure_present``), never from serving a
 an explicit ``goodbye`` only an explicit ``hello`` restarts it. Starting presence also taps
 central and every room we are in, and serves ``agent.<node_id>.ring`` unless
 ``MACULA_MCP_NO_RING=1``. Every background task belongs to the agent's task group.
+What ``__aenter__`` opens is held by one exit stack: a failing step closes what came before,
+and ``__aexit__`` winds down (goodbye, taps) before the task group and then the stores close.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,18 +23,15 @@ from macula.agent.contact_policy import trust, untrust
 from macula.agent.petnames import petname, resolve
 from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
-from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms
+from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
+from macula.clock import Clock, now_ms
 from macula.errors import ConfigError, MaculaError
 from macula.node import Node
 from macula.services import DIRECTORY_RENEW_S, HouseClient
 from macula.store.base import StorePaths, paths_from_env
-from macula.store.rings import RingStore
+from macula.store.rings import Ring, RingStore
 from macula.store.roster import RosterStore
-from macula.store.transcript import TranscriptStore
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+from macula.store.transcript import TranscriptMessage, TranscriptStore
 
 
 @dataclass(frozen=True)
@@ -78,14 +76,22 @@ class AgentSettings:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Inbox:
+    """What waits for the model: its rooms threaded, help on central, rings deferred to it."""
+
+    rooms: list[RoomThread]
+    central_help: list[TranscriptMessage]
+    pending_rings: list[Ring]
+
+
 class Agent:
-    def __init__(
-        self, node: Node, settings: AgentSettings, *, clock: Callable[[], int] = _now_ms
-    ) -> None:
+    def __init__(self, node: Node, settings: AgentSettings, *, clock: Clock = now_ms) -> None:
         self.node = node
         self.settings = settings
         self.clock = clock
         self._group: asyncio.TaskGroup | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
         self._roster: RosterStore | None = None
         self._transcript: TranscriptStore | None = None
         self._rings: RingStore | None = None
@@ -99,37 +105,45 @@ class Agent:
 
     async def __aenter__(self) -> Agent:
         paths = self.settings.paths
-        self._roster = await RosterStore.open(paths.roster)
-        self._transcript = await TranscriptStore.open(paths.transcript)
-        self._rings = await RingStore.open(paths.rings)
-        self.presence = Presence(self.node, self._roster, self.settings.profile, self.clock)
-        self.rooms = Rooms(
-            self.node, self._transcript, self.clock, max_rooms=self.settings.max_rooms
-        )
-        self.rings = Rings(
-            self.node,
-            self._rings,
-            self.rooms,
-            self.clock,
-            policy_file=self.settings.policy_file,
-            policy_override=self.settings.policy_override,
-        )
-        self._group = asyncio.TaskGroup()
-        await self._group.__aenter__()
+        async with contextlib.AsyncExitStack() as stack:
+            self._roster = await stack.enter_async_context(await RosterStore.open(paths.roster))
+            self._transcript = await stack.enter_async_context(
+                await TranscriptStore.open(paths.transcript)
+            )
+            self._rings = await stack.enter_async_context(await RingStore.open(paths.rings))
+            self.presence = Presence(self.node, self._roster, self.settings.profile, self.clock)
+            self.rooms = Rooms(
+                self.node, self._transcript, self.clock, max_rooms=self.settings.max_rooms
+            )
+            self.rings = Rings(
+                self.node,
+                self._rings,
+                self.rooms,
+                self.clock,
+                policy_file=self.settings.policy_file,
+                policy_override=self.settings.policy_override,
+            )
+            self._group = await stack.enter_async_context(asyncio.TaskGroup())
+            stack.push_async_callback(self._wind_down)
+            self._stack = stack.pop_all()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _wind_down(self) -> None:
+        """Say goodbye if present and stop every task, so the task group can close."""
         if self.presence.present:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.goodbye(), 1.5)
+        if self._citizen is not None:
+            self._citizen.cancel()
+            self._citizen = None
         await self.presence.stop_tasks()
         await self.rooms.stop()
-        if self._group is not None:
-            group, self._group = self._group, None
-            await group.__aexit__(None, None, None)
-        for store in (self._roster, self._transcript, self._rings):
-            if store is not None:
-                await store.close()
+        self._group = None
 
     @property
     def group(self) -> asyncio.TaskGroup:
@@ -256,10 +270,9 @@ class Agent:
             "contact_policy": state.mode.label,
         }
 
-    async def inbox(self) -> dict[str, Any]:
-        inbox = await self.rooms.inbox()
-        inbox["rings"] = {"pending": await self.rings.pending()}
-        return inbox
+    async def inbox(self) -> Inbox:
+        rooms = await self.rooms.inbox()
+        return Inbox(rooms.rooms, rooms.central_help, await self.rings.pending())
 
     def identity_view(self) -> dict[str, Any]:
         policy = self.rings.policy()

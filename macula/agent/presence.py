@@ -7,7 +7,8 @@ Invariants:
 - the first beat goes out at once, then every ``interval_seconds`` (minimum 10, default 60);
   a failed beat is logged, never raised, and the next tick tries again;
 - after ``goodbye`` nothing restarts presence except an explicit ``hello``;
-- all timing is through the injected ``clock`` (Unix ms) and ``asyncio.sleep``.
+- all timing is through the injected ``clock`` (Unix ms) and ``asyncio.sleep``;
+- stopping waits for the tasks but never swallows the caller's own cancellation.
 """
 
 from __future__ import annotations
@@ -127,15 +128,20 @@ class Presence:
         await self.stop_tasks()
 
     async def stop_tasks(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks = []
-        for sub in self._subscriptions:
-            await sub.close()
-        self._subscriptions = []
+        """Cancel the heartbeat and the feeds, wait for them, close the subscriptions.
+
+        Waiting never swallows a cancellation of the caller itself (``asyncio.wait`` raises it);
+        the tasks' own outcomes are their task group's business."""
+        tasks, self._tasks = self._tasks, []
+        subscriptions, self._subscriptions = self._subscriptions, []
+        try:
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.wait(tasks)
+        finally:
+            for sub in subscriptions:
+                await sub.close()
 
     async def beat(self) -> None:
         now = self.clock()

@@ -8,17 +8,20 @@ the contact policy (re-read on every ring): 1 accepted (we join the room and pub
 the model, expires after 24 h). Every answer is proven by the callee, bound to
 ``agent.<caller>.ring#answer:<ring_id>``. A deferred ring answered later travels back as a
 proven call to the caller's own ring endpoint.
+
+Results are typed (``RingPlaced``, ``RingAnswered``, ``RingEvent``, the store's ``Ring``); the
+tools shape what a model sees.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,43 @@ MAX_PENDING_PER_CALLER = 3
 RING_TIMEOUT_S = 10.0
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class RingPlaced:
+    """What came of a ring we placed."""
+
+    ring_id: str
+    to: bytes
+    room_topic: str
+    unreachable: int  # 1: nobody serves the callee's ring endpoint (``detail`` says why)
+    answer: int | None  # 1 accepted, 2 declined, 3 deferred; None when unreachable
+    reason: str | None = None
+    detail: str | None = None
+    joined: int | None = None  # after an accept: 1 once the callee's participant_joined is seen
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RingAnswered:
+    """Our answer to a deferred ring."""
+
+    ring_id: str
+    answer: int
+    caller_notified: int  # 0 when the caller was gone (the answer is recorded anyway)
+    state: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RingEvent:
+    """A ring that reached us (``late_answer`` 0), or the late answer to a ring of ours (1)."""
+
+    ring_id: str
+    sender: bytes
+    answer: int
+    reason: str | None
+    room_topic: str | None
+    purpose: str | None = None
+    late_answer: int = 0
+
+
 class Rings:
     def __init__(
         self,
@@ -69,7 +109,7 @@ class Rings:
         self._last_ring: dict[bytes, int] = {}
         self._incoming = asyncio.Condition()
         self._incoming_count = 0
-        self._latest: dict[str, Any] | None = None
+        self._latest: RingEvent | None = None
         self.serving = False
 
     def policy(self) -> PolicyState:
@@ -141,14 +181,7 @@ class Rings:
         if outcome == "duplicate":
             return self._answer(call.caller, ring_id, room, Answer.DECLINED, "duplicate ring_id")
         await self._notify(
-            {
-                "ring_id": ring_id,
-                "from": call.caller.hex(),
-                "purpose": payload.get("purpose"),
-                "room_topic": room,
-                "answer": int(answer),
-                "reason": reason,
-            }
+            RingEvent(ring_id, call.caller, int(answer), reason, room, payload.get("purpose"))
         )
         return self._answer(call.caller, ring_id, room, answer, reason)
 
@@ -182,24 +215,24 @@ class Rings:
             ring.ring_id, call.payload["answer"], call.payload.get("reason"), now
         )
         await self._notify(
-            {
-                "ring_id": ring.ring_id,
-                "from": call.caller.hex(),
-                "answer": call.payload["answer"],
-                "reason": call.payload.get("reason"),
-                "room_topic": ring.room_topic,
-                "late_answer": 1,
-            }
+            RingEvent(
+                ring.ring_id,
+                call.caller,
+                call.payload["answer"],
+                call.payload.get("reason"),
+                ring.room_topic,
+                late_answer=1,
+            )
         )
         return {"recorded": 1}
 
-    async def _notify(self, event: dict[str, Any]) -> None:
+    async def _notify(self, event: RingEvent) -> None:
         async with self._incoming:
             self._incoming_count += 1
             self._latest = event
             self._incoming.notify_all()
 
-    async def wait_ring(self, wait_seconds: float) -> dict[str, Any] | None:
+    async def wait_ring(self, wait_seconds: float) -> RingEvent | None:
         """Block until the next incoming ring (or late answer) arrives, or time runs out."""
         async with self._incoming:
             seen = self._incoming_count
@@ -212,7 +245,7 @@ class Rings:
 
     async def answer_ring(
         self, ring_id: str, answer: int, reason: str | None = None
-    ) -> dict[str, Any]:
+    ) -> RingAnswered:
         """Answer a deferred ring: 1 joins its room first, 2 declines; the proven answer goes
         back to the caller's ring endpoint (``caller_notified`` 0 when they are gone)."""
         if answer not in (Answer.ACCEPTED, Answer.DECLINED):
@@ -239,12 +272,9 @@ class Rings:
         updated = await self.store.set_answer(
             ring_id, int(answer), reason, self.clock(), caller_notified=notified
         )
-        return {
-            "ring_id": ring_id,
-            "answer": int(answer),
-            "caller_notified": notified,
-            "state": updated.state if updated else "answered",
-        }
+        return RingAnswered(
+            ring_id, int(answer), notified, updated.state if updated else "answered"
+        )
 
     # -- caller --------------------------------------------------------------------------------
 
@@ -255,14 +285,13 @@ class Rings:
         *,
         room_topic: str | None = None,
         wait_join_seconds: float = 0,
-    ) -> dict[str, Any]:
+    ) -> RingPlaced:
         if to == self.me:
             raise MaculaError("you cannot ring yourself")
-        room = room_topic or (await self.rooms.open(purpose[:280] or None))["room_topic"]
+        room = room_topic or (await self.rooms.open(purpose[:280] or None)).room_topic
         now = self.clock()
         ring_id = new_ring_id(self.random(16))
         payload = build_ring(self.node.identity, to, purpose, room, ring_id, now)
-        result: dict[str, Any] = {"ring_id": ring_id, "to": to.hex(), "room_topic": room}
         try:
             reply = await self.node.call(
                 ZERO_REALM, ring_endpoint(to), dict(payload), timeout=RING_TIMEOUT_S
@@ -272,7 +301,7 @@ class Rings:
                 raise
             await self.store.add(ring_id, "outgoing", to, now, purpose=purpose, room_topic=room)
             await self.store.set_unreachable(ring_id, str(exc), self.clock())
-            return result | {"unreachable": 1, "answer": None, "detail": str(exc)}
+            return RingPlaced(ring_id, to, room, 1, None, detail=str(exc))
         problems = validate_ring_answer(reply, self.me, self.clock())
         if problems:
             raise MaculaError("the callee's answer does not verify: " + "; ".join(problems))
@@ -287,30 +316,24 @@ class Rings:
             answer=None if answer == Answer.DEFERRED else answer,
             reason=reply.get("reason"),
         )
-        result |= {"unreachable": 0, "answer": answer, "reason": reply.get("reason")}
-        if answer == Answer.ACCEPTED:
-            joined = await self.rooms.wait(
-                room,
-                wait_join_seconds,
-                after_ms=now - 1,
-                kinds={"participant_joined"},
-                sender=to.hex(),
-            )
-            result["joined"] = int(joined is not None)
-        return result
+        placed = RingPlaced(ring_id, to, room, 0, answer, reply.get("reason"))
+        if answer != Answer.ACCEPTED:
+            return placed
+        joined = await self.rooms.wait(
+            room,
+            wait_join_seconds,
+            after_ms=now - 1,
+            kinds={"participant_joined"},
+            sender=to.hex(),
+        )
+        return dataclasses.replace(placed, joined=int(joined is not None))
 
-    async def pending(self) -> list[dict[str, Any]]:
-        return [_ring_view(r) for r in await self.store.pending(self.clock())]
+    async def pending(self) -> list[Ring]:
+        return await self.store.pending(self.clock())
 
-    async def recent(self, limit: int = 20) -> list[dict[str, Any]]:
-        return [_ring_view(r) for r in await self.store.recent(limit)]
+    async def recent(self, limit: int = 20) -> list[Ring]:
+        return await self.store.recent(limit)
 
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
-
-
-def _ring_view(ring: Ring) -> dict[str, Any]:
-    view = asdict(ring)
-    view["peer"] = ring.peer.hex()
-    return view

@@ -8,19 +8,25 @@ Invariants:
 - only attested messages count as someone joining or replying;
 - the observer also taps PUBLIC rooms announced on central (a ``room_opened`` on central whose
   ``refs[0]`` names the room), at most ``max_rooms``; what it drops is counted;
-- waiting never polls the station: it waits on the local transcript, which the taps fill.
+- operations return typed results (the dataclasses below, or the store's rows); how a model
+  sees them (dict keys, petnames, 0/1) is the tools' business;
+- waiting never polls the station: it waits on the local transcript, which the taps fill;
+  every new message bumps ``_generation`` under ``_changed``, and a waiter re-reads whenever
+  the generation moved since its last read, so nothing recorded between a read and the wait
+  is missed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import dataclass
 from typing import Any
 
 from macula.agent.envelope import (
@@ -51,6 +57,50 @@ class RoomError(MaculaError):
     """A room operation that cannot be done; the message says why and what to do."""
 
 
+@dataclass(frozen=True, slots=True)
+class RoomOpened:
+    room_topic: str
+    message_id: str  # of the room_opened envelope published in the room
+    public: int  # 1 when also announced on central
+
+
+@dataclass(frozen=True, slots=True)
+class RoomJoined:
+    room_topic: str
+    already_member: int  # 1 when we were in it already (nothing published)
+    message_id: str | None  # of our participant_joined, None when already a member
+
+
+@dataclass(frozen=True, slots=True)
+class RoomLeft:
+    room_topic: str
+    closed: int  # 1 when we published room_closed (openers only)
+
+
+@dataclass(frozen=True, slots=True)
+class Said:
+    room_topic: str
+    message_id: str
+    waited: int  # 1 when the call waited for a reply (then ``reply`` is it, or None)
+    reply: TranscriptMessage | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoomThread:
+    """One joined room's messages: the envelopes as received plus ``attested``, ``thread_root``
+    and ``depth``, oldest first; ``poll_hint`` when we spoke last and nobody answered."""
+
+    room_topic: str
+    messages: list[dict[str, Any]]
+    poll_hint: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RoomsInbox:
+    rooms: list[RoomThread]
+    central_help: list[TranscriptMessage]  # recent help broadcasts on central
+
+
 class Rooms:
     def __init__(
         self,
@@ -71,6 +121,7 @@ class Rooms:
         self._taps: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
         self._observed: set[str] = set()  # public rooms tapped by the observer only
         self._changed = asyncio.Condition()
+        self._generation = 0  # messages recorded so far (bumped under ``_changed``)
         self._group: asyncio.TaskGroup | None = None
         self.observing = False
 
@@ -177,6 +228,7 @@ class Rooms:
         )
         if new:
             async with self._changed:
+                self._generation += 1
                 self._changed.notify_all()
         return new
 
@@ -199,7 +251,7 @@ class Rooms:
 
     async def open(
         self, purpose: str | None = None, *, public: int = 0, participants: Sequence[bytes] = ()
-    ) -> dict[str, Any]:
+    ) -> RoomOpened:
         topic = new_room_topic(self.random(16))
         await self.transcript.join_room(topic, "opener", public, purpose, self.clock())
         await self._tap(topic)
@@ -214,13 +266,9 @@ class Rooms:
             await self._publish(
                 LOBBY_TOPIC, "room_opened", purpose or "", purpose=purpose, refs=[topic]
             )
-        return {
-            "room_topic": topic,
-            "message_id": opened["message_id"],
-            "public": int(bool(public)),
-        }
+        return RoomOpened(topic, opened["message_id"], int(bool(public)))
 
-    async def join(self, topic: str) -> dict[str, Any]:
+    async def join(self, topic: str) -> RoomJoined:
         if not is_room_topic(topic):
             raise RoomError(f"{topic!r} is not a room topic (agents.room.<32 lowercase hex>)")
         newly = await self.transcript.join_room(topic, "participant", 0, None, self.clock())
@@ -229,14 +277,9 @@ class Rooms:
         message_id = None
         if newly:
             message_id = (await self._publish(topic, "participant_joined"))["message_id"]
-        return {
-            "room_topic": topic,
-            "joined": 1,
-            "already_member": int(not newly),
-            "message_id": message_id,
-        }
+        return RoomJoined(topic, int(not newly), message_id)
 
-    async def leave(self, topic: str, *, close: int = 0) -> dict[str, Any]:
+    async def leave(self, topic: str, *, close: int = 0) -> RoomLeft:
         membership = {m.room_topic: m for m in await self.transcript.joined_rooms()}.get(topic)
         if membership is None:
             raise RoomError(f"not in {topic}: nothing to leave (mesh_rooms lists your rooms)")
@@ -247,7 +290,7 @@ class Rooms:
             await self._publish(topic, kind)
         await self.transcript.leave_room(topic, self.clock())
         await self._untap(topic)
-        return {"room_topic": topic, "left": 1, "closed": int(bool(close))}
+        return RoomLeft(topic, int(bool(close)))
 
     async def say(
         self,
@@ -258,7 +301,7 @@ class Rooms:
         in_reply_to: str | None = None,
         refs: Sequence[str] | None = None,
         wait_reply_seconds: float = 0,
-    ) -> dict[str, Any]:
+    ) -> Said:
         if kind not in TALK_KINDS:
             raise RoomError(
                 f"kind must be one of {sorted(TALK_KINDS)}; lifecycle kinds are the room tools'"
@@ -270,12 +313,10 @@ class Rooms:
         envelope = await self._publish(
             topic, kind, text, in_reply_to=in_reply_to, refs=list(refs) if refs else None
         )
-        result: dict[str, Any] = {"room_topic": topic, "message_id": envelope["message_id"]}
-        if wait_reply_seconds > 0:
-            reply = await self.wait(topic, wait_reply_seconds, after_ms=envelope["sent_at"])
-            result["reply"] = reply
-            result["timed_out"] = int(reply is None)
-        return result
+        if wait_reply_seconds <= 0:
+            return Said(topic, envelope["message_id"], 0)
+        reply = await self.wait(topic, wait_reply_seconds, after_ms=envelope["sent_at"])
+        return Said(topic, envelope["message_id"], 1, reply)
 
     async def wait(
         self,
@@ -285,12 +326,13 @@ class Rooms:
         after_ms: int | None = None,
         kinds: set[str] | None = None,
         sender: str | None = None,
-    ) -> dict[str, Any] | None:
+    ) -> TranscriptMessage | None:
         """The first attested message in ``topic`` from someone else received after now."""
         since = self.clock() if after_ms is None else after_ms
-        deadline = asyncio.get_running_loop().time() + max(0.0, wait_seconds)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait_seconds)
 
-        async def found() -> dict[str, Any] | None:
+        async def found() -> TranscriptMessage | None:
             for message in await self.transcript.messages(topic, since_ms=since, limit=200):
                 if (
                     message.attested
@@ -298,26 +340,30 @@ class Rooms:
                     and (kinds is None or message.kind in kinds)
                     and (sender is None or message.from_hex == sender)
                 ):
-                    return _public(message)
+                    return message
             return None
 
         while True:
+            generation = self._generation  # read before looking: a later record moves it
             hit = await found()
             if hit is not None:
                 return hit
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 return None
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), remaining)
+                    moved = functools.partial(self._moved_since, generation)
+                    await asyncio.wait_for(self._changed.wait_for(moved), remaining)
 
-    async def rooms(self) -> dict[str, Any]:
-        joined = [asdict(m) for m in await self.transcript.joined_rooms()]
-        seen = [asdict(r) for r in await self.transcript.seen_rooms()]
-        return {"joined": joined, "seen_on_central": seen, "observed": sorted(self._observed)}
+    def _moved_since(self, generation: int) -> bool:
+        return self._generation != generation
 
-    async def inbox(self, limit: int = 100) -> dict[str, Any]:
+    def observed(self) -> list[str]:
+        """The public rooms tapped by the observer only (not joined), sorted."""
+        return sorted(self._observed)
+
+    async def inbox(self, limit: int = 100) -> RoomsInbox:
         rooms = []
         for membership in await self.transcript.joined_rooms():
             messages = await self.transcript.messages(membership.room_topic, limit=limit)
@@ -325,25 +371,6 @@ class Rooms:
             threaded = [
                 {**t.message, "thread_root": t.thread_root, "depth": t.depth} for t in thread(raw)
             ]
-            entry: dict[str, Any] = {"room_topic": membership.room_topic, "messages": threaded}
-            hint = poll_hint(raw, self.me)
-            if hint:
-                entry["poll_hint"] = hint
-            rooms.append(entry)
+            rooms.append(RoomThread(membership.room_topic, threaded, poll_hint(raw, self.me)))
         help_broadcasts = await self.transcript.recent(HELP_KINDS, LOBBY_TOPIC, None, 20)
-        return {"rooms": rooms, "central_help": [_public(m) for m in help_broadcasts]}
-
-
-def _public(message: TranscriptMessage) -> dict[str, Any]:
-    """A transcript row as agents see it (no booleans, no raw bytes)."""
-    return {
-        "room_topic": message.room_topic,
-        "message_id": message.message_id,
-        "from": message.from_hex,
-        "kind": message.kind,
-        "text": message.text,
-        "in_reply_to": message.in_reply_to,
-        "refs": list(message.refs) if message.refs else None,
-        "sent_at": message.sent_at,
-        "attested": message.attested,
-    }
+        return RoomsInbox(rooms, help_broadcasts)

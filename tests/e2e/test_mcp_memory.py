@@ -11,7 +11,7 @@ from mcp import Client, StdioServerParameters
 
 from relay.house.services import HouseConfig
 from relay.station import Station, StationConfig
-from tools.cli import server_command
+from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]

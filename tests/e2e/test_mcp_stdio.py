@@ -14,7 +14,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from relay.station import Station, StationConfig
-from tools.cli import server_command
+from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
 

@@ -24,6 +24,12 @@ pytestmark = pytest.mark.anyio
 agent = agent_in
 
 
+async def settled(*agents: Agent) -> None:
+    """Every agent's earlier subscriptions and advertisements have taken effect at the station."""
+    for one in agents:
+        await one.node.flush()
+
+
 async def eventually(check: Callable[[], object], timeout: float = 5.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -93,23 +99,21 @@ async def test_open_ring_accepted_and_a_conversation(station: Station, tmp_path:
     ):
         await alice.hello()
         await bob.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         rung = await alice.rings.ring(bob.node.identity.node_id, "review the plan")
-        assert (rung["answer"], rung["joined"], rung["unreachable"]) == (1, 1, 0)
-        room = rung["room_topic"]
+        assert (rung.answer, rung.joined, rung.unreachable) == (1, 1, 0)
+        room = rung.room_topic
         asked = await alice.rooms.say(room, "question_asked", "does the plan hold?")
         heard = await bob.rooms.wait(room, 5, after_ms=0, kinds={"question_asked"})
-        assert (
-            heard is not None and heard["text"] == "does the plan hold?" and heard["attested"] == 1
-        )
+        assert heard is not None and heard.text == "does the plan hold?" and heard.attested == 1
         waiting = asyncio.create_task(alice.rooms.wait(room, 5, kinds={"answer_given"}))
-        await bob.rooms.say(room, "answer_given", "yes", in_reply_to=asked["message_id"])
+        await bob.rooms.say(room, "answer_given", "yes", in_reply_to=asked.message_id)
         reply = await waiting
-        assert reply is not None and reply["in_reply_to"] == asked["message_id"]
+        assert reply is not None and reply.in_reply_to == asked.message_id
         inbox = await alice.inbox()
-        [entry] = [r for r in inbox["rooms"] if r["room_topic"] == room]
-        answer = next(m for m in entry["messages"] if m["kind"] == "answer_given")
-        assert (answer["thread_root"], answer["depth"]) == (asked["message_id"], 1)
+        [entry] = [r for r in inbox.rooms if r.room_topic == room]
+        answer = next(m for m in entry.messages if m["kind"] == "answer_given")
+        assert (answer["thread_root"], answer["depth"]) == (asked.message_id, 1)
 
 
 async def test_ask_policy_defers_then_the_answer_reaches_the_caller(
@@ -121,24 +125,25 @@ async def test_ask_policy_defers_then_the_answer_reaches_the_caller(
     ):
         await alice.hello()
         await bob.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         waiting = asyncio.create_task(bob.rings.wait_ring(5))
         rung = await alice.rings.ring(bob.node.identity.node_id, "pair on a bug")
-        assert rung["answer"] == 3
+        assert rung.answer == 3
         incoming = await waiting
-        assert incoming is not None and incoming["answer"] == 3
-        [pending] = (await bob.inbox())["rings"]["pending"]
-        answered = await bob.rings.answer_ring(pending["ring_id"], 1)
-        assert answered["caller_notified"] == 1
+        assert incoming is not None and incoming.answer == 3
+        assert incoming.sender == alice.node.identity.node_id and incoming.late_answer == 0
+        [pending] = (await bob.inbox()).pending_rings
+        answered = await bob.rings.answer_ring(pending.ring_id, 1)
+        assert answered.caller_notified == 1
         joined = await alice.rooms.wait(
-            rung["room_topic"],
+            rung.room_topic,
             5,
             after_ms=0,
             kinds={"participant_joined"},
             sender=bob.node.identity.node_id.hex(),
         )
         assert joined is not None
-        ring = await alice.rings.store.get(rung["ring_id"])
+        ring = await alice.rings.store.get(rung.ring_id)
         assert ring is not None and (ring.state, ring.answer) == ("accepted", 1)
 
 
@@ -152,11 +157,11 @@ async def test_closed_policy_declines_and_unserved_is_unreachable(
     ):
         for a in (alice, bob, carol):
             await a.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob, carol)
         declined = await alice.rings.ring(bob.node.identity.node_id, "hello?")
-        assert declined["answer"] == 2 and declined["reason"]
+        assert declined.answer == 2 and declined.reason
         unreachable = await alice.rings.ring(carol.node.identity.node_id, "hello?")
-        assert unreachable["unreachable"] == 1 and unreachable["answer"] is None
+        assert unreachable.unreachable == 1 and unreachable.answer is None
 
 
 async def test_a_ring_proven_for_another_procedure_is_declined_unrecorded(
@@ -167,9 +172,9 @@ async def test_a_ring_proven_for_another_procedure_is_declined_unrecorded(
         agent(station, tmp_path / "bob", "open") as bob,
     ):
         await bob.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         now = alice.clock()
-        room = (await alice.rooms.open("x"))["room_topic"]
+        room = (await alice.rooms.open("x")).room_topic
         bob_id = bob.node.identity.node_id
         payload = dict(build_ring(alice.node.identity, bob_id, "x", room, "ring1", now))
         payload["proof"] = dict(
@@ -188,7 +193,7 @@ async def test_spoofed_room_message_is_recorded_unattested_and_never_a_reply(
         Node(new_identity(), [station.endpoint]) as mallory,
     ):
         await alice.hello()
-        room = (await alice.rooms.open("private"))["room_topic"]
+        room = (await alice.rooms.open("private")).room_topic
         forged = build_envelope(
             message_id=new_message_id(os.urandom(16)),
             room_topic=room,
@@ -210,23 +215,21 @@ async def test_public_rooms_are_announced_on_central_and_observed(
     async with agent(station, tmp_path / "alice") as alice, agent(station, tmp_path / "bob") as bob:
         await alice.hello()
         await bob.hello()
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         opened = await alice.rooms.open("open office hours", public=1)
 
         async def bob_sees_it() -> bool:
-            return any(
-                r["room_topic"] == opened["room_topic"]
-                for r in (await bob.rooms.rooms())["seen_on_central"]
-            )
+            seen = await bob.rooms.transcript.seen_rooms()
+            return any(r.room_topic == opened.room_topic for r in seen)
 
         await eventually(bob_sees_it)
-        assert opened["room_topic"] in (await bob.rooms.rooms())["observed"]
+        assert opened.room_topic in bob.rooms.observed()
         await alice.rooms.say(LOBBY_TOPIC, "help_requested", "anyone know QUIC?")
         await eventually(lambda: _has_help(bob))
 
 
 async def _has_help(agent: Agent) -> bool:
-    return any(m["kind"] == "help_requested" for m in (await agent.inbox())["central_help"])
+    return any(m.kind == "help_requested" for m in (await agent.inbox()).central_help)
 
 
 async def test_trust_by_petname_turns_ask_into_allowlist(station: Station, tmp_path: Path) -> None:
@@ -235,7 +238,7 @@ async def test_trust_by_petname_turns_ask_into_allowlist(station: Station, tmp_p
         agent(station, tmp_path / "bob", "ask") as bob,
     ):
         await bob.hello()  # bob listens before alice's first (immediate) hello
-        await asyncio.sleep(0.2)
+        await settled(alice, bob)
         await alice.hello()
         alice_name = petname(alice.node.identity.node_id)
 
@@ -246,9 +249,9 @@ async def test_trust_by_petname_turns_ask_into_allowlist(station: Station, tmp_p
         trusted = await bob.trust(alice_name)
         assert trusted["contact_policy"] == "allowlist"
         rung = await alice.rings.ring(bob.node.identity.node_id, "trusted now")
-        assert rung["answer"] == 1
+        assert rung.answer == 1
         await bob.untrust(alice.node.identity.node_id.hex())
         assert bob.rings.policy().mode.label == "allowlist"
         await asyncio.sleep(2.1)  # one ring per caller per 2 s
         again = await alice.rings.ring(bob.node.identity.node_id, "and now?")
-        assert again["answer"] == 2
+        assert again.answer == 2

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from macula.errors import CallTimeout, ConfigError, MeshError
+from macula.wire.identity import Identity
 from tools.receipts import ReceiptStore, args_digest
-from tools.results import MAX_RESULT_BYTES, bounded, fail, from_error, ok, plain
-from tools.runtime import check_key, identity_path
+from tools.results import MAX_RESULT_BYTES, InvalidArgument, bounded, fail, from_error, ok, plain
+from tools.runtime import Runtime, agent_settings, check_key, identity_path, run_tool
 
 
 def test_identity_choice_follows_the_environment(tmp_path: Path) -> None:
@@ -58,7 +62,9 @@ def test_results_carry_no_booleans_and_stay_bounded() -> None:
         (MeshError(0x0E, "bad"), "signature_invalid", 0),
         (CallTimeout("slow"), "timeout", 1),
         (ConfigError("MACULA_X is bad"), "configuration", 0),
-        (ValueError("nope"), "invalid_argument", 0),
+        (InvalidArgument("limit: must be 1..200"), "invalid_argument", 0),
+        (ValueError("a library's own complaint"), "internal_error", 0),
+        (KeyError("missing"), "internal_error", 0),
         (RuntimeError("bug"), "internal_error", 0),
     ],
 )
@@ -68,6 +74,48 @@ def test_errors_map_in_one_place(exc: BaseException, code: str, retryable: int) 
     content = error.structured_content or {}
     assert (content["code"], content["retryable"]) == (code, retryable)
     assert content["next_action"] and "Traceback" not in content["detail"]
+
+
+def _bare_runtime() -> Runtime:
+    """Enough of a runtime for ``run_tool(..., mesh=False)`` without an idempotency key."""
+    nothing = cast(Any, None)
+    return Runtime(node=nothing, agent=nothing, receipts=nothing, env={}, stations=[])
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (InvalidArgument("name: 'x' is not served here"), "invalid_argument"),
+        (KeyError("realm"), "internal_error"),
+        (ValueError("invalid literal for int()"), "internal_error"),
+    ],
+)
+def test_only_argument_checks_answer_invalid_argument(
+    exc: Exception, code: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def work() -> dict[str, Any]:
+        raise exc
+
+    result = asyncio.run(run_tool(_bare_runtime(), "mesh_x", {}, work, mesh=False))
+    error = result.structured_content or {}
+    assert result.is_error and error["code"] == code
+    assert set(error) == {"code", "detail", "retryable", "next_action"}
+    assert error["retryable"] == 0 and error["next_action"]
+    logged = [r for r in caplog.records if r.levelno >= logging.ERROR and r.exc_info]
+    assert bool(logged) == (code == "internal_error")  # bugs keep their traceback, in the log
+
+
+def test_agent_settings_keep_every_variable(tmp_path: Path) -> None:
+    env = {
+        "MACULA_HOME": str(tmp_path),
+        "MACULA_MCP_NO_CITIZENSHIP": "1",
+        "MACULA_MCP_NO_RING": "1",
+        "MACULA_MCP_CONTACT_POLICY": "open",
+    }
+    settings = agent_settings(env, Identity.generate(os.urandom))
+    assert settings.citizenship is False
+    assert settings.serve_rings is False and settings.policy_override == "open"
+    assert agent_settings({"MACULA_HOME": str(tmp_path)}, Identity.generate(os.urandom)).citizenship
 
 
 def test_idempotency_keys_are_bounded() -> None:
