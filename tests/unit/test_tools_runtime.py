@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from macula.config import identity_path
 from macula.errors import CallTimeout, ConfigError, MeshError
 from tools.receipts import ReceiptStore, args_digest
 from tools.results import MAX_RESULT_BYTES, bounded, fail, from_error, ok, plain
-from tools.runtime import check_key, identity_path
+from tools.runtime import check_key
 
 
 def test_identity_choice_follows_the_environment(tmp_path: Path) -> None:
