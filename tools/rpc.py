@@ -34,7 +34,7 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from macula.errors import MaculaError
-from macula.node import IncomingCall
+from macula.serving import CallRefused, IncomingCall
 from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_realm
 from tools.results import bad_argument, plain
@@ -58,7 +58,7 @@ _READ = 64 * 1024
 _PROCESS = os.urandom(4).hex()  # what mesh_serve did ends with this process: so do its receipts
 
 
-class CommandFailed(Exception):
+class CommandFailed(CallRefused):
     """A served command produced no reply; the message (short, no stderr) goes to the caller."""
 
 
