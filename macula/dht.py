@@ -9,20 +9,17 @@ us believe a forged or stale record.
 from __future__ import annotations
 
 import os
-import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from macula.clock import now_ms
 from macula.errors import MaculaError, MeshError
 from macula.stations import StationAddress
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import RecordInvalid
-from macula.wire.identity import ZERO_REALM
+from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import station_endpoint_key, storage_key_for_procedure
 from macula.wire.records import Record, RecordType, new_record, record_version
-
-if TYPE_CHECKING:
-    from macula.node import Node
 
 DHT_TIMEOUT = 5.0
 
@@ -31,17 +28,24 @@ class ResolveError(MaculaError):
     """The DHT holds no usable record for what was asked."""
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+class Caller(Protocol):
+    """What the DHT and house clients need of a node: calling a procedure."""
+
+    async def call(
+        self, realm: bytes, procedure: str, payload: Any = None, *, timeout: float = ...
+    ) -> Any: ...
 
 
 class DhtClient:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    """The DHT through ``caller``; records it creates are signed by ``identity``."""
+
+    def __init__(self, caller: Caller, identity: Identity) -> None:
+        self._caller = caller
+        self._identity = identity
         self.stats: Counter[str] = Counter()
 
     async def _builtin(self, procedure: str, payload: Any, timeout: float) -> Any:
-        return await self.node.call(ZERO_REALM, procedure, payload, timeout=timeout)
+        return await self._caller.call(ZERO_REALM, procedure, payload, timeout=timeout)
 
     async def put_record(self, record: Record, *, timeout: float = DHT_TIMEOUT) -> None:
         answer = await self._builtin("_dht.put_record", record.to_rpc(), timeout)
@@ -51,7 +55,7 @@ class DhtClient:
     def _checked(self, raw: Any) -> Record | None:
         try:
             record = Record.from_rpc(raw)
-            record.verify(_now_ms())
+            record.verify(now_ms())
         except RecordInvalid as exc:
             reason = exc.reason if exc.reason in ("bad_signature", "expired") else "malformed"
             self.stats[reason] += 1
@@ -88,13 +92,13 @@ class DhtClient:
     ) -> Record:
         """Sign and store a procedure_advertisement record (with our ``realm`` as an extra
         payload field, so callers can resolve it)."""
-        now = _now_ms()
+        now = now_ms()
         record = new_record(
-            self.node.identity,
+            self._identity,
             RecordType.PROCEDURE_ADVERTISEMENT,
             {
                 "procedure_uri": procedure,
-                "advertiser_node": self.node.identity.node_id,
+                "advertiser_node": self._identity.node_id,
                 "serving_station": serving_station,
                 "realm": realm,
             },

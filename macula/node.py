@@ -6,42 +6,38 @@ advertisements are *intent*: kept here, sent on every (re)connect. When the sess
 supervisor reconnects with backoff (``macula.backoff``), failing over along the station list,
 replays the intent, then tells listeners ``reconnected``. Closing the node never reconnects,
 and no task outlives the ``async with`` (all tasks belong to the node's task group).
+
+Each other concern has its own module: ``subscriptions``, ``serving`` (handlers),
+``content_client`` (§11), ``direct`` (direct dial), ``dht``, ``config`` (the environment).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-import os
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from macula.backoff import Backoff
-from macula.dht import DhtClient, ResolveError
-from macula.errors import (
-    BrokenError,
-    ClosedError,
-    ConfigError,
-    HandshakeError,
-    MaculaError,
-    MeshError,
-)
-from macula.keyfile import KeyFileError, load_or_create_identity
-from macula.session import Session, StreamChannel, now_ms, stamp
-from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_station_list
-from macula.wire import content
-from macula.wire.codes import ErrorCode
-from macula.wire.errors import WireError
+from macula.clock import now_ms
+from macula.config import identity_from_env, mesh_stations_from_env
+from macula.content_client import ContentClient
+from macula.dht import DhtClient
+from macula.direct import DirectDialer
+from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError
+from macula.serving import Handler, Server, StreamHandler
+from macula.session import Session, StreamChannel, stamp
+from macula.stations import StationAddress, parse_station
+from macula.subscriptions import Delivery, Subscription, SubscriptionTable
 from macula.wire.frames import (
     Advertise,
     Call,
     Event,
+    Frame,
     Publish,
     StreamOpen,
     Subscribe,
@@ -52,112 +48,6 @@ from macula.wire.identity import Identity
 
 log = logging.getLogger("macula.node")
 
-CONTENT_BLOCK_TIMEOUT = 15.0
-CONTENT_MANIFEST_TIMEOUT = 5.0
-CONTENT_WINDOW = 2  # block CALLs in flight on one content stream (more overflows UDP buffers)
-
-T = TypeVar("T")
-
-
-async def _windowed(work: list[Coroutine[Any, Any, T]], window: int = CONTENT_WINDOW) -> list[T]:
-    """Run ``work`` with at most ``window`` in flight; results in order; first error wins."""
-    gate = asyncio.Semaphore(window)
-
-    async def one(item: Coroutine[Any, Any, T]) -> T:
-        async with gate:
-            return await item
-
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(one(item)) for item in work]
-    return [task.result() for task in tasks]
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One event as a subscriber sees it."""
-
-    realm: bytes
-    topic: str
-    publisher: bytes
-    seq: int
-    payload: Any
-    authenticated: bool  # publisher_sig present and valid (§4.4)
-
-
-@dataclass(frozen=True, slots=True)
-class IncomingCall:
-    realm: bytes
-    procedure: str
-    payload: Any
-    caller: bytes
-    deadline_ms: int
-
-
-Handler = Callable[[IncomingCall], Any]
-StreamHandler = Callable[[StreamChannel, IncomingCall], Awaitable[Any]]
-
-
-class Subscription:
-    """An async iterator of ``Delivery`` with a bounded buffer.
-
-    When the consumer falls behind by ``buffer`` events, the *oldest* buffered event is
-    dropped and counted in ``dropped`` (a warning is logged once per 1000 drops).
-    """
-
-    def __init__(self, node: Node, realm: bytes, topic: str, buffer: int) -> None:
-        self.node = node
-        self.realm = realm
-        self.topic = topic
-        self._queue: asyncio.Queue[Delivery | None] = asyncio.Queue(maxsize=buffer)
-        self.dropped = 0
-        self.delivered = 0
-        self.closed = False
-
-    def _offer(self, delivery: Delivery) -> None:
-        if self._queue.full():
-            self._queue.get_nowait()
-            self.dropped += 1
-            if self.dropped % 1000 == 1:
-                log.warning(
-                    "subscription %s: consumer too slow, %d events dropped",
-                    self.topic,
-                    self.dropped,
-                )
-        self._queue.put_nowait(delivery)
-        self.delivered += 1
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Delivery:
-        item = await self._queue.get()
-        if item is None:
-            self._queue.put_nowait(None)
-            raise StopAsyncIteration
-        return item
-
-    async def next(self, timeout: float | None = None) -> Delivery:
-        return await asyncio.wait_for(self.__anext__(), timeout)
-
-    async def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            await self.node._unsubscribe(self)
-            with contextlib.suppress(asyncio.QueueFull):
-                self._queue.put_nowait(None)
-
-    async def __aenter__(self) -> Subscription:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-
-@dataclass(slots=True)
-class _Served:
-    handler: Handler | None = None
-    stream_handler: StreamHandler | None = None
-
 
 @dataclass(slots=True)
 class NodeStats:
@@ -166,7 +56,6 @@ class NodeStats:
     events_unauthenticated: int = 0
     calls_served: int = 0
     handler_errors: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
 
 
 def _first_connect_error(
@@ -176,23 +65,6 @@ def _first_connect_error(
         return last
     names = ", ".join(map(str, stations))
     return BrokenError(f"no station reachable: {names} (last error: {last})")
-
-
-IDENTITY_ENV = "MACULA_MCP_IDENTITY"
-
-
-def identity_from_env(environ: Mapping[str, str] | None = None) -> Identity:
-    """The identity at ``MACULA_MCP_IDENTITY`` (or ``$MACULA_HOME/identity.key``)."""
-    env = os.environ if environ is None else environ
-    home = Path(env.get("MACULA_HOME") or "~/.macula").expanduser()
-    raw = env.get(IDENTITY_ENV)
-    if raw is not None and not raw.strip():
-        raise ConfigError(f"{IDENTITY_ENV} is set but empty: give the path of a key file")
-    path = Path(raw).expanduser() if raw else home / "identity.key"
-    try:
-        return load_or_create_identity(path)
-    except (KeyFileError, OSError) as exc:
-        raise ConfigError(f"{IDENTITY_ENV}: {exc}") from None
 
 
 class Node:
@@ -214,8 +86,8 @@ class Node:
         self.stats = NodeStats()
         self._session: Session | None = None
         self._connected = asyncio.Event()
-        self._subscriptions: dict[tuple[bytes, str], set[Subscription]] = {}
-        self._served: dict[tuple[bytes, str], _Served] = {}
+        self._subscriptions = SubscriptionTable()
+        self._served = Server(self.stats, self._spawn_handler)
         self._seen: OrderedDict[tuple[bytes, bytes, int], None] = OrderedDict()
         self._dedup_window = dedup_window
         self._seq = 0
@@ -226,22 +98,19 @@ class Node:
         self._wake = asyncio.Event()
         self.station_index = 0
         self._was_up = False  # announce "disconnected" once per outage
-        self.dht = DhtClient(self)
+        self.dht = DhtClient(self, identity)
         self._announced: set[tuple[bytes, str]] = set()
-        self._direct: dict[bytes, Session] = {}
-        self._direct_lock = asyncio.Lock()
+        self._direct = DirectDialer(identity, self, self.dht, self.session, self._spawn_task)
+        self._content = ContentClient(self.session)
         self._handlers: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Node:
         """A node configured like every macula tool: ``MACULA_MESH_STATIONS`` (comma-separated
-        station addresses, required) and ``MACULA_MCP_IDENTITY`` (key file; default
-        ``$MACULA_HOME/identity.key``, created puzzle-hardened if missing)."""
-        env = os.environ if environ is None else environ
-        stations = parse_station_list(env.get(STATIONS_ENV, ""))
-        if not stations:
-            raise ConfigError(f"{STATIONS_ENV} is empty: set it to host:port or node_id@host:port")
-        return cls(identity_from_env(env), stations, **kwargs)
+        station addresses, required) and the identity ``macula.config.identity_path`` chooses
+        (the same as ``macula-mcp``'s; created puzzle-hardened if missing)."""
+        stations = mesh_stations_from_env(environ)
+        return cls(identity_from_env(environ), stations, **kwargs)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -261,15 +130,12 @@ class Node:
         self._closing = True
         self._wake.set()
         self._connected.clear()
-        for session in [self._session, *self._direct.values()]:
+        for session in [self._session, *self._direct.sessions()]:
             if session is not None:
                 session.ended.set()
         for task in list(self._handlers):
             task.cancel()  # in-flight handlers end with the node
-        for subs in self._subscriptions.values():
-            for sub in subs:
-                with contextlib.suppress(asyncio.QueueFull):
-                    sub._queue.put_nowait(None)
+        self._subscriptions.end_all()
         if self._group is not None:
             group, self._group = self._group, None
             await group.__aexit__(None, None, None)
@@ -389,28 +255,17 @@ class Node:
         authenticated = event.publisher_sig is not None  # verified by the session
         if not authenticated:
             self.stats.events_unauthenticated += 1
-        delivery = Delivery(
-            event.realm, event.topic, event.publisher, event.seq, event.payload, authenticated
+        self._subscriptions.deliver(
+            Delivery(
+                event.realm, event.topic, event.publisher, event.seq, event.payload, authenticated
+            )
         )
-        for sub in self._subscriptions.get((event.realm, event.topic), ()):
-            sub._offer(delivery)
 
     def call_received(self, session: Session, stream: int, call: Call) -> None:
-        served = self._served.get((call.realm, call.procedure))
-        if served is None or served.handler is None:
-            session.reply_error(stream, call, ErrorCode.UNKNOWN_NEXT_PEER, None)
-            return
-        self._spawn_handler(self._serve_call(session, stream, call, served.handler))
+        self._served.call_received(session, stream, call)
 
     def stream_opened(self, session: Session, channel: StreamChannel, opening: StreamOpen) -> None:
-        served = self._served.get((opening.realm, opening.procedure))
-        if served is None or served.stream_handler is None or self._group is None:
-            channel.fail("not_found", f"{opening.procedure} is not served here")
-            return
-        incoming = IncomingCall(
-            opening.realm, opening.procedure, opening.args, opening.caller, opening.deadline_ms
-        )
-        self._spawn_handler(self._serve_stream(channel, incoming, served.stream_handler))
+        self._served.stream_opened(channel, opening)
 
     def _spawn_handler(self, work: Coroutine[Any, Any, None]) -> None:
         if self._group is None or self._closing:
@@ -420,55 +275,18 @@ class Node:
         self._handlers.add(task)
         task.add_done_callback(self._handlers.discard)
 
-    async def _serve_call(
-        self, session: Session, stream: int, call: Call, handler: Handler
-    ) -> None:
-        incoming = IncomingCall(
-            call.realm, call.procedure, call.payload, call.caller, call.deadline_ms
-        )
-        try:
-            result = handler(incoming)
-            if inspect.isawaitable(result):
-                result = await result
-        except Exception as exc:
-            self.stats.handler_errors += 1
-            self._answer_error(session, stream, call, str(exc) or type(exc).__name__)
-            return
-        self.stats.calls_served += 1
-        self._answer(session, stream, call, result)
+    def _spawn_task(self, work: Coroutine[Any, Any, None]) -> None:
+        """A task of the node's group that is not a handler (``ClosedError`` once closed)."""
+        if self._group is None:
+            work.close()
+            raise ClosedError("node closed")
+        self._group.create_task(work)
 
-    @staticmethod
-    def _answer(session: Session, stream: int, call: Call, result: Any) -> None:
-        """Send a RESULT; a lost session is logged, an unencodable result becomes ERROR 0x0F."""
-        try:
-            session.reply(stream, call, result)
-        except MaculaError as exc:
-            log.info("reply not sent: %s", exc)
-        except WireError as exc:
-            log.warning("handler result not encodable: %s", exc)
-            Node._answer_error(session, stream, call, f"result not encodable: {exc.detail}")
-
-    @staticmethod
-    def _answer_error(session: Session, stream: int, call: Call, detail: str) -> None:
-        try:
-            session.reply_error(stream, call, ErrorCode.UNKNOWN_ERROR, detail)
-        except (MaculaError, WireError) as exc:
-            log.info("error reply not sent: %s", exc)
-
-    async def _serve_stream(
-        self, channel: StreamChannel, incoming: IncomingCall, handler: StreamHandler
-    ) -> None:
-        try:
-            result = await handler(channel, incoming)
-            if not channel.closed:
-                if result is None:
-                    channel.end("both")
-                else:
-                    channel.send_reply(result)
-        except Exception as exc:
-            with contextlib.suppress(MaculaError, WireError):
-                if not channel.closed:
-                    channel.fail("handler_error", str(exc) or type(exc).__name__)
+    def _send_if_up(self, frame: Frame) -> None:
+        """Send intent now when connected; otherwise the next ``_replay`` carries it."""
+        if self._session is not None and self._session.alive:
+            with contextlib.suppress(MaculaError):
+                self._session.send_control(frame)
 
     # -- using the mesh ------------------------------------------------------------------------
 
@@ -530,35 +348,20 @@ class Node:
         return frame.seq
 
     async def subscribe(self, realm: bytes, topic: str, *, buffer: int = 1024) -> Subscription:
-        sub = Subscription(self, realm, topic, buffer)
-        key = (realm, topic)
-        first = key not in self._subscriptions
-        self._subscriptions.setdefault(key, set()).add(sub)
-        if first and self._session is not None and self._session.alive:
-            with contextlib.suppress(MaculaError):
-                self._session.send_control(
-                    Subscribe(**stamp(), topic=topic, realm=realm, subscriber=self.identity.node_id)
-                )
+        sub = Subscription(realm, topic, buffer, self._unsubscribe)
+        if self._subscriptions.add(sub):
+            self._send_if_up(
+                Subscribe(**stamp(), topic=topic, realm=realm, subscriber=self.identity.node_id)
+            )
         return sub
 
     async def _unsubscribe(self, sub: Subscription) -> None:
-        key = (sub.realm, sub.topic)
-        subs = self._subscriptions.get(key)
-        if subs is None:
-            return
-        subs.discard(sub)
-        if not subs:
-            del self._subscriptions[key]
-            if self._session is not None and self._session.alive:
-                with contextlib.suppress(MaculaError):
-                    self._session.send_control(
-                        Unsubscribe(
-                            **stamp(),
-                            topic=sub.topic,
-                            realm=sub.realm,
-                            subscriber=self.identity.node_id,
-                        )
-                    )
+        if self._subscriptions.discard(sub):
+            self._send_if_up(
+                Unsubscribe(
+                    **stamp(), topic=sub.topic, realm=sub.realm, subscriber=self.identity.node_id
+                )
+            )
 
     async def call(
         self,
@@ -577,58 +380,22 @@ class Node:
         """
         started = time.monotonic()
         session = await (
-            self._direct_session(procedure, timeout) if direct else self.session(timeout)
+            self._direct.session(procedure, timeout, self.connect_timeout)
+            if direct
+            else self.session(timeout)
         )
         remaining = max(0.001, timeout - (time.monotonic() - started))
         return await session.call(realm, procedure, payload, remaining)
 
-    async def _direct_session(self, procedure: str, timeout: float) -> Session:
-        records = await self.dht.procedure_records(procedure)
-        stations = [r.payload.get("serving_station") for r in records]
-        serving = next((s for s in stations if type(s) is bytes and len(s) == 32), None)
-        if serving is None:
-            raise ResolveError(
-                f"no procedure_advertisement record names a station for {procedure!r}"
-            )
-        home = await self.session(timeout)
-        if serving == home.station_key:
-            return home
-        async with self._direct_lock:
-            cached = self._direct.get(serving)
-            if cached is not None and cached.alive:
-                return cached
-            address = await self.dht.resolve_station(serving)
-            ready: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
-            if self._group is None:
-                raise ClosedError("node closed")
-            self._group.create_task(self._hold_direct(address, ready))
-            session = await ready
-            self._direct[serving] = session
-            return session
-
-    async def _hold_direct(self, address: StationAddress, ready: asyncio.Future[Session]) -> None:
-        """Keep a pinned connection to another station open while the node lives."""
-        try:
-            async with Session.connect(
-                self.identity, address, self, timeout=self.connect_timeout
-            ) as session:
-                ready.set_result(session)
-                await session.ended.wait()
-        except MaculaError as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-        finally:
-            if address.node_id is not None:
-                self._direct.pop(address.node_id, None)
-
     async def advertise(
         self, realm: bytes, procedure: str, handler: Handler, *, announce: bool = False
     ) -> None:
-        """Serve ``procedure``: ``handler(IncomingCall)`` (sync or async) returns the result;
-        an exception becomes ERROR 0x0F with its message. ``announce`` also stores a signed
-        procedure_advertisement record (renewed on every reconnect) so others can resolve
-        this procedure's realm and station and dial it directly."""
-        self._served[(realm, procedure)] = _Served(handler=handler)
+        """Serve ``procedure``: ``handler(IncomingCall)`` (sync or async) returns the result.
+        An exception is logged and answered ERROR 0x0F ``handler_error`` without its text;
+        ``CallRefused(reason)`` is answered with ``reason`` (``macula.serving``). ``announce``
+        also stores a signed procedure_advertisement record (renewed on every reconnect) so
+        others can resolve this procedure's realm and station and dial it directly."""
+        self._served.serve(realm, procedure, handler)
         self._send_advertise(realm, procedure)
         if announce:
             self._announced.add((realm, procedure))
@@ -639,35 +406,22 @@ class Node:
         """Serve a streaming procedure: ``await handler(channel, incoming)``; a returned value
         is sent as STREAM_REPLY, ``None`` ends with STREAM_END(both), an exception as
         STREAM_ERROR ``handler_error``."""
-        self._served[(realm, procedure)] = _Served(stream_handler=handler)
+        self._served.serve_stream(realm, procedure, handler)
         self._send_advertise(realm, procedure)
 
     def _send_advertise(self, realm: bytes, procedure: str) -> None:
-        if self._session is not None and self._session.alive:
-            with contextlib.suppress(MaculaError):
-                self._session.send_control(
-                    Advertise(
-                        **stamp(),
-                        realm=realm,
-                        procedure=procedure,
-                        advertiser=self.identity.node_id,
-                    )
-                )
+        self._send_if_up(
+            Advertise(**stamp(), realm=realm, procedure=procedure, advertiser=self.identity.node_id)
+        )
 
     async def unadvertise(self, realm: bytes, procedure: str) -> None:
         self._announced.discard((realm, procedure))
-        if self._served.pop((realm, procedure), None) is None:
-            return
-        if self._session is not None and self._session.alive:
-            with contextlib.suppress(MaculaError):
-                self._session.send_control(
-                    Unadvertise(
-                        **stamp(),
-                        realm=realm,
-                        procedure=procedure,
-                        advertiser=self.identity.node_id,
-                    )
+        if self._served.withdraw(realm, procedure):
+            self._send_if_up(
+                Unadvertise(
+                    **stamp(), realm=realm, procedure=procedure, advertiser=self.identity.node_id
                 )
+            )
 
     async def open_stream(
         self,
@@ -684,63 +438,12 @@ class Node:
     # -- content (§11) ---------------------------------------------------------------------
 
     async def put_content(self, data: bytes, *, name: str = "unnamed") -> bytes:
-        """Store ``data`` at the station by content id; returns the 34-byte MCID.
-
-        Blocks go out on one dedicated stream with up to ``CONTENT_WINDOW`` CALLs in flight
-        (the station answers each by ``call_id``, §1.3); the manifest follows the last block.
-        """
-        plan = content.plan_put(data, name, created=int(time.time()))
-        session = await self.session(CONTENT_BLOCK_TIMEOUT)
-        async with session.content_stream() as stream:
-
-            async def put(mcid: content.Mcid, block: memoryview) -> None:
-                args = {"mcid": mcid.to_bytes(), "payload": bytes(block)}
-                answer = await session.builtin(
-                    "_content.put_block", args, CONTENT_BLOCK_TIMEOUT, stream=stream
-                )
-                if answer != "ok":
-                    raise MeshError(ErrorCode.UNKNOWN_ERROR, f"put_block answered {answer!r}")
-
-            await _windowed([put(mcid, block) for mcid, block in plan.blocks])
-            if plan.manifest is not None:
-                answer = await session.builtin(
-                    "_content.put_manifest",
-                    {"manifest": plan.manifest.to_wire()},
-                    CONTENT_MANIFEST_TIMEOUT,
-                    stream=stream,
-                )
-                if answer != "ok":
-                    raise MeshError(ErrorCode.UNKNOWN_ERROR, f"put_manifest answered {answer!r}")
-        return plan.mcid.to_bytes()
+        """Store ``data`` at the station by content id; returns the 34-byte MCID."""
+        return await self._content.put(data, name=name)
 
     async def get_content(self, mcid: bytes) -> bytes:
         """Fetch by MCID and verify every byte (block digests, size, Merkle root)."""
-        wanted = content.Mcid.from_bytes(mcid)
-        session = await self.session(CONTENT_BLOCK_TIMEOUT)
-        async with session.content_stream() as stream:
-            if not wanted.is_manifest:
-                block = await self._get_block(session, stream, wanted)
-                content.verify_block(wanted, block)
-                return block
-            answer = await session.builtin(
-                "_content.get_manifest", {"mcid": mcid}, CONTENT_MANIFEST_TIMEOUT, stream=stream
-            )
-            if answer == "not_found":
-                raise MeshError(ErrorCode.UNKNOWN_ERROR, "not_found: no such manifest here")
-            manifest = content.Manifest.from_wire(answer)
-            manifest.verify(wanted)
-            blocks = await _windowed(
-                [self._get_block(session, stream, info.mcid) for info in manifest.chunks]
-            )
-            return content.assemble(manifest, blocks)
-
-    async def _get_block(self, session: Session, stream: int, mcid: content.Mcid) -> bytes:
-        answer = await session.builtin(
-            "_content.get_block", {"mcid": mcid.to_bytes()}, CONTENT_BLOCK_TIMEOUT, stream=stream
-        )
-        if answer == "not_found" or type(answer) is not bytes:
-            raise MeshError(ErrorCode.UNKNOWN_ERROR, f"not_found: block {mcid.hex()[:20]}…")
-        return answer
+        return await self._content.get(mcid)
 
     def wake(self) -> None:
         """Nudge the supervisor (tests, and callers that know the station is back)."""

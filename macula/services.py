@@ -9,10 +9,11 @@ Recall re-hashes every hit (``content_verified`` 1 only when SHA-256 of its text
 from __future__ import annotations
 
 import hashlib
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from macula.agent.proof import make_proof
+from macula.clock import now_ms
+from macula.dht import Caller, DhtClient
 from macula.house import (
     AGENTS_LIST,
     AGENTS_REGISTER,
@@ -21,16 +22,10 @@ from macula.house import (
     MEMORY_ADD,
     MEMORY_QUERY,
 )
-
-if TYPE_CHECKING:
-    from macula.node import Node
+from macula.wire.identity import Identity
 
 DIRECTORY_TTL_S = 20 * 60
 DIRECTORY_RENEW_S = 5 * 60
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def content_hash(text: str) -> str:
@@ -38,21 +33,28 @@ def content_hash(text: str) -> str:
 
 
 class HouseClient:
-    def __init__(self, node: Node, *, timeout: float = 10.0) -> None:
-        self.node = node
+    """The house services through ``caller``, realms resolved by ``dht``; directory entries
+    are proven by ``identity``."""
+
+    def __init__(
+        self, caller: Caller, dht: DhtClient, identity: Identity, *, timeout: float = 10.0
+    ) -> None:
+        self._caller = caller
+        self._dht = dht
+        self._identity = identity
         self.timeout = timeout
         self._realms: dict[str, bytes] = {}
 
     async def realm_of(self, procedure: str) -> bytes:
         realm = self._realms.get(procedure)
         if realm is None:
-            realm = await self.node.dht.resolve_realm(procedure)
+            realm = await self._dht.resolve_realm(procedure)
             self._realms[procedure] = realm
         return realm
 
     async def call(self, procedure: str, payload: Any) -> Any:
         realm = await self.realm_of(procedure)
-        return await self.node.call(realm, procedure, payload, timeout=self.timeout)
+        return await self._caller.call(realm, procedure, payload, timeout=self.timeout)
 
     # -- shared memory ----------------------------------------------------------------------
 
@@ -93,8 +95,8 @@ class HouseClient:
     async def register_agent(
         self, entry: dict[str, Any], *, ttl_seconds: int = DIRECTORY_TTL_S
     ) -> Any:
-        me = self.node.identity.node_id.hex()
-        proof = make_proof(self.node.identity, f"{AGENTS_REGISTER}#{me}", _now_ms())
+        me = self._identity.node_id.hex()
+        proof = make_proof(self._identity, f"{AGENTS_REGISTER}#{me}", now_ms())
         payload = {
             "entry": {**entry, "node_id": me},
             "proof": dict(proof),
@@ -103,8 +105,8 @@ class HouseClient:
         return await self.call(AGENTS_REGISTER, payload)
 
     async def remove_agent(self) -> Any:
-        me = self.node.identity.node_id.hex()
-        proof = make_proof(self.node.identity, f"{AGENTS_REMOVE}#{me}", _now_ms())
+        me = self._identity.node_id.hex()
+        proof = make_proof(self._identity, f"{AGENTS_REMOVE}#{me}", now_ms())
         return await self.call(AGENTS_REMOVE, {"node_id": me, "proof": dict(proof)})
 
     async def list_agents(self, limit: int = 200) -> list[dict[str, Any]]:

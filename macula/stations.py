@@ -6,7 +6,6 @@ against ``node_id`` (PROTOCOL.md §1.2, §5.5).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from macula.errors import ConfigError
@@ -68,8 +67,3 @@ def parse_station_list(text: str, *, source: str = STATIONS_ENV) -> list[Station
     if any(not entry for entry in entries):
         raise ConfigError(f"{source}: empty entry in {text!r}")
     return [parse_station(entry, source=source) for entry in entries]
-
-
-def stations_from_env(environ: dict[str, str] | None = None) -> list[StationAddress]:
-    env = os.environ if environ is None else environ
-    return parse_station_list(env.get(STATIONS_ENV, ""))

@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from macula.config import macula_home
+from macula.errors import ConfigError
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.station import Station, StationConfig
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(os.environ.get("MACULA_HOME", "~/.macula")).expanduser() / "station",
+        default=None,
         help="key, certificate and stores (default $MACULA_HOME/station)",
     )
     parser.add_argument(
@@ -161,8 +162,12 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         lat=args.lat,
         lng=args.lng,
     )
+    try:
+        data_dir = args.data_dir or macula_home() / "station"
+    except ConfigError as exc:
+        raise SystemExit(f"macula-relay: {exc}") from None
     return StationConfig(
-        data_dir=args.data_dir,
+        data_dir=data_dir,
         host=args.host,
         port=args.port,
         advertised_hosts=args.advertise_host,

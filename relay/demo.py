@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from macula.backoff import Backoff
-from macula.node import IncomingCall, Node
+from macula.node import Node
+from macula.serving import IncomingCall
 from macula.session import StreamChannel
 from macula.wire.identity import Identity, realm_tag
 from relay.station import Station, StationConfig

@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from macula.node import IncomingCall, Node, Subscription
+from macula.node import Node
+from macula.serving import IncomingCall
+from macula.subscriptions import Subscription
 from macula.wire.identity import Identity, realm_tag
 from relay.policy import Quotas, StationPolicy
 from relay.station import Station, StationConfig

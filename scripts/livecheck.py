@@ -195,7 +195,8 @@ def _emit(message: dict[str, Any]) -> None:
 async def _child(station: str, key: Path) -> None:
     from macula.errors import MaculaError, MeshError
     from macula.keyfile import load_or_create_identity
-    from macula.node import IncomingCall, Node
+    from macula.node import Node
+    from macula.serving import IncomingCall
     from macula.wire.identity import realm_tag
 
     realm = realm_tag(CHECK_REALM)

@@ -42,8 +42,11 @@ def body(checks: Checks, station: LocalStation | None, workdir: Path, endpoint: 
         )
         failed = caller.request("call", procedure=PROCEDURE, payload={"fail": 1})
         checks.check(
-            "a handler exception comes back as a typed error (0x0F with its message)",
-            failed["ok"] == 0 and failed.get("code") == 0x0F and "asked to fail" in failed["error"],
+            "a handler exception comes back as 0x0F handler_error, its text kept by the provider",
+            failed["ok"] == 0
+            and failed.get("code") == 0x0F
+            and "handler_error" in failed["error"]
+            and "asked to fail" not in failed["error"],
         )
         missing = caller.request("call", procedure="org.macula.livecheck.nobody_v1", payload={})
         checks.check(

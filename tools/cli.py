@@ -63,10 +63,11 @@ def mcp_config() -> None:
 async def _doctor() -> list[tuple[str, bool, str]]:
     from mcp import Client, StdioServerParameters
 
+    from macula.config import identity_path
     from macula.keyfile import load_or_create_identity
     from macula.stations import parse_station_list
     from macula.transport import client_configuration, dial
-    from tools.runtime import DEFAULT_STATION, identity_path
+    from tools.runtime import DEFAULT_STATION
 
     results: list[tuple[str, bool, str]] = []
     env = dict(os.environ)

@@ -35,7 +35,7 @@ from pydantic import Field
 
 from macula.clock import now_ms
 from macula.errors import MaculaError
-from macula.node import IncomingCall
+from macula.serving import CallRefused, IncomingCall
 from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_realm
 from tools.results import InvalidArgument, bad_argument, plain
@@ -59,7 +59,7 @@ _READ = 64 * 1024
 _PROCESS = os.urandom(4).hex()  # what mesh_serve did ends with this process: so do its receipts
 
 
-class CommandFailed(Exception):
+class CommandFailed(CallRefused):
     """A served command produced no reply; the message (short, no stderr) goes to the caller."""
 
 

@@ -25,8 +25,8 @@ from mcp_types import CallToolResult
 
 from macula.agent.agent import Agent, AgentSettings
 from macula.clock import now_ms
-from macula.errors import BrokenError, ConfigError, MaculaError
-from macula.keyfile import KeyFileError, load_or_create_identity
+from macula.config import identity_from_env, macula_home
+from macula.errors import BrokenError, MaculaError
 from macula.node import Node
 from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_station_list
 from macula.store.base import StorePaths, paths_from_env
@@ -38,24 +38,6 @@ log = logging.getLogger("macula.tools")
 
 DEFAULT_STATION = "127.0.0.1:4433"
 MAX_IDEMPOTENCY_KEY = 120
-
-
-def macula_home(env: Mapping[str, str]) -> Path:
-    return Path(env.get("MACULA_HOME") or "~/.macula").expanduser()
-
-
-def identity_path(env: Mapping[str, str]) -> Path:
-    """Which key file this server uses (see the module docstring)."""
-    home = macula_home(env)
-    if raw := env.get("MACULA_MCP_IDENTITY"):
-        return Path(raw).expanduser()
-    if name := env.get("MACULA_MCP_AGENT"):
-        if not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
-            raise ConfigError("MACULA_MCP_AGENT must be 1-64 letters, digits, '-' or '_'")
-        return home / "agents" / f"{name}.key"
-    scope = env.get("CLAUDE_CODE_SESSION_ID") or f"ppid-{os.getppid()}"
-    safe = "".join(c for c in scope if c.isalnum() or c in "-_")[:64] or "default"
-    return home / "sessions" / f"{safe}.key"
 
 
 def agent_settings(env: Mapping[str, str], identity: Identity) -> AgentSettings:
@@ -132,11 +114,7 @@ async def _stations(
 
 def preflight(env: Mapping[str, str]) -> Identity:
     """Check every setting before speaking MCP: a bad value fails here, naming itself."""
-    try:
-        identity = load_or_create_identity(identity_path(env))
-    except (KeyFileError, OSError) as exc:
-        source = "MACULA_MCP_IDENTITY" if env.get("MACULA_MCP_IDENTITY") else "identity"
-        raise ConfigError(f"{source}: {exc}") from None
+    identity = identity_from_env(env)
     parse_station_list(env.get(STATIONS_ENV, ""))
     agent_settings(env, identity)
     return identity
@@ -145,7 +123,7 @@ def preflight(env: Mapping[str, str]) -> Identity:
 @contextlib.asynccontextmanager
 async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Runtime]:
     environ = dict(os.environ if env is None else env)
-    identity = load_or_create_identity(identity_path(environ))
+    identity = identity_from_env(environ)
     terse = environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1"
     receipts_path = macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3"
     async with (

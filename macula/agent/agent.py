@@ -25,6 +25,7 @@ from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
 from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
 from macula.clock import Clock, now_ms
+from macula.config import macula_home
 from macula.errors import ConfigError, MaculaError
 from macula.node import Node
 from macula.services import DIRECTORY_RENEW_S, HouseClient
@@ -48,7 +49,7 @@ class AgentSettings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
         env = os.environ if environ is None else environ
         paths = paths_from_env(env)
-        home = Path(env.get("MACULA_HOME") or "~/.macula").expanduser()
+        home = macula_home(env)
         raw_policy = env.get("MACULA_MCP_CONTACT_POLICY_FILE")
         if raw_policy is not None and not raw_policy.strip():
             raise ConfigError("MACULA_MCP_CONTACT_POLICY_FILE is set but empty")
@@ -99,7 +100,7 @@ class Agent:
         self.rooms: Rooms
         self.rings: Rings
         self._lock = asyncio.Lock()
-        self.house = HouseClient(node)
+        self.house = HouseClient(node, node.dht, node.identity)
         self._citizen: asyncio.Task[None] | None = None
         self.directory_error: str | None = None
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from macula.errors import MaculaError
-from macula.node import Delivery, Node, Subscription
+from macula.node import Node
 from macula.store.roster import HelloFields, RosterEntry, RosterStore
+from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM
 
 log = logging.getLogger("macula.agent.presence")

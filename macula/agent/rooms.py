@@ -43,8 +43,9 @@ from macula.agent.envelope import (
     validate,
 )
 from macula.errors import MaculaError
-from macula.node import Delivery, Node, Subscription
+from macula.node import Node
 from macula.store.transcript import TranscriptMessage, TranscriptStore
+from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM
 
 log = logging.getLogger("macula.agent.rooms")

@@ -37,6 +37,7 @@ from typing import Any, ClassVar, Final, Self
 
 import aiosqlite
 
+from macula.config import HOME_ENV, macula_home, path_setting
 from macula.errors import ClosedError, ConfigError, MaculaError
 
 __all__ = [
@@ -52,11 +53,9 @@ __all__ = [
 
 logger = logging.getLogger("macula.store")
 
-HOME_ENV: Final = "MACULA_HOME"
 ROSTER_DB_ENV: Final = "MACULA_MCP_ROSTER_DB"
 TRANSCRIPT_DB_ENV: Final = "MACULA_MCP_LOBBY_TRANSCRIPT_DB"
 RINGS_DB_ENV: Final = "MACULA_MCP_RINGS_DB"
-DEFAULT_HOME: Final = "~/.macula"
 BUSY_TIMEOUT_MS: Final = 5000
 WAL_SWITCH_PAUSE_S: Final = 0.01
 WAL_SWITCH_ATTEMPTS: Final = int(BUSY_TIMEOUT_MS / 1000 / WAL_SWITCH_PAUSE_S)
@@ -88,9 +87,7 @@ def paths_from_env(environ: Mapping[str, str] | None = None) -> StorePaths:
     naming it. Paths are made absolute here, so a later ``chdir`` does not move a store.
     """
     env = os.environ if environ is None else environ
-    home = _path_setting(env, HOME_ENV, "a directory") or _expand(DEFAULT_HOME, HOME_ENV)
-    if home.exists() and not home.is_dir():
-        raise ConfigError(f"{HOME_ENV}: {home} exists and is not a directory")
+    home = macula_home(env)
     return StorePaths(
         roster=_db_setting(env, ROSTER_DB_ENV) or home / "roster.sqlite3",
         transcript=_db_setting(env, TRANSCRIPT_DB_ENV) or home / "transcript.sqlite3",
@@ -99,28 +96,10 @@ def paths_from_env(environ: Mapping[str, str] | None = None) -> StorePaths:
 
 
 def _db_setting(env: Mapping[str, str], name: str) -> Path | None:
-    path = _path_setting(env, name, "a database file path")
+    path = path_setting(env, name, "a database file path")
     if path is not None and path.is_dir():
         raise ConfigError(f"{name}: {path} is a directory; give a database file path")
     return path
-
-
-def _path_setting(env: Mapping[str, str], name: str, what: str) -> Path | None:
-    raw = env.get(name)
-    if raw is None:
-        return None
-    if not raw.strip():
-        raise ConfigError(f"{name} is set but empty: give {what} or unset it")
-    if "\x00" in raw:
-        raise ConfigError(f"{name}: the path contains a NUL character")
-    return _expand(raw, name)
-
-
-def _expand(raw: str, name: str) -> Path:
-    try:
-        return Path(raw).expanduser().absolute()
-    except RuntimeError as exc:  # "~" with no home directory to expand it to
-        raise ConfigError(f"{name}: cannot expand {raw!r}: {exc}") from None
 
 
 def prepare_file(path: Path) -> None:

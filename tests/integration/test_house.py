@@ -44,7 +44,10 @@ async def test_remember_then_recall_across_agents(house_station: Station) -> Non
         Node(new_identity(), [house_station.endpoint]) as alice,
         Node(new_identity(), [house_station.endpoint]) as bob,
     ):
-        alice_house, bob_house = HouseClient(alice), HouseClient(bob)
+        alice_house, bob_house = (
+            HouseClient(alice, alice.dht, alice.identity),
+            HouseClient(bob, bob.dht, bob.identity),
+        )
         stored = await alice_house.remember(DOC_V1, source_label="ops.md", document_id="ops.md")
         assert stored["chunks"] >= 1 and stored["realm"] == HOUSE_REALM.hex()
         found = await bob_house.recall("how do I renew TLS certificates", top_k=5)
@@ -64,7 +67,7 @@ async def test_remember_then_recall_across_agents(house_station: Station) -> Non
 
 async def test_deposits_are_rate_limited_per_depositor(house_station: Station) -> None:
     async with Node(new_identity(), [house_station.endpoint]) as node:
-        house = HouseClient(node)
+        house = HouseClient(node, node.dht, node.identity)
         outcomes = []
         for i in range(40):
             try:
@@ -77,7 +80,7 @@ async def test_deposits_are_rate_limited_per_depositor(house_station: Station) -
 
 async def test_a_tampered_hit_is_reported_unverified(house_station: Station) -> None:
     async with Node(new_identity(), [house_station.endpoint]) as node:
-        house = HouseClient(node)
+        house = HouseClient(node, node.dht, node.identity)
         await house.remember(DOC_V1, document_id="tls.md")
         db = sqlite3.connect(house_station.config.data_dir / "memory.sqlite3")
         tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
@@ -93,7 +96,7 @@ async def test_a_tampered_hit_is_reported_unverified(house_station: Station) -> 
 
 async def test_list_stations_filters(house_station: Station) -> None:
     async with Node(new_identity(), [house_station.endpoint]) as node:
-        house = HouseClient(node)
+        house = HouseClient(node, node.dht, node.identity)
         everything = await house.list_stations({})
         assert everything["count"] == 1 and everything["stations"][0]["city"] == "Brussels"
         assert (await house.list_stations({"country": "be"}))["count"] == 1
@@ -120,7 +123,7 @@ async def test_a_fresh_agent_sees_a_registered_agent_before_its_hello(
 async def test_an_entry_proven_by_another_key_is_refused(house_station: Station) -> None:
     mallory = new_identity()
     async with Node(mallory, [house_station.endpoint]) as node:
-        house = HouseClient(node)
+        house = HouseClient(node, node.dht, node.identity)
         victim = new_identity()
         proof = make_proof(victim, f"{AGENTS_REGISTER}#{victim.node_id.hex()}", _now())
         entry = {"node_id": victim.node_id.hex(), "petname": "x"}
@@ -145,7 +148,7 @@ async def test_a_switched_off_service_is_not_served(tmp_path: Path) -> None:
     config.house = HouseConfig(memory=False)
     async with Station(config) as station, Node(new_identity(), [station.endpoint]) as node:
         await asyncio.sleep(0.3)
-        house = HouseClient(node)
+        house = HouseClient(node, node.dht, node.identity)
         with pytest.raises(MaculaError):
             await house.recall("anything")
         assert (await house.list_stations({}))["count"] == 1  # the others still are

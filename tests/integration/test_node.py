@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import time
@@ -13,10 +14,14 @@ import pytest
 from meshkit import REALM, new_identity, station_config
 
 from macula.backoff import Backoff
+from macula.clock import now_ms
 from macula.dht import DhtClient, ResolveError
 from macula.errors import CallTimeout, ConfigError, MeshError
-from macula.node import IncomingCall, Node
+from macula.node import Node
+from macula.serving import CallRefused, IncomingCall
+from macula.session import StreamChannel
 from macula.stations import StationAddress, parse_station, parse_station_list
+from macula.subscriptions import Subscription
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.station import Station
 
@@ -110,7 +115,7 @@ async def test_dht_records_are_verified_before_use(
     station: Station, make_node: Callable[..., Node]
 ) -> None:
     async with make_node() as node:
-        now = _now_ms()
+        now = now_ms()
         good = new_record(
             node.identity,
             RecordType.PROCEDURE_ADVERTISEMENT,
@@ -140,10 +145,6 @@ async def test_dht_records_are_verified_before_use(
         assert node.dht.stats["bad_signature"] == 1
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _fields(record: Record) -> dict[str, object]:
     return {
         "type": record.type,
@@ -160,7 +161,7 @@ def _fields(record: Record) -> dict[str, object]:
 def test_dht_client_drops_expired_and_malformed_answers() -> None:
     """The station is an edge here: whatever it answers, bad records never get through."""
     identity = new_identity()
-    now = _now_ms()
+    now = now_ms()
     fresh = new_record(
         identity, 0x20, {"n": 1}, now_ms=now, version=record_version(now, os.urandom(10))
     )
@@ -172,7 +173,7 @@ def test_dht_client_drops_expired_and_malformed_answers() -> None:
         version=record_version(now, os.urandom(10)),
         ttl_ms=5_000,
     )
-    client = DhtClient(node=None)  # type: ignore[arg-type]
+    client = DhtClient(caller=None, identity=identity)  # type: ignore[arg-type]
     records = client._valid_list([fresh.to_rpc(), stale.to_rpc(), {"not": "a record"}, "junk"])
     assert records == [fresh]
     assert client.stats["expired"] == 1
@@ -231,8 +232,10 @@ def test_node_from_the_environment(tmp_path: Path) -> None:
     node = Node.from_env(env)
     assert [s.port for s in node.stations] == [4433, 4434]
     assert key.exists() and Node.from_env(env).identity.node_id == node.identity.node_id
-    home = Node.from_env({"MACULA_MESH_STATIONS": "h:1", "MACULA_HOME": str(tmp_path / "home")})
-    assert (tmp_path / "home" / "identity.key").exists() and home.identity.has_valid_puzzle()
+    home = {"MACULA_MESH_STATIONS": "h:1", "MACULA_HOME": str(tmp_path / "home")}
+    by_session = Node.from_env(home | {"CLAUDE_CODE_SESSION_ID": "s1"})
+    key_file = tmp_path / "home" / "sessions" / "s1.key"
+    assert key_file.exists() and by_session.identity.has_valid_puzzle()
     with pytest.raises(ConfigError, match="MACULA_MESH_STATIONS"):
         Node.from_env({"MACULA_MESH_STATIONS": "h:1,,h:2", "MACULA_MCP_IDENTITY": str(key)})
     with pytest.raises(ConfigError, match="MACULA_MESH_STATIONS is empty"):
@@ -243,3 +246,83 @@ def test_node_from_the_environment(tmp_path: Path) -> None:
         Node.from_env(
             {"MACULA_MESH_STATIONS": "h:1", "MACULA_MCP_IDENTITY": str(tmp_path / "bad.key")}
         )
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+async def _drain(sub: Subscription) -> list[object]:
+    return [delivery.payload async for delivery in sub]
+
+
+async def test_a_full_subscription_still_ends(make_node: Callable[..., Node]) -> None:
+    """The end-of-stream marker reaches the consumer even when the buffer is full."""
+    async with make_node() as publisher:
+        subscriber = make_node()
+        await subscriber.__aenter__()
+        try:
+            closed = await subscriber.subscribe(REALM, "full.closed", buffer=2)
+            ended = await subscriber.subscribe(REALM, "full.ended", buffer=2)
+            await subscriber.flush()
+            for i in range(3):
+                await publisher.publish(REALM, "full.closed", i)
+                await publisher.publish(REALM, "full.ended", i)
+            await _until(lambda: closed.delivered == 3 and ended.delivered == 3)
+            await closed.close()
+            assert await asyncio.wait_for(_drain(closed), 5) == [1, 2]
+            assert closed.dropped == 1
+        finally:
+            await subscriber.__aexit__(None, None, None)
+        assert await asyncio.wait_for(_drain(ended), 5) == [1, 2]
+
+
+async def test_a_failing_handler_is_logged_and_its_text_stays_home(
+    make_node: Callable[..., Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    async with make_node() as provider, make_node() as caller:
+
+        def broken(call: IncomingCall) -> object:
+            raise ValueError("secret call state")
+
+        async def broken_stream(channel: StreamChannel, call: IncomingCall) -> object:
+            raise ValueError("secret stream state")
+
+        await provider.advertise(REALM, "org.example.broken_v1", broken)
+        await provider.advertise_stream(REALM, "org.example.broken_stream_v1", broken_stream)
+        await provider.flush()
+        with caplog.at_level(logging.ERROR, logger="macula"):
+            with pytest.raises(MeshError) as error:
+                await caller.call(REALM, "org.example.broken_v1", {})
+            assert (error.value.code, error.value.detail) == (0x0F, "handler_error")
+            channel = await caller.open_stream(REALM, "org.example.broken_stream_v1")
+            with pytest.raises(MeshError) as stream_error:
+                await asyncio.wait_for(_drain_channel(channel), 5)
+        assert "handler_error" in str(stream_error.value)
+        assert "secret" not in str(stream_error.value)
+        logged = "\n".join(caplog.text.splitlines())
+        assert "secret call state" in logged and "secret stream state" in logged
+        assert "Traceback" in logged and provider.stats.handler_errors == 2
+
+
+async def test_a_handler_refuses_with_a_reason_for_the_caller(
+    make_node: Callable[..., Node],
+) -> None:
+    async with make_node() as provider, make_node() as caller:
+
+        def busy(call: IncomingCall) -> object:
+            raise CallRefused("busy: retry later")
+
+        await provider.advertise(REALM, "org.example.busy_v1", busy)
+        await provider.flush()
+        with pytest.raises(MeshError) as error:
+            await caller.call(REALM, "org.example.busy_v1", {})
+        assert (error.value.code, error.value.detail) == (0x0F, "busy: retry later")
+
+
+async def _drain_channel(channel: StreamChannel) -> list[object]:
+    return [body async for body in channel]

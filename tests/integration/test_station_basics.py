@@ -9,7 +9,8 @@ import pytest
 from meshkit import OTHER_REALM, REALM, new_identity
 
 from macula.errors import BrokenError, ClosedError, HandshakeError, MeshError
-from macula.node import IncomingCall, Node
+from macula.node import Node
+from macula.serving import IncomingCall
 from macula.stations import StationAddress
 from relay.station import Station
 
@@ -93,7 +94,7 @@ async def test_rpc_forward_no_route_and_handler_error(make_node: Callable[..., N
         assert result == {"echo": {"m": 1}, "caller": caller.identity.node_id}
         with pytest.raises(MeshError) as error:
             await caller.call(REALM, "org.example.echo_v1", "boom")
-        assert (error.value.code, error.value.detail) == (0x0F, "boom happened")
+        assert (error.value.code, error.value.detail) == (0x0F, "handler_error")  # text stays home
         with pytest.raises(MeshError) as no_route:
             await caller.call(REALM, "org.example.nobody_v1", {})
         assert no_route.value.code == 0x01 and no_route.value.retryable

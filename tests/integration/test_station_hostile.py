@@ -20,8 +20,10 @@ import pytest
 from meshkit import REALM
 from rawclient import RawClient, Received, raw_client, sign_map, stamp
 
-from macula.node import IncomingCall, Node, Subscription
+from macula.node import Node
+from macula.serving import IncomingCall
 from macula.session import StreamChannel
+from macula.subscriptions import Subscription
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.content import raw_mcid

@@ -18,7 +18,8 @@ import pytest
 from meshkit import REALM, new_identity, station_config
 
 from macula.errors import MeshError
-from macula.node import IncomingCall, Node
+from macula.node import Node
+from macula.serving import IncomingCall
 from macula.session import Session, StreamChannel
 from macula.wire.codes import ErrorCode
 from macula.wire.content import CODEC_MANIFEST, Manifest, raw_mcid

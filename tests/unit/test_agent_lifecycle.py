@@ -20,7 +20,7 @@ from macula.wire.identity import Identity
 
 
 def _node() -> Node:
-    return cast(Node, SimpleNamespace(identity=Identity.generate(os.urandom)))
+    return cast(Node, SimpleNamespace(identity=Identity.generate(os.urandom), dht=None))
 
 
 def _settings(tmp_path: Path, profile: Profile | None = None) -> AgentSettings:

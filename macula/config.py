@@ -1,0 +1,104 @@
+"""Settings read from the environment that more than one program shares.
+
+Invariants:
+- ``MACULA_HOME`` is resolved here and nowhere else (``macula_home``): default ``~/.macula``,
+  made absolute; set but empty, containing NUL, or naming a non-directory is a ``ConfigError``
+  naming it. Stores, agents, the MCP server and the station CLI all ask this function.
+- The default identity is chosen here and nowhere else (``identity_path``), so ``Node.from_env``
+  and ``macula-mcp`` are the same agent for the same environment: ``MACULA_MCP_IDENTITY``, else
+  ``MACULA_MCP_AGENT`` (``$MACULA_HOME/agents/<name>.key``), else one key per harness session
+  (``$MACULA_HOME/sessions/<CLAUDE_CODE_SESSION_ID or ppid-N>.key``).
+- Every error is a ``ConfigError`` whose message starts with the variable at fault.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Final
+
+from macula.errors import ConfigError
+from macula.keyfile import KeyFileError, load_or_create_identity
+from macula.stations import STATIONS_ENV, StationAddress, parse_station_list
+from macula.wire.identity import Identity
+
+HOME_ENV: Final = "MACULA_HOME"
+DEFAULT_HOME: Final = "~/.macula"
+IDENTITY_ENV: Final = "MACULA_MCP_IDENTITY"
+AGENT_ENV: Final = "MACULA_MCP_AGENT"
+SESSION_ENV: Final = "CLAUDE_CODE_SESSION_ID"
+
+
+def _environ(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def expand_path(raw: str, name: str) -> Path:
+    """``raw`` with ``~`` expanded, made absolute (a later ``chdir`` does not move it)."""
+    try:
+        return Path(raw).expanduser().absolute()
+    except RuntimeError as exc:  # "~" with no home directory to expand it to
+        raise ConfigError(f"{name}: cannot expand {raw!r}: {exc}") from None
+
+
+def path_setting(env: Mapping[str, str], name: str, what: str) -> Path | None:
+    """The path in variable ``name``, or None when unset; set but empty is an error."""
+    raw = env.get(name)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise ConfigError(f"{name} is set but empty: give {what} or unset it")
+    if "\x00" in raw:
+        raise ConfigError(f"{name}: the path contains a NUL character")
+    return expand_path(raw, name)
+
+
+def macula_home(env: Mapping[str, str] | None = None) -> Path:
+    """The folder macula keeps its files in (see the module docstring)."""
+    environ = _environ(env)
+    home = path_setting(environ, HOME_ENV, "a directory") or expand_path(DEFAULT_HOME, HOME_ENV)
+    if home.exists() and not home.is_dir():
+        raise ConfigError(f"{HOME_ENV}: {home} exists and is not a directory")
+    return home
+
+
+def identity_path(env: Mapping[str, str] | None = None) -> Path:
+    """Which key file this process is (see the module docstring)."""
+    environ = _environ(env)
+    explicit = path_setting(environ, IDENTITY_ENV, "the path of a key file")
+    if explicit is not None:
+        return explicit
+    home = macula_home(environ)
+    if name := environ.get(AGENT_ENV):
+        if not name.replace("-", "").replace("_", "").isalnum() or len(name) > 64:
+            raise ConfigError(f"{AGENT_ENV} must be 1-64 letters, digits, '-' or '_'")
+        return home / "agents" / f"{name}.key"
+    scope = environ.get(SESSION_ENV) or f"ppid-{os.getppid()}"
+    safe = "".join(c for c in scope if c.isalnum() or c in "-_")[:64] or "default"
+    return home / "sessions" / f"{safe}.key"
+
+
+def identity_from_env(env: Mapping[str, str] | None = None) -> Identity:
+    """The identity at ``identity_path``, created puzzle-hardened if missing."""
+    environ = _environ(env)
+    path = identity_path(environ)
+    try:
+        return load_or_create_identity(path)
+    except (KeyFileError, OSError) as exc:
+        source = (
+            IDENTITY_ENV
+            if environ.get(IDENTITY_ENV)
+            else AGENT_ENV
+            if environ.get(AGENT_ENV)
+            else "identity"
+        )
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def mesh_stations_from_env(env: Mapping[str, str] | None = None) -> list[StationAddress]:
+    """The stations of ``MACULA_MESH_STATIONS``; empty is an error (a node needs one)."""
+    stations = parse_station_list(_environ(env).get(STATIONS_ENV, ""))
+    if not stations:
+        raise ConfigError(f"{STATIONS_ENV} is empty: set it to host:port or node_id@host:port")
+    return stations

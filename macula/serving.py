@@ -1,0 +1,167 @@
+"""Serving procedures: which handlers this node offers, and running one call or stream.
+
+Invariants:
+- a handler's exception is a bug of the serving side: it is logged here with its traceback and
+  counted (``handler_errors``); the caller gets ERROR 0x0F ``handler_error`` (a stream,
+  STREAM_ERROR ``handler_error``) and never the exception's text, which may hold local state;
+- a handler that means to refuse raises ``CallRefused(reason)``: that reason, and only it, is
+  sent to the caller (same codes);
+- an unencodable result becomes ERROR 0x0F ``result not encodable``; a lost session only logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from macula.errors import MaculaError
+from macula.session import Session, StreamChannel
+from macula.wire.codes import ErrorCode
+from macula.wire.errors import WireError
+from macula.wire.frames import Call, StreamOpen
+
+log = logging.getLogger("macula.node")
+
+HANDLER_ERROR = "handler_error"
+
+Key = tuple[bytes, str]  # (realm, procedure)
+
+
+@dataclass(frozen=True, slots=True)
+class IncomingCall:
+    realm: bytes
+    procedure: str
+    payload: Any
+    caller: bytes
+    deadline_ms: int
+
+
+Handler = Callable[[IncomingCall], Any]
+StreamHandler = Callable[[StreamChannel, IncomingCall], Awaitable[Any]]
+
+
+class CallRefused(Exception):
+    """Raised by a handler to refuse a call with a reason meant for the caller."""
+
+
+class ServeCounters(Protocol):
+    calls_served: int
+    handler_errors: int
+
+
+@dataclass(slots=True)
+class _Served:
+    handler: Handler | None = None
+    stream_handler: StreamHandler | None = None
+
+
+class Server:
+    """The procedures a node serves; iterating yields their (realm, procedure) keys.
+
+    ``spawn`` runs a handler's coroutine as a task of the node (or closes it when the node is
+    closing); ``stats`` counts served calls and handler errors.
+    """
+
+    def __init__(
+        self, stats: ServeCounters, spawn: Callable[[Coroutine[Any, Any, None]], None]
+    ) -> None:
+        self._served: dict[Key, _Served] = {}
+        self._stats = stats
+        self._spawn = spawn
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._served)
+
+    def serve(self, realm: bytes, procedure: str, handler: Handler) -> None:
+        self._served[(realm, procedure)] = _Served(handler=handler)
+
+    def serve_stream(self, realm: bytes, procedure: str, handler: StreamHandler) -> None:
+        self._served[(realm, procedure)] = _Served(stream_handler=handler)
+
+    def withdraw(self, realm: bytes, procedure: str) -> bool:
+        """Stop serving; True when it was served."""
+        return self._served.pop((realm, procedure), None) is not None
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def call_received(self, session: Session, stream: int, call: Call) -> None:
+        served = self._served.get((call.realm, call.procedure))
+        if served is None or served.handler is None:
+            session.reply_error(stream, call, ErrorCode.UNKNOWN_NEXT_PEER, None)
+            return
+        self._spawn(self._serve_call(session, stream, call, served.handler))
+
+    def stream_opened(self, channel: StreamChannel, opening: StreamOpen) -> None:
+        served = self._served.get((opening.realm, opening.procedure))
+        if served is None or served.stream_handler is None:
+            channel.fail("not_found", f"{opening.procedure} is not served here")
+            return
+        incoming = IncomingCall(
+            opening.realm, opening.procedure, opening.args, opening.caller, opening.deadline_ms
+        )
+        self._spawn(self._serve_stream(channel, incoming, served.stream_handler))
+
+    # -- running one -----------------------------------------------------------------------------
+
+    def _failed(self, procedure: str, exc: Exception) -> str | None:
+        """Count a handler's failure and log a bug; the refusal's reason, if it is one."""
+        self._stats.handler_errors += 1
+        if isinstance(exc, CallRefused):
+            return str(exc) or None
+        log.exception("handler of %s failed", procedure, exc_info=exc)
+        return None
+
+    async def _serve_call(
+        self, session: Session, stream: int, call: Call, handler: Handler
+    ) -> None:
+        incoming = IncomingCall(
+            call.realm, call.procedure, call.payload, call.caller, call.deadline_ms
+        )
+        try:
+            result = handler(incoming)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            reason = self._failed(call.procedure, exc)
+            _answer_error(session, stream, call, reason or HANDLER_ERROR)
+            return
+        self._stats.calls_served += 1
+        _answer(session, stream, call, result)
+
+    async def _serve_stream(
+        self, channel: StreamChannel, incoming: IncomingCall, handler: StreamHandler
+    ) -> None:
+        try:
+            result = await handler(channel, incoming)
+            if not channel.closed:
+                if result is None:
+                    channel.end("both")
+                else:
+                    channel.send_reply(result)
+        except Exception as exc:
+            reason = self._failed(incoming.procedure, exc)
+            with contextlib.suppress(MaculaError, WireError):
+                if not channel.closed:
+                    channel.fail(HANDLER_ERROR, reason or "the handler failed")
+
+
+def _answer(session: Session, stream: int, call: Call, result: Any) -> None:
+    """Send a RESULT; a lost session is logged, an unencodable result becomes ERROR 0x0F."""
+    try:
+        session.reply(stream, call, result)
+    except MaculaError as exc:
+        log.info("reply not sent: %s", exc)
+    except WireError as exc:
+        log.warning("handler result not encodable: %s", exc)
+        _answer_error(session, stream, call, f"result not encodable: {exc.detail}")
+
+
+def _answer_error(session: Session, stream: int, call: Call, detail: str) -> None:
+    try:
+        session.reply_error(stream, call, ErrorCode.UNKNOWN_ERROR, detail)
+    except (MaculaError, WireError) as exc:
+        log.info("error reply not sent: %s", exc)
