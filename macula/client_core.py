@@ -253,6 +253,8 @@ class ClientCore:
     goodbye: Goodbye | None = None
     ended: Ended | None = None
     dropped: Counter[str] = field(default_factory=Counter)
+    told_subscriptions: set[Key] = field(default_factory=set)  # what this station knows
+    told_advertisements: set[Key] = field(default_factory=set)
     _calls: dict[bytes, _PendingCall] = field(default_factory=dict)
     _content: set[int] = field(default_factory=set)
     _channels: dict[int, ChannelState] = field(default_factory=dict)
@@ -283,17 +285,41 @@ class ClientCore:
             raise BrokenError(self.ended.reason)
         return Transmit(stream, frame.sign_and_encode(self.identity))
 
+    def sync_intent(self, now_ms: int) -> list[Output]:
+        """SUBSCRIBE/ADVERTISE what the intent holds and this station was not told yet;
+        UNSUBSCRIBE/UNADVERTISE what it was told and the intent no longer holds. Idempotent;
+        nothing before the HELLO (the replay after it carries everything)."""
+        if self.state is not CoreState.ESTABLISHED:
+            return []
+        out: list[Output] = []
+        wanted_subs, wanted_ads = self.intent.subscriptions, self.intent.advertisements
+        for realm, topic in [k for k in self.told_subscriptions if k not in set(wanted_subs)]:
+            out += self.unsubscribe(realm, topic, now_ms)
+        for realm, procedure in [k for k in self.told_advertisements if k not in set(wanted_ads)]:
+            out += self.unadvertise(realm, procedure, now_ms)
+        for realm, topic in wanted_subs:
+            if (realm, topic) not in self.told_subscriptions:
+                out += self.subscribe(realm, topic, now_ms)
+        for realm, procedure in wanted_ads:
+            if (realm, procedure) not in self.told_advertisements:
+                out += self.advertise(realm, procedure, now_ms)
+        return out
+
     def subscribe(self, realm: bytes, topic: str, now_ms: int) -> list[Output]:
         frame = Subscribe(
             **self._stamp(now_ms), topic=topic, realm=realm, subscriber=self.identity.node_id
         )
-        return [self.send_frame(self.control, frame)]
+        out = self.send_frame(self.control, frame)
+        self.told_subscriptions.add((realm, topic))
+        return [out]
 
     def unsubscribe(self, realm: bytes, topic: str, now_ms: int) -> list[Output]:
         frame = Unsubscribe(
             **self._stamp(now_ms), topic=topic, realm=realm, subscriber=self.identity.node_id
         )
-        return [self.send_frame(self.control, frame)]
+        out = self.send_frame(self.control, frame)
+        self.told_subscriptions.discard((realm, topic))
+        return [out]
 
     def advertise(self, realm: bytes, procedure: str, now_ms: int) -> list[Output]:
         frame = Advertise(
@@ -302,7 +328,9 @@ class ClientCore:
             procedure=procedure,
             advertiser=self.identity.node_id,
         )
-        return [self.send_frame(self.control, frame)]
+        out = self.send_frame(self.control, frame)
+        self.told_advertisements.add((realm, procedure))
+        return [out]
 
     def unadvertise(self, realm: bytes, procedure: str, now_ms: int) -> list[Output]:
         frame = Unadvertise(
@@ -311,7 +339,9 @@ class ClientCore:
             procedure=procedure,
             advertiser=self.identity.node_id,
         )
-        return [self.send_frame(self.control, frame)]
+        out = self.send_frame(self.control, frame)
+        self.told_advertisements.discard((realm, procedure))
+        return [out]
 
     def publish(
         self, realm: bytes, topic: str, payload: Any, seq: int, now_ms: int
@@ -573,10 +603,7 @@ class ClientCore:
             return
         self.station_key = hello.node_id
         self.state = CoreState.ESTABLISHED
-        for realm, topic in self.intent.subscriptions:
-            out += self.subscribe(realm, topic, now_ms)
-        for realm, procedure in self.intent.advertisements:
-            out += self.advertise(realm, procedure, now_ms)
+        out += self.sync_intent(now_ms)  # the replay: before anyone hears we are up
         out.append(Established(hello.node_id))
 
     def _verified(self, frame: Frame) -> bool:

@@ -17,33 +17,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from macula.backoff import Backoff
-from macula.clock import now_ms
+from macula.client_core import EventDedup, Intent
 from macula.config import identity_from_env, mesh_stations_from_env
 from macula.content_client import ContentClient
 from macula.dht import DhtClient
 from macula.direct import DirectDialer
 from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError
 from macula.serving import Handler, Server, StreamHandler
-from macula.session import Session, StreamChannel, stamp
+from macula.session import Session, StreamChannel
 from macula.stations import StationAddress, parse_station
 from macula.subscriptions import Delivery, Subscription, SubscriptionTable
-from macula.wire.frames import (
-    Advertise,
-    Call,
-    Event,
-    Frame,
-    Publish,
-    StreamOpen,
-    Subscribe,
-    Unadvertise,
-    Unsubscribe,
-)
+from macula.wire.frames import Call, Event, StreamOpen
 from macula.wire.identity import Identity
 
 log = logging.getLogger("macula.node")
@@ -51,11 +40,15 @@ log = logging.getLogger("macula.node")
 
 @dataclass(slots=True)
 class NodeStats:
+    dedup: EventDedup = field(default_factory=EventDedup)  # kept across reconnects
     reconnects: int = 0
-    events_duplicate: int = 0
     events_unauthenticated: int = 0
     calls_served: int = 0
     handler_errors: int = 0
+
+    @property
+    def events_duplicate(self) -> int:
+        return self.dedup.duplicates
 
 
 def _first_connect_error(
@@ -83,13 +76,12 @@ class Node:
         self.stations = [s if isinstance(s, StationAddress) else parse_station(s) for s in stations]
         self.connect_timeout = connect_timeout
         self.backoff = backoff or Backoff()
-        self.stats = NodeStats()
+        self.stats = NodeStats(EventDedup(dedup_window))
+        self._intent = Intent()  # what every station we connect to must be told
         self._session: Session | None = None
         self._connected = asyncio.Event()
         self._subscriptions = SubscriptionTable()
         self._served = Server(self.stats, self._spawn_handler)
-        self._seen: OrderedDict[tuple[bytes, bytes, int], None] = OrderedDict()
-        self._dedup_window = dedup_window
         self._seq = 0
         self._listeners: list[Callable[[str], None]] = []
         self._group: asyncio.TaskGroup | None = None
@@ -160,10 +152,17 @@ class Node:
             address = self.stations[self.station_index % len(self.stations)]
             try:
                 async with Session.connect(
-                    self.identity, address, self, timeout=self.connect_timeout
+                    self.identity,
+                    address,
+                    self,
+                    timeout=self.connect_timeout,
+                    intent=self._intent,
+                    dedup=self.stats.dedup,
                 ) as session:
+                    # the core replayed the intent right after the HELLO; this catches what
+                    # changed between then and now
                     self._session = session
-                    self._replay(session)
+                    session.sync_intent()
                     if self._announced and self._group is not None:
                         self._group.create_task(self._reannounce(session.station_key))
                     attempt = 0
@@ -221,18 +220,6 @@ class Node:
             except MaculaError as exc:
                 log.warning("could not re-announce %s: %s", procedure, exc)
 
-    def _replay(self, session: Session) -> None:
-        for realm, topic in self._subscriptions:
-            session.send_control(
-                Subscribe(**stamp(), topic=topic, realm=realm, subscriber=self.identity.node_id)
-            )
-        for realm, procedure in self._served:
-            session.send_control(
-                Advertise(
-                    **stamp(), realm=realm, procedure=procedure, advertiser=self.identity.node_id
-                )
-            )
-
     # -- SessionOwner ------------------------------------------------------------------------
 
     def session_broken(self, session: Session, reason: str, terminal: bool) -> None:
@@ -245,14 +232,7 @@ class Node:
         self._wake.set()
 
     def event_received(self, session: Session, event: Event) -> None:
-        key = (event.realm, event.publisher, event.seq)
-        if key in self._seen:
-            self.stats.events_duplicate += 1
-            return
-        self._seen[key] = None
-        if len(self._seen) > self._dedup_window:
-            self._seen.popitem(last=False)
-        authenticated = event.publisher_sig is not None  # verified by the session
+        authenticated = event.publisher_sig is not None  # verified (and deduplicated) by the core
         if not authenticated:
             self.stats.events_unauthenticated += 1
         self._subscriptions.deliver(
@@ -282,11 +262,12 @@ class Node:
             raise ClosedError("node closed")
         self._group.create_task(work)
 
-    def _send_if_up(self, frame: Frame) -> None:
-        """Send intent now when connected; otherwise the next ``_replay`` carries it."""
+    def _sync_intent(self) -> None:
+        """Tell the station the intent's change now when connected; otherwise the replay
+        after the next HELLO carries it."""
         if self._session is not None and self._session.alive:
             with contextlib.suppress(MaculaError):
-                self._session.send_control(frame)
+                self._session.sync_intent()
 
     # -- using the mesh ------------------------------------------------------------------------
 
@@ -335,33 +316,21 @@ class Node:
     ) -> int:
         """Publish with a fresh ``seq`` and a ``publisher_sig``; returns the seq."""
         session = await self.session(timeout)
-        frame = Publish(
-            **stamp(),
-            topic=topic,
-            realm=realm,
-            publisher=self.identity.node_id,
-            seq=self._next_seq(),
-            payload=payload,
-            published_at_ms=now_ms(),
-        )
-        session.send_control(frame.with_publisher_sig(self.identity))
-        return frame.seq
+        seq = self._next_seq()
+        session.publish(realm, topic, payload, seq)
+        return seq
 
     async def subscribe(self, realm: bytes, topic: str, *, buffer: int = 1024) -> Subscription:
         sub = Subscription(realm, topic, buffer, self._unsubscribe)
         if self._subscriptions.add(sub):
-            self._send_if_up(
-                Subscribe(**stamp(), topic=topic, realm=realm, subscriber=self.identity.node_id)
-            )
+            self._intent.add_subscription(realm, topic)
+            self._sync_intent()
         return sub
 
     async def _unsubscribe(self, sub: Subscription) -> None:
         if self._subscriptions.discard(sub):
-            self._send_if_up(
-                Unsubscribe(
-                    **stamp(), topic=sub.topic, realm=sub.realm, subscriber=self.identity.node_id
-                )
-            )
+            self._intent.drop_subscription(sub.realm, sub.topic)
+            self._sync_intent()
 
     async def call(
         self,
@@ -410,18 +379,17 @@ class Node:
         self._send_advertise(realm, procedure)
 
     def _send_advertise(self, realm: bytes, procedure: str) -> None:
-        self._send_if_up(
-            Advertise(**stamp(), realm=realm, procedure=procedure, advertiser=self.identity.node_id)
-        )
+        """ADVERTISE now (again, even if the station knew it) when connected."""
+        self._intent.add_advertisement(realm, procedure)
+        if self._session is not None and self._session.alive:
+            with contextlib.suppress(MaculaError):
+                self._session.advertise(realm, procedure)
 
     async def unadvertise(self, realm: bytes, procedure: str) -> None:
         self._announced.discard((realm, procedure))
         if self._served.withdraw(realm, procedure):
-            self._send_if_up(
-                Unadvertise(
-                    **stamp(), realm=realm, procedure=procedure, advertiser=self.identity.node_id
-                )
-            )
+            self._intent.drop_advertisement(realm, procedure)
+            self._sync_intent()
 
     async def open_stream(
         self,

@@ -360,6 +360,10 @@ class Session:
     def unadvertise(self, realm: bytes, procedure: str) -> None:
         self.run(self.core.unadvertise(realm, procedure, self.clock()))
 
+    def sync_intent(self) -> None:
+        """Tell the station what the intent gained or lost since it was last told."""
+        self.run(self.core.sync_intent(self.clock()))
+
     def publish(self, realm: bytes, topic: str, payload: Any, seq: int) -> None:
         self.run(self.core.publish(realm, topic, payload, seq, self.clock()))
 

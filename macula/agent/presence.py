@@ -113,6 +113,8 @@ class Presence:
         hellos = await self.node.subscribe(ZERO_REALM, HELLO_TOPIC, buffer=4096)
         goodbyes = await self.node.subscribe(ZERO_REALM, GOODBYE_TOPIC, buffer=4096)
         self._subscriptions = [hellos, goodbyes]
+        with contextlib.suppress(MaculaError):  # listening before our first hello goes out
+            await self.node.flush(timeout=5)
         self._tasks = [
             group.create_task(self._feed(hellos, self._heard_hello)),
             group.create_task(self._feed(goodbyes, self._heard_goodbye)),

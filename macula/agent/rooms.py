@@ -164,6 +164,8 @@ class Rooms:
         sub = await self.node.subscribe(ZERO_REALM, topic, buffer=4096)
         task = self._group.create_task(self._pump(topic, sub))
         self._taps[topic] = (sub, task)
+        with contextlib.suppress(MaculaError):  # the tap hears what is said from now on
+            await self.node.flush(timeout=5)
 
     async def _untap(self, topic: str) -> None:
         tap = self._taps.pop(topic, None)

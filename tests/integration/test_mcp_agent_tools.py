@@ -130,8 +130,9 @@ async def meet(alice: Client, bob: Client) -> tuple[dict[str, Any], dict[str, An
     alice_view = await call(alice, "mesh_hello", {"message": "hi all"})
 
     async def sees(client: Client, node_id: str) -> bool:
+        """Heard its hello (a row from the station's directory alone is not meeting)."""
         rows = (await call(client, "mesh_agents"))["agents"]
-        return any(row["node_id"] == node_id for row in rows)
+        return any(row["node_id"] == node_id and row["source"] != "directory" for row in rows)
 
     await eventually(lambda: sees(alice, bob_view["node_id"]))
     await eventually(lambda: sees(bob, alice_view["node_id"]))

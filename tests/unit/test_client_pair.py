@@ -530,3 +530,34 @@ def test_garbage_on_a_stream_ends_the_connection(link: Link) -> None:
     out = end.core.framing_failed(0, FramingError("oversize", "frame too large"))
     assert [type(o) for o in out] == [Ended]
     assert not end.core.alive
+
+
+def test_sync_intent_tells_the_station_only_the_difference(link: Link, clock: Clock) -> None:
+    intent = Intent()
+    bob = established(link, BOB, intent=intent)
+    assert bob.core.sync_intent(clock.now) == []  # nothing wanted, nothing told
+    intent.add_subscription(REALM, "a")
+    intent.add_advertisement(REALM, "org.example.a_v1")
+    first = bob.core.sync_intent(clock.now)
+    assert len(first) == 2 and bob.core.sync_intent(clock.now) == []  # idempotent
+    link.client_did(bob, first)
+    intent.drop_subscription(REALM, "a")
+    link.client_did(bob, bob.core.sync_intent(clock.now))  # one UNSUBSCRIBE
+    link.flush(bob)
+    assert bob.core.told_subscriptions == set()
+    assert bob.core.told_advertisements == {(REALM, "org.example.a_v1")}
+    alice = established(link, ALICE)
+    link.client_did(alice, alice.core.publish(REALM, "a", 1, 1, clock.now))
+    assert bob.of(EventArrived) == []
+
+
+def test_intent_gained_before_the_hello_is_replayed_not_sent_early(clock: Clock) -> None:
+    link = Link(clock)
+    intent = Intent()
+    core = ClientCore(BOB, random.Random(3).randbytes, intent=intent, pinned=STATION.node_id)
+    core.connect(clock.now)
+    intent.add_subscription(REALM, "early")
+    assert core.sync_intent(clock.now) == []  # not established: the replay will carry it
+    bob = link.dial(BOB, intent=intent)
+    assert bob.take(Established)
+    assert bob.core.told_subscriptions == {(REALM, "early")}
