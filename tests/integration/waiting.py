@@ -14,7 +14,11 @@ from collections.abc import Callable
 
 
 async def eventually(
-    check: Callable[[], object], timeout: float = 5.0, *, interval: float = 0.02
+    check: Callable[[], object],
+    timeout: float = 5.0,
+    *,
+    interval: float = 0.02,
+    message: str = "condition not met in time",
 ) -> None:
     """Until ``check()`` (sync, or returning an awaitable) is truthy; AssertionError after
     ``timeout`` seconds."""
@@ -27,5 +31,5 @@ async def eventually(
         if result:
             return
         if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(message)
         await asyncio.sleep(interval)  # polling interval: re-check the condition
