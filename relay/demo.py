@@ -64,7 +64,8 @@ async def demo(report: Report, workdir: Path) -> None:
             REALM, "org.macula.demo.greet_v1", lambda c: f"hello {c.payload}, from alice"
         )
         await alice.advertise_stream(REALM, "org.macula.demo.count_v1", _count_to)
-        await asyncio.sleep(0.2)
+        await bob.flush()  # SUBSCRIBE and ADVERTISE have no ack: the station has them now
+        await alice.flush()
         await alice.publish(REALM, "demo.news", {"headline": "alice is here"})
         got = await news.next(5)
         report.check(
@@ -99,12 +100,12 @@ async def demo(report: Report, workdir: Path) -> None:
         for _ in range(100):
             if alice.connected and bob.connected:
                 break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # polling interval: until both are connected
         report.check(
             "both agents reconnected by themselves after a station restart",
             alice.stats.reconnects >= 1 and bob.stats.reconnects >= 1,
         )
-        await asyncio.sleep(0.2)
+        await bob.flush()  # bob's replayed SUBSCRIBE has taken effect
         await alice.publish(REALM, "demo.news", {"headline": "still here"})
         report.check(
             "events flow again with no re-subscribing",

@@ -197,6 +197,7 @@ async def _child(station: str, key: Path) -> None:
     from macula.keyfile import load_or_create_identity
     from macula.node import Node
     from macula.serving import IncomingCall
+    from macula.subscriptions import Subscription
     from macula.wire.identity import realm_tag
 
     realm = realm_tag(CHECK_REALM)
@@ -209,8 +210,7 @@ async def _child(station: str, key: Path) -> None:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     tasks: set[asyncio.Task[None]] = set()
 
-    async def pump(topic: str) -> None:
-        sub = await node.subscribe(realm, topic)
+    async def pump(topic: str, sub: Subscription) -> None:
         async for delivery in sub:
             _emit(
                 {
@@ -243,9 +243,10 @@ async def _child(station: str, key: Path) -> None:
                 if op == "whoami":
                     _emit({"ok": 1, "node_id": identity.node_id.hex()})
                 elif op == "subscribe":
-                    task = asyncio.ensure_future(pump(command["topic"]))
+                    sub = await node.subscribe(realm, command["topic"])
+                    task = asyncio.ensure_future(pump(command["topic"], sub))
                     tasks.add(task)
-                    await asyncio.sleep(0.3)  # SUBSCRIBE has no ack (§7.1)
+                    await node.flush()  # SUBSCRIBE has no ack (§7.1): the station has it now
                     _emit({"ok": 1})
                 elif op == "publish":
                     seqs = [
@@ -255,7 +256,7 @@ async def _child(station: str, key: Path) -> None:
                     _emit({"ok": 1, "seqs": seqs})
                 elif op == "advertise":
                     await node.advertise(realm, command["procedure"], echo)
-                    await asyncio.sleep(0.3)
+                    await node.flush()
                     _emit({"ok": 1})
                 elif op == "call":
                     result = await node.call(
@@ -275,7 +276,7 @@ async def _child(station: str, key: Path) -> None:
                 elif op == "wait_reconnected":
                     deadline = time.monotonic() + command.get("timeout", 45)
                     while "reconnected" not in states and time.monotonic() < deadline:
-                        await asyncio.sleep(0.1)
+                        await asyncio.sleep(0.1)  # polling interval: until reconnected
                     await node.session(max(0.1, deadline - time.monotonic()))
                     _emit({"ok": int("reconnected" in states), "states": states})
                 else:

@@ -7,7 +7,7 @@ import asyncio
 import base64
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -80,17 +80,19 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     ada_id = (await ada.good("mesh_hello", operator_name="ada"))["node_id"]
     await ada.bad("mesh_hello", message="x" * 5000)
     await bob.good("mesh_hello", message="bob again")  # ada listens now
-    for _ in range(50):
-        if any(a["node_id"] == bob_id for a in (await ada.good("mesh_agents"))["agents"]):
-            break
-        await asyncio.sleep(0.1)
+
+    async def ada_sees_bob() -> bool:
+        return any(a["node_id"] == bob_id for a in (await ada.good("mesh_agents"))["agents"])
+
+    await until(ada_sees_bob)
     await ada.bad("mesh_agents", limit=0)
     # pub/sub
     watch = asyncio.create_task(
         bob.good("mesh_watch", topic="e2e.news", duration_seconds=5, count=1)
     )
-    await asyncio.sleep(0.5)
-    await ada.good("mesh_publish", topic="e2e.news", fact={"n": 1})
+    while not watch.done():  # SUBSCRIBE has no ack: publish until the watch has one
+        await ada.good("mesh_publish", topic="e2e.news", fact={"n": 1})
+        await asyncio.wait({watch}, timeout=0.2)  # polling interval (watch ends in 5 s)
     assert (await watch)["events"][0]["payload"] == {"n": 1}
     await ada.bad("mesh_publish", topic="", fact=1)
     await ada.bad("mesh_watch", topic="t", duration_seconds=0)
@@ -98,7 +100,14 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     echo = f'{sys.executable} -c "import json,sys; print(json.dumps(json.load(sys.stdin)))"'
     await bob.good("mesh_serve", name="org.example.e2e.echo_v1", exec=echo)
     await bob.bad("mesh_serve", name="org.example.e2e.echo_v1", exec="")
-    await asyncio.sleep(0.3)
+
+    async def routed() -> bool:  # ADVERTISE has no ack: until the station routes the call
+        result = await ada.client.call_tool(
+            "mesh_call", {"procedure": "org.example.e2e.echo_v1", "args": {"a": 1}}
+        )
+        return (result.structured_content or {}).get("code") != "unknown_next_peer"
+
+    await until(routed)
     assert (await ada.good("mesh_call", procedure="org.example.e2e.echo_v1", args={"a": 1}))[
         "result"
     ] == {"a": 1}
@@ -148,8 +157,9 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     await ada.bad("mesh_ring", to="nobody_we_know_1234", purpose="x")
     room = rung["room_topic"]
     listening = asyncio.create_task(bob.good("mesh_wait_room", room_topic=room, wait_seconds=10))
-    await asyncio.sleep(0.3)
-    asked = await ada.good("mesh_say", room_topic=room, kind="question_asked", text="ok?")
+    while not listening.done():  # only what arrives after the wait began counts: say until heard
+        asked = await ada.good("mesh_say", room_topic=room, kind="question_asked", text="ok?")
+        await asyncio.wait({listening}, timeout=0.2)  # polling interval (the wait ends in 10 s)
     assert (await listening)["message"]["text"] == "ok?"
     await bob.good(
         "mesh_say",
@@ -180,6 +190,8 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     await bob.good("mesh_unobserve_lobby")
     # ask policy: bob rings ada, ada defers, then accepts
     waiting = asyncio.create_task(ada.good("mesh_wait_ring", wait_seconds=10))
+    # kept: nothing shows the wait has begun and a ring cannot be repeated (1 per 2 s per
+    # caller); dropping this needs a library hook (see the report of the sleeps branch)
     await asyncio.sleep(0.3)
     deferred = await bob.good("mesh_ring", to=ada_id, purpose="pair?")
     assert deferred["answer"] == 3
@@ -195,6 +207,14 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     await ada.good("mesh_goodbye")
     await bob.good("mesh_goodbye")
     assert (await bob.bad("mesh_goodbye", idempotency_key=""))["code"] == "invalid_argument"
+
+
+async def until(check: Callable[[], Awaitable[object]], timeout: float = 10.0) -> None:
+    """Poll ``check`` until it is truthy; AssertionError after ``timeout`` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)  # polling interval: re-check the condition
 
 
 def ada_home_docs(agent: Agent) -> Path:

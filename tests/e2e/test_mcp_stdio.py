@@ -113,7 +113,12 @@ def test_stdin_close_ends_the_server_gracefully(tmp_path: Path) -> None:
             process.stdin.flush()
             line = await asyncio.to_thread(process.stdout.readline)
             assert json.loads(line)["id"] == 1  # stdout carries protocol only
-            await asyncio.sleep(0.5)
+            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+            process.stdin.write((json.dumps(initialized) + "\n" + json.dumps(ping) + "\n").encode())
+            process.stdin.flush()
+            line = await asyncio.to_thread(process.stdout.readline)
+            assert json.loads(line)["id"] == 2  # serving: stdin is closed on a running server
             started = time.monotonic()
             process.stdin.close()
             code = await asyncio.to_thread(process.wait, 5)

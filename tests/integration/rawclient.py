@@ -22,9 +22,9 @@ from aioquic.quic import events
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire import cbor
 from macula.wire.errors import FramingError
-from macula.wire.frames import Connect, Frame, new_frame_id
+from macula.wire.frames import Call, Connect, Frame, new_frame_id
 from macula.wire.framing import frame_bytes
-from macula.wire.identity import DOMAIN_FRAME, Identity
+from macula.wire.identity import DOMAIN_FRAME, ZERO_REALM, Identity
 from relay.station import Station
 
 FrameMap = dict[str, Any]
@@ -155,6 +155,24 @@ class RawClient:
         data = frame.signed_by(signer or self.identity).encode()
         self.send_bytes(data, stream=stream)
         return data
+
+    async def flush(self, timeout: float = 5.0) -> None:
+        """A ``_relay.ping`` round trip on the control stream, like ``Node.flush``: the stream
+        is ordered, so the answer comes after the station processed every frame sent on it
+        before."""
+        stamped = stamp()
+        call = Call(
+            **stamped,
+            call_id=os.urandom(16),
+            procedure="_relay.ping",
+            realm=ZERO_REALM,
+            payload={},
+            deadline_ms=stamped["sent_at_ms"] + 60_000,
+            caller=self.node_id,
+        )
+        self.send(call)
+        reply = await self.reply_to(call.call_id, timeout)
+        assert reply["frame_type"] == "result", reply
 
     def stop_reading(self, stream: int) -> None:
         """Ask the station to stop sending on ``stream`` (QUIC STOP_SENDING)."""

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from meshkit import agent_in, new_identity
+from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.agent.envelope import LOBBY_TOPIC, build_envelope, new_message_id
 from macula.agent.petnames import petname
 from macula.agent.proof import build_ring, make_proof, ring_endpoint
+from macula.agent.rings import RATE_WINDOW_MS
 from macula.node import Node
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
@@ -22,26 +23,6 @@ pytestmark = pytest.mark.anyio
 
 
 agent = agent_in
-
-
-async def settled(*agents: Agent) -> None:
-    """Every agent's earlier subscriptions and advertisements have taken effect at the station."""
-    for one in agents:
-        await one.node.flush()
-
-
-async def eventually(check: Callable[[], object], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 async def test_presence_hello_roster_and_goodbye(station: Station, tmp_path: Path) -> None:
@@ -99,7 +80,7 @@ async def test_open_ring_accepted_and_a_conversation(station: Station, tmp_path:
     ):
         await alice.hello()
         await bob.hello()
-        await settled(alice, bob)
+        await bob.node.flush()  # bob's ring endpoint is advertised at the station
         rung = await alice.rings.ring(bob.node.identity.node_id, "review the plan")
         assert (rung.answer, rung.joined, rung.unreachable) == (1, 1, 0)
         room = rung.room_topic
@@ -125,7 +106,7 @@ async def test_ask_policy_defers_then_the_answer_reaches_the_caller(
     ):
         await alice.hello()
         await bob.hello()
-        await settled(alice, bob)
+        await bob.node.flush()  # bob's ring endpoint is advertised at the station
         waiting = asyncio.create_task(bob.rings.wait_ring(5))
         rung = await alice.rings.ring(bob.node.identity.node_id, "pair on a bug")
         assert rung.answer == 3
@@ -157,7 +138,7 @@ async def test_closed_policy_declines_and_unserved_is_unreachable(
     ):
         for a in (alice, bob, carol):
             await a.hello()
-        await settled(alice, bob, carol)
+            await a.node.flush()  # ring endpoints advertised, taps subscribed
         declined = await alice.rings.ring(bob.node.identity.node_id, "hello?")
         assert declined.answer == 2 and declined.reason
         unreachable = await alice.rings.ring(carol.node.identity.node_id, "hello?")
@@ -172,7 +153,7 @@ async def test_a_ring_proven_for_another_procedure_is_declined_unrecorded(
         agent(station, tmp_path / "bob", "open") as bob,
     ):
         await bob.hello()
-        await settled(alice, bob)
+        await bob.node.flush()  # bob's ring endpoint is advertised at the station
         now = alice.clock()
         room = (await alice.rooms.open("x")).room_topic
         bob_id = bob.node.identity.node_id
@@ -215,7 +196,7 @@ async def test_public_rooms_are_announced_on_central_and_observed(
     async with agent(station, tmp_path / "alice") as alice, agent(station, tmp_path / "bob") as bob:
         await alice.hello()
         await bob.hello()
-        await settled(alice, bob)
+        await bob.node.flush()  # bob taps central before alice announces on it
         opened = await alice.rooms.open("open office hours", public=1)
 
         async def bob_sees_it() -> bool:
@@ -238,7 +219,7 @@ async def test_trust_by_petname_turns_ask_into_allowlist(station: Station, tmp_p
         agent(station, tmp_path / "bob", "ask") as bob,
     ):
         await bob.hello()  # bob listens before alice's first (immediate) hello
-        await settled(alice, bob)
+        await bob.node.flush()
         await alice.hello()
         alice_name = petname(alice.node.identity.node_id)
 
@@ -252,6 +233,7 @@ async def test_trust_by_petname_turns_ask_into_allowlist(station: Station, tmp_p
         assert rung.answer == 1
         await bob.untrust(alice.node.identity.node_id.hex())
         assert bob.rings.policy().mode.label == "allowlist"
-        await asyncio.sleep(2.1)  # one ring per caller per 2 s
+        stepped = bob.rings.clock  # one ring per caller per 2 s: step bob's clock past it
+        bob.rings.clock = lambda: stepped() + RATE_WINDOW_MS
         again = await alice.rings.ring(bob.node.identity.node_id, "and now?")
-        assert again.answer == 2
+        assert again.answer == 2 and "rate limited" not in (again.reason or "")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -10,12 +9,15 @@ from pathlib import Path
 
 import pytest
 from meshkit import agent_in, new_identity, station_config
+from waiting import eventually
 
 from macula.agent.proof import make_proof
 from macula.errors import MaculaError, MeshError
 from macula.house import AGENTS_REGISTER, HOUSE_REALM
 from macula.node import Node
 from macula.services import HouseClient
+from macula.wire.identity import ZERO_REALM
+from macula.wire.records import RecordType
 from relay.house.services import HouseConfig
 from relay.station import Station
 
@@ -35,8 +37,18 @@ async def house_station(tmp_path: Path) -> AsyncIterator[Station]:
         city="Brussels", country="BE", continent="Europe", lat=50.85, lng=4.35
     )
     async with Station(config) as running:
-        await asyncio.sleep(0.3)  # the station announces its services in its own DHT store
+        async with Node(new_identity(), [running.endpoint]) as probe:
+            await eventually(lambda: announced(probe))
         yield running
+
+
+async def announced(node: Node) -> bool:
+    """The station has stored its service records in its own DHT store (its station
+    directory record is stored after the procedure advertisements)."""
+    found = await node.call(
+        ZERO_REALM, "_dht.find_records_by_type", {"type": RecordType.NODE_RECORD}
+    )
+    return bool(found)
 
 
 async def test_remember_then_recall_across_agents(house_station: Station) -> None:
@@ -112,7 +124,16 @@ async def test_a_fresh_agent_sees_a_registered_agent_before_its_hello(
 ) -> None:
     async with agent_in(house_station, tmp_path / "alice") as alice:
         await alice.hello()
-        await asyncio.sleep(0.5)  # alice's first hello is long gone when bob arrives
+        me = alice.node.identity.node_id.hex()
+
+        async def settled() -> bool:  # her first hello went out and she is in the directory
+            listed = await alice.house.list_agents()
+            return alice.presence.last_beat_ms is not None and any(
+                a.get("node_id") == me for a in listed
+            )
+
+        await eventually(settled)
+        await alice.node.flush()  # alice's first hello is long gone when bob arrives
         async with agent_in(house_station, tmp_path / "bob") as bob:
             await bob.hello()
             rows = await bob.agents()
@@ -147,7 +168,7 @@ async def test_a_switched_off_service_is_not_served(tmp_path: Path) -> None:
     config = station_config(tmp_path / "station")
     config.house = HouseConfig(memory=False)
     async with Station(config) as station, Node(new_identity(), [station.endpoint]) as node:
-        await asyncio.sleep(0.3)
+        await eventually(lambda: announced(node))
         house = HouseClient(node, node.dht, node.identity)
         with pytest.raises(MaculaError):
             await house.recall("anything")

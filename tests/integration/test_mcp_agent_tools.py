@@ -6,16 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
+from waiting import entered, eventually
 
 from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import PetnameError, petname
+from macula.agent.rings import Rings
+from macula.agent.rooms import Rooms
 from relay.station import Station
 from tools import presence, pubsub, rings, rooms
 from tools.context import Descriptions
@@ -107,20 +110,6 @@ async def refused(client: Client, tool: str, args: dict[str, Any]) -> dict[str, 
     assert {"code", "detail", "retryable", "next_action"} <= error.keys()
     no_booleans(error)
     return error
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 async def meet(alice: Client, bob: Client) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -221,10 +210,9 @@ async def test_two_agents_meet_ring_and_talk(station: Station, tmp_path: Path) -
         assert said["timed_out"] == 0 and said["reply"]["in_reply_to"] == asked["message_id"]
         assert said["reply"]["from_petname"] == bob_view["petname"]
 
-        waiting = asyncio.create_task(
-            call(bob, "mesh_wait_room", {"room_topic": room, "wait_seconds": 10})
+        waiting = await entered(
+            Rooms, "wait", call(bob, "mesh_wait_room", {"room_topic": room, "wait_seconds": 10})
         )
-        await asyncio.sleep(0.3)
         await call(alice, "mesh_say", {"room_topic": room, "text": "thanks"})
         heard = await waiting
         assert heard["timed_out"] == 0 and heard["message"]["kind"] == "remark_made"
@@ -266,18 +254,18 @@ async def test_ask_policy_defers_then_answer_and_trust(
         mcp_agent(station, tmp_path, "bob", "ask") as bob,
     ):
         alice_view, bob_view = await meet(alice, bob)
-        loop = asyncio.get_running_loop()
-        incoming = asyncio.create_task(call(bob, "mesh_wait_ring", {"wait_seconds": 10}))
-        await asyncio.sleep(0.3)
-        first_ring_at = loop.time()
+        incoming = await entered(
+            Rings, "wait_ring", call(bob, "mesh_wait_ring", {"wait_seconds": 10})
+        )
         rung = await call(alice, "mesh_ring", {"to": bob_view["node_id"], "purpose": "pair?"})
         assert (rung["answer"], rung["joined"], rung["unreachable"]) == (3, 0, 0)
         waited = await incoming
         assert waited["timed_out"] == 0 and waited["ring"]["answer"] == 3
         assert waited["ring"]["from_petname"] == alice_view["petname"]
 
-        late = asyncio.create_task(call(alice, "mesh_wait_ring", {"wait_seconds": 10}))
-        await asyncio.sleep(0.3)
+        late = await entered(
+            Rings, "wait_ring", call(alice, "mesh_wait_ring", {"wait_seconds": 10})
+        )
         [pending] = (await call(bob, "mesh_read_inbox"))["rings"]["pending"]
         assert pending["ring_id"] == rung["ring_id"]
         assert pending["peer_petname"] == alice_view["petname"]
@@ -292,7 +280,7 @@ async def test_ask_policy_defers_then_answer_and_trust(
         trusted = await call(bob, "mesh_trust_agent", {"node_id": alice_view["petname"]})
         assert trusted["node_id"] == alice_view["node_id"] and trusted["allowlisted"] == 1
         assert trusted["contact_policy"] == "ask" and trusted["policy_source"] == "override"
-        await asyncio.sleep(max(0.0, 2.1 - (loop.time() - first_ring_at)))  # 1 ring per 2 s
+        monkeypatch.setattr("macula.agent.rings.RATE_WINDOW_MS", 0)  # 1 ring per 2 s: not here
         accepted = await call(alice, "mesh_ring", {"to": bob_view["petname"], "purpose": "more"})
         assert (accepted["answer"], accepted["joined"]) == (1, 1)
         untrusted = await call(bob, "mesh_untrust_agent", {"node_id": alice_view["node_id"]})

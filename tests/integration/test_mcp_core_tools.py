@@ -6,7 +6,6 @@ SDK's in-process ``Client``; two of them talk through a station on loopback.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -21,6 +20,7 @@ import pytest
 from mcp import Client
 from mcp_types import CallToolResult
 from meshkit import new_identity
+from waiting import eventually
 
 import tools.server
 from macula.keyfile import save_identity
@@ -62,7 +62,7 @@ FLOODS = python('import sys; sys.stdout.write("x" * 2_000_000)')
 HANGS = python(
     "import json,os,subprocess,sys,time; p=json.load(sys.stdin); "
     'c=subprocess.Popen(["sleep","30"]); f=open(p["pids"],"w"); '
-    "f.write(json.dumps([os.getpid(), c.pid])); f.close(); time.sleep(30)"
+    "f.write(json.dumps([os.getpid(), c.pid])); f.close(); time.sleep(30)"  # sleep: it hangs
 )
 
 
@@ -111,21 +111,6 @@ def agent(
             yield Agent(client, identity.node_id.hex())
 
     return start
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> Any:
-    """Poll ``check`` (sync or async) until it returns something truthy."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
 
 
 async def call_when_served(agent: Agent, procedure: str, args: Any, **kw: Any) -> CallToolResult:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from meshkit import REALM, new_identity, station_config
+from waiting import eventually
 
 from macula.backoff import Backoff
 from macula.clock import now_ms
@@ -59,18 +60,15 @@ async def test_station_restart_resumes_events_without_resubscribing(tmp_path: Pa
         await publisher.__aenter__()
         subscriber.on_state(states.append)
         sub = await subscriber.subscribe(REALM, "restart.news")
-        await asyncio.sleep(0.1)
+        await subscriber.flush()
         await publisher.publish(REALM, "restart.news", "before")
         assert (await sub.next(3)).payload == "before"
     try:
         async with Station(config) as second:
             assert second.endpoint == endpoint  # same key, same port: the pin still holds
-            for _ in range(100):
-                if subscriber.connected and publisher.connected:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(lambda: subscriber.connected and publisher.connected)
             assert "reconnected" in states
-            await asyncio.sleep(0.1)
+            await subscriber.flush()  # the replayed SUBSCRIBE has taken effect
             await publisher.publish(REALM, "restart.news", "after")
             assert (await sub.next(3)).payload == "after"
             assert subscriber.stats.reconnects >= 1
@@ -92,10 +90,10 @@ async def test_call_timeout_is_typed(make_node: Callable[..., Node]) -> None:
     async with make_node() as provider, make_node() as caller:
 
         async def never(call: IncomingCall) -> None:
-            await asyncio.sleep(10)
+            await asyncio.Event().wait()  # cancelled when the provider closes
 
         await provider.advertise(REALM, "org.example.never_v1", never)
-        await asyncio.sleep(0.1)
+        await provider.flush()
         with pytest.raises(CallTimeout) as info:
             await caller.call(REALM, "org.example.never_v1", {}, timeout=0.3)
         assert info.value.retryable

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from meshkit import REALM
 from rawclient import RawClient, Received, raw_client, sign_map, stamp
+from waiting import eventually
 
 from macula.node import Node
 from macula.serving import IncomingCall
@@ -56,11 +57,6 @@ pytestmark = pytest.mark.anyio
 ECHO = "org.example.honest_echo_v1"
 NEWS = "honest.news"
 MINUTE_MS = 60_000
-
-
-async def settle() -> None:
-    """SUBSCRIBE/ADVERTISE have no ack (§6.1, §7.1): give the station a moment."""
-    await asyncio.sleep(0.1)
 
 
 # --- the honest pair ----------------------------------------------------------------------------
@@ -102,7 +98,8 @@ async def honest_pair(make_node: Callable[..., Node]) -> AsyncIterator[HonestPai
         pair = HonestPair(alice, bob)
         await alice.advertise(REALM, ECHO, pair.echo)
         pair.news = await bob.subscribe(REALM, NEWS)
-        await settle()
+        await alice.flush()
+        await bob.flush()
         await pair.check()
         yield pair
         await pair.check()
@@ -163,7 +160,7 @@ async def test_replayed_and_skewed_frames_are_refused(
 ) -> None:
     async with honest_pair(make_node), raw_client(station) as raw:
         raw.send(Subscribe(**stamp(), topic="replay.topic", realm=REALM, subscriber=raw.node_id))
-        await settle()
+        await raw.flush()
         first = raw.send(publish_frame(raw.node_id, "replay.topic", "once", seq=1))
         await raw.expect(is_event("replay.topic"))
         raw.send_bytes(first)  # the same PUBLISH, byte for byte
@@ -270,7 +267,7 @@ async def test_an_injected_reply_is_dropped(
             return "genuine"
 
         await pair.alice.advertise(REALM, "org.example.held_v1", held)
-        await settle()
+        await pair.alice.flush()
         try:
             call = call_frame(caller.node_id, "org.example.held_v1", REALM)
             caller.send(call)
@@ -312,7 +309,7 @@ async def test_foreign_advertise_and_unadvertise_are_refused(
         raw.send(
             Advertise(**stamp(), realm=ZERO_REALM, procedure="_relay.ping", advertiser=raw.node_id)
         )
-        await settle()
+        await raw.flush()
         stats = station.core.stats
         assert stats["advertise_taken"] == 1
         assert stats["foreign_advertise"] == 1
@@ -340,14 +337,14 @@ async def test_subscribe_as_someone_else_is_refused(
         attacker.send(Subscribe(**stamp(), topic=steered, realm=REALM, subscriber=victim.node_id))
         bob = pair.bob.identity.node_id
         attacker.send(Unsubscribe(**stamp(), topic=NEWS, realm=REALM, subscriber=bob))
-        await settle()
+        await attacker.flush()
         await pair.alice.publish(REALM, steered, "unwanted")
         await victim.quiet(is_event(steered))
         assert station.core.stats["foreign_subscribe"] == 1
         assert station.core.stats["foreign_unsubscribe"] == 1
         # the victim can still subscribe for itself (the delivery path works)
         victim.send(Subscribe(**stamp(), topic=steered, realm=REALM, subscriber=victim.node_id))
-        await settle()
+        await victim.flush()
         await pair.alice.publish(REALM, steered, "wanted")
         event = (await victim.expect(is_event(steered))).frame
         assert event["payload"] == "wanted"
@@ -363,7 +360,7 @@ async def test_publish_as_someone_else_is_refused(
     async with honest_pair(make_node) as pair, raw_client(station) as raw:
         topic = "forgery.topic"
         watch = await pair.bob.subscribe(REALM, topic)
-        await settle()
+        await pair.bob.flush()
         alice = pair.alice.identity
         raw.send(publish_frame(alice.node_id, topic, "forged-plain", seq=1))
         # Alice's genuine publisher_sig, but sent on another connection
@@ -384,8 +381,10 @@ async def test_publish_as_someone_else_is_refused(
             raw.node_id,
         )
         assert (second.payload, second.authenticated) == ("signed", True)
-        with pytest.raises(TimeoutError):
-            await watch.next(0.3)
+        # an event routed to bob precedes the answer to his ping on his control stream
+        await raw.flush()
+        await pair.bob.flush()
+        assert watch.delivered == 2
         assert station.core.stats["foreign_publish"] == 2
         assert station.core.stats["bad_publisher_sig"] == 2
 
@@ -415,12 +414,14 @@ async def test_an_event_from_a_client_is_dropped(
                 publisher_sig=lifted.publisher_sig,
             )
         )
-        await settle()
+        await raw.flush()
         assert station.core.stats["event_from_client"] == 2
         assert station.core.stats["events_delivered"] == delivered
         assert pair.news is not None
-        with pytest.raises(TimeoutError):
-            await pair.news.next(0.3)
+        heard = pair.news.delivered
+        # an event routed to bob precedes the answer to his ping on his control stream
+        await pair.bob.flush()
+        assert pair.news.delivered == heard
 
 
 # --- §13 #10: framing errors close the connection; unverifiable CALLs get 0x0E ------------------
@@ -501,9 +502,10 @@ async def test_a_subscriber_that_stops_reading_does_not_break_delivery(
     async with make_node() as alice, make_node() as bob, raw_client(station) as raw:
         watch = await bob.subscribe(REALM, "stopped.topic")
         raw.send(Subscribe(**stamp(), topic="stopped.topic", realm=REALM, subscriber=raw.node_id))
-        await settle()
+        await bob.flush()
+        await raw.flush()
         raw.stop_reading(raw.control or 0)
-        await settle()
+        await raw.wait_lost()  # the station ends a session whose control stream is stopped
         for i in range(5):
             await alice.publish(REALM, "stopped.topic", i)
         got: list[object] = []
@@ -528,7 +530,7 @@ async def test_a_stream_the_station_ended_is_not_reused(
             return None
 
         await pair.alice.advertise_stream(REALM, "org.example.one_body_v1", one_body)
-        await settle()
+        await pair.alice.flush()
 
         def opening() -> StreamOpen:
             return StreamOpen(
@@ -548,7 +550,7 @@ async def test_a_stream_the_station_ended_is_not_reused(
             await raw.wait_fin(stream)  # the session ended normally (END(both))
         raw.send(opening(), stream=reopened)
         raw.send(call_frame(raw.node_id), stream=called)
-        await asyncio.sleep(0.3)
+        await raw.flush()  # sent after them: read after them too (loopback keeps order)
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert errors == []
         assert len(opened) == 2
@@ -709,7 +711,8 @@ async def fuzz_connection(
     """``FUZZ_ITEMS`` frames on the control stream and two dedicated streams, then perhaps
     bytes that break framing."""
     me = Identity(rng.randbytes(32))
-    await asyncio.sleep(rng.random() * 0.5)  # staggered: 20 handshakes at once overflow UDP
+    # sleep: staggered starts are the fuzz load's shape (20 handshakes at once overflow UDP)
+    await asyncio.sleep(rng.random() * 0.5)
     async with raw_client(station, me, handshake=rng.random() < 0.85) as raw:
         streams = [raw.new_stream(), raw.new_stream()]
         for _ in range(FUZZ_ITEMS):
@@ -728,7 +731,7 @@ async def fuzz_connection(
                 counts["unencodable"] += 1
                 continue
             counts["frames"] += 1
-            await asyncio.sleep(rng.choice([0, 0, 0.005, 0.02]))
+            await asyncio.sleep(rng.choice([0, 0, 0.005, 0.02]))  # sleep: fuzzed interleaving
         if not raw.lost.is_set() and rng.random() < 0.5:
             data, end = garbage(rng)
             raw.send_bytes(data, stream=rng.choice([None, raw.new_stream()]), end=end)
@@ -736,7 +739,7 @@ async def fuzz_connection(
             with contextlib.suppress(TimeoutError):  # an incomplete frame just waits
                 await raw.wait_lost(3)
                 counts["closed_by_station"] += 1
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # sleep: fuzz shape, linger a moment before closing
 
 
 async def test_fuzzed_connections_do_not_disturb_honest_nodes(
@@ -772,11 +775,7 @@ async def test_fuzzed_connections_do_not_disturb_honest_nodes(
         def open_connections() -> set[int]:
             return {c for c, p in station._connections.items() if not p.lost}
 
-        for _ in range(100):
-            if set(core.peers) == open_connections():
-                break
-            await asyncio.sleep(0.05)
-        assert set(core.peers) == open_connections()
+        await eventually(lambda: set(core.peers) == open_connections())
         assert len(core.routes) == 0 and core.pending == {}
         assert all(ad.conn in core.peers for ad in core.advertisements.values())
         assert set(core.node_subscriptions) <= set(core.node_conn)
@@ -785,7 +784,7 @@ async def test_fuzzed_connections_do_not_disturb_honest_nodes(
         async with make_node() as fresh:
             assert set(await fresh.call(ZERO_REALM, "_relay.ping", {}, timeout=5)) == {"ts"}
             sub = await fresh.subscribe(REALM, "fresh.topic")
-            await settle()
+            await fresh.flush()
             await fresh.publish(REALM, "fresh.topic", "hello")
             assert (await sub.next(5)).payload == "hello"
             assert await fresh.call(REALM, ECHO, 1, timeout=5) == {

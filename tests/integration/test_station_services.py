@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from meshkit import REALM, new_identity, station_config
+from waiting import eventually
 
 from macula.errors import MeshError
 from macula.node import Node
@@ -37,11 +38,6 @@ MIB = 1024 * KIB
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-async def settle() -> None:
-    """ADVERTISE/SUBSCRIBE have no ack (§6.1, §7.1): give the station a moment."""
-    await asyncio.sleep(0.1)
 
 
 def procedure_record(
@@ -118,7 +114,7 @@ async def test_a_client_cannot_serve_a_builtin_name(make_node: Callable[..., Nod
 
         await impostor.advertise(ZERO_REALM, "_relay.ping", fake_ping)
         await impostor.advertise(ZERO_REALM, "_dht.find_record", fake_ping)
-        await settle()
+        await impostor.flush()
         assert (await caller.call(ZERO_REALM, "_relay.ping", {}, timeout=5))["ts"] > 0
         assert (
             await caller.call(ZERO_REALM, "_dht.find_record", {"key": bytes(32)}, timeout=5)
@@ -167,11 +163,13 @@ async def test_the_station_publishes_its_own_endpoint_record(
     async with make_node() as node:
         key = station_endpoint_key(station.node_id)
         found: object = "not_found"
-        for _ in range(50):  # the refresher stores it right after start
+
+        async def stored() -> bool:
+            nonlocal found
             found = await node.call(ZERO_REALM, "_dht.find_record", {"key": key})
-            if found != "not_found":
-                break
-            await asyncio.sleep(0.05)
+            return found != "not_found"
+
+        await eventually(stored)  # the refresher stores it right after start
         assert isinstance(found, dict), found
         record = Record.from_rpc(found)
         record.verify(now_ms())
@@ -325,7 +323,7 @@ async def test_manifest_builtins_with_good_and_bad_arguments(
 async def test_a_content_stream_serves_only_builtins(make_node: Callable[..., Node]) -> None:
     async with make_node() as provider, make_node() as caller:
         await provider.advertise(REALM, "org.example.echo_v1", lambda call: call.payload)
-        await settle()
+        await provider.flush()
         assert await caller.call(REALM, "org.example.echo_v1", 1, timeout=5) == 1
         session = await caller.session()
         async with session.content_stream() as stream:
@@ -366,11 +364,10 @@ async def test_missing_content_is_a_clear_error(make_node: Callable[..., Node]) 
 
 async def wait_forgotten(session: Session, channel: StreamChannel) -> None:
     """Until the session has dropped ``channel`` (terminal frame or FIN seen)."""
-    for _ in range(100):
-        if session.core.channel(channel.quic_stream) is None:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the stream was never closed")
+    await eventually(
+        lambda: session.core.channel(channel.quic_stream) is None,
+        message="the stream was never closed",
+    )
 
 
 async def test_server_stream(station: Station, make_node: Callable[..., Node]) -> None:
@@ -384,7 +381,7 @@ async def test_server_stream(station: Station, make_node: Callable[..., Node]) -
             return None  # STREAM_END(both)
 
         await provider.advertise_stream(REALM, "org.example.countdown_v1", countdown)
-        await settle()
+        await provider.flush()
         channel = await caller.open_stream(
             REALM, "org.example.countdown_v1", {"from": 3}, mode="server_stream"
         )
@@ -403,7 +400,7 @@ async def test_client_stream(station: Station, make_node: Callable[..., Node]) -
             return sum([body async for body in channel])  # STREAM_REPLY after the caller's END
 
         await provider.advertise_stream(REALM, "org.example.sum_v1", total)
-        await settle()
+        await provider.flush()
         channel = await caller.open_stream(REALM, "org.example.sum_v1", None, mode="client_stream")
         for i in range(1, 21):
             channel.send(i, encoding="msgpack")  # msgpack: the body is any CBOR value (§3.13)
@@ -424,7 +421,7 @@ async def test_bidi_echo_ends_cleanly(station: Station, make_node: Callable[...,
             return None
 
         await provider.advertise_stream(REALM, "org.example.echo_stream_v1", echo)
-        await settle()
+        await provider.flush()
         channel = await caller.open_stream(REALM, "org.example.echo_stream_v1", None, mode="bidi")
         sent = [os.urandom(8) for _ in range(5)]
         for body in sent:
@@ -453,7 +450,7 @@ async def test_bidi_echo_relays_every_body(
             return None
 
         await provider.advertise_stream(REALM, "org.example.echo_stream_v1", echo)
-        await settle()
+        await provider.flush()
         channel = await caller.open_stream(REALM, "org.example.echo_stream_v1", None, mode="bidi")
         sent = [os.urandom(8) for _ in range(5)]
         for body in sent:
@@ -464,11 +461,7 @@ async def test_bidi_echo_relays_every_body(
         assert echoed == sent  # echoes flow while the caller's half is still open
         channel.end("send")
         await wait_forgotten(await caller.session(), channel)
-        for _ in range(100):
-            if len(station.core.routes) == 0:
-                break
-            await asyncio.sleep(0.05)
-        assert len(station.core.routes) == 0
+        await eventually(lambda: len(station.core.routes) == 0)
 
 
 async def test_unknown_streaming_procedure_is_an_error(
@@ -482,7 +475,7 @@ async def test_unknown_streaming_procedure_is_an_error(
         assert channel.error == ("unknown_next_peer", "procedure not advertised")
         # advertised, but only as a unary procedure: the provider refuses the stream
         await provider.advertise(REALM, "org.example.unary_v1", lambda call: call.payload)
-        await settle()
+        await provider.flush()
         channel = await caller.open_stream(REALM, "org.example.unary_v1", None)
         with pytest.raises(MeshError, match="not_found"):
             async for _ in channel:
@@ -531,7 +524,7 @@ async def test_an_expired_call_is_answered_0x07(make_node: Callable[..., Node]) 
     async with make_node() as provider, make_node() as caller:
         served: list[object] = []
         await provider.advertise(REALM, "org.example.late_v1", lambda c: served.append(c.payload))
-        await settle()
+        await provider.flush()
         for realm, procedure in ((ZERO_REALM, "_relay.ping"), (REALM, "org.example.late_v1")):
             for deadline in (now_ms() - 1000, 0, -5):
                 with pytest.raises(MeshError) as caught:
@@ -555,7 +548,7 @@ async def test_a_deadline_passing_at_the_provider_is_answered_0x07(
             return "too late"
 
         await provider.advertise(REALM, "org.example.held_v1", held)
-        await settle()
+        await provider.flush()
         try:
             pending = asyncio.ensure_future(
                 call_with_deadline(caller, REALM, "org.example.held_v1", {}, now_ms() + 300)
@@ -567,9 +560,6 @@ async def test_a_deadline_passing_at_the_provider_is_answered_0x07(
         finally:
             gate.set()
         # the provider's late RESULT is dropped; the caller is still served afterwards
-        for _ in range(100):
-            if station.core.stats["unexpected_reply"]:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: station.core.stats["unexpected_reply"])
         assert station.core.stats["unexpected_reply"] == 1
         assert await caller.call(ZERO_REALM, "_relay.ping", {}, timeout=5)

@@ -295,7 +295,7 @@ def test_cancelled_operations_leave_no_transaction_behind(tmp_path: Path) -> Non
                     rings.add(f"c{steps}", "incoming", ALICE, NOW, answer=3, pending_limit=100)
                 )
                 for _ in range(steps):
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # sleep: one scheduler step (the cancel point)
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
                 assert await rings.add(f"ok{steps}", "outgoing", BOB, NOW) == "added"
@@ -839,7 +839,7 @@ async def main(directory: str, tag: str, count: int) -> None:
     while not (d / "go").exists():
         if time.monotonic() > deadline:
             raise SystemExit("never told to go")
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # polling interval: until the go file exists
     peer = bytes(range(1, 33))
     shared_new = added = 0
     async with await TranscriptStore.open(d / "t.sqlite3") as transcript, \
@@ -904,7 +904,7 @@ def test_two_processes_write_the_same_files_concurrently(tmp_path: Path) -> None
         while not all((tmp_path / f"ready-{tag}").exists() for tag in ("p1", "p2")):
             assert time.monotonic() < deadline, "children never got ready"
             assert all(c.poll() is None for c in children), [c.communicate() for c in children]
-            time.sleep(0.005)
+            time.sleep(0.005)  # polling interval: until both children are ready
         (tmp_path / "go").touch()  # both open the fresh files (and migrate) at the same time
         outputs = [c.communicate(timeout=60) for c in children]
     finally:
