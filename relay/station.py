@@ -34,8 +34,9 @@ from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, new_record, record_version
+from relay.actions import Action, Close, EndStream, RunBuiltin, Send
 from relay.builtins import Builtins
-from relay.core import BUILTINS, Action, Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.core import BUILTINS, RouterCore
 from relay.house.services import HouseConfig, HouseServices
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
