@@ -2,17 +2,22 @@
 
 ``async with Station(config) as station:`` binds the UDP port (0 = any free port), creates the
 station's key and certificate on first start, opens the stores, and serves until the block
-ends; leaving it sends GOODBYE to every client, closes the connections and the stores. Every
-background task (timers, built-ins, the station_endpoint refresher) is owned by the station
-and finished before ``__aexit__`` returns.
+ends; leaving it sends GOODBYE to every client, closes the connections and the stores.
+Invariants: every resource is registered on one ``AsyncExitStack`` the moment it opens, so a
+start that fails partway closes what it opened before the error propagates, and a stop undoes
+the start in reverse; every background task (the ticker, built-ins, the station_endpoint
+refresher) and every delayed close timer is owned by the station, and is cancelled (tasks also
+awaited) before ``stop`` returns; once stopping, nothing new is spawned or scheduled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +39,9 @@ from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, new_record, record_version
+from relay.actions import Action, Close, EndStream, RunBuiltin, Send
 from relay.builtins import Builtins
-from relay.core import BUILTINS, Action, Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.core import BUILTINS, RouterCore
 from relay.house.services import HouseConfig, HouseServices
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
@@ -96,6 +102,9 @@ class Station:
         self._next_conn = 0
         self._server: QuicServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._closing = False
+        self._exit_stack: contextlib.AsyncExitStack | None = None
         self._records: RecordStore | None = None
         self._content: ContentStore | None = None
         self._builtins: Builtins | None = None
@@ -105,6 +114,28 @@ class Station:
     # -- lifecycle --------------------------------------------------------------------------
 
     async def __aenter__(self) -> Station:
+        async with contextlib.AsyncExitStack() as stack:
+            await self._start(stack)  # a failure here closes what was opened, then re-raises
+            self._exit_stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Say GOODBYE, close the connections, then undo ``_start`` step by step; idempotent."""
+        stack, self._exit_stack = self._exit_stack, None
+        if stack is None:
+            return
+        await stack.aclose()
+        log.info("station stopped")
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> None:
+        """Open everything in order, registering each closer on ``stack`` as soon as it opens.
+
+        At exit the stack runs them in reverse: drain the connections, cancel the timers,
+        finish the tasks, close the house services, the QUIC server, then the stores.
+        """
         config = self.config
         data_dir = config.data_dir
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -113,7 +144,9 @@ class Station:
         hosts = list(dict.fromkeys([*config.advertised_hosts, config.host, "localhost"]))
         cert_path, key_path = ensure_certificate(data_dir, self.identity, hosts)
         self._records = await RecordStore.open(data_dir / "records.sqlite3")
+        stack.push_async_callback(self._records.close)
         self._content = await ContentStore.open(data_dir / "content.sqlite3")
+        stack.push_async_callback(self._content.close)
         self._builtins = Builtins(self._records, self._content, station_id=self.identity.node_id)
         self._core = RouterCore(
             self.identity,
@@ -133,6 +166,7 @@ class Station:
         self._server = await serve(
             config.host, config.port, configuration=quic, create_protocol=self._protocol
         )
+        stack.callback(self._close_server)
         transport = self._server._transport
         sockname = transport.get_extra_info("sockname") if transport else None
         if transport is not None:
@@ -141,36 +175,43 @@ class Station:
         self._house = await HouseServices.open(
             config.house, data_dir, self.identity.node_id, config.host, self.port
         )
+        stack.push_async_callback(self._house.close)
+        stack.push_async_callback(self._finish_tasks)
+        stack.callback(self._cancel_timers)
+        stack.push_async_callback(self._drain)
         self._spawn(self._ticker())
         self._spawn(self._endpoint_refresher())
         log.info(
             "station %s listening on %s:%d", self.identity.node_id.hex(), config.host, self.port
         )
-        return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.stop()
-
-    async def stop(self) -> None:
-        if self._server is None:
-            return
-        core = self.core
-        self._run(core.shutdown(_now_ms()))
-        await asyncio.sleep(0.15)  # let GOODBYEs leave before the connections close
+    async def _drain(self) -> None:
+        """GOODBYE to every client (§5.5), a moment for it to leave, then close them all."""
+        self._run(self.core.shutdown(_now_ms()))
+        if self._connections:
+            await asyncio.sleep(0.15)  # let GOODBYEs leave before the connections close
         for connection in list(self._connections.values()):
             connection.close_connection("station stopped")
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._server.close()
-        self._server = None
-        if self._records is not None:
-            await self._records.close()
-        if self._content is not None:
-            await self._content.close()
-        if self._house is not None:
-            await self._house.close()
-        log.info("station stopped")
+
+    def _cancel_timers(self) -> None:
+        self._closing = True  # from now on a Close is carried out at once and nothing spawns
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+
+    async def _finish_tasks(self) -> None:
+        self._closing = True
+        while self._tasks:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.difference_update(tasks)
+
+    def _close_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     # -- properties ------------------------------------------------------------------------
 
@@ -233,8 +274,16 @@ class Station:
         connection = self._connections.get(action.conn)
         if connection is None:
             return
-        loop = asyncio.get_running_loop()
-        loop.call_later(action.after_ms / 1000, connection.close_connection, action.reason)
+        if self._closing:
+            connection.close_connection(action.reason)
+            return
+
+        def close() -> None:
+            self._timers.discard(handle)
+            connection.close_connection(action.reason)
+
+        handle = asyncio.get_running_loop().call_later(action.after_ms / 1000, close)
+        self._timers.add(handle)
 
     async def _builtin(self, action: RunBuiltin) -> None:
         """A built-in (§6.6) or a house service: the router sent both here."""
@@ -257,7 +306,10 @@ class Station:
                 outcome = Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
         self._run(self.core.builtin_done(action.conn, action.stream, call, outcome, _now_ms()))
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        if self._closing:
+            coroutine.close()  # the station is stopping: no new work
+            return
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)

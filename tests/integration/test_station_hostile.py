@@ -315,7 +315,8 @@ async def test_foreign_advertise_and_unadvertise_are_refused(
         assert stats["foreign_advertise"] == 1
         assert stats["foreign_unadvertise"] == 2
         assert stats["builtin_advertise"] == 1
-        assert station.core.advertisements[(REALM, ECHO)].node_id == alice
+        advert = station.core.adverts.get((REALM, ECHO))
+        assert advert is not None and advert.node_id == alice
         await pair.check()  # Bob's call still reaches Alice
         await ping_works(raw)  # and the built-in is still the station's
         assert not raw.frames("call")
@@ -776,9 +777,9 @@ async def test_fuzzed_connections_do_not_disturb_honest_nodes(
             return {c for c, p in station._connections.items() if not p.lost}
 
         await eventually(lambda: set(core.peers) == open_connections())
-        assert len(core.routes) == 0 and core.pending == {}
-        assert all(ad.conn in core.peers for ad in core.advertisements.values())
-        assert set(core.node_subscriptions) <= set(core.node_conn)
+        assert len(core.routes) == 0 and len(core.pending) == 0
+        assert all(ad.conn in core.peers for ad in core.adverts.values())
+        assert set(core.subscriptions.nodes()) <= set(core.node_conn)
 
         # a fresh node is served completely
         async with make_node() as fresh:

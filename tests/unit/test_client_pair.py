@@ -37,7 +37,8 @@ from macula.wire.errors import FramingError
 from macula.wire.frames import Event, Result, new_frame_id
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, realm_tag
-from relay.core import Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.actions import Close, EndStream, RunBuiltin, Send
+from relay.core import RouterCore
 from relay.outcome import Outcome
 from relay.policy import PuzzleMode, StationPolicy
 

@@ -47,7 +47,8 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, puzzle_evidence, puzzle_valid, realm_tag
-from relay.core import Action, Close, EndStream, RouterCore, RunBuiltin, Send
+from relay.actions import Action, Close, EndStream, RunBuiltin, Send
+from relay.core import RouterCore
 from relay.outcome import Outcome
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 
@@ -910,7 +911,7 @@ def test_expired_tombstones_are_forgotten_on_tick() -> None:
         provider.send(provider.advertise(f"svc{n}"))
         provider.send(provider.unadvertise(f"svc{n}"))
     station.core.tick(NOW + policy.advertise_tombstone_ms + 1)
-    assert station.core.tombstones == {}
+    assert station.core.adverts.tombstones == {}
 
 
 # --- §13 #6, #7, #8 ---------------------------------------------------------------------------

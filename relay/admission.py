@@ -1,0 +1,109 @@
+"""Which frames the station lets in (PROTOCOL.md §4.3, §5.2, §13 #1, #10): pure, no I/O.
+
+Every frame is parsed and its signature verified before it may touch any router state, and
+its ``sent_at_ms``/``frame_id`` are checked against the clock skew bound and the per-node
+replay window. Invariants: an admitted frame is well-formed, verifies against its expected
+signer (else the connection's node id) and was not seen before; a rejected CALL always names
+its ``call_id`` so the router can answer it; the replay cache holds, per node, only ids that
+could still pass the skew check, and nothing for a node that has neither ids nor a connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Container
+from dataclasses import dataclass
+from typing import Any
+
+from macula.wire.codes import ErrorCode
+from macula.wire.errors import ProtocolError
+from macula.wire.frames import CAP_STATION, Call, Connect, Frame, UnknownFrameType, parse_frame
+from macula.wire.identity import puzzle_valid
+from relay.policy import PuzzleMode, ReplayWindow, StationPolicy
+
+log = logging.getLogger("macula.relay")
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A frame refused on arrival: count it under ``counter``; answer ``call_id`` if set."""
+
+    counter: str
+    why: str | None = None  # None: counted silently (an unknown frame type, §4.2)
+    call_id: bytes | None = None
+    code: int = ErrorCode.UNKNOWN_ERROR
+    detail: bytes = b""
+
+
+class FrameAdmission:
+    def __init__(self, policy: StationPolicy) -> None:
+        self.policy = policy
+        self.seen_frames: dict[bytes, ReplayWindow] = {}
+
+    def admit(self, frame_map: dict[str, Any], node_id: bytes, now_ms: int) -> Frame | Rejected:
+        """Parse and verify one frame from the connection of ``node_id``."""
+        try:
+            frame = parse_frame(frame_map)
+        except UnknownFrameType:
+            return Rejected("unknown_frame_types")
+        except ProtocolError as exc:
+            call_id = frame_map.get("call_id")
+            if (
+                frame_map.get("frame_type") == "call"
+                and type(call_id) is bytes
+                and len(call_id) == 16
+            ):
+                detail = f"bad_request: {exc.detail}".encode()
+                return Rejected("malformed_frame", exc.detail, call_id, detail=detail)
+            return Rejected("malformed_frame", exc.detail)
+        signer = frame.expected_signer() or node_id
+        if not frame.verifies(signer):
+            problem = "signature does not verify"
+        elif not self.fresh(frame, now_ms, node_id):
+            problem = "frame is replayed or sent_at_ms is outside the allowed clock skew"
+        else:
+            return frame
+        why = f"{frame.FRAME_TYPE}: {problem}"
+        if isinstance(frame, Call):
+            code = ErrorCode.SIGNATURE_INVALID
+            return Rejected("unverified_frame", why, frame.call_id, code, problem.encode())
+        return Rejected("unverified_frame", why)
+
+    def connect_refusal(self, connect: Connect, now_ms: int) -> tuple[int, str] | None:
+        """Why a parsed CONNECT is refused (§5.2: a §9 code and a reason), or None."""
+        if not connect.verifies(connect.node_id):
+            return ErrorCode.SIGNATURE_INVALID, "CONNECT signature does not verify"
+        if not self.fresh(connect, now_ms):
+            return ErrorCode.SIGNATURE_INVALID, "CONNECT is replayed or its clock is skewed"
+        if connect.capabilities & ~CAP_STATION:
+            return ErrorCode.UNKNOWN_ERROR, "unassigned capability bits set"
+        mode = self.policy.puzzle_mode
+        if mode != PuzzleMode.OFF and not puzzle_valid(
+            connect.node_id, self.policy.puzzle_difficulty
+        ):
+            if mode == PuzzleMode.ENFORCE:
+                return ErrorCode.CRYPTO_PUZZLE_INVALID, "identity fails the S/Kademlia puzzle"
+            log.warning("node %s fails the puzzle (log-only)", connect.node_id.hex()[:16])
+        return None
+
+    def fresh(self, frame: Frame, now_ms: int, node_id: bytes | None = None) -> bool:
+        """§13 #1: ``sent_at_ms`` within the skew bound and ``frame_id`` not seen before."""
+        skew = self.policy.max_clock_skew_ms
+        if skew <= 0:
+            return True
+        if abs(frame.sent_at_ms - now_ms) > skew:
+            return False
+        key = node_id or frame.expected_signer() or b""
+        window = self.seen_frames.get(key)
+        if window is None:
+            window = self.seen_frames[key] = ReplayWindow(self.policy.replay_cache_per_node)
+        return window.admit(frame.frame_id, frame.sent_at_ms)
+
+    def prune(self, now_ms: int, connected: Container[bytes]) -> None:
+        """Forget frame ids whose ``sent_at_ms`` now fails the skew check on its own."""
+        oldest = now_ms - self.policy.max_clock_skew_ms
+        for node_id in list(self.seen_frames):
+            window = self.seen_frames[node_id]
+            window.forget_before(oldest)
+            if not window.seen and node_id not in connected:
+                del self.seen_frames[node_id]

@@ -1,0 +1,42 @@
+"""One client or station connection as the router sees it (PROTOCOL.md §5).
+
+Invariants: a peer moves only forward through ``PeerState`` (HANDSHAKING -> CONNECTED ->
+DRAINING -> CLOSED, any step may be skipped); ``node_id`` and ``capabilities`` are set once,
+by an accepted CONNECT; ``control`` is the stream that CONNECT arrived on. What a peer owns in
+the shared tables (advertisements, pending calls, routes) lives in those tables, keyed by
+``conn``; only per-stream bookkeeping stays here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+from macula.wire.frames import CAP_STATION
+from relay.policy import TokenBucket
+
+
+class PeerState(Enum):
+    HANDSHAKING = auto()  # waiting for CONNECT
+    CONNECTED = auto()  # HELLO "true" sent; frames are routed
+    DRAINING = auto()  # closing: nothing more from it is heard
+    CLOSED = auto()  # the transport reported it lost
+
+
+@dataclass(slots=True)
+class Peer:
+    conn: int
+    opened_ms: int
+    publish_bucket: TokenBucket
+    call_bucket: TokenBucket
+    node_id: bytes = b""
+    control: int | None = None
+    capabilities: int = 0
+    state: PeerState = PeerState.HANDSHAKING
+    content_streams: dict[int, int] = field(default_factory=dict)  # stream -> builtins running
+    finished_content: set[int] = field(default_factory=set)
+    ignored_streams: set[int] = field(default_factory=set)
+
+    @property
+    def is_station(self) -> bool:
+        return bool(self.capabilities & CAP_STATION)

@@ -1,0 +1,162 @@
+"""Streaming RPC through the station (PROTOCOL.md §8): open a route, relay, tear it down.
+
+Sans-I/O like ``RouterCore``, which owns it and hands it only verified frames. Invariants: a
+route exists only between two CONNECTED peers when it is opened; a frame is relayed only if
+it is a stream frame for the route's ``stream_id``, signed by the node of the leg it came on;
+teardown (§8.4) forgets the route, marks both streams as taking no new work, tells a
+surviving leg why with a station-signed STREAM_ERROR when there is an error, and FINs both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from macula.wire.frames import Frame, StreamData, StreamEnd, StreamError, StreamOpen, StreamReply
+from relay.actions import Action, EndStream, Send
+from relay.adverts import AdvertTable
+from relay.peers import Peer, PeerState
+from relay.routes import Leg, Route, RouteTable
+from relay.station_frames import StationFrames
+
+log = logging.getLogger("macula.relay")
+
+
+class StreamRelay:
+    def __init__(
+        self,
+        peers: dict[int, Peer],
+        adverts: AdvertTable,
+        routes: RouteTable,
+        frames: StationFrames,
+        *,
+        route_ttl_ms: int,
+        open_stream: Callable[[int], int],
+        drop: Callable[[Peer, str, str], None],
+        count: Callable[[str], None],
+    ) -> None:
+        self._peers = peers
+        self._adverts = adverts
+        self.routes = routes
+        self._frames = frames
+        self._route_ttl_ms = route_ttl_ms
+        self._open_stream = open_stream
+        self._drop = drop
+        self._count = count
+
+    def open_route(
+        self,
+        peer: Peer,
+        stream: int,
+        frame: Frame | None,
+        frame_map: dict[str, Any],
+        now_ms: int,
+    ) -> list[Action]:
+        """The first frame of a new dedicated stream was a STREAM_OPEN (``frame``, verified)."""
+        if not isinstance(frame, StreamOpen) or frame.caller != peer.node_id:
+            if frame is not None:
+                self._drop(peer, "foreign_stream_open", "caller is not this connection")
+            peer.ignored_streams.add(stream)
+            return [EndStream(peer.conn, stream)]
+        ad = self._adverts.get((frame.realm, frame.procedure))
+        provider = self._peers.get(ad.conn) if ad is not None else None
+        if provider is None or provider.state is not PeerState.CONNECTED:
+            msg = b"procedure not advertised"
+            return self.refuse(peer, stream, frame_map, b"unknown_next_peer", msg, now_ms)
+        try:
+            provider_stream = self._open_stream(provider.conn)
+        except Exception as exc:  # the provider's connection cannot take a new stream
+            log.warning("cannot open a relay stream to conn %d: %s", provider.conn, exc)
+            msg = b"failed to open relay stream"
+            return self.refuse(peer, stream, frame_map, b"unavailable", msg, now_ms)
+        route = Route(
+            stream_id=frame.stream_id,
+            mode=frame.mode,
+            caller=Leg(peer.conn, stream, peer.node_id),
+            provider=Leg(provider.conn, provider_stream, provider.node_id),
+            expires_ms=now_ms + self._route_ttl_ms,
+        )
+        self.routes.add(route)
+        self._count("streams_routed")
+        return [Send(provider.conn, provider_stream, self._frames.relayed(frame))]
+
+    def relay(
+        self, peer: Peer, stream: int, route: Route, frame: Frame, now_ms: int
+    ) -> list[Action]:
+        """Pass a verified frame from one leg of ``route`` to the other."""
+        leg, other = route.legs_from(peer.conn, stream)
+        signer = getattr(frame, "signer", None) or getattr(frame, "responded_by", None)
+        if not isinstance(frame, (StreamData, StreamEnd, StreamError, StreamReply)) or (
+            signer is not None and signer != leg.node_id
+        ):
+            self._drop(peer, "bad_stream_frame", f"{frame.FRAME_TYPE} not accepted on a route")
+            return []
+        if getattr(frame, "stream_id", None) != route.stream_id:
+            self._drop(peer, "bad_stream_frame", "stream_id does not match the route")
+            return []
+        out: list[Action] = [Send(other.conn, other.stream, self._frames.relayed(frame))]
+        if route.after_frame(leg, frame):
+            out += self.teardown(route, now_ms)
+        return out
+
+    def leg_lost(self, conn: int, stream: int, why: str, now_ms: int) -> list[Action]:
+        """A stream ended or was reset: if it was a route's leg, the route may be over."""
+        route = self.routes.by_leg(conn, stream)
+        if route is None:
+            return []
+        leg, _ = route.legs_from(conn, stream)
+        if route.half_closed(leg):
+            return []  # a FIN after STREAM_END(send) is the normal end of that direction
+        return self.teardown(route, now_ms, error=(b"unavailable", why.encode()), lost=leg)
+
+    def expire(self, now_ms: int) -> list[Action]:
+        out: list[Action] = []
+        for route in self.routes.expired(now_ms):
+            out += self.teardown(route, now_ms, error=(b"deadline", b"stream route expired"))
+        return out
+
+    def forget_conn(self, conn: int, now_ms: int) -> list[Action]:
+        out: list[Action] = []
+        for route in self.routes.for_conn(conn):
+            out += self.teardown(route, now_ms, error=(b"unavailable", b"peer connection lost"))
+        return out
+
+    def teardown(
+        self,
+        route: Route,
+        now_ms: int,
+        *,
+        error: tuple[bytes, bytes] | None = None,
+        lost: Leg | None = None,
+    ) -> list[Action]:
+        """Forget the route and FIN both legs (§8.4), telling a surviving leg why."""
+        self.routes.remove(route)
+        out: list[Action] = []
+        for leg in (route.caller, route.provider):
+            peer = self._peers.get(leg.conn)
+            if peer is None:
+                continue
+            peer.ignored_streams.add(leg.stream)  # an ended stream takes no new work
+            if error is not None and leg is not lost:
+                out.append(
+                    self._frames.stream_error(
+                        leg.conn, leg.stream, None, error[0], error[1], now_ms, route.stream_id
+                    )
+                )
+            out.append(EndStream(leg.conn, leg.stream))
+        return out
+
+    def refuse(
+        self,
+        peer: Peer,
+        stream: int,
+        frame_map: dict[str, Any],
+        code: bytes,
+        message: bytes,
+        now_ms: int,
+    ) -> list[Action]:
+        """STREAM_ERROR (station-signed, no signer) then FIN; the stream takes no more work."""
+        peer.ignored_streams.add(stream)
+        error = self._frames.stream_error(peer.conn, stream, frame_map, code, message, now_ms)
+        return [error, EndStream(peer.conn, stream)]

@@ -1,0 +1,87 @@
+"""Station lifecycle: a failed start leaves nothing open; a stop leaves no timer or task behind."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from meshkit import new_identity, station_config
+from rawclient import raw_client
+
+from macula.store.base import StoreError
+from relay.policy import StationPolicy
+from relay.station import Station
+
+pytestmark = pytest.mark.anyio
+
+
+def sqlite_threads() -> int:
+    """aiosqlite runs one (non-daemon) worker thread per open connection."""
+    return sum("_connection_worker_thread" in t.name for t in threading.enumerate())
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+def udp_port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+async def test_a_taken_port_fails_the_start_and_closes_the_stores(tmp_path: Path) -> None:
+    data_dir = tmp_path / "station"
+    before = sqlite_threads()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        taken = squatter.getsockname()[1]
+        with pytest.raises(OSError):
+            await Station(station_config(data_dir, port=taken)).__aenter__()
+    # the record and content stores were open when the bind failed: both are closed again
+    assert await eventually(lambda: sqlite_threads() == before)
+    async with Station(station_config(data_dir)) as station:  # the same data dir serves
+        assert station.port != 0
+
+
+async def test_a_house_store_failure_after_binding_releases_the_port(tmp_path: Path) -> None:
+    data_dir = tmp_path / "station"
+    (data_dir / "memory.sqlite3").mkdir(parents=True)  # the house memory store cannot open
+    before = sqlite_threads()
+    station = Station(station_config(data_dir))
+    with pytest.raises(StoreError):
+        await station.__aenter__()
+    assert station.port != 0  # the QUIC server had been bound
+    assert udp_port_free(station.port)
+    assert await eventually(lambda: sqlite_threads() == before)
+    await station.stop()  # a stop after a failed start is a no-op
+
+
+async def test_stop_cancels_pending_close_timers_and_finishes_every_task(tmp_path: Path) -> None:
+    policy = StationPolicy(drain_ms=60_000)  # the replaced connection's close is a minute away
+    station = Station(station_config(tmp_path / "station", policy))
+    await station.__aenter__()
+    identity = new_identity()
+    async with raw_client(station, identity) as older, raw_client(station, identity):
+        await older.expect(lambda r: r.frame_type == "goodbye")
+        timers = list(station._timers)
+        tasks = list(station._tasks)
+        assert timers and tasks
+        await station.stop()
+        assert all(timer.cancelled() for timer in timers)
+        assert all(task.done() for task in tasks)
+        assert not station._timers and not station._tasks
+    await station.stop()  # idempotent
