@@ -102,6 +102,7 @@ class RouterCore:
         self.routes = RouteTable()
         self.admission = FrameAdmission(policy)
         self.stats: Counter[str] = Counter()
+        self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
         self.streams = StreamRelay(
             self.peers,
             self.adverts,
@@ -246,6 +247,7 @@ class RouterCore:
         return out
 
     def shutdown(self, now_ms: int) -> list[Action]:
+        self.stopping = True
         out: list[Action] = []
         for peer in list(self.peers.values()):
             if peer.state is PeerState.CONNECTED:
@@ -272,6 +274,9 @@ class RouterCore:
         assert isinstance(connect, Connect)
         peer.control = stream
         refusal = self.admission.connect_refusal(connect, now_ms)
+        if refusal is None and self.stopping:
+            # a client that reconnects while the station drains must not believe it is in
+            refusal = (ErrorCode.TEMPORARY_RELAY_FAILURE, "station is shutting down")
         if refusal is not None:
             code, why = refusal
             log.info("conn %d: refused %s: %s", peer.conn, connect.node_id.hex()[:16], why)

@@ -99,27 +99,37 @@ class Presence:
         self.stats: Counter[str] = Counter()
         self.present = False
         self.said_goodbye = False
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[None]] = []  # the roster feeds
+        self._heartbeat_task: asyncio.Task[None] | None = None
         self._subscriptions: list[Subscription] = []
         self.last_beat_ms: int | None = None
         self.last_error: str | None = None
 
     async def start(self, group: asyncio.TaskGroup, profile: Profile | None = None) -> None:
-        """Start (or restart, with a new profile) the heartbeat and the roster feed."""
+        """Start the roster feed and the heartbeat; on a restart (a new profile) only the
+        heartbeat starts over: the feed keeps its subscriptions and what they hold, so no hello
+        that arrived meanwhile is lost."""
         if profile is not None:
             self.profile = profile.checked()
-        await self.stop_tasks()
+        if not self._subscriptions:
+            hellos = await self.node.subscribe(ZERO_REALM, HELLO_TOPIC, buffer=4096)
+            goodbyes = await self.node.subscribe(ZERO_REALM, GOODBYE_TOPIC, buffer=4096)
+            self._subscriptions = [hellos, goodbyes]
+            self._tasks = [
+                group.create_task(self._feed(hellos, self._heard_hello)),
+                group.create_task(self._feed(goodbyes, self._heard_goodbye)),
+            ]
+            with contextlib.suppress(MaculaError):  # listening before our first hello goes out
+                await self.node.flush(timeout=5)
+        await self._stop_heartbeat()
         self.present, self.said_goodbye = True, False
-        hellos = await self.node.subscribe(ZERO_REALM, HELLO_TOPIC, buffer=4096)
-        goodbyes = await self.node.subscribe(ZERO_REALM, GOODBYE_TOPIC, buffer=4096)
-        self._subscriptions = [hellos, goodbyes]
-        with contextlib.suppress(MaculaError):  # listening before our first hello goes out
-            await self.node.flush(timeout=5)
-        self._tasks = [
-            group.create_task(self._feed(hellos, self._heard_hello)),
-            group.create_task(self._feed(goodbyes, self._heard_goodbye)),
-            group.create_task(self._heartbeat()),
-        ]
+        self._heartbeat_task = group.create_task(self._heartbeat())
+
+    async def _stop_heartbeat(self) -> None:
+        task, self._heartbeat_task = self._heartbeat_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
 
     async def goodbye(self) -> None:
         """Publish one ``agent.goodbye`` and stop; only ``start`` brings presence back."""
@@ -136,6 +146,9 @@ class Presence:
         Waiting never swallows a cancellation of the caller itself (``asyncio.wait`` raises it);
         the tasks' own outcomes are their task group's business."""
         tasks, self._tasks = self._tasks, []
+        if self._heartbeat_task is not None:
+            tasks.append(self._heartbeat_task)
+            self._heartbeat_task = None
         subscriptions, self._subscriptions = self._subscriptions, []
         try:
             for task in tasks:

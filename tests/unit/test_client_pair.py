@@ -562,3 +562,16 @@ def test_intent_gained_before_the_hello_is_replayed_not_sent_early(clock: Clock)
     bob = link.dial(BOB, intent=intent)
     assert bob.take(Established)
     assert bob.core.told_subscriptions == {(REALM, "early")}
+
+
+def test_a_station_shutting_down_refuses_new_handshakes_retryably(link: Link) -> None:
+    old = established(link, ALICE)
+    link.router_did(link.router.shutdown(link.clock.now))
+    (ended,) = old.take(Ended)
+    assert "operator_stop" in ended.reason and not ended.terminal
+    again = link.dial(ALICE)  # the client reconnects at once, while the station drains
+    (failed,) = again.take(HandshakeFailed)
+    assert isinstance(failed.error, HandshakeError)
+    assert failed.error.refusal_code == ErrorCode.TEMPORARY_RELAY_FAILURE
+    assert failed.error.retryable
+    assert again.of(Established) == []
