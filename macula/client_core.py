@@ -26,11 +26,24 @@ Invariants:
 from __future__ import annotations
 
 import enum
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from macula.client_events import (
+    CallArrived,
+    CallSettled,
+    ChannelData,
+    ChannelFinished,
+    ChannelOpened,
+    Ended,
+    Established,
+    EventArrived,
+    HandshakeFailed,
+    Output,
+    Transmit,
+)
 from macula.errors import (
     BrokenError,
     CallTimeout,
@@ -39,6 +52,7 @@ from macula.errors import (
     MaculaError,
     MeshError,
 )
+from macula.intent import EventDedup, Intent, Key
 from macula.wire.codes import code_name
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
@@ -67,148 +81,7 @@ from macula.wire.frames import (
 from macula.wire.identity import Identity
 
 RandomBytes = Callable[[int], bytes]
-Key = tuple[bytes, str]  # (realm, topic) or (realm, procedure)
 REPLACED = "replaced_by_newer_handshake"
-
-# --- outputs ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Transmit:
-    """Send ``data`` (one complete, length-prefixed frame) on ``stream``."""
-
-    stream: int
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Established:
-    """The station accepted us (HELLO ``true``); the intent has been replayed before this."""
-
-    station_key: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class HandshakeFailed:
-    error: MaculaError
-
-
-@dataclass(frozen=True, slots=True)
-class Ended:
-    """The connection is over: GOODBYE, framing error, loss, or our own close."""
-
-    reason: str
-    terminal: bool  # this identity connected elsewhere: reconnecting would fight it
-    closed: bool = False  # we closed it (not broken)
-
-
-@dataclass(frozen=True, slots=True)
-class EventArrived:
-    event: Event
-    authenticated: bool  # publisher_sig present and valid (§4.4)
-
-
-@dataclass(frozen=True, slots=True)
-class CallArrived:
-    stream: int
-    call: Call
-
-
-@dataclass(frozen=True, slots=True)
-class CallSettled:
-    call_id: bytes
-    payload: Any = None
-    error: MaculaError | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelOpened:
-    """A caller opened a streaming-RPC session to us on ``stream`` (§8)."""
-
-    stream: int
-    opening: StreamOpen
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelData:
-    stream: int
-    body: Any
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelFinished:
-    """No more data will arrive on this channel (END, REPLY, ERROR or loss): see its state."""
-
-    stream: int
-
-
-Output = (
-    Transmit
-    | Established
-    | HandshakeFailed
-    | Ended
-    | EventArrived
-    | CallArrived
-    | CallSettled
-    | ChannelOpened
-    | ChannelData
-    | ChannelFinished
-)
-
-
-# --- state shared with the node ----------------------------------------------------------------
-
-
-class Intent:
-    """What the station should know about this identity: replayed on every connection."""
-
-    def __init__(self) -> None:
-        self._subscriptions: dict[Key, None] = {}
-        self._advertisements: dict[Key, None] = {}
-
-    def add_subscription(self, realm: bytes, topic: str) -> bool:
-        """Record the wish; ``True`` when it is new (a SUBSCRIBE is due)."""
-        new = (realm, topic) not in self._subscriptions
-        self._subscriptions[(realm, topic)] = None
-        return new
-
-    def drop_subscription(self, realm: bytes, topic: str) -> bool:
-        return self._subscriptions.pop((realm, topic), False) is None
-
-    def add_advertisement(self, realm: bytes, procedure: str) -> bool:
-        new = (realm, procedure) not in self._advertisements
-        self._advertisements[(realm, procedure)] = None
-        return new
-
-    def drop_advertisement(self, realm: bytes, procedure: str) -> bool:
-        return self._advertisements.pop((realm, procedure), False) is None
-
-    @property
-    def subscriptions(self) -> list[Key]:
-        return list(self._subscriptions)
-
-    @property
-    def advertisements(self) -> list[Key]:
-        return list(self._advertisements)
-
-
-class EventDedup:
-    """The last ``window`` (realm, publisher, seq) seen; older ones are forgotten first."""
-
-    def __init__(self, window: int = 4096) -> None:
-        self.window = window
-        self._seen: OrderedDict[tuple[bytes, bytes, int], None] = OrderedDict()
-        self.duplicates = 0
-
-    def first_time(self, event: Event) -> bool:
-        key = (event.realm, event.publisher, event.seq)
-        if key in self._seen:
-            self.duplicates += 1
-            return False
-        self._seen[key] = None
-        if len(self._seen) > self.window:
-            self._seen.popitem(last=False)
-        return True
 
 
 class CoreState(enum.Enum):

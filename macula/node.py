@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from macula.backoff import Backoff
-from macula.client_core import EventDedup, Intent
 from macula.config import identity_from_env, mesh_stations_from_env
 from macula.content_client import ContentClient
 from macula.dht import DhtClient
 from macula.direct import DirectDialer
 from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError
+from macula.intent import EventDedup, Intent
 from macula.serving import Handler, Server, StreamHandler
 from macula.session import Session, StreamChannel
 from macula.stations import StationAddress, parse_station

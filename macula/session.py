@@ -18,25 +18,23 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from macula.client_core import (
+from macula.client_core import ChannelState, ClientCore
+from macula.client_events import (
     CallArrived,
     CallSettled,
     ChannelData,
     ChannelFinished,
     ChannelOpened,
-    ChannelState,
-    ClientCore,
     Ended,
     Established,
     EventArrived,
-    EventDedup,
     HandshakeFailed,
-    Intent,
     Output,
     Transmit,
 )
 from macula.clock import Clock, now_ms
 from macula.errors import BrokenError, CallTimeout, HandshakeError, MeshError
+from macula.intent import EventDedup, Intent
 from macula.stations import StationAddress
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire.codes import ErrorCode

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from aioquic.asyncio.server import QuicServer, serve
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
+from macula.clock import now_ms, now_us
 from macula.keyfile import load_or_create_identity
 from macula.transport import (
     ALPN,
@@ -51,10 +51,6 @@ from relay.tls import ensure_certificate
 log = logging.getLogger("macula.relay")
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 @dataclass
 class StationConfig:
     data_dir: Path
@@ -76,18 +72,16 @@ class _Sink:
         self.conn = conn
 
     def frames_received(self, stream_id: int, frames: list[dict[str, Any]]) -> None:
-        self.station._run(
-            self.station.core.frames_received(self.conn, stream_id, frames, _now_ms())
-        )
+        self.station._run(self.station.core.frames_received(self.conn, stream_id, frames, now_ms()))
 
     def framing_failed(self, stream_id: int, error: FramingError) -> None:
-        self.station._run(self.station.core.framing_failed(self.conn, stream_id, error, _now_ms()))
+        self.station._run(self.station.core.framing_failed(self.conn, stream_id, error, now_ms()))
 
     def stream_ended(self, stream_id: int) -> None:
-        self.station._run(self.station.core.stream_ended(self.conn, stream_id, _now_ms()))
+        self.station._run(self.station.core.stream_ended(self.conn, stream_id, now_ms()))
 
     def stream_reset(self, stream_id: int) -> None:
-        self.station._run(self.station.core.stream_reset(self.conn, stream_id, _now_ms()))
+        self.station._run(self.station.core.stream_reset(self.conn, stream_id, now_ms()))
 
     def connection_lost(self, reason: str) -> None:
         self.station._lost(self.conn, reason)
@@ -187,7 +181,7 @@ class Station:
 
     async def _drain(self) -> None:
         """GOODBYE to every client (§5.5), a moment for it to leave, then close them all."""
-        self._run(self.core.shutdown(_now_ms()))
+        self._run(self.core.shutdown(now_ms()))
         if self._connections:
             await asyncio.sleep(0.15)  # let GOODBYEs leave before the connections close
         for connection in list(self._connections.values()):
@@ -238,7 +232,7 @@ class Station:
         self._next_conn += 1
         connection.sink = _Sink(self, self._next_conn)
         self._connections[self._next_conn] = connection
-        self.core.connection_made(self._next_conn, _now_ms())
+        self.core.connection_made(self._next_conn, now_ms())
         return connection
 
     def _open_stream(self, conn: int) -> int:
@@ -246,7 +240,7 @@ class Station:
 
     def _lost(self, conn: int, reason: str) -> None:
         log.debug("conn %d lost: %s", conn, reason)
-        self._run(self.core.connection_lost(conn, _now_ms()))
+        self._run(self.core.connection_lost(conn, now_ms()))
         self._connections.pop(conn, None)
 
     def _run(self, actions: list[Action]) -> None:
@@ -288,23 +282,19 @@ class Station:
     async def _builtin(self, action: RunBuiltin) -> None:
         """A built-in (§6.6) or a house service: the router sent both here."""
         assert self._builtins is not None
-        now_ms = _now_ms()
+        now = now_ms()
         call = action.call
         if call.procedure in BUILTINS:
-            outcome = await self._builtins.run(
-                call.procedure, call.payload, now_ms, time.time_ns() // 1000
-            )
+            outcome = await self._builtins.run(call.procedure, call.payload, now, now_us())
         elif self._house is None:
             outcome = Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)  # still starting
         else:
             try:
-                outcome = await self._house.handle(
-                    call.procedure, call.payload, call.caller, now_ms
-                )
+                outcome = await self._house.handle(call.procedure, call.payload, call.caller, now)
             except Exception:
                 log.exception("house service %s failed", call.procedure)
                 outcome = Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
-        self._run(self.core.builtin_done(action.conn, action.stream, call, outcome, _now_ms()))
+        self._run(self.core.builtin_done(action.conn, action.stream, call, outcome, now_ms()))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         if self._closing:
@@ -322,14 +312,14 @@ class Station:
     async def _ticker(self) -> None:
         while True:
             await asyncio.sleep(self.config.tick_interval_s)
-            self._run(self.core.tick(_now_ms()))
+            self._run(self.core.tick(now_ms()))
 
     async def _endpoint_refresher(self) -> None:
         """Keep this station's own ``station_endpoint`` record fresh (§10.6, TTL 5 min)."""
         assert self.identity is not None and self._records is not None
         hosts = [h for h in dict.fromkeys([*self.config.advertised_hosts, self.config.host])]
         while True:
-            now = _now_ms()
+            now = now_ms()
             record = new_record(
                 self.identity,
                 RecordType.STATION_ENDPOINT,

@@ -14,24 +14,22 @@ from typing import Any
 
 import pytest
 
-from macula.client_core import (
+from macula.client_core import ClientCore, CoreState
+from macula.client_events import (
     CallArrived,
     CallSettled,
     ChannelData,
     ChannelFinished,
     ChannelOpened,
-    ClientCore,
-    CoreState,
     Ended,
     Established,
     EventArrived,
-    EventDedup,
     HandshakeFailed,
-    Intent,
     Output,
     Transmit,
 )
 from macula.errors import BrokenError, CallTimeout, ClosedError, HandshakeError, MeshError
+from macula.intent import EventDedup, Intent
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.frames import Event, Result, new_frame_id
