@@ -283,7 +283,10 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             return invalid(problems)
 
         async def work() -> dict[str, Any]:
-            event = await runtime.agent.rings.wait_ring(wait_seconds)
+            async def started() -> None:  # a progress notification, for clients that asked
+                await ctx.report_progress(0, None, "waiting for a ring")
+
+            event = await runtime.agent.rings.wait_ring(wait_seconds, started=started)
             ring = None if event is None else _event_view(event)
             return {"ring": ring, "timed_out": int(ring is None)}
 

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -233,10 +233,17 @@ class Rings:
             self._latest = event
             self._incoming.notify_all()
 
-    async def wait_ring(self, wait_seconds: float) -> RingEvent | None:
-        """Block until the next incoming ring (or late answer) arrives, or time runs out."""
+    async def wait_ring(
+        self, wait_seconds: float, *, started: Callable[[], Awaitable[None]] | None = None
+    ) -> RingEvent | None:
+        """Block until the next incoming ring (or late answer) arrives, or time runs out.
+        ``started`` is awaited once the wait counts rings (one arriving from then on is
+        returned), so a caller can tell someone the wait has begun."""
         async with self._incoming:
             seen = self._incoming_count
+        if started is not None:
+            await started()
+        async with self._incoming:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     self._incoming.wait_for(lambda: self._incoming_count > seen),

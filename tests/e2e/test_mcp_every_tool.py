@@ -189,13 +189,22 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     await bob.bad("mesh_lobby_transcript", limit=0)
     await bob.good("mesh_unobserve_lobby")
     # ask policy: bob rings ada, ada defers, then accepts
-    waiting = asyncio.create_task(ada.good("mesh_wait_ring", wait_seconds=10))
-    # kept: nothing shows the wait has begun and a ring cannot be repeated (1 per 2 s per
-    # caller); dropping this needs a library hook (see the report of the sleeps branch)
-    await asyncio.sleep(0.3)
+    # mesh_wait_ring reports progress once its wait counts rings: ring only then
+    wait_began = asyncio.Event()
+
+    async def progressed(progress: float, total: float | None, message: str | None) -> None:
+        wait_began.set()
+
+    waiting = asyncio.create_task(
+        ada.client.call_tool("mesh_wait_ring", {"wait_seconds": 10}, progress_callback=progressed)
+    )
+    await asyncio.wait_for(wait_began.wait(), 10)
     deferred = await bob.good("mesh_ring", to=ada_id, purpose="pair?")
     assert deferred["answer"] == 3
-    assert (await waiting)["ring"]["ring_id"] == deferred["ring_id"]
+    waited = await waiting
+    assert not waited.is_error and waited.structured_content is not None
+    assert waited.structured_content["ring"]["ring_id"] == deferred["ring_id"]
+    ada.tools_called.add("mesh_wait_ring")
     await ada.bad("mesh_wait_ring", wait_seconds=-1)
     answered = await ada.good("mesh_answer_ring", ring_id=deferred["ring_id"], answer=1)
     assert answered["caller_notified"] == 1

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -246,14 +245,6 @@ def test_node_from_the_environment(tmp_path: Path) -> None:
         )
 
 
-async def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 async def _drain(sub: Subscription) -> list[object]:
     return [delivery.payload async for delivery in sub]
 
@@ -270,7 +261,7 @@ async def test_a_full_subscription_still_ends(make_node: Callable[..., Node]) ->
             for i in range(3):
                 await publisher.publish(REALM, "full.closed", i)
                 await publisher.publish(REALM, "full.ended", i)
-            await _until(lambda: closed.delivered == 3 and ended.delivered == 3)
+            await eventually(lambda: closed.delivered == 3 and ended.delivered == 3)
             await closed.close()
             assert await asyncio.wait_for(_drain(closed), 5) == [1, 2]
             assert closed.dropped == 1

@@ -30,7 +30,7 @@ async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> boo
     while not predicate():
         if time.monotonic() > deadline:
             return False
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # polling interval: aiosqlite threads end on their own
     return True
 
 

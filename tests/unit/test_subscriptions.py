@@ -51,7 +51,7 @@ async def test_the_end_wakes_every_waiting_reader() -> None:
     sub = Subscription(REALM, "t", 1, _nothing)
     sub._offer(delivery(1))
     readers = [asyncio.create_task(drain(sub)) for _ in range(3)]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # sleep: one scheduler step, so every reader is blocked on the queue
     sub._end()
     results = await asyncio.wait_for(asyncio.gather(*readers), 1)
     assert sorted(map(len, results)) == [0, 0, 1]
