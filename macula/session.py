@@ -39,18 +39,12 @@ from macula.stations import StationAddress
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
-from macula.wire.frames import Call, Event, Frame, Goodbye, StreamOpen, new_frame_id
+from macula.wire.frames import Call, Event, Goodbye, StreamOpen
 from macula.wire.identity import ZERO_REALM, Identity
 
 log = logging.getLogger("macula.session")
 
-__all__ = ["Session", "SessionOwner", "StreamChannel", "now_ms", "stamp"]
-
-
-def stamp() -> dict[str, Any]:
-    """``frame_id`` and ``sent_at_ms`` for a frame built outside a core (tests, tools)."""
-    now = now_ms()
-    return {"frame_id": new_frame_id(now, os.urandom(10)), "sent_at_ms": now}
+__all__ = ["Session", "SessionOwner", "StreamChannel"]
 
 
 class SessionOwner(Protocol):
@@ -339,12 +333,6 @@ class Session:
         self._arm_timer()
 
     # -- sending ------------------------------------------------------------------------------
-
-    def send(self, stream: int, frame: Frame) -> None:
-        self.run([self.core.send_frame(stream, frame)])
-
-    def send_control(self, frame: Frame) -> None:
-        self.send(self.control, frame)
 
     def subscribe(self, realm: bytes, topic: str) -> None:
         self.run(self.core.subscribe(realm, topic, self.clock()))

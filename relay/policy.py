@@ -68,6 +68,11 @@ class TokenBucket:
             return True
         return False
 
+    def tokens(self, now_ms: int) -> float:
+        """How many tokens are banked at ``now_ms`` (refilling first; nothing is taken)."""
+        self.take(now_ms, 0.0)
+        return self._tokens
+
 
 class ReplayWindow:
     """Frame ids one node has used (§13 #1), bounded in memory.

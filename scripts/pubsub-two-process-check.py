@@ -23,7 +23,7 @@ def _received(child: Child, run: str, settle_s: float = 5.0) -> list[dict[str, A
         if len(got) >= COUNT:
             return got
         child.request("whoami")  # collects events that arrived meanwhile
-        time.sleep(0.1)
+        time.sleep(0.1)  # polling interval: until every event has arrived
     return [e for e in child.events if e["payload"].get("run") == run]
 
 

@@ -76,7 +76,6 @@ def body(checks: Checks, station: LocalStation | None, workdir: Path, endpoint: 
         checks.check(
             "three agent processes present, each with its own identity", len(set(ids.values())) == 3
         )
-        time.sleep(0.5)
         rung = caller.request("ring", to=ids["open_callee"], purpose="review the plan")
         checks.check(
             "ring the open callee: answer 1 (accepted)", rung.get("answer") == 1, str(rung)[:120]

@@ -168,6 +168,8 @@ class Agent:
                 await self.rings.serve()
             if self.settings.citizenship and self._citizen is None:
                 self._citizen = self.group.create_task(self._citizenship())
+            with contextlib.suppress(MaculaError):  # on return we are reachable: rings, taps
+                await self.node.flush(timeout=5)
         return self.identity_view()
 
     def directory_entry(self) -> dict[str, Any]:

@@ -368,16 +368,6 @@ def _hit(row: Row) -> MemoryHit:
 # --- rate limiting (pure) ---------------------------------------------------------------------
 
 
-class _Bucket(TokenBucket):
-    """A ``TokenBucket`` that also says how full it is (``take(now_ms, 0)`` only refills it)."""
-
-    __slots__ = ()
-
-    def tokens(self, now_ms: int) -> float:
-        self.take(now_ms, 0.0)
-        return self._tokens
-
-
 class TokenBuckets:
     """One ``TokenBucket`` per key: ``rate`` tokens a second, at most ``burst`` banked."""
 
@@ -389,7 +379,7 @@ class TokenBuckets:
         self.rate = float(rate)
         self.burst = float(burst)
         self.max_tracked = max_tracked
-        self._buckets: dict[bytes, _Bucket] = {}  # least recently used first
+        self._buckets: dict[bytes, TokenBucket] = {}  # least recently used first
 
     def take(self, key: bytes, now_ms: int) -> int:
         """Spend one token of ``key``'s bucket: 0 if done, else the ms until one is available."""
@@ -397,7 +387,7 @@ class TokenBuckets:
         if bucket is None:
             if len(self._buckets) >= self.max_tracked:
                 self._forget_full(now_ms)
-            bucket = _Bucket(self.rate, self.burst, now_ms)
+            bucket = TokenBucket(self.rate, self.burst, now_ms)
         self._buckets[key] = bucket
         if bucket.take(now_ms):
             return 0
