@@ -6,13 +6,13 @@ Time is stepped through ``now_ms``, never slept for.
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from housekit import assert_no_booleans, ok, refused, run
 
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
@@ -36,41 +36,6 @@ NOW_MS = 1_767_225_600_000
 BAD = ErrorCode.UNKNOWN_ERROR
 ALICE = Identity.generate(os.urandom)
 BOB = Identity.generate(os.urandom)
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def wrapper() -> T:
-        return await coro
-
-    return asyncio.run(wrapper())
-
-
-def ok(outcome: Outcome) -> Any:
-    assert not outcome.is_error, outcome.detail
-    return outcome.payload
-
-
-def refused(outcome: Outcome, reason: str) -> str:
-    """The refusal's text after ``<reason>: ``; the code must be 0x0F."""
-    assert outcome.code == BAD, outcome
-    assert outcome.detail is not None
-    detail = outcome.detail.decode()
-    assert detail.startswith(f"{reason}: "), detail
-    return detail
-
-
-def walk(value: object) -> Iterator[object]:
-    yield value
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from walk(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from walk(item)
-
-
-def assert_no_booleans(value: object) -> None:
-    assert not [item for item in walk(value) if type(item) is bool]
 
 
 # --- the agent directory ----------------------------------------------------------------------
