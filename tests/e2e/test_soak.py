@@ -1,0 +1,28 @@
+"""A short soak: hostile clients beside honest pairs on a station process; nothing honest lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak_station.py"
+
+
+def test_a_short_soak_loses_no_honest_event_and_the_station_survives() -> None:
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--seconds", "4", "--pairs", "2", "--rate", "40", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 0, (report, run.stderr[-2000:])
+    assert report["honest_sent"] > 0 and report["honest_lost"] == 0
+    assert report["station_survived"] == 1
+    station = report["station"]
+    assert station["peak_rss_mib"] > 0 and station["log_bytes"] >= 0
+    hostile = report["hostile"]
+    assert hostile.get("garbage_connections", 0) > 0  # the attackers did run
+    assert hostile.get("bad_signature_frames", 0) > 0
