@@ -65,6 +65,10 @@ from relay.house.buckets import TokenBuckets
 from relay.outcome import Outcome, Refused, answer
 
 __all__ = [
+    "DEFAULT_DEPOSIT_RATE",
+    "DEFAULT_MAX_CHUNKS_PER_DEPOSITOR",
+    "DEFAULT_MAX_TOTAL_BYTES",
+    "DEFAULT_QUERY_RATE",
     "MAX_CHUNK_CHARS",
     "MEMORY_PROCEDURES",
     "MIN_INDEXED_NONSPACE",
@@ -77,6 +81,7 @@ __all__ = [
     "MemoryStore",
     "chunk_text",
     "query_terms",
+    "stored_bytes",
 ]
 
 logger = logging.getLogger("macula.relay.house.memory")
