@@ -122,6 +122,44 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument(f"--{name}", help=f"this station's {name} (station directory)")
     parser.add_argument("--lat", type=float, help="latitude, -90..90 (station directory)")
     parser.add_argument("--lng", type=float, help="longitude, -180..180 (station directory)")
+    # house-service limits (relay.house.services.HouseConfig)
+    house = HouseConfig()
+    parser.add_argument(
+        "--memory-max-bytes",
+        type=_positive(int),
+        default=house.memory_max_bytes,
+        help="shared memory: total bytes stored for all depositors (default 256 MiB)",
+    )
+    parser.add_argument(
+        "--memory-max-chunks-per-node",
+        type=_positive(int),
+        default=house.memory_max_chunks_per_node,
+        help="shared memory: chunks one depositor may hold",
+    )
+    parser.add_argument(
+        "--memory-deposit-rate",
+        type=_positive(float),
+        default=house.memory_deposit_rate,
+        help="shared memory: deposits per second per node (burst: four times that)",
+    )
+    parser.add_argument(
+        "--memory-query-rate",
+        type=_positive(float),
+        default=house.memory_query_rate,
+        help="shared memory: queries per second per node (burst: four times that)",
+    )
+    parser.add_argument(
+        "--directory-max-agents",
+        type=_positive(int),
+        default=house.directory_max_agents,
+        help="agent directory: live entries",
+    )
+    parser.add_argument(
+        "--directory-puzzle-difficulty",
+        type=int,
+        default=house.directory_puzzle_difficulty,
+        help="agent directory: identity puzzle bits a registrant must meet, 0..64 (0: none)",
+    )
     return parser
 
 
@@ -152,6 +190,8 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         raise SystemExit("macula-relay: --lat must be -90..90")
     if args.lng is not None and not -180 <= args.lng <= 180:
         raise SystemExit("macula-relay: --lng must be -180..180")
+    if not 0 <= args.directory_puzzle_difficulty <= 64:
+        raise SystemExit("macula-relay: --directory-puzzle-difficulty must be 0..64")
     house = HouseConfig(
         memory=not args.no_memory,
         station_directory=not args.no_station_directory,
@@ -161,6 +201,12 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         continent=args.continent,
         lat=args.lat,
         lng=args.lng,
+        memory_max_bytes=args.memory_max_bytes,
+        memory_max_chunks_per_node=args.memory_max_chunks_per_node,
+        memory_deposit_rate=args.memory_deposit_rate,
+        memory_query_rate=args.memory_query_rate,
+        directory_max_agents=args.directory_max_agents,
+        directory_puzzle_difficulty=args.directory_puzzle_difficulty,
     )
     try:
         data_dir = args.data_dir or macula_home() / "station"

@@ -3,17 +3,23 @@
 Invariants:
 - ``handle`` never raises (cancellation aside): every call ends in an ``Outcome``, through
   ``relay.outcome.answer``. Refusals are 0x0F ``<reason>: <text>`` with reason ``bad_request``,
-  ``unauthorized``, ``directory_full`` or ``unknown_procedure``; anything else is a bug or a disk
-  error, logged with its traceback and answered 0x02.
+  ``unauthorized``, ``directory_full`` or ``unknown_procedure``, and 0x0A ``puzzle_required``;
+  anything else is a bug or a disk error, logged with its traceback and answered 0x02.
 - Arguments are validated completely (``relay.arguments``) before any state is touched. A null
   argument, and a null optional key, count as absent; extra keys are ignored. Results carry no
   booleans.
+- Registration needs an identity that meets the S/Kademlia puzzle (``puzzle_valid``) at
+  ``puzzle_difficulty`` (default ``DEFAULT_PUZZLE_DIFFICULTY``, what every macula identity is
+  ground to; 0 turns it off): each directory entry costs its holder 2^difficulty key
+  generations, so free identities cannot fill the directory. Refused 0x0A ``puzzle_required``,
+  checked before any proof or store work.
 - Only the key holder writes an agent entry: ``entry.node_id`` must be the authenticated caller,
   and the payload must carry that key's proof bound to ``<procedure>#<node hex>`` within
   ``PROOF_SKEW_MS`` of ``now_ms``. A replay is only useful to the key holder itself.
-- Expired agent entries are never listed; ``list`` and ``register`` delete them lazily and
-  ``prune`` on demand. A new node beyond ``max_agents`` live entries is refused
-  ``directory_full``; a renewal always passes.
+- Expired agent entries are never listed. ``list`` only reads (no write per call); ``register``
+  deletes expired rows (indexed by expiry, at most the table) and ``prune`` on demand. A new
+  node beyond ``max_agents`` live entries is refused ``directory_full``; a renewal always
+  passes.
 No clock: ``now_ms`` is an argument.
 """
 
@@ -39,6 +45,8 @@ from macula.store.base import (
     fetchall,
     opt_text,
 )
+from macula.wire.codes import ErrorCode
+from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, puzzle_valid
 from relay.arguments import (
     Args,
     bad_request,
@@ -52,7 +60,7 @@ from relay.arguments import (
     required,
     text,
 )
-from relay.outcome import Outcome, answer
+from relay.outcome import Outcome, Refused, answer
 
 __all__ = [
     "MAX_AGENTS",
@@ -296,11 +304,20 @@ def _agent_view(registration: AgentRegistration) -> dict[str, object]:
 class AgentDirectory:
     """``macula.agents.register_v1``, ``remove_v1`` and ``list_v1`` over a store."""
 
-    def __init__(self, store: AgentDirectoryStore, *, max_agents: int = MAX_AGENTS) -> None:
+    def __init__(
+        self,
+        store: AgentDirectoryStore,
+        *,
+        max_agents: int = MAX_AGENTS,
+        puzzle_difficulty: int = DEFAULT_PUZZLE_DIFFICULTY,
+    ) -> None:
         if type(max_agents) is not int or max_agents < 1:
             raise ValueError("max_agents must be a positive int")
+        if type(puzzle_difficulty) is not int or not 0 <= puzzle_difficulty <= 64:
+            raise ValueError("puzzle_difficulty must be an int in 0..64")
         self.store = store
         self.max_agents = max_agents
+        self.puzzle_difficulty = puzzle_difficulty
         self._handlers: dict[str, _Handler] = {
             PROCEDURE_REGISTER: self._register,
             PROCEDURE_REMOVE: self._remove,
@@ -325,6 +342,14 @@ class AgentDirectory:
         ttl_s = integer(args, "ttl_seconds", MIN_TTL_S, MAX_TTL_S, default=DEFAULT_TTL_S)
         required(args, "proof")
         caller = caller_id(caller, "unauthorized")
+        if not puzzle_valid(caller, self.puzzle_difficulty):
+            raise Refused(
+                ErrorCode.CRYPTO_PUZZLE_INVALID,
+                "puzzle_required",
+                f"this directory lists only identities meeting the S/Kademlia puzzle at"
+                f" difficulty {self.puzzle_difficulty}; create one with"
+                f" Identity.generate(os.urandom, difficulty={self.puzzle_difficulty})",
+            )
         _check_key_holder(args, PROCEDURE_REGISTER, entry.node_id.hex(), caller, now_ms)
         expires_ms = now_ms + ttl_s * 1000
         if not await self.store.register(entry, now_ms, expires_ms, self.max_agents):
@@ -345,7 +370,6 @@ class AgentDirectory:
     async def _list(self, payload: object, caller: bytes, now_ms: int) -> object:
         args = optional_map(payload)
         limit = integer(args, "limit", 1, MAX_LIST_LIMIT, default=DEFAULT_LIST_LIMIT)
-        await self.store.prune(now_ms)
         agents = [
             _agent_view(registration) for registration in await self.store.list(now_ms, limit)
         ]

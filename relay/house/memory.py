@@ -8,19 +8,26 @@ Invariants:
 - Arguments are validated completely (``relay.arguments``), and the content chunked, before any
   state is touched (the rate-limit buckets included). Malformed arguments are 0x0F
   ``bad_request: <what>``; oversize text is 0x0D ``payload_too_large``; a depositor over its
-  rate is 0x08 ``rate_limited``; over its chunk cap, 0x0F ``quota_exceeded``. Extra argument
-  keys are ignored; a key whose value is null counts as absent.
+  rate is 0x08 ``rate_limited``; over its chunk cap, 0x0F ``quota_exceeded``. A deposit that
+  would take the station past ``max_total_bytes`` is 0x0F ``quota_exceeded`` too (the station's
+  memory is full); a query over the caller's query rate is 0x08 ``rate_limited``. Both details
+  say what to do (the wait in ms; replace or shorten a document). Extra argument keys are
+  ignored; a key whose value is null counts as absent.
 - Chunks: at most ``MAX_CHUNK_CHARS``, balanced in size, cut at whitespace, preferably between
   paragraphs, else after a sentence (``chunk_text``). A cut never falls inside a word, so a
   single word longer than the limit stays whole. A chunk with fewer than ``MIN_INDEXED_NONSPACE``
   non-space characters is not stored; identical chunks of one deposit are stored once.
 - A deposit replaces every earlier chunk of the same ``(depositor, document_id)`` in one
-  ``BEGIN IMMEDIATE`` transaction, the chunk cap checked inside it; a deposit that yields no
-  chunk therefore empties its document. ``content_hash`` (``macula.services``, the one clients
-  verify recalls with) is the hex SHA-256 of the chunk's UTF-8 text; ``document_id`` defaults to
-  the hex SHA-256 of the whole content.
-- Each depositor has one ``relay.policy.TokenBucket``; at most ``MAX_TRACKED_DEPOSITORS`` are
-  kept, refilled ones forgotten first (forgetting a full bucket changes nothing).
+  ``BEGIN IMMEDIATE`` transaction, the chunk cap and the global byte cap checked inside it; a
+  deposit that yields no chunk therefore empties its document. A deposit that does not grow
+  what is held (chunks for the per-depositor cap, bytes for the global one) always passes.
+  ``content_hash`` (``macula.services``, the one clients verify recalls with) is the hex
+  SHA-256 of the chunk's UTF-8 text; ``document_id`` defaults to the hex SHA-256 of the whole
+  content.
+- ``usage`` holds the total chunks and stored bytes (UTF-8 of text + source_label + topics
+  JSON, per chunk), kept by triggers on ``chunks``: the cap check never scans the table.
+- Each depositor has one ``relay.policy.TokenBucket`` for deposits, each caller another for
+  queries (``relay.house.buckets.TokenBuckets``, bounded in memory).
 - User text never reaches FTS5 ``MATCH`` raw: the query is cut into words, each word quoted, the
   quoted words OR-ed. Results carry ints, floats, text and lists: never booleans.
 - No clock and no randomness inside: ``now_ms`` is an argument.
@@ -54,22 +61,27 @@ from relay.arguments import (
     text,
     too_large,
 )
+from relay.house.buckets import TokenBuckets
 from relay.outcome import Outcome, Refused, answer
-from relay.policy import TokenBucket
 
 __all__ = [
+    "DEFAULT_DEPOSIT_RATE",
+    "DEFAULT_MAX_CHUNKS_PER_DEPOSITOR",
+    "DEFAULT_MAX_TOTAL_BYTES",
+    "DEFAULT_QUERY_RATE",
     "MAX_CHUNK_CHARS",
     "MEMORY_PROCEDURES",
     "MIN_INDEXED_NONSPACE",
     "PROCEDURE_ADD",
     "PROCEDURE_QUERY",
     "ChunkCapExceeded",
+    "MemoryFull",
     "MemoryHit",
     "MemoryService",
     "MemoryStore",
-    "TokenBuckets",
     "chunk_text",
     "query_terms",
+    "stored_bytes",
 ]
 
 logger = logging.getLogger("macula.relay.house.memory")
@@ -89,7 +101,10 @@ MAX_QUERY_BYTES: Final = 4096
 MAX_QUERY_TERMS: Final = 32
 DEFAULT_TOP_K: Final = 10
 MAX_TOP_K: Final = 100
-MAX_TRACKED_DEPOSITORS: Final = 10_000
+DEFAULT_MAX_TOTAL_BYTES: Final = 256 * 1024 * 1024
+DEFAULT_MAX_CHUNKS_PER_DEPOSITOR: Final = 20_000
+DEFAULT_DEPOSIT_RATE: Final = 5.0  # per second per depositor, burst 4x
+DEFAULT_QUERY_RATE: Final = 10.0  # per second per caller, burst 4x
 BM25_WEIGHTS: Final = (1.0, 1.0, 1.0)  # text, source_label, topics: depositor-chosen words count
 
 # --- chunking (pure) --------------------------------------------------------------------------
@@ -234,6 +249,43 @@ _MEMORY_V1: Final[Migration] = (
     """,
 )
 
+_SIZE: Final = (  # parenthesised: it is subtracted
+    "(length(CAST({0}.text AS BLOB)) + length(CAST({0}.source_label AS BLOB))"
+    " + length(CAST({0}.topics AS BLOB)))"
+)
+
+_MEMORY_V2: Final[Migration] = (
+    """
+    CREATE TABLE usage (
+        id     INTEGER PRIMARY KEY CHECK (id = 0),
+        chunks INTEGER NOT NULL,
+        bytes  INTEGER NOT NULL
+    )
+    """,
+    f"INSERT INTO usage SELECT 0, count(*), coalesce(sum({_SIZE.format('c')}), 0) FROM chunks c",
+    f"""
+    CREATE TRIGGER chunks_usage_ai AFTER INSERT ON chunks BEGIN
+        UPDATE usage SET chunks = chunks + 1, bytes = bytes + {_SIZE.format("new")} WHERE id = 0;
+    END
+    """,
+    f"""
+    CREATE TRIGGER chunks_usage_ad AFTER DELETE ON chunks BEGIN
+        UPDATE usage SET chunks = chunks - 1, bytes = bytes - {_SIZE.format("old")} WHERE id = 0;
+    END
+    """,
+    f"""
+    CREATE TRIGGER chunks_usage_au AFTER UPDATE ON chunks BEGIN
+        UPDATE usage SET bytes = bytes - {_SIZE.format("old")} + {_SIZE.format("new")}
+        WHERE id = 0;
+    END
+    """,
+)
+
+_DOCUMENT_USAGE: Final = f"""
+SELECT count(*), coalesce(sum({_SIZE.format("c")}), 0) FROM chunks c
+WHERE depositor = ? AND document_id = ?
+"""
+
 _INSERT: Final = """
 INSERT INTO chunks (depositor, document_id, seq, text, content_hash, source_label, topics,
                     created_ms)
@@ -258,6 +310,22 @@ class ChunkCapExceeded(Exception):
         self.held = held
         self.would_hold = would_hold
         self.cap = cap
+
+
+class MemoryFull(Exception):
+    """A deposit would take the station's shared memory past its global byte cap."""
+
+    def __init__(self, held: int, would_hold: int, cap: int) -> None:
+        super().__init__(f"would hold {would_hold} bytes (holds {held}), cap {cap}")
+        self.held = held
+        self.would_hold = would_hold
+        self.cap = cap
+
+
+def stored_bytes(chunks: Sequence[str], source_label: str, topics_json: str) -> int:
+    """What ``chunks`` take in ``usage.bytes`` (the ``_SIZE`` of each row, summed)."""
+    overhead = len(source_label.encode("utf-8")) + len(topics_json.encode("utf-8"))
+    return sum(len(chunk.encode("utf-8")) + overhead for chunk in chunks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +353,7 @@ class MemoryHit:
 class MemoryStore(SqliteStore):
     """Chunks of deposited text in SQLite, full-text indexed by FTS5 (porter + unicode61)."""
 
-    MIGRATIONS = (_MEMORY_V1,)
+    MIGRATIONS = (_MEMORY_V1, _MEMORY_V2)
 
     async def replace_document(
         self,
@@ -297,21 +365,29 @@ class MemoryStore(SqliteStore):
         topics: Sequence[str],
         now_ms: int,
         max_chunks: int,
+        max_total_bytes: int | None = None,
     ) -> list[str]:
         """Make ``chunks`` the whole of ``(depositor, document_id)``; return their hashes.
 
         Raises ``ChunkCapExceeded`` (nothing changed) if the depositor would then hold more than
-        ``max_chunks`` chunks.
+        ``max_chunks`` chunks, ``MemoryFull`` if the store would hold more than
+        ``max_total_bytes`` (None: no cap) and the deposit grows it.
         """
         check_node_id(depositor, "depositor")
         hashes = [content_hash(chunk) for chunk in chunks]
         topics_json = json.dumps(list(topics), ensure_ascii=False)
+        new_bytes = stored_bytes(chunks, source_label, topics_json)
         async with self._transaction() as db:
             held = await _count(db, "depositor = ?", (depositor,))
-            old = await _count(db, "depositor = ? AND document_id = ?", (depositor, document_id))
+            row = (await fetchall(db, _DOCUMENT_USAGE, (depositor, document_id)))[0]
+            old, old_bytes = int(row[0]), int(row[1])
             would_hold = held - old + len(chunks)
             if would_hold > max_chunks and len(chunks) > old:
                 raise ChunkCapExceeded(held, would_hold, max_chunks)
+            if max_total_bytes is not None and new_bytes > old_bytes:
+                total = int((await fetchall(db, "SELECT bytes FROM usage"))[0][0])
+                if total - old_bytes + new_bytes > max_total_bytes:
+                    raise MemoryFull(total, total - old_bytes + new_bytes, max_total_bytes)
             await execute(
                 db,
                 "DELETE FROM chunks WHERE depositor = ? AND document_id = ?",
@@ -330,6 +406,11 @@ class MemoryStore(SqliteStore):
             _SEARCH, {"expression": _match_expression(terms), "limit": limit}
         )
         return [_hit(row) for row in rows]
+
+    async def usage(self) -> tuple[int, int]:
+        """``(chunks, stored bytes)`` held by the whole store (see ``stored_bytes``)."""
+        row = await self._fetchone("SELECT chunks, bytes FROM usage")
+        return (int(row[0]), int(row[1])) if row is not None else (0, 0)
 
     async def count(self, depositor: bytes | None = None, document_id: str | None = None) -> int:
         """Chunks held: all, one depositor's, or one document's (depositor and document_id)."""
@@ -363,41 +444,6 @@ def _hit(row: Row) -> MemoryHit:
         content_hash=str(row[5]),
         score=0.0 - float(row[6]),  # bm25 is lower-is-better; 0.0 - x also avoids -0.0
     )
-
-
-# --- rate limiting (pure) ---------------------------------------------------------------------
-
-
-class TokenBuckets:
-    """One ``TokenBucket`` per key: ``rate`` tokens a second, at most ``burst`` banked."""
-
-    def __init__(
-        self, rate: float, burst: float, *, max_tracked: int = MAX_TRACKED_DEPOSITORS
-    ) -> None:
-        if not (rate > 0 and burst >= 1 and max_tracked > 0):
-            raise ValueError("rate must be > 0, burst >= 1 and max_tracked > 0")
-        self.rate = float(rate)
-        self.burst = float(burst)
-        self.max_tracked = max_tracked
-        self._buckets: dict[bytes, TokenBucket] = {}  # least recently used first
-
-    def take(self, key: bytes, now_ms: int) -> int:
-        """Spend one token of ``key``'s bucket: 0 if done, else the ms until one is available."""
-        bucket = self._buckets.pop(key, None)
-        if bucket is None:
-            if len(self._buckets) >= self.max_tracked:
-                self._forget_full(now_ms)
-            bucket = TokenBucket(self.rate, self.burst, now_ms)
-        self._buckets[key] = bucket
-        if bucket.take(now_ms):
-            return 0
-        return max(1, math.ceil((1.0 - bucket.tokens(now_ms)) / self.rate * 1000))
-
-    def _forget_full(self, now_ms: int) -> None:
-        """Drop buckets that have refilled (forgetting them changes nothing), else the oldest."""
-        full = [key for key, bucket in self._buckets.items() if bucket.tokens(now_ms) >= self.burst]
-        for key in full or [next(iter(self._buckets))]:
-            del self._buckets[key]
 
 
 # --- argument checks (the shared ones are relay.arguments) ------------------------------------
@@ -449,16 +495,23 @@ class MemoryService:
         store: MemoryStore,
         *,
         max_content_bytes: int = 256 * 1024,
-        max_chunks_per_depositor: int = 20_000,
-        rate: float = 5.0,
-        burst: float = 20.0,
+        max_chunks_per_depositor: int = DEFAULT_MAX_CHUNKS_PER_DEPOSITOR,
+        max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
+        rate: float = DEFAULT_DEPOSIT_RATE,
+        burst: float = DEFAULT_DEPOSIT_RATE * 4,
+        query_rate: float = DEFAULT_QUERY_RATE,
+        query_burst: float = DEFAULT_QUERY_RATE * 4,
     ) -> None:
-        if max_content_bytes <= 0 or max_chunks_per_depositor <= 0:
-            raise ValueError("max_content_bytes and max_chunks_per_depositor must be positive")
+        if min(max_content_bytes, max_chunks_per_depositor, max_total_bytes) <= 0:
+            raise ValueError(
+                "max_content_bytes, max_chunks_per_depositor and max_total_bytes must be positive"
+            )
         self.store = store
         self.max_content_bytes = max_content_bytes
         self.max_chunks_per_depositor = max_chunks_per_depositor
+        self.max_total_bytes = max_total_bytes
         self.buckets = TokenBuckets(rate, burst)
+        self.query_buckets = TokenBuckets(query_rate, query_burst)
         self._handlers: dict[str, _Handler] = {
             PROCEDURE_ADD: self._add,
             PROCEDURE_QUERY: self._query,
@@ -498,7 +551,16 @@ class MemoryService:
                 topics=topics,
                 now_ms=now_ms,
                 max_chunks=self.max_chunks_per_depositor,
+                max_total_bytes=self.max_total_bytes,
             )
+        except MemoryFull as exc:
+            raise Refused(
+                ErrorCode.UNKNOWN_ERROR,
+                "quota_exceeded",
+                f"the station's shared memory is full ({exc.held} of {exc.cap} bytes held;"
+                f" this deposit needs {exc.would_hold - exc.held} more): shorten it, replace"
+                " one of your documents with a shorter one, or deposit on another station",
+            ) from None
         except ChunkCapExceeded as exc:
             raise Refused(
                 ErrorCode.UNKNOWN_ERROR,
@@ -512,7 +574,14 @@ class MemoryService:
         args = arguments(payload)
         query_text = _sized_text(args, "query_text", MAX_QUERY_BYTES, nul_ok=True)  # never stored
         top_k = integer(args, "top_k", 1, MAX_TOP_K, default=DEFAULT_TOP_K)
-        caller_id(caller, "bad_request")
+        asker = caller_id(caller, "bad_request")
+        wait_ms = self.query_buckets.take(asker, now_ms)
+        if wait_ms:
+            raise Refused(
+                ErrorCode.UPSTREAM_CONGESTION,
+                "rate_limited",
+                f"too many queries from this node; retry in {wait_ms} ms",
+            )
         terms = query_terms(query_text)
         if not terms:
             return {"hits": []}

@@ -19,18 +19,29 @@ from macula.house import (
     STATION_DIRECTORY_PROCEDURES,
 )
 from macula.wire.codes import ErrorCode
-from macula.wire.identity import Identity
+from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.house.agents import AgentDirectory, AgentDirectoryStore
-from relay.house.memory import MemoryService, MemoryStore
+from relay.house.agents import MAX_AGENTS, AgentDirectory, AgentDirectoryStore
+from relay.house.memory import (
+    DEFAULT_DEPOSIT_RATE,
+    DEFAULT_MAX_CHUNKS_PER_DEPOSITOR,
+    DEFAULT_MAX_TOTAL_BYTES,
+    DEFAULT_QUERY_RATE,
+    MemoryService,
+    MemoryStore,
+)
 from relay.house.stations import StationDirectory, StationInfo
 from relay.outcome import Outcome
 
 Handler = Callable[[str, object, bytes, int], Awaitable[Outcome]]
 
+BURST_FACTOR = 4.0  # a house rate's burst, in seconds of its rate
+
 
 @dataclass(frozen=True)
 class HouseConfig:
+    """Which house services run, and their limits (each a ``macula-relay`` flag)."""
+
     memory: bool = True
     station_directory: bool = True
     agent_directory: bool = True
@@ -39,6 +50,29 @@ class HouseConfig:
     continent: str | None = None
     lat: float | None = None
     lng: float | None = None
+    # shared memory: total stored bytes (text + label + topics, per chunk) for all depositors,
+    # chunks per depositor, and per-identity rates a second (the burst is four times the rate)
+    memory_max_bytes: int = DEFAULT_MAX_TOTAL_BYTES
+    memory_max_chunks_per_node: int = DEFAULT_MAX_CHUNKS_PER_DEPOSITOR
+    memory_deposit_rate: float = DEFAULT_DEPOSIT_RATE
+    memory_query_rate: float = DEFAULT_QUERY_RATE
+    # agent directory: live entries, and the identity puzzle a registrant must meet (0: none)
+    directory_max_agents: int = MAX_AGENTS
+    directory_puzzle_difficulty: int = DEFAULT_PUZZLE_DIFFICULTY
+
+    def __post_init__(self) -> None:
+        positive = {
+            "memory_max_bytes": self.memory_max_bytes,
+            "memory_max_chunks_per_node": self.memory_max_chunks_per_node,
+            "memory_deposit_rate": self.memory_deposit_rate,
+            "memory_query_rate": self.memory_query_rate,
+            "directory_max_agents": self.directory_max_agents,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"HouseConfig.{name} must be positive, got {value!r}")
+        if not 0 <= self.directory_puzzle_difficulty <= 64:
+            raise ValueError("HouseConfig.directory_puzzle_difficulty must be 0..64")
 
 
 class HouseServices:
@@ -55,7 +89,16 @@ class HouseServices:
         if config.memory:
             memory_store = await MemoryStore.open(data_dir / "memory.sqlite3")
             house._closers.append(memory_store.close)
-            house._serve(MEMORY_PROCEDURES, MemoryService(memory_store).handle)
+            memory = MemoryService(
+                memory_store,
+                max_chunks_per_depositor=config.memory_max_chunks_per_node,
+                max_total_bytes=config.memory_max_bytes,
+                rate=config.memory_deposit_rate,
+                burst=config.memory_deposit_rate * BURST_FACTOR,
+                query_rate=config.memory_query_rate,
+                query_burst=config.memory_query_rate * BURST_FACTOR,
+            )
+            house._serve(MEMORY_PROCEDURES, memory.handle)
         if config.station_directory:
             info = StationInfo(
                 host=host,
@@ -71,7 +114,12 @@ class HouseServices:
         if config.agent_directory:
             agent_store = await AgentDirectoryStore.open(data_dir / "agents.sqlite3")
             house._closers.append(agent_store.close)
-            house._serve(AGENT_DIRECTORY_PROCEDURES, AgentDirectory(agent_store).handle)
+            agents = AgentDirectory(
+                agent_store,
+                max_agents=config.directory_max_agents,
+                puzzle_difficulty=config.directory_puzzle_difficulty,
+            )
+            house._serve(AGENT_DIRECTORY_PROCEDURES, agents.handle)
         return house
 
     def _serve(self, procedures: frozenset[str], handler: Handler) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -11,12 +12,13 @@ import pytest
 from meshkit import agent_in, new_identity, station_config
 from waiting import eventually
 
+from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
 from macula.errors import MaculaError, MeshError
 from macula.house import AGENTS_REGISTER, HOUSE_REALM
 from macula.node import Node
 from macula.services import HouseClient
-from macula.wire.identity import ZERO_REALM
+from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.records import RecordType
 from relay.house.services import HouseConfig
 from relay.station import Station
@@ -176,3 +178,50 @@ async def test_a_switched_off_service_is_not_served(tmp_path: Path) -> None:
         with pytest.raises(MeshError) as no_route:
             await node.call(HOUSE_REALM, "macula.memory.query_v1", {"query_text": "x"})
         assert no_route.value.code == 0x01
+
+
+@pytest.fixture
+async def small_house(tmp_path: Path) -> AsyncIterator[Station]:
+    config = station_config(tmp_path / "station")
+    config.house = HouseConfig(
+        memory_max_bytes=2_000, memory_deposit_rate=100.0, memory_query_rate=1.0
+    )
+    async with Station(config) as running:
+        async with Node(new_identity(), [running.endpoint]) as probe:
+            await eventually(lambda: announced(probe))
+        yield running
+
+
+def _weak_identity() -> Identity:
+    """A fresh identity that fails the directory's puzzle (difficulty 8)."""
+    while True:
+        identity = Identity(os.urandom(32))
+        if not identity.has_valid_puzzle(8):
+            return identity
+
+
+async def test_house_limits_refuse_the_flooder_and_serve_the_honest(small_house: Station) -> None:
+    async with (
+        Node(_weak_identity(), [small_house.endpoint]) as mallory,
+        Node(new_identity(), [small_house.endpoint]) as bob,
+    ):
+        bad, good = (
+            HouseClient(mallory, mallory.dht, mallory.identity),
+            HouseClient(bob, bob.dht, bob.identity),
+        )
+        await good.remember(DOC_V1, document_id="tls.md")
+        with pytest.raises(MeshError) as weak:  # an unhardened identity is not listed
+            await bad.register_agent({"petname": petname(mallory.identity.node_id)})
+        assert weak.value.code == 0x0A and "puzzle_required" in str(weak.value.detail)
+        await good.register_agent({"petname": petname(bob.identity.node_id)})
+        assert [a["node_id"] for a in await good.list_agents()] == [bob.identity.node_id.hex()]
+        with pytest.raises(MeshError) as full:  # the station's memory fills up
+            for i in range(100):
+                await bad.remember(f"{DOC_V2} {i}", document_id=f"junk-{i}")
+        assert full.value.code == 0x0F and "shared memory is full" in str(full.value.detail)
+        with pytest.raises(MeshError) as flooded:  # recall is rate-limited per identity
+            for _ in range(100):
+                await bad.recall("certificates")
+        assert flooded.value.code == 0x08 and "retry in" in str(flooded.value.detail)
+        found = await good.recall("renew TLS certificates", top_k=5)  # bob is unaffected
+        assert [h["document_id"] for h in found["hits"]][:1] == ["tls.md"]

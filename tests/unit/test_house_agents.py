@@ -7,6 +7,7 @@ Time is stepped through ``now_ms``, never slept for.
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -126,9 +127,12 @@ def test_entries_expire_after_their_ttl_and_are_pruned(agents: AgentDirectory) -
     ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB), BOB, NOW_MS))
     assert len(listed(agents, NOW_MS + 59_999)) == 2
     assert [a["node_id"] for a in listed(agents, NOW_MS + 60_000)] == [BOB.node_id.hex()]
-    assert run(agents.store.count()) == 1  # listing deleted the expired row
-    assert run(agents.prune(NOW_MS + 1_200_000)) == 1
-    assert listed(agents, NOW_MS + 1_200_000) == []
+    assert run(agents.store.count()) == 2  # listing only reads: the expired row is still held
+    later = NOW_MS + 60_000
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB, later), BOB, later))
+    assert run(agents.store.count()) == 1  # a registration deletes the expired rows
+    assert run(agents.prune(later + 1_200_000)) == 1
+    assert listed(agents, later + 1_200_000) == []
     assert run(agents.store.count()) == 0
 
 
@@ -300,6 +304,63 @@ def test_the_directory_is_capped_but_renewals_pass(tmp_path: Path) -> None:
         assert [a["node_id"] for a in listed(agents, later)] == [BOB.node_id.hex()]
     finally:
         run(agents.store.close())
+
+
+def test_free_identities_cannot_fill_the_directory(tmp_path: Path) -> None:
+    """1,000 fresh unhardened identities against a directory of 50: only those that happen to
+    meet the puzzle (1 in 256 at difficulty 8) get in; an honest hardened agent still does."""
+    rng = random.Random(11)
+    agents = open_directory(tmp_path / "agents.sqlite3", max_agents=50)
+    try:
+        admitted = 0
+        for _ in range(1_000):
+            sybil = Identity(rng.randbytes(32))
+            outcome = call(agents, PROCEDURE_REGISTER, register_payload(sybil), sybil, NOW_MS)
+            if sybil.has_valid_puzzle(8):
+                ok(outcome)
+                admitted += 1
+            else:
+                assert outcome.code == ErrorCode.CRYPTO_PUZZLE_INVALID, outcome
+                assert outcome.detail is not None
+                assert outcome.detail.decode().startswith("puzzle_required: ")
+                assert b"difficulty 8" in outcome.detail
+        assert admitted < 15 and run(agents.store.count()) == admitted
+        honest = Identity.generate(os.urandom)
+        ok(call(agents, PROCEDURE_REGISTER, register_payload(honest), honest, NOW_MS + 1))
+        assert listed(agents, NOW_MS + 1)[0]["node_id"] == honest.node_id.hex()
+    finally:
+        run(agents.store.close())
+
+
+def test_the_puzzle_difficulty_is_configurable(tmp_path: Path) -> None:
+    weak = next(
+        identity
+        for identity in (Identity(os.urandom(32)) for _ in range(10_000))
+        if not identity.has_valid_puzzle(1)
+    )
+    for difficulty, admitted in ((0, True), (1, False)):
+        path = tmp_path / f"agents-{difficulty}.sqlite3"
+        agents = AgentDirectory(run(AgentDirectoryStore.open(path)), puzzle_difficulty=difficulty)
+        try:
+            outcome = call(agents, PROCEDURE_REGISTER, register_payload(weak), weak, NOW_MS)
+            assert outcome.is_error is not admitted, outcome
+            ok(call(agents, PROCEDURE_REMOVE, remove_payload(weak), weak, NOW_MS))  # never gated
+        finally:
+            run(agents.store.close())
+    store = run(AgentDirectoryStore.open(tmp_path / "x.sqlite3"))
+    try:
+        with pytest.raises(ValueError):
+            AgentDirectory(store, puzzle_difficulty=65)
+    finally:
+        run(store.close())
+
+
+def test_listing_writes_nothing(agents: AgentDirectory) -> None:
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE, ttl_seconds=60), ALICE, NOW_MS))
+    changes = agents.store._db.total_changes
+    for step in range(100):  # past Alice's expiry too
+        listed(agents, NOW_MS + step * 1000)
+    assert agents.store._db.total_changes == changes
 
 
 def test_entries_survive_reopening_the_store(tmp_path: Path) -> None:

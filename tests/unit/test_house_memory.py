@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 
 from macula.wire.codes import ErrorCode
+from relay.house.buckets import TokenBuckets
 from relay.house.memory import (
     MAX_CHUNK_CHARS,
     MIN_INDEXED_NONSPACE,
@@ -26,7 +27,6 @@ from relay.house.memory import (
     PROCEDURE_QUERY,
     MemoryService,
     MemoryStore,
-    TokenBuckets,
     chunk_text,
     query_terms,
 )
@@ -324,7 +324,7 @@ def test_rate_limit_refuses_then_recovers(tmp_path: Path) -> None:
         refused(
             await add(service, TLS, now=NOW + 520), ErrorCode.UPSTREAM_CONGESTION, "rate_limited"
         )
-        assert not (await query(service, "certificates")).is_error  # queries are not limited
+        assert not (await query(service, "certificates")).is_error  # queries have their own bucket
 
     with_service(tmp_path / "memory.sqlite3", body, rate=2.0, burst=3.0)
 
@@ -357,6 +357,88 @@ def test_chunk_cap_per_depositor(tmp_path: Path) -> None:
         assert not (await add(service, two_chunks, BOB, document_id="a")).is_error
 
     with_service(tmp_path / "memory.sqlite3", body, max_chunks_per_depositor=3)
+
+
+async def summed_usage(store: MemoryStore) -> tuple[int, int]:
+    """``usage`` recomputed by a scan, to hold the triggers' running totals against."""
+    rows = await store._fetchall(
+        "SELECT count(*), coalesce(sum(length(CAST(text AS BLOB))"
+        " + length(CAST(source_label AS BLOB)) + length(CAST(topics AS BLOB))), 0) FROM chunks"
+    )
+    return int(rows[0][0]), int(rows[0][1])
+
+
+def test_the_global_byte_cap_refuses_growth_but_serves_everyone_else(tmp_path: Path) -> None:
+    cap = 2_000
+
+    async def body(service: MemoryService) -> None:
+        documents = 0
+        while not (
+            outcome := await add(service, f"{TLS} {documents}", document_id=f"d{documents}")
+        ).is_error:
+            documents += 1
+        detail = refused(outcome, BAD, "quota_exceeded", "shared memory is full", str(cap))
+        assert "replace" in detail and documents >= 4
+        held = await service.store.usage()
+        assert held == await summed_usage(service.store) and held[1] <= cap
+        assert await service.store.count() == documents  # the refused deposit changed nothing
+        refused(await add(service, SOURDOUGH, BOB, now=NOW + 1), BAD, "quota_exceeded")
+        assert hits(await query(service, "certificate rotation"))  # recall is unaffected
+        short = "TLS: rotate before expiry, always."
+        assert not (await add(service, short, document_id="d0")).is_error  # shorter: it passes
+        assert (await service.store.usage())[1] < held[1]
+        assert not (await add(service, SOURDOUGH, BOB, now=NOW + 2)).is_error  # room again
+        assert await service.store.usage() == await summed_usage(service.store)
+
+    with_service(tmp_path / "memory.sqlite3", body, max_total_bytes=cap, burst=100.0)
+
+
+def test_usage_is_computed_when_an_old_file_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "memory.sqlite3"
+
+    class VersionOne(MemoryStore):
+        MIGRATIONS = MemoryStore.MIGRATIONS[:1]
+
+    async def go() -> None:
+        async with await VersionOne.open(path) as old:
+            for depositor, content in ((ALICE, TLS), (BOB, SOURDOUGH)):
+                await old.replace_document(
+                    depositor,
+                    "doc",
+                    [content],
+                    source_label="é",
+                    topics=["t"],
+                    now_ms=NOW,
+                    max_chunks=10,
+                )
+            assert await old.schema_version() == 1
+        async with await MemoryStore.open(path) as store:
+            assert await store.schema_version() == 2
+            held = await store.usage()
+            assert held == await summed_usage(store) and held[0] == 2
+
+    asyncio.run(go())
+
+
+def test_queries_are_rate_limited_per_caller(tmp_path: Path) -> None:
+    async def body(service: MemoryService) -> None:
+        assert not (await add(service, TLS)).is_error
+        ask = {"query_text": "certificates"}
+        for _ in range(2):
+            assert hits(await service.handle(PROCEDURE_QUERY, ask, BOB, NOW))
+        refused(await query(service, "tls", top_k=0), BAD, "bad_request")  # spends no token
+        detail = refused(
+            await service.handle(PROCEDURE_QUERY, ask, BOB, NOW + 10),
+            ErrorCode.UPSTREAM_CONGESTION,
+            "rate_limited",
+            "queries",
+            "retry in 490 ms",
+        )
+        assert detail
+        assert hits(await service.handle(PROCEDURE_QUERY, ask, ALICE, NOW + 10))  # per caller
+        assert hits(await service.handle(PROCEDURE_QUERY, ask, BOB, NOW + 510))  # refilled
+
+    with_service(tmp_path / "memory.sqlite3", body, query_rate=2.0, query_burst=2.0)
 
 
 # --- hostile and malformed input --------------------------------------------------------------
@@ -473,7 +555,7 @@ def test_deposits_survive_reopening(tmp_path: Path) -> None:
         await add(service, SOURDOUGH, BOB)
 
     async def recall(service: MemoryService) -> list[dict[str, Any]]:
-        assert await service.store.schema_version() == 1
+        assert await service.store.schema_version() == 2
         assert await service.store.integrity_check() == "ok"
         return hits(await query(service, "certificate rotation"))
 
