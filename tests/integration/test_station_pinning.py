@@ -15,8 +15,10 @@ from macula.errors import HandshakeError
 from macula.keyfile import save_identity
 from macula.known_stations import KnownStationsError, station_node_id
 from macula.node import Node
+from macula.stations import parse_station
 from relay.station import Station
 from tools import local_station
+from tools.cli import _station_check
 from tools.local_station import ForeignStationError
 from tools.runtime import open_runtime
 
@@ -101,10 +103,14 @@ async def test_the_default_station_is_used_only_with_this_homes_key(
         assert f"presented key {theirs.node_id.hex()}" in text
         assert next(iter(expected)).hex() in text and str(ours / "station.key") in text
         assert f"MACULA_MESH_STATIONS={theirs.endpoint}" in text
+        doctor = await _station_check(env, parse_station(default))
+        assert doctor == (f"station {default}", False, text)
 
     # our own station on that port (macula-relay's default data dir): dialled pinned
     async with Station(station_config(home / "station")) as mine:
         monkeypatch.setattr(local_station, "DEFAULT_STATION", unpinned(mine))
+        doctor = await _station_check(env, parse_station(unpinned(mine)))
+        assert doctor[1] and mine.node_id.hex() in doctor[2] and str(home / "station") in doctor[2]
         async with open_runtime(env) as runtime:
             assert [str(s) for s in runtime.stations] == [mine.endpoint]
             assert runtime.embedded_station is None
