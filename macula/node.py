@@ -191,7 +191,7 @@ class Node:
                 last_error = exc
                 if known and isinstance(exc, HandshakeError):
                     last_error = known.refused(address, dialled, exc)
-                log.info("station %s unavailable: %s", address, exc)
+                log.info("station %s unavailable: %s", address, last_error)
             finally:
                 self._session = None
                 self._connected.clear()
