@@ -8,6 +8,9 @@ Invariants:
   and ``macula-mcp`` are the same agent for the same environment: ``MACULA_MCP_IDENTITY``, else
   ``MACULA_MCP_AGENT`` (``$MACULA_HOME/agents/<name>.key``), else one key per harness session
   (``$MACULA_HOME/sessions/<CLAUDE_CODE_SESSION_ID or ppid-N>.key``).
+- Stations given without a node id are pinned on first use in ``$MACULA_HOME/known_stations``
+  (``known_stations_from_env``; ``macula.known_stations``), for ``Node.from_env`` and
+  ``macula-mcp`` alike.
 - Every error is a ``ConfigError`` whose message starts with the variable at fault.
 """
 
@@ -20,6 +23,8 @@ from typing import Final
 
 from macula.errors import ConfigError
 from macula.keyfile import KeyFileError, load_or_create_identity
+from macula.known_stations import FILE_NAME as KNOWN_STATIONS_FILE
+from macula.known_stations import KnownStations
 from macula.stations import STATIONS_ENV, StationAddress, parse_station_list
 from macula.wire.identity import Identity
 
@@ -102,3 +107,8 @@ def mesh_stations_from_env(env: Mapping[str, str] | None = None) -> list[Station
     if not stations:
         raise ConfigError(f"{STATIONS_ENV} is empty: set it to host:port or node_id@host:port")
     return stations
+
+
+def known_stations_from_env(env: Mapping[str, str] | None = None) -> KnownStations:
+    """The known-stations file of this ``MACULA_HOME`` (pins of stations given as host:port)."""
+    return KnownStations(macula_home(_environ(env)) / KNOWN_STATIONS_FILE)

@@ -5,7 +5,9 @@ of the list and keeps exactly one ``Session`` for this identity. Subscriptions a
 advertisements are *intent*: kept here, sent on every (re)connect. When the session breaks the
 supervisor reconnects with backoff (``macula.backoff``), failing over along the station list,
 replays the intent, then tells listeners ``reconnected``. Closing the node never reconnects,
-and no task outlives the ``async with`` (all tasks belong to the node's task group).
+and no task outlives the ``async with`` (all tasks belong to the node's task group). With
+``known_stations`` (``from_env`` passes ``$MACULA_HOME/known_stations``) a station given
+without a node id is pinned on first use (``macula.known_stations``).
 
 Each other concern has its own module: ``subscriptions``, ``serving`` (handlers),
 ``content_client`` (§11), ``direct`` (direct dial), ``dht``, ``config`` (the environment).
@@ -22,12 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from macula.backoff import Backoff
-from macula.config import identity_from_env, mesh_stations_from_env
+from macula.config import identity_from_env, known_stations_from_env, mesh_stations_from_env
 from macula.content_client import ContentClient
 from macula.dht import DhtClient
 from macula.direct import DirectDialer
 from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError
 from macula.intent import EventDedup, Intent
+from macula.known_stations import KnownStations
 from macula.serving import Handler, Server, StreamHandler
 from macula.session import Session, StreamChannel
 from macula.stations import StationAddress, parse_station
@@ -69,6 +72,7 @@ class Node:
         connect_timeout: float = 10.0,
         backoff: Backoff | None = None,
         dedup_window: int = 4096,
+        known_stations: KnownStations | None = None,
     ) -> None:
         if not stations:
             raise MaculaError("a Node needs at least one station address")
@@ -76,6 +80,7 @@ class Node:
         self.stations = [s if isinstance(s, StationAddress) else parse_station(s) for s in stations]
         self.connect_timeout = connect_timeout
         self.backoff = backoff or Backoff()
+        self.known_stations = known_stations  # pins of stations given without a node id
         self.stats = NodeStats(EventDedup(dedup_window))
         self._intent = Intent()  # what every station we connect to must be told
         self._session: Session | None = None
@@ -100,8 +105,10 @@ class Node:
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Node:
         """A node configured like every macula tool: ``MACULA_MESH_STATIONS`` (comma-separated
         station addresses, required) and the identity ``macula.config.identity_path`` chooses
-        (the same as ``macula-mcp``'s; created puzzle-hardened if missing)."""
+        (the same as ``macula-mcp``'s; created puzzle-hardened if missing). Stations given
+        without a node id are pinned on first use in ``$MACULA_HOME/known_stations``."""
         stations = mesh_stations_from_env(environ)
+        kwargs.setdefault("known_stations", known_stations_from_env(environ))
         return cls(identity_from_env(environ), stations, **kwargs)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -149,16 +156,21 @@ class Node:
         ever_connected = False
         last_error: MaculaError | OSError | None = None
         while not self._closing:
-            address = self.stations[self.station_index % len(self.stations)]
+            address = dialled = self.stations[self.station_index % len(self.stations)]
+            known = self.known_stations
             try:
+                dialled = known.pin(address) if known else address
                 async with Session.connect(
                     self.identity,
-                    address,
+                    dialled,
                     self,
                     timeout=self.connect_timeout,
                     intent=self._intent,
                     dedup=self.stats.dedup,
                 ) as session:
+                    if known and dialled.node_id is None:
+                        tls_key = session.protocol.peer_certificate_key()
+                        known.record(address, session.station_key, tls_key)
                     # the core replayed the intent right after the HELLO; this catches what
                     # changed between then and now
                     self._session = session
@@ -177,7 +189,9 @@ class Node:
                     await session.ended.wait()
             except (BrokenError, HandshakeError, OSError) as exc:
                 last_error = exc
-                log.info("station %s unavailable: %s", address, exc)
+                if known and isinstance(exc, HandshakeError):
+                    last_error = known.refused(address, dialled, exc)
+                log.info("station %s unavailable: %s", address, last_error)
             finally:
                 self._session = None
                 self._connected.clear()

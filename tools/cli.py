@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from macula.errors import MaculaError
+from macula.stations import StationAddress
 from relay.cli import KeyValueFormatter
 from tools.launch import server_command
 
@@ -66,8 +67,7 @@ async def _doctor() -> list[tuple[str, bool, str]]:
     from macula.config import identity_path
     from macula.keyfile import load_or_create_identity
     from macula.stations import parse_station_list
-    from macula.transport import client_configuration, dial
-    from tools.runtime import DEFAULT_STATION
+    from tools.local_station import DEFAULT_STATION
 
     results: list[tuple[str, bool, str]] = []
     env = dict(os.environ)
@@ -86,28 +86,7 @@ async def _doctor() -> list[tuple[str, bool, str]]:
         results.append(("configuration", False, str(exc)))
         stations = []
     for station in stations:
-        try:
-            async with dial(
-                station.host,
-                station.port,
-                client_configuration(server_name=station.host),
-                timeout=3,
-            ):
-                pass
-            results.append((f"station {station}", True, "QUIC handshake ok"))
-        except (OSError, TimeoutError) as exc:
-            fallback = (
-                ""
-                if env.get("MACULA_MESH_STATIONS")
-                else " (the server will start an embedded station)"
-            )
-            results.append(
-                (
-                    f"station {station}",
-                    not env.get("MACULA_MESH_STATIONS"),
-                    f"unreachable: {exc}{fallback}",
-                )
-            )
+        results.append(await _station_check(env, station))
     command = server_command()
     try:
         params = StdioServerParameters(command=command[0], args=command[1:], env=env)
@@ -123,6 +102,39 @@ async def _doctor() -> list[tuple[str, bool, str]]:
     except Exception as exc:
         results.append(("MCP round trip", False, f"{type(exc).__name__}: {exc}"))
     return results
+
+
+async def _station_check(env: dict[str, str], station: StationAddress) -> tuple[str, bool, str]:
+    """Reachable, and presenting the key it is pinned to (the default station: this home's)."""
+    from macula.config import known_stations_from_env
+    from tools.local_station import own_default_station, own_station_keys, presented_key
+
+    name = f"station {station}"
+    configured = bool(env.get("MACULA_MESH_STATIONS"))
+    try:
+        if not configured:
+            own = await own_default_station(env)
+            if own is None:
+                return name, True, "unreachable (the server will start an embedded station)"
+            ours = own.node_id or b""
+            where = own_station_keys(env)[ours]
+            return name, True, f"QUIC handshake ok; key {ours.hex()} is this home's ({where})"
+        known = known_stations_from_env(env)
+        pin = known.pin(station).node_id
+        key = await presented_key(station, timeout=3)
+    except MaculaError as exc:
+        return name, False, str(exc)
+    if key is None:
+        return name, False, "unreachable: no QUIC handshake within 3 s"
+    if pin is None:
+        return (
+            name,
+            True,
+            f"QUIC handshake ok; key {key.hex()} (pinned on first use in {known.path})",
+        )
+    if key != pin:
+        return name, False, f"presented key {key.hex() or 'none'}, but it is pinned to {pin.hex()}"
+    return name, True, "QUIC handshake ok; key matches its pin"
 
 
 def doctor() -> None:

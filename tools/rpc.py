@@ -3,8 +3,13 @@
 Invariants of serving (a standing inbound trigger any mesh caller can invoke):
 - the caller's payload reaches the command as JSON (bytes as hex) on its stdin and nowhere
   else: ``exec`` is split once with ``shlex`` when it is registered and run without a shell, so
-  nothing a caller sends can become part of a command line. The environment adds
+  nothing a caller sends can become part of a command line. The environment is minimal
+  (``tools.serve_gate.command_env``): PATH, HOME, LANG, TMPDIR of this server, plus
   ``MACULA_CALLER`` (the caller's node id), ``MACULA_PROCEDURE`` and ``MACULA_REALM`` (hex);
+  no other variable of the harness (API keys live there) reaches the command;
+- before a command runs, ``tools.serve_gate.ServeGate`` admits the caller: on the contact
+  allowlist when ``allow="allowlist"``, and within ``rate_per_minute`` (per caller and
+  procedure); a refusal is an error reply to that caller saying what to do, counted;
 - each call runs in a process group of its own (``start_new_session``); when the call ends —
   reply, failure, timeout or cancellation — the whole group is killed, so no child outlives it;
 - stdout is read up to ``MAX_STDOUT`` and must be one JSON value (the reply); stderr is kept
@@ -40,6 +45,13 @@ from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_realm
 from tools.results import InvalidArgument, bad_argument, plain
 from tools.runtime import MAX_IDEMPOTENCY_KEY, Runtime, check_key, run_tool
+from tools.serve_gate import (
+    ALLOW_MODES,
+    DEFAULT_RATE_PER_MINUTE,
+    MAX_RATE_PER_MINUTE,
+    ServeGate,
+    command_env,
+)
 
 log = logging.getLogger("macula.tools")
 
@@ -154,21 +166,22 @@ async def run_command(
 
 
 def _handler(
-    name: str, argv: list[str], timeout: float, entry: dict[str, Any]
+    name: str, argv: list[str], timeout: float, entry: dict[str, Any], gate: ServeGate
 ) -> Callable[[IncomingCall], Any]:
-    """The Node's handler for ``name``: one run of ``argv`` per call, counted in ``entry``."""
+    """The Node's handler for ``name``: one run of ``argv`` per admitted call, counted in
+    ``entry``."""
 
     async def handle(call: IncomingCall) -> Any:
         entry["calls"] += 1
+        refusal = gate.check(call.caller)
+        if refusal is not None:
+            counter, reason = refusal
+            entry[counter] += 1
+            raise CommandFailed(reason)
         if entry["running"] >= MAX_RUNNING:
             entry["errors"] += 1
             raise CommandFailed(f"busy: {MAX_RUNNING} calls of {name} already running; retry")
-        env = {
-            **os.environ,
-            "MACULA_CALLER": call.caller.hex(),
-            "MACULA_PROCEDURE": name,
-            "MACULA_REALM": call.realm.hex(),
-        }
+        env = command_env(os.environ, call.caller, name, call.realm)
         stdin = json.dumps(plain(call.payload), ensure_ascii=False).encode()
         entry["running"] += 1
         try:
@@ -256,8 +269,13 @@ SERVE_FULL = (
     "must be one JSON value: it is the reply. A non-zero exit, exec_timeout_seconds passed "
     "(default 10, max 60; the whole process group is killed), more than 1 MiB of stdout or "
     "invalid JSON become an error reply to that caller only; stderr is logged locally and "
-    "never sent. Env: MACULA_CALLER (caller node id, hex), MACULA_PROCEDURE, MACULA_REALM. At "
-    "most 8 calls run at once. Serving a name again replaces its command. announce=1 (default) "
+    "never sent. The command's environment is minimal: PATH, HOME, LANG and TMPDIR of this "
+    "server plus MACULA_CALLER (caller node id, hex), MACULA_PROCEDURE, MACULA_REALM — no other "
+    "variable of this server (API keys stay here). At most 8 calls run at once. Each caller may "
+    "call it rate_per_minute times a minute (1-6000, default 60); over that it gets an error "
+    "saying when to retry. allow='open' (default) serves any caller; allow='allowlist' only "
+    "node ids on this agent's contact allowlist (mesh_trust_agent), others get a refusal. "
+    "Serving a name again replaces its command. announce=1 (default) "
     "also stores a signed procedure_advertisement in the DHT so others can discover it. Names "
     "starting with '_' or 'agent.' are reserved. Does not start presence."
 )
@@ -266,8 +284,10 @@ SERVE_TERSE = (
     "mesh caller can trigger it repeatedly until mesh_unserve — never register a command you "
     "would not let a stranger run. Payload goes on stdin ONLY (no shell, never on the command "
     "line); stdout = one JSON reply; non-zero exit, timeout (exec_timeout_seconds, default "
-    "10, max 60; process group killed), >1 MiB or bad JSON = error to that caller only. "
-    "announce=1 (default) also lists it in the DHT."
+    "10, max 60; process group killed), >1 MiB or bad JSON = error to that caller only. Env: "
+    "PATH/HOME/LANG/TMPDIR + MACULA_CALLER/PROCEDURE/REALM only. rate_per_minute per caller "
+    "(default 60); allow=open|allowlist (contact allowlist). announce=1 (default) also lists "
+    "it in the DHT."
 )
 UNSERVE_FULL = (
     "Stop serving a procedure registered with mesh_serve: new calls get unknown_next_peer at "
@@ -342,6 +362,12 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         announce: Annotated[
             int, Field(description="1: store a procedure_advertisement in the DHT")
         ] = 1,
+        rate_per_minute: Annotated[
+            int, Field(description="calls a minute per caller, 1-6000; default 60")
+        ] = DEFAULT_RATE_PER_MINUTE,
+        allow: Annotated[
+            str, Field(description="open (any caller, default) or allowlist (contact allowlist)")
+        ] = "open",
         idempotency_key: Annotated[
             str | None, Field(description="1-120 chars; replays return the first receipt")
         ] = None,
@@ -350,6 +376,10 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         tag = parse_realm(realm)
         if isinstance(tag, CallToolResult):
             return tag
+        if not 1 <= rate_per_minute <= MAX_RATE_PER_MINUTE:
+            return bad_argument("rate_per_minute", f"must be 1-{MAX_RATE_PER_MINUTE}")
+        if allow not in ALLOW_MODES:
+            return bad_argument("allow", f"must be one of {', '.join(ALLOW_MODES)}")
         if problem := procedure_problem(name, serving=True):
             return bad_argument("name", problem)
         argv = parse_exec(exec)
@@ -363,11 +393,16 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         if problem := check_key(idempotency_key):
             return bad_argument("idempotency_key", problem)
 
+        gate = ServeGate(name, rate_per_minute, allow, runtime.agent.rings.policy)
+
         async def work() -> dict[str, Any]:
-            return await _serve(runtime, name, exec, argv, exec_timeout_seconds, tag, announce)
+            return await _serve(
+                runtime, name, exec, argv, exec_timeout_seconds, tag, announce, gate
+            )
 
         request = {"name": name, "exec": exec, "exec_timeout_seconds": exec_timeout_seconds,
-                   "realm": tag.hex(), "announce": announce}  # fmt: skip
+                   "realm": tag.hex(), "announce": announce,
+                   "rate_per_minute": rate_per_minute, "allow": allow}  # fmt: skip
         return await run_tool(runtime, "mesh_serve", request, work, mesh=False,
                               idempotency_key=process_scoped(idempotency_key))  # fmt: skip
 
@@ -404,7 +439,9 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             await runtime.node.unadvertise(bytes.fromhex(entry["realm"]), name)
             del runtime.served[name]
             return {"name": name, "realm": entry["realm"], "stopped": 1,
-                    "calls": entry["calls"], "errors": entry["errors"]}  # fmt: skip
+                    "calls": entry["calls"], "errors": entry["errors"],
+                    "refused": entry["refused"],
+                    "rate_limited": entry["rate_limited"]}  # fmt: skip
 
         request = {"name": name, "realm": None if tag is None else tag.hex()}
         return await run_tool(runtime, "mesh_unserve", request, work, mesh=False,
@@ -419,17 +456,21 @@ async def _serve(
     timeout: float,
     realm: bytes,
     announce: int,
+    gate: ServeGate,
 ) -> dict[str, Any]:
     previous = runtime.served.get(name)
     if previous is not None and previous["realm"] != realm.hex():
         await runtime.node.unadvertise(bytes.fromhex(previous["realm"]), name)
     entry: dict[str, Any] = {"exec": command, "realm": realm.hex(), "timeout": timeout,
                              "calls": 0, "errors": 0, "running": 0, "last_error": None,
-                             "since_ms": now_ms(), "announced": 0}  # fmt: skip
+                             "since_ms": now_ms(), "announced": 0, "refused": 0,
+                             "rate_limited": 0, "rate_per_minute": gate.rate_per_minute,
+                             "allow": gate.allow}  # fmt: skip
     runtime.served[name] = entry
-    handler = _handler(name, argv, timeout, entry)
+    handler = _handler(name, argv, timeout, entry, gate)
     result: dict[str, Any] = {"name": name, "realm": realm.hex(), "exec": command,
                               "exec_timeout_seconds": timeout, "serving": 1,
+                              "rate_per_minute": gate.rate_per_minute, "allow": gate.allow,
                               "replaced": int(previous is not None),
                               "node_id": runtime.node.identity.node_id.hex()}  # fmt: skip
     try:  # the handler is registered before advertise's first await; only the record may fail

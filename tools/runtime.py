@@ -2,8 +2,10 @@
 
 Start-up (``open_runtime``): identity from ``MACULA_MCP_IDENTITY``, else a named one
 (``MACULA_MCP_AGENT``), else one per harness session (``CLAUDE_CODE_SESSION_ID``, else the
-parent pid), all under ``MACULA_HOME``; stations from ``MACULA_MESH_STATIONS``, else
-``127.0.0.1:4433``, else an embedded station started in-process on loopback (said on stderr).
+parent pid), all under ``MACULA_HOME``; stations from ``MACULA_MESH_STATIONS`` (those without
+a node id pinned on first use in ``$MACULA_HOME/known_stations``), else ``127.0.0.1:4433``
+pinned to this home's own station key (``tools.local_station``: another user's station there is
+refused), else an embedded station started in-process on loopback (said on stderr).
 Every tool runs through ``run_tool``: idempotency receipts, presence on first mesh use, and
 errors mapped in one place (``tools.results.from_error``).
 """
@@ -25,18 +27,18 @@ from mcp_types import CallToolResult
 
 from macula.agent.agent import Agent, AgentSettings
 from macula.clock import now_ms
-from macula.config import identity_from_env, macula_home
+from macula.config import identity_from_env, known_stations_from_env, macula_home
 from macula.errors import BrokenError, MaculaError
 from macula.node import Node
 from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_station_list
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
+from tools import local_station
 from tools.receipts import ReceiptStore, args_digest
 from tools.results import InvalidArgument, bad_argument, fail, from_error, ok
 
 log = logging.getLogger("macula.tools")
 
-DEFAULT_STATION = "127.0.0.1:4433"
 MAX_IDEMPOTENCY_KEY = 120
 
 
@@ -81,21 +83,15 @@ async def _stations(
     if configured:
         yield configured, None
         return
-    default = parse_station(DEFAULT_STATION)
-    from macula.transport import client_configuration, dial
-
-    try:
-        async with dial(
-            default.host, default.port, client_configuration(server_name=default.host), timeout=1.0
-        ):
-            pass
-        yield [default], None
+    # pinned to this home's station key; ForeignStationError when someone else's is there
+    own = await local_station.own_default_station(env)
+    if own is not None:
+        yield [own], None
         return
-    except (OSError, TimeoutError, ConnectionError):
-        pass
     from relay.station import Station, StationConfig
 
-    data_dir = macula_home(env) / "embedded-station"
+    default = parse_station(local_station.DEFAULT_STATION)
+    data_dir = local_station.embedded_data_dir(env)
     try:
         station = Station(StationConfig(data_dir=data_dir, port=default.port))
         await station.__aenter__()
@@ -104,7 +100,7 @@ async def _stations(
             StationConfig(data_dir=Path(tempfile.mkdtemp(prefix="macula-station-")), port=0)
         )
         await station.__aenter__()
-    said = f"no station at {DEFAULT_STATION}; started an embedded station {station.endpoint}"
+    said = f"no station at {default}; started an embedded station {station.endpoint}"
     print(f"macula-mcp: {said}", file=sys.stderr, flush=True)
     try:
         yield [parse_station(station.endpoint)], station.endpoint
@@ -128,7 +124,7 @@ async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Ru
     receipts_path = macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3"
     async with (
         _stations(environ) as (stations, embedded),
-        Node(identity, stations) as node,
+        Node(identity, stations, known_stations=known_stations_from_env(environ)) as node,
         Agent(node, agent_settings(environ, identity)) as agent,
         await ReceiptStore.open(receipts_path) as receipts,
     ):

@@ -23,6 +23,7 @@ from meshkit import new_identity
 from waiting import eventually
 
 import tools.server
+from macula.agent.contact_policy import trust
 from macula.keyfile import save_identity
 from macula.wire.content import raw_mcid
 from relay.station import Station
@@ -56,6 +57,7 @@ COUNT = python(
     'import json,sys; p=json.load(sys.stdin); f=open(p["log"],"a"); f.write("x\\n"); f.close(); '
     'print(len(open(p["log"]).read().splitlines()))'
 )
+ENV_DUMP = python("import json,os,sys; json.load(sys.stdin); print(json.dumps(dict(os.environ)))")
 EXIT_1 = python("import sys; sys.exit(1)")
 NOT_JSON = python('print("this is not json")')
 FLOODS = python('import sys; sys.stdout.write("x" * 2_000_000)')
@@ -286,6 +288,67 @@ async def test_failing_commands_answer_only_their_caller(
         assert counts["calls"] == 1 and counts["errors"] == 1
 
 
+async def test_served_commands_see_none_of_the_servers_secrets(
+    agent: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-do-not-leak")
+    monkeypatch.setenv("MACULA_TEST_SECRET", "hunter2")
+    async with agent("alice") as alice, agent("bob") as bob:
+        await alice.ok("mesh_serve", name="org.example.env", exec=ENV_DUMP, announce=0)
+        result = await call_when_served(bob, "org.example.env", {})
+        seen = (result.structured_content or {})["result"]
+        assert "sk-ant-do-not-leak" not in json.dumps(seen) and "hunter2" not in json.dumps(seen)
+        passed = {"PATH", "HOME", "LANG", "TMPDIR"} & set(os.environ)
+        own = {"MACULA_CALLER", "MACULA_PROCEDURE", "MACULA_REALM"}
+        # LC_CTYPE: Python itself may set it in the child (PEP 538 locale coercion)
+        assert set(seen) - {"LC_CTYPE"} == passed | own, seen
+        assert all(seen[name] == os.environ[name] for name in passed)
+        assert seen["MACULA_CALLER"] == bob.node_id
+        assert seen["MACULA_PROCEDURE"] == "org.example.env"
+        assert seen["MACULA_REALM"] == "0" * 64
+
+
+async def test_each_caller_is_held_to_the_rate_it_was_served_with(
+    agent: Callable[[str], Any],
+) -> None:
+    async with agent("alice") as alice, agent("bob") as bob, agent("carol") as carol:
+        served = await alice.ok(
+            "mesh_serve", name="org.example.slow", exec=DOUBLE, rate_per_minute=2, announce=0
+        )
+        assert served["rate_per_minute"] == 2 and served["allow"] == "open"
+        assert not (await call_when_served(bob, "org.example.slow", {"n": 1})).is_error
+        await bob.ok("mesh_call", procedure="org.example.slow", args={"n": 2})
+        over = await bob.error("mesh_call", procedure="org.example.slow", args={"n": 3})
+        assert over["code"] == "unknown_error" and over["retryable"] == 1, over
+        assert "rate_limited: at most 2 calls a minute" in over["detail"]
+        assert "retry in" in over["detail"]
+        # another caller has its own allowance
+        honest = await carol.ok("mesh_call", procedure="org.example.slow", args={"n": 4})
+        assert honest["result"]["doubled"] == 8
+        counts = await alice.ok("mesh_unserve", name="org.example.slow")
+        assert counts["calls"] == 4 and counts["rate_limited"] == 1 and counts["errors"] == 0
+
+
+async def test_allowlist_serving_refuses_callers_not_on_the_contact_allowlist(
+    agent: Callable[[str], Any], tmp_path: Path
+) -> None:
+    async with agent("alice") as alice, agent("bob") as bob, agent("carol") as carol:
+        trust(tmp_path / "alice" / "contact_policy.json", bytes.fromhex(carol.node_id))
+        served = await alice.ok(
+            "mesh_serve", name="org.example.friends", exec=DOUBLE, allow="allowlist", announce=0
+        )
+        assert served["allow"] == "allowlist"
+        friend = await call_when_served(carol, "org.example.friends", {"n": 5})
+        assert (friend.structured_content or {})["result"]["doubled"] == 10
+        stranger = await bob.error("mesh_call", procedure="org.example.friends", args={"n": 1})
+        assert "not_allowed" in stranger["detail"] and bob.node_id in stranger["detail"]
+        trust(tmp_path / "alice" / "contact_policy.json", bytes.fromhex(bob.node_id))
+        now = await bob.ok("mesh_call", procedure="org.example.friends", args={"n": 1})
+        assert now["result"]["doubled"] == 2  # read on every call: trusting takes effect at once
+        counts = await alice.ok("mesh_unserve", name="org.example.friends")
+        assert counts["refused"] == 1 and counts["calls"] == 3
+
+
 # -- content ------------------------------------------------------------------------------------
 
 
@@ -381,6 +444,9 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("mesh_serve", {"name": "a.b", "exec": DOUBLE, "exec_timeout_seconds": 61}, "exec_timeout"),
     ("mesh_serve", {"name": "a.b", "exec": DOUBLE, "announce": 3}, "announce"),
     ("mesh_serve", {"name": "a.b", "exec": DOUBLE, "idempotency_key": ""}, "idempotency_key"),
+    ("mesh_serve", {"name": "a.b", "exec": DOUBLE, "rate_per_minute": 0}, "rate_per_minute"),
+    ("mesh_serve", {"name": "a.b", "exec": DOUBLE, "rate_per_minute": 6001}, "rate_per_minute"),
+    ("mesh_serve", {"name": "a.b", "exec": DOUBLE, "allow": "friends"}, "allow"),
     ("mesh_unserve", {"name": "never.served"}, "not served"),
     ("mesh_unserve", {"name": "a.b", "realm": "00"}, "realm"),
     ("mesh_put", {"content": "not base64!"}, "content"),
