@@ -7,20 +7,25 @@ Real SQLite files under ``tmp_path``; coroutines run with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import os
 import sqlite3
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TypeVar
+from types import SimpleNamespace
+from typing import TypeVar, cast
 
 import pytest
 
-from macula.agent.agent import AgentSettings
+from macula.agent.agent import Agent, AgentSettings
 from macula.errors import ConfigError
+from macula.node import Node
 from macula.store import Bounds, RingStore, TranscriptStore
 from macula.store.base import DAY_MS
 from macula.store.rings import DEFAULT_BOUNDS as RINGS_DEFAULT
 from macula.store.transcript import DEFAULT_BOUNDS as TRANSCRIPT_DEFAULT
+from macula.wire.identity import Identity
 
 T = TypeVar("T")
 NOW = 1_767_225_600_000
@@ -191,3 +196,28 @@ def test_bounds_from_the_environment(tmp_path: Path) -> None:
         for bad in ("0", "-3", "ten", "", "1.5"):
             with pytest.raises(ConfigError, match=name):
                 AgentSettings.from_env(env | {name: bad})
+
+
+def test_the_agent_bounds_its_stores_and_prunes_on_opening(tmp_path: Path) -> None:
+    settings = AgentSettings.from_env({"MACULA_HOME": str(tmp_path)})
+    settings = dataclasses.replace(
+        settings,
+        transcript_bounds=Bounds(max_rows=3, max_age_ms=DAY_MS),
+        rings_bounds=Bounds(max_rows=2, max_age_ms=DAY_MS),
+    )
+    node = cast(Node, SimpleNamespace(identity=Identity.generate(os.urandom), dht=None))
+
+    async def main() -> None:
+        async with await TranscriptStore.open(settings.paths.transcript) as transcript:
+            for i in range(10):
+                await say(transcript, f"m{i}", ROOM, NOW + i * DAY_MS // 4)
+        async with await RingStore.open(settings.paths.rings) as rings:
+            for i in range(5):
+                await rings.add(f"r{i}", "outgoing", ALICE, NOW + i, answer=1)
+        async with Agent(node, settings, clock=lambda: NOW + 3 * DAY_MS) as agent:
+            assert agent.rooms.transcript.bounds == settings.transcript_bounds
+            kept = [m.message_id for m in await agent.rooms.transcript.messages(ROOM)]
+            assert kept == ["m8", "m9"]  # older than a day before the clock: gone
+        assert rows(settings.paths.rings, "rings") == 0  # settled and older than a day
+
+    run(main())
