@@ -1,8 +1,9 @@
 """Key files on disk (PROTOCOL.md §12.1): the I/O around ``Identity.to_key_file``.
 
 Invariants:
-- the file is written atomically (temporary file in the same directory, fsync, rename) with mode
-  0600, inside a directory that is created 0700 when missing;
+- the file is written atomically (temporary file in the same directory, fsync, rename, then
+  fsync of the directory so the rename itself survives a power loss) with mode 0600, inside a
+  directory that is created 0700 when missing;
 - a key file readable or writable by group/others is refused on load (like ssh), naming the
   fix, and a malformed one is refused naming the problem: a broken key is never replaced
   silently by a fresh one;
@@ -55,7 +56,17 @@ def save_identity(
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+    _sync_directory(parent)
     return target
+
+
+def _sync_directory(directory: Path) -> None:
+    """fsync a directory, making a rename or link in it durable (POSIX)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def load_identity(path: str | os.PathLike[str]) -> Identity:

@@ -31,7 +31,7 @@ from macula.direct import DirectDialer
 from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError
 from macula.intent import EventDedup, Intent
 from macula.known_stations import KnownStations
-from macula.serving import Handler, Server, StreamHandler
+from macula.serving import DEFAULT_MAX_IN_FLIGHT, Handler, Server, StreamHandler
 from macula.session import Session, StreamChannel
 from macula.stations import StationAddress, parse_station
 from macula.subscriptions import Delivery, Subscription, SubscriptionTable
@@ -48,6 +48,7 @@ class NodeStats:
     events_unauthenticated: int = 0
     calls_served: int = 0
     handler_errors: int = 0
+    calls_refused_busy: int = 0  # answered 0x08: ``max_handlers`` were already running
 
     @property
     def events_duplicate(self) -> int:
@@ -73,6 +74,7 @@ class Node:
         backoff: Backoff | None = None,
         dedup_window: int = 4096,
         known_stations: KnownStations | None = None,
+        max_handlers: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         if not stations:
             raise MaculaError("a Node needs at least one station address")
@@ -86,7 +88,7 @@ class Node:
         self._session: Session | None = None
         self._connected = asyncio.Event()
         self._subscriptions = SubscriptionTable()
-        self._served = Server(self.stats, self._spawn_handler)
+        self._served = Server(self.stats, self._spawn_handler, max_handlers)
         self._seq = 0
         self._listeners: list[Callable[[str], None]] = []
         self._group: asyncio.TaskGroup | None = None

@@ -6,7 +6,11 @@ Invariants:
   STREAM_ERROR ``handler_error``) and never the exception's text, which may hold local state;
 - a handler that means to refuse raises ``CallRefused(reason)``: that reason, and only it, is
   sent to the caller (same codes);
-- an unencodable result becomes ERROR 0x0F ``result not encodable``; a lost session only logs.
+- an unencodable result becomes ERROR 0x0F ``result not encodable``; a lost session only logs;
+- at most ``max_in_flight`` handlers (calls and streams together) run at once: one more is
+  answered ERROR 0x08 ``upstream_congestion`` (a stream, STREAM_ERROR ``upstream_congestion``)
+  without running, and counted (``calls_refused_busy``). A handler leaves the count when it
+  ends, however it ends.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from macula.errors import MaculaError
 from macula.session import Session, StreamChannel
@@ -27,6 +31,9 @@ from macula.wire.frames import Call, StreamOpen
 log = logging.getLogger("macula.node")
 
 HANDLER_ERROR = "handler_error"
+DEFAULT_MAX_IN_FLIGHT: Final = 64
+BUSY = ErrorCode.UPSTREAM_CONGESTION  # 0x08, retry after an exponential backoff (§9)
+BUSY_DETAIL = "too many calls in flight at this node"
 
 Key = tuple[bytes, str]  # (realm, procedure)
 
@@ -51,6 +58,7 @@ class CallRefused(Exception):
 class ServeCounters(Protocol):
     calls_served: int
     handler_errors: int
+    calls_refused_busy: int
 
 
 @dataclass(slots=True)
@@ -63,15 +71,22 @@ class Server:
     """The procedures a node serves; iterating yields their (realm, procedure) keys.
 
     ``spawn`` runs a handler's coroutine as a task of the node (or closes it when the node is
-    closing); ``stats`` counts served calls and handler errors.
+    closing); ``stats`` counts served calls, handler errors and calls refused as busy.
     """
 
     def __init__(
-        self, stats: ServeCounters, spawn: Callable[[Coroutine[Any, Any, None]], None]
+        self,
+        stats: ServeCounters,
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
+        if type(max_in_flight) is not int or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be a positive integer, not {max_in_flight!r}")
         self._served: dict[Key, _Served] = {}
         self._stats = stats
         self._spawn = spawn
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
     def __iter__(self) -> Iterator[Key]:
         return iter(self._served)
@@ -93,17 +108,39 @@ class Server:
         if served is None or served.handler is None:
             session.reply_error(stream, call, ErrorCode.UNKNOWN_NEXT_PEER, None)
             return
-        self._spawn(self._serve_call(session, stream, call, served.handler))
+        if self._busy():
+            with contextlib.suppress(MaculaError, WireError):
+                session.reply_error(stream, call, BUSY, BUSY_DETAIL)
+            return
+        self._start(self._serve_call(session, stream, call, served.handler))
 
     def stream_opened(self, channel: StreamChannel, opening: StreamOpen) -> None:
         served = self._served.get((opening.realm, opening.procedure))
         if served is None or served.stream_handler is None:
             channel.fail("not_found", f"{opening.procedure} is not served here")
             return
+        if self._busy():
+            with contextlib.suppress(MaculaError, WireError):
+                channel.fail(BUSY.wire_name, BUSY_DETAIL)
+            return
         incoming = IncomingCall(
             opening.realm, opening.procedure, opening.args, opening.caller, opening.deadline_ms
         )
-        self._spawn(self._serve_stream(channel, incoming, served.stream_handler))
+        self._start(self._serve_stream(channel, incoming, served.stream_handler))
+
+    def _busy(self) -> bool:
+        if self.in_flight < self.max_in_flight:
+            return False
+        self._stats.calls_refused_busy += 1
+        return True
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a handler counted in ``in_flight``; its ``finally`` gives the slot back, or here
+        when the node refused to run it (closed before it started)."""
+        self.in_flight += 1
+        self._spawn(work)
+        if inspect.getcoroutinestate(work) == inspect.CORO_CLOSED:
+            self.in_flight -= 1
 
     # -- running one -----------------------------------------------------------------------------
 
@@ -129,6 +166,8 @@ class Server:
             reason = self._failed(call.procedure, exc)
             _answer_error(session, stream, call, reason or HANDLER_ERROR)
             return
+        finally:
+            self.in_flight -= 1
         self._stats.calls_served += 1
         _answer(session, stream, call, result)
 
@@ -147,6 +186,8 @@ class Server:
             with contextlib.suppress(MaculaError, WireError):
                 if not channel.closed:
                     channel.fail(HANDLER_ERROR, reason or "the handler failed")
+        finally:
+            self.in_flight -= 1
 
 
 def _answer(session: Session, stream: int, call: Call, result: Any) -> None:

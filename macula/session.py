@@ -33,12 +33,12 @@ from macula.client_events import (
     Transmit,
 )
 from macula.clock import Clock, now_ms
-from macula.errors import BrokenError, CallTimeout, HandshakeError, MeshError
+from macula.errors import BrokenError, CallTimeout, HandshakeError, MaculaError, MeshError
 from macula.intent import EventDedup, Intent
 from macula.stations import StationAddress
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire.codes import ErrorCode
-from macula.wire.errors import FramingError
+from macula.wire.errors import FramingError, WireError
 from macula.wire.frames import Call, Event, Goodbye, StreamOpen
 from macula.wire.identity import ZERO_REALM, Identity
 
@@ -67,16 +67,19 @@ _END = object()
 class StreamChannel:
     """One streaming-RPC session on a dedicated stream (§8), seen from either side."""
 
+    MAX_BUFFERED = 1024  # bodies held for a reader; one more fails the stream ("overflow")
+
     def __init__(self, session: Session, state: ChannelState) -> None:
         self.session = session
         self.state = state
-        self._inbox: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
+        self._inbox: asyncio.Queue[Any] = asyncio.Queue()  # bodies (bounded by _put), then _END
+        self._failure: tuple[str, str] | None = None  # ours: the reader did not keep up
 
     quic_stream = property(lambda self: self.state.stream)
     stream_id = property(lambda self: self.state.stream_id)
     reply = property(lambda self: self.state.reply)
     replied = property(lambda self: self.state.replied)
-    error = property(lambda self: self.state.error)
+    error = property(lambda self: self._failure or self.state.error)
     peer_finished = property(lambda self: self.state.peer_finished)
     finished = property(lambda self: self.state.finished)
     closed = property(lambda self: self.state.closed)
@@ -100,14 +103,19 @@ class StreamChannel:
 
     # receiving (fed by the session from the core's outputs)
     def _put(self, item: Any) -> None:
-        if item is _END:
-            while self._inbox.full():  # the end marker always gets in: drop the oldest body
-                self._inbox.get_nowait()
-                log.warning("stream %s: receiver too slow, frame dropped", self.stream_id.hex()[:8])
-        try:
-            self._inbox.put_nowait(item)
-        except asyncio.QueueFull:
-            log.warning("stream %s: receiver too slow, frame dropped", self.stream_id.hex()[:8])
+        """Queue a body or the end. A body past ``MAX_BUFFERED`` unread ones fails the stream
+        instead of being dropped: the peer gets STREAM_ERROR ``overflow``, nothing more is
+        accepted, and the reader gets what was buffered, then a ``MeshError``."""
+        if self._failure is not None:
+            return
+        if item is not _END and self._inbox.qsize() >= self.MAX_BUFFERED:
+            self._failure = ("overflow", "receiver too slow")
+            log.info("stream %s: receiver too slow, stream failed", self.stream_id.hex()[:8])
+            if not self.closed:
+                with contextlib.suppress(MaculaError, WireError):
+                    self.fail(*self._failure)
+            item = _END
+        self._inbox.put_nowait(item)
 
     async def receive(self) -> Any:
         """Next body; ``StopAsyncIteration`` at the end, ``MeshError`` on a STREAM_ERROR."""

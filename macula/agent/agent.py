@@ -7,6 +7,9 @@ central and every room we are in, and serves ``agent.<node_id>.ring`` unless
 ``MACULA_MCP_NO_RING=1``. Every background task belongs to the agent's task group.
 What ``__aenter__`` opens is held by one exit stack: a failing step closes what came before,
 and ``__aexit__`` winds down (goodbye, taps) before the task group and then the stores close.
+The transcript and the rings table are bounded (``transcript_bounds``, ``rings_bounds``: env
+``MACULA_MCP_{TRANSCRIPT,RINGS}_MAX_ROWS`` and ``..._MAX_AGE_DAYS``), pruned once on opening and
+then by the stores themselves as rows arrive.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,9 @@ from macula.config import macula_home
 from macula.errors import ConfigError, MaculaError
 from macula.node import Node
 from macula.services import DIRECTORY_RENEW_S, HouseClient
-from macula.store.base import StorePaths, paths_from_env
+from macula.store import rings as ring_store
+from macula.store import transcript as transcript_store
+from macula.store.base import DAY_MS, Bounds, StorePaths, paths_from_env
 from macula.store.rings import Ring, RingStore
 from macula.store.roster import RosterStore
 from macula.store.transcript import TranscriptMessage, TranscriptStore
@@ -44,6 +49,8 @@ class AgentSettings:
     serve_rings: bool = True
     max_rooms: int = DEFAULT_MAX_ROOMS
     citizenship: bool = True  # register in the station's agent directory while present
+    transcript_bounds: Bounds = transcript_store.DEFAULT_BOUNDS  # rows per room, age
+    rings_bounds: Bounds = ring_store.DEFAULT_BOUNDS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
@@ -74,7 +81,26 @@ class AgentSettings:
             policy_override=env.get("MACULA_MCP_CONTACT_POLICY") or None,
             serve_rings=no_ring != "1",
             citizenship=no_citizenship != "1",
+            transcript_bounds=_bounds_from_env(env, "TRANSCRIPT", transcript_store.DEFAULT_BOUNDS),
+            rings_bounds=_bounds_from_env(env, "RINGS", ring_store.DEFAULT_BOUNDS),
         )
+
+
+def _bounds_from_env(env: Mapping[str, str], store: str, default: Bounds) -> Bounds:
+    """``MACULA_MCP_<store>_MAX_ROWS`` and ``MACULA_MCP_<store>_MAX_AGE_DAYS`` over ``default``."""
+    rows = _positive_int(env, f"MACULA_MCP_{store}_MAX_ROWS", default.max_rows)
+    days = _positive_int(env, f"MACULA_MCP_{store}_MAX_AGE_DAYS", default.max_age_ms // DAY_MS)
+    return replace(default, max_rows=rows, max_age_ms=days * DAY_MS)
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    text = raw.strip()
+    if not text.isdecimal() or int(text) < 1:
+        raise ConfigError(f"{name} must be a positive integer, not {raw!r}")
+    return int(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +138,10 @@ class Agent:
                 await TranscriptStore.open(paths.transcript)
             )
             self._rings = await stack.enter_async_context(await RingStore.open(paths.rings))
+            self._transcript.bounds = self.settings.transcript_bounds
+            self._rings.bounds = self.settings.rings_bounds
+            await self._transcript.prune(self.clock())
+            await self._rings.prune(self.clock())
             self.presence = Presence(self.node, self._roster, self.settings.profile, self.clock)
             self.rooms = Rooms(
                 self.node, self._transcript, self.clock, max_rooms=self.settings.max_rooms

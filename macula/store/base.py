@@ -19,6 +19,8 @@ Invariants:
   directories are created 0700, existing ones are left alone. SQLite gives ``-wal``/``-shm`` the
   database file's mode.
 - No clock and no randomness inside: every timestamp is an argument.
+- A store that grows from what peers send is bounded (``Bounds``): its ``prune(now_ms)`` deletes
+  at most ``batch`` rows per rule, and it runs by itself after every ``prune_every`` inserts.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ from macula.config import HOME_ENV, macula_home, path_setting
 from macula.errors import ClosedError, ConfigError, MaculaError
 
 __all__ = [
+    "DAY_MS",
     "HOME_ENV",
     "RINGS_DB_ENV",
     "ROSTER_DB_ENV",
     "TRANSCRIPT_DB_ENV",
+    "Bounds",
     "SqliteStore",
     "StoreError",
     "StorePaths",
@@ -59,6 +63,7 @@ RINGS_DB_ENV: Final = "MACULA_MCP_RINGS_DB"
 BUSY_TIMEOUT_MS: Final = 5000
 WAL_SWITCH_PAUSE_S: Final = 0.01
 WAL_SWITCH_ATTEMPTS: Final = int(BUSY_TIMEOUT_MS / 1000 / WAL_SWITCH_PAUSE_S)
+DAY_MS: Final = 24 * 3600 * 1000
 
 Row = tuple[Any, ...]
 Params = Mapping[str, Any] | tuple[Any, ...]
@@ -67,6 +72,24 @@ Migration = tuple[str, ...]  # the statements of one schema step, run in order
 
 class StoreError(MaculaError):
     """A store file cannot be used: not a database, a newer schema, or SQLite failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """How much a store keeps: ``max_rows`` (per room for the transcript) and ``max_age_ms``;
+    it prunes itself after every ``prune_every`` inserts, deleting at most ``batch`` rows per
+    rule in one prune (more than ``prune_every``, so pruning always keeps up)."""
+
+    max_rows: int
+    max_age_ms: int
+    prune_every: int = 256
+    batch: int = 2048
+
+    def __post_init__(self) -> None:
+        for name in ("max_rows", "max_age_ms", "prune_every", "batch"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
 
 
 # --- paths ------------------------------------------------------------------------------------

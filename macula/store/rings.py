@@ -11,6 +11,10 @@ Invariants:
   or deferred without an expiry gets ``now_ms + RING_TTL_MS`` (24 h).
 - Counting pending rings from a caller and adding one more happen in one ``BEGIN IMMEDIATE``
   transaction (``add(..., pending_limit=...)``), so two processes cannot both take the last slot.
+- Bounded (``Bounds``, default ``DEFAULT_BOUNDS``: 10,000 rings, 30 days): ``prune`` deletes
+  settled rings (not live ``pending``) unchanged for more than ``max_age_ms``, then the oldest
+  rings beyond ``max_rows`` (settled ones first, then pending ones: many callers cannot pin
+  rows). It runs by itself after every ``prune_every`` rings added.
 - The store holds what it is given: proofs, policy and the peer's right to answer are checked by
   the ring layer.
 """
@@ -18,11 +22,14 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Literal
 
 import aiosqlite
 
 from macula.store.base import (
+    DAY_MS,
+    Bounds,
     Migration,
     Row,
     SqliteStore,
@@ -39,6 +46,7 @@ __all__ = [
     "ANSWER_ACCEPTED",
     "ANSWER_DECLINED",
     "ANSWER_DEFERRED",
+    "DEFAULT_BOUNDS",
     "MAX_PENDING_PER_CALLER",
     "RING_TTL_MS",
     "AddOutcome",
@@ -57,6 +65,7 @@ ANSWER_DECLINED: Final = 2
 ANSWER_DEFERRED: Final = 3
 RING_TTL_MS: Final = 24 * 3600 * 1000
 MAX_PENDING_PER_CALLER: Final = 3
+DEFAULT_BOUNDS: Final = Bounds(max_rows=10_000, max_age_ms=30 * DAY_MS)
 
 DIRECTIONS: Final[tuple[RingDirection, ...]] = ("incoming", "outgoing")
 STATES: Final[tuple[RingState, ...]] = ("pending", "accepted", "declined", "unreachable", "expired")
@@ -123,6 +132,11 @@ class RingStore(SqliteStore):
 
     MIGRATIONS = (_RINGS_V1,)
 
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        super().__init__(db, path)
+        self.bounds: Bounds = DEFAULT_BOUNDS  # set by the owner after ``open``
+        self._unpruned = 0  # rings added since the last prune
+
     async def add(
         self,
         ring_id: str,
@@ -176,7 +190,10 @@ class RingStore(SqliteStore):
                 " :caller_notified)",
                 params,
             )
-            return "added"
+        self._unpruned += 1
+        if self._unpruned >= self.bounds.prune_every:
+            await self.prune(now_ms)
+        return "added"
 
     async def set_answer(
         self,
@@ -264,6 +281,30 @@ class RingStore(SqliteStore):
     async def expire(self, now_ms: int) -> int:
         """Mark every pending ring whose ``expires_ms`` has come as expired; return how many."""
         return await self._execute(_EXPIRE, {"now": now_ms})
+
+    async def prune(self, now_ms: int) -> int:
+        """Apply ``bounds`` (due rings are expired first); return how many rings went. Deletes
+        at most ``bounds.batch`` rings per rule."""
+        bounds = self.bounds
+        self._unpruned = 0
+        async with self._transaction() as db:
+            await execute(db, _EXPIRE, {"now": now_ms})
+            removed = await execute(
+                db,
+                "DELETE FROM rings WHERE ring_id IN (SELECT ring_id FROM rings"
+                " WHERE state != 'pending' AND updated_ms < ? LIMIT ?)",
+                (now_ms - bounds.max_age_ms, bounds.batch),
+            )
+            rows = await fetchall(db, "SELECT count(*) FROM rings")
+            excess = min(int(rows[0][0]) - bounds.max_rows, bounds.batch)
+            if excess > 0:
+                removed += await execute(
+                    db,
+                    "DELETE FROM rings WHERE ring_id IN (SELECT ring_id FROM rings"
+                    " ORDER BY state = 'pending', created_ms, ring_id LIMIT ?)",
+                    (excess,),
+                )
+        return removed
 
     async def count_pending_from(self, peer: bytes, now_ms: int) -> int:
         """Live pending incoming rings from ``peer`` (the callee allows a few per caller)."""

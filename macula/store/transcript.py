@@ -13,6 +13,12 @@ Invariants:
   opener stays the opener; leaving keeps the row with ``left_ms`` set; joining again starts anew.
 - Public rooms seen on central: one row per topic; the first opener announced for a topic keeps
   it: an announcement naming another opener is ignored.
+- Bounded (``Bounds``, default ``DEFAULT_BOUNDS``: 10,000 messages per room, 30 days): ``prune``
+  deletes messages received more than ``max_age_ms`` ago and, per room, the earliest arrived
+  (lowest ``seq``: a sender's clock cannot keep its messages in) beyond ``max_rows``; public
+  rooms seen are cut to the ``max_rows`` most recently announced. It runs by itself after every
+  ``prune_every`` new messages (with their ``received_ms`` as now), so a flood grows a room by
+  at most ``prune_every`` rows past its bound.
 - The store holds what it is given: envelope validation and attestation are the agent layer's.
 """
 
@@ -25,7 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
+import aiosqlite
+
 from macula.store.base import (
+    DAY_MS,
+    Bounds,
     Migration,
     Params,
     Row,
@@ -39,6 +49,7 @@ from macula.store.base import (
 )
 
 __all__ = [
+    "DEFAULT_BOUNDS",
     "PublicRoom",
     "RoomActivity",
     "RoomMembership",
@@ -48,6 +59,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("macula.store.transcript")
+
+DEFAULT_BOUNDS: Final = Bounds(max_rows=10_000, max_age_ms=30 * DAY_MS)
 
 RoomRole = Literal["opener", "participant"]
 ROLES: Final = ("opener", "participant")
@@ -165,6 +178,11 @@ class TranscriptStore(SqliteStore):
 
     MIGRATIONS = (_TRANSCRIPT_V1,)
 
+    def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
+        super().__init__(db, path)
+        self.bounds: Bounds = DEFAULT_BOUNDS  # set by the owner after ``open``
+        self._unpruned = 0  # new messages since the last prune
+
     # -- messages ------------------------------------------------------------------------------
 
     async def record(
@@ -212,7 +230,12 @@ class TranscriptStore(SqliteStore):
             "attested": check_flag(attested, "attested"),
             "envelope": envelope,
         }
-        return await self._execute(_INSERT_MESSAGE, params) > 0
+        new = await self._execute(_INSERT_MESSAGE, params) > 0
+        if new:
+            self._unpruned += 1
+            if self._unpruned >= self.bounds.prune_every:
+                await self.prune(received_ms)
+        return new
 
     async def messages(
         self, room_topic: str | None, since_ms: int | None = None, limit: int = 100
@@ -244,18 +267,49 @@ class TranscriptStore(SqliteStore):
         )
         return [RoomActivity(str(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in rows]
 
-    async def prune(self, older_than_ms: int) -> int:
-        """Delete messages received before ``older_than_ms``; return how many. Public rooms last
-        announced before it and memberships left before it go too."""
+    async def prune(self, now_ms: int) -> int:
+        """Apply ``bounds``; return how many messages went. Deletes at most ``bounds.batch``
+        messages per rule; public rooms last announced, and memberships left, more than
+        ``max_age_ms`` ago go too."""
+        bounds = self.bounds
+        cutoff = now_ms - bounds.max_age_ms
+        self._unpruned = 0
         async with self._transaction() as db:
             removed = await execute(
-                db, "DELETE FROM messages WHERE received_ms < ?", (older_than_ms,)
+                db,
+                "DELETE FROM messages WHERE seq IN (SELECT seq FROM messages"
+                " WHERE received_ms < ? LIMIT ?)",
+                (cutoff, bounds.batch),
             )
-            await execute(db, "DELETE FROM public_rooms WHERE last_seen_ms < ?", (older_than_ms,))
+            budget = bounds.batch
+            crowded = await fetchall(
+                db,
+                "SELECT room_topic, count(*) - :max FROM messages GROUP BY room_topic"
+                " HAVING count(*) > :max ORDER BY count(*) DESC",
+                {"max": bounds.max_rows},
+            )
+            for room_topic, excess in crowded:
+                if budget <= 0:
+                    break
+                cut = await execute(
+                    db,
+                    "DELETE FROM messages WHERE seq IN (SELECT seq FROM messages"
+                    " WHERE room_topic = ? ORDER BY seq LIMIT ?)",
+                    (room_topic, min(int(excess), budget)),
+                )
+                budget -= cut
+                removed += cut
+            await execute(db, "DELETE FROM public_rooms WHERE last_seen_ms < ?", (cutoff,))
+            await execute(
+                db,
+                "DELETE FROM public_rooms WHERE room_topic IN (SELECT room_topic"
+                " FROM public_rooms ORDER BY last_seen_ms DESC, room_topic LIMIT -1 OFFSET ?)",
+                (bounds.max_rows,),
+            )
             await execute(
                 db,
                 "DELETE FROM memberships WHERE left_ms IS NOT NULL AND left_ms < ?",
-                (older_than_ms,),
+                (cutoff,),
             )
         return removed
 
