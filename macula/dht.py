@@ -4,6 +4,12 @@ Invariant: no record reaches the user unless it parses, its signature verifies a
 ``key`` and it has not expired (``Record.verify``). Bad ones are dropped and counted in
 ``stats`` (``bad_signature``, ``expired``, ``malformed``): a station, honest or not, cannot make
 us believe a forged or stale record.
+
+Trust (issue 11): a procedure_advertisement is used (to resolve a realm or dial a station) only
+when its ``advertiser_node`` is its signer and its ``serving_station`` has a station_endpoint
+record signed by that station; a house procedure's (``macula.house.HOUSE_PROCEDURES``) only
+when the station we are connected to signed it. Others are skipped and counted in ``stats``
+(``foreign_advertiser``, ``no_station_endpoint``, ``house_foreign_signer``, ``wrong_key``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any, Protocol
 
 from macula.clock import now_ms
 from macula.errors import MaculaError, MeshError
+from macula.house import HOUSE_PROCEDURES
 from macula.stations import StationAddress
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import RecordInvalid
@@ -109,23 +116,66 @@ class DhtClient:
         await self.put_record(record)
         return record
 
-    async def procedure_records(self, procedure: str) -> list[Record]:
-        return await self.find_records(storage_key_for_procedure(procedure))
+    async def procedure_records(
+        self, procedure: str, *, signer: bytes | None = None
+    ) -> list[Record]:
+        """The advertisements of ``procedure`` one may act on, newest first: advertised by
+        their signer (and signed by ``signer`` when given), served by a station that has its
+        own signed station_endpoint record. The rest are counted in ``stats``."""
+        usable: list[Record] = []
+        endpoints: dict[bytes, bool] = {}
+        for record in await self.find_records(storage_key_for_procedure(procedure)):
+            if (
+                record.type != RecordType.PROCEDURE_ADVERTISEMENT
+                or record.payload.get("procedure_uri") != procedure
+            ):
+                self.stats["wrong_key"] += 1
+                continue
+            if signer is not None and record.key != signer:
+                house = procedure in HOUSE_PROCEDURES
+                self.stats["house_foreign_signer" if house else "foreign_signer"] += 1
+                continue
+            if record.payload.get("advertiser_node") != record.key:
+                self.stats["foreign_advertiser"] += 1
+                continue
+            serving = record.payload.get("serving_station")
+            if type(serving) is not bytes or len(serving) != 32:
+                self.stats["malformed"] += 1
+                continue
+            if serving not in endpoints:
+                endpoints[serving] = bool(await self._station_endpoints(serving))
+            if not endpoints[serving]:
+                self.stats["no_station_endpoint"] += 1
+                continue
+            usable.append(record)
+        return usable
 
-    async def resolve_realm(self, procedure: str) -> bytes:
-        """The realm a procedure is advertised in, from its newest valid advertisement."""
-        for record in await self.procedure_records(procedure):
+    async def resolve_realm(self, procedure: str, *, station: bytes | None = None) -> bytes:
+        """The realm a procedure is advertised in, from its newest usable advertisement
+        (``procedure_records``). A house procedure resolves only from a record signed by
+        ``station``, the key of the station we are connected to (required for those)."""
+        if procedure in HOUSE_PROCEDURES and station is None:
+            raise ResolveError(f"{procedure!r} is a house service: resolve it against a station")
+        signer = station if procedure in HOUSE_PROCEDURES else None
+        for record in await self.procedure_records(procedure, signer=signer):
             realm = record.payload.get("realm")
             if type(realm) is bytes and len(realm) == 32:
                 return realm
         raise ResolveError(f"no procedure_advertisement record with a realm for {procedure!r}")
 
-    async def resolve_station(self, node_id: bytes) -> StationAddress:
-        """Where station ``node_id`` listens, from its own signed station_endpoint record."""
+    async def _station_endpoints(self, node_id: bytes) -> list[Record]:
+        """Station ``node_id``'s station_endpoint records that it signed itself."""
+        found = []
         for record in await self.find_records(station_endpoint_key(node_id)):
-            if record.key != node_id:
+            if record.key != node_id or record.type != RecordType.STATION_ENDPOINT:
                 self.stats["foreign_endpoint"] += 1
                 continue
+            found.append(record)
+        return found
+
+    async def resolve_station(self, node_id: bytes) -> StationAddress:
+        """Where station ``node_id`` listens, from its own signed station_endpoint record."""
+        for record in await self._station_endpoints(node_id):
             port = record.payload.get("quic_port")
             hosts = record.payload.get("host_advertised") or []
             for host in hosts:

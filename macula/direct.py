@@ -2,7 +2,9 @@
 
 Invariants:
 - the serving station comes from the DHT (procedure_advertisement, then that station's own
-  station_endpoint record) and its key is pinned on the connection: no unsigned hint is dialled;
+  station_endpoint record) and its key is pinned on the connection: no unsigned hint is dialled,
+  and only an advertisement whose advertiser is its signer, naming a station with a self-signed
+  station_endpoint record, is used (``DhtClient.procedure_records``);
 - at most one connection per remote station, held open while the node lives (its task belongs
   to the node's task group) and forgotten when it ends; the node's own station is reused as is.
 """
@@ -48,11 +50,11 @@ class DirectDialer:
 
     async def session(self, procedure: str, timeout: float, connect_timeout: float) -> Session:
         records = await self._dht.procedure_records(procedure)
-        stations = [r.payload.get("serving_station") for r in records]
-        serving = next((s for s in stations if type(s) is bytes and len(s) == 32), None)
-        if serving is None:
+        serving = records[0].payload.get("serving_station") if records else None
+        if type(serving) is not bytes:
             raise ResolveError(
-                f"no procedure_advertisement record names a station for {procedure!r}"
+                f"no usable procedure_advertisement record for {procedure!r} (advertised by "
+                "its signer, naming a station with its own station_endpoint record)"
             )
         home = await self._home(timeout)
         if serving == home.station_key:

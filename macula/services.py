@@ -1,7 +1,9 @@
 """Client of the station's house services: shared memory, station and agent directories.
 
-The realm of each service is resolved from the DHT (the station's signed
-procedure_advertisement records) and cached, then the service is called like any procedure.
+The realm of each service is resolved from the DHT, only from procedure_advertisement records
+signed by the station the node is connected to (``DhtClient.resolve_realm`` skips and counts
+any other signer in ``stats["house_foreign_signer"]``), and cached per station: the cache is
+forgotten when the node's station key changes. Then the service is called like any procedure.
 Recall re-hashes every hit (``content_verified`` 1 only when SHA-256 of its text equals the
 ``content_hash`` the station reported). Directory entries are proven by our own key.
 """
@@ -9,7 +11,7 @@ Recall re-hashes every hit (``content_verified`` 1 only when SHA-256 of its text
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Protocol
 
 from macula.agent.proof import make_proof
 from macula.clock import now_ms
@@ -32,24 +34,48 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+class StationLink(Protocol):
+    """The connection to a station, as far as the house client cares: whose key it is."""
+
+    @property
+    def station_key(self) -> bytes: ...
+
+
+class HouseCaller(Caller, Protocol):
+    """A node: it calls procedures and knows the station it is connected to."""
+
+    async def session(self, timeout: float | None = None) -> StationLink: ...
+
+
 class HouseClient:
-    """The house services through ``caller``, realms resolved by ``dht``; directory entries
-    are proven by ``identity``."""
+    """The house services through ``caller``, realms resolved by ``dht`` from records the
+    caller's station signed; directory entries are proven by ``identity``."""
 
     def __init__(
-        self, caller: Caller, dht: DhtClient, identity: Identity, *, timeout: float = 10.0
+        self, caller: HouseCaller, dht: DhtClient, identity: Identity, *, timeout: float = 10.0
     ) -> None:
         self._caller = caller
         self._dht = dht
         self._identity = identity
         self.timeout = timeout
+        self._station = b""  # the key the cached realms were resolved against
         self._realms: dict[str, bytes] = {}
 
+    @property
+    def foreign_records(self) -> int:
+        """House advertisements ignored because the station did not sign them."""
+        return self._dht.stats["house_foreign_signer"]
+
     async def realm_of(self, procedure: str) -> bytes:
+        station = (await self._caller.session(self.timeout)).station_key
+        if station != self._station:
+            self._realms.clear()
+            self._station = station
         realm = self._realms.get(procedure)
         if realm is None:
-            realm = await self._dht.resolve_realm(procedure)
-            self._realms[procedure] = realm
+            realm = await self._dht.resolve_realm(procedure, station=station)
+            if self._station == station:
+                self._realms[procedure] = realm
         return realm
 
     async def call(self, procedure: str, payload: Any) -> Any:

@@ -10,7 +10,9 @@ Invariants:
   ignored; a required key that is null is missing.
 - Records: parsed, size-capped, payload-checked (§10.6), signature- and expiry-checked; the
   newest record per signer wins and an older put is refused as ``stale`` (§13 #12); reads never
-  return expired records.
+  return expired records. A procedure_advertisement for a house procedure name
+  (``macula.house.HOUSE_PROCEDURES``) signed by anyone but this station is refused as
+  ``reserved_procedure`` (the station stores its own straight into the store).
 - Content: a block is accepted only under MCID version 1, codec 0x55, BLAKE3(payload) = digest
   (§13 #15); a manifest only if its fields hash to its MCID and its chunks fold to its root
   (§13 #14). A block whose hash differs is answered with the RESULT text ``hash_mismatch``.
@@ -23,11 +25,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
+from macula.house import HOUSE_PROCEDURES
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.content import CODEC_MANIFEST, CODEC_RAW, MCID_SIZE, Manifest, Mcid, digest
 from macula.wire.errors import ContentInvalid, ProtocolError, RecordInvalid
-from macula.wire.records import Record, validate_payload
+from macula.wire.records import Record, RecordType, validate_payload
 from relay.arguments import (
     Args,
     arguments,
@@ -141,6 +144,15 @@ class Builtins:
             record.verify(now_ms)
         except RecordInvalid as exc:
             raise _record_refusal(exc) from None
+        procedure = record.payload.get("procedure_uri")
+        if (
+            record.type == RecordType.PROCEDURE_ADVERTISEMENT
+            and procedure in HOUSE_PROCEDURES
+            and record.key != self.station_id
+        ):
+            raise refusal(
+                "reserved_procedure", f"{procedure} is a house service only this station announces"
+            )
         if await self.records.put(record, storage_key, now_ms) == "stale":
             raise refusal("stale", "this signer already stored a newer record under this key")
         return OK

@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from macula.house import HOUSE_PROCEDURES
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
@@ -407,6 +408,8 @@ class RouterCore:
             return self._drop(peer, "foreign_advertise", "advertiser is not this connection")
         if frame.procedure in BUILTINS or key in self.services:
             return self._drop(peer, "builtin_advertise", f"{frame.procedure} is the station's")
+        if frame.procedure in HOUSE_PROCEDURES:  # reserved in every realm, issue 11
+            return self._drop(peer, "reserved_advertise", f"{frame.procedure} is a house service")
         current = self.adverts.get(key)
         if current is not None and current.node_id != peer.node_id and current.conn in self.peers:
             return self._drop(

@@ -9,6 +9,11 @@ the model, expires after 24 h). Every answer is proven by the callee, bound to
 ``agent.<caller>.ring#answer:<ring_id>``. A deferred ring answered later travels back as a
 proven call to the caller's own ring endpoint.
 
+Caller side: an answer counts only if it comes from the callee (``from`` is the node rung,
+``ring_id`` is ours) and its proof verifies; anything else (someone else serving the callee's
+ring endpoint, say) is refused with ``MaculaError`` and counted (``answers_foreign``,
+``answers_unverified``).
+
 Results are typed (``RingPlaced``, ``RingAnswered``, ``RingEvent``, the store's ``Ring``); the
 tools shape what a model sees.
 """
@@ -312,7 +317,14 @@ class Rings:
             return RingPlaced(ring_id, to, room, 1, None, detail=str(exc))
         problems = validate_ring_answer(reply, self.me, self.clock())
         if problems:
+            self.stats["answers_unverified"] += 1
             raise MaculaError("the callee's answer does not verify: " + "; ".join(problems))
+        if reply.get("from") != to.hex() or reply.get("ring_id") != ring_id:
+            self.stats["answers_foreign"] += 1
+            raise MaculaError(
+                f"the answer to ring {ring_id} did not come from {to.hex()} (it says it is from "
+                f"{str(reply.get('from'))[:64]}); refused"
+            )
         answer = reply["answer"]
         await self.store.add(
             ring_id,

@@ -3,8 +3,10 @@
 Invariants:
 - every room the agent is in, and central, is tapped in the background on the node's one
   connection; every valid envelope heard is recorded in the transcript (duplicates by
-  ``message_id`` are ignored), with ``attested`` = 1 only when the station-reported publisher
-  equals ``from``; invalid envelopes are counted, never recorded;
+  ``message_id`` are ignored), with ``attested`` = 1 only when the event carried a valid
+  ``publisher_sig`` (the delivery is authenticated) and its publisher equals ``from``; an
+  unauthenticated one is recorded with ``attested`` 0 and counted (``unauthenticated``);
+  invalid envelopes are counted, never recorded;
 - only attested messages count as someone joining or replying;
 - the observer also taps PUBLIC rooms announced on central (a ``room_opened`` on central whose
   ``refs[0]`` names the room), at most ``max_rooms``; what it drops is counted;
@@ -197,7 +199,9 @@ class Rooms:
             self.stats["invalid_envelopes"] += 1
             log.info("ignored an invalid envelope on %s: %s", topic, "; ".join(problems))
             return
-        attested = is_attested(envelope, delivery.publisher)
+        if not delivery.authenticated:
+            self.stats["unauthenticated"] += 1  # no publisher_sig: nobody vouches for it
+        attested = delivery.authenticated and is_attested(envelope, delivery.publisher)
         if not attested:
             self.stats["unattested"] += 1
         new = await self._record(envelope, delivery.publisher, attested)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pytest
 from vectorkit import load_vectors, typed
 
+from macula.house import HOUSE_PROCEDURES, MEMORY_ADD
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.content import Manifest, Mcid, assemble, digest, plan_put, raw_mcid, verify_block
@@ -364,6 +365,31 @@ def test_newest_record_per_signer_wins(tmp_path: Path) -> None:
         assert_result(await s.call("_dht.find_records", {"key": key}), [new.to_rpc()])
         assert_result(await s.call("_dht.put_record", new.to_rpc()), "ok")  # a retry is fine
         assert await s.records.count() == 1
+
+    with_station(tmp_path, body)
+
+
+def test_a_house_procedure_advertisement_is_the_stations_alone(tmp_path: Path) -> None:
+    """Issue 11: nobody but the station may announce a house procedure, in any realm."""
+    forged = [advert(ALICE, NOW_MS, uri) for uri in sorted(HOUSE_PROCEDURES)]
+    posing = advert(ALICE, NOW_MS, MEMORY_ADD)  # claims the station as advertiser and server
+    posing = new_record(
+        ALICE,
+        RecordType.PROCEDURE_ADVERTISEMENT,
+        posing.payload | {"advertiser_node": STATION.node_id, "serving_station": STATION.node_id},
+        now_ms=NOW_MS,
+        version=posing.version,
+    )
+    own = advert(STATION, NOW_MS, MEMORY_ADD)
+
+    async def body(s: Station) -> None:
+        for record in [*forged, posing]:
+            refused = await s.call("_dht.put_record", record.to_rpc())
+            assert_error(refused, BAD, b"reserved_procedure: ")
+        assert await s.records.count() == 0
+        assert_result(await s.call("_dht.put_record", own.to_rpc()), "ok")
+        honest = advert(ALICE, NOW_MS, "org.example.echo_v1")
+        assert_result(await s.call("_dht.put_record", honest.to_rpc()), "ok")
 
     with_station(tmp_path, body)
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from macula.house import HOUSE_REALM, MEMORY_ADD
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.frames import (
@@ -846,6 +847,18 @@ def test_advertise_of_a_builtin_is_refused_and_the_builtin_still_answers() -> No
     mallory.send(mallory.advertise("_relay.ping", realm=ZERO_REALM))
     call = alice.call("_relay.ping", realm=ZERO_REALM)
     assert alice.send(call) == [RunBuiltin(alice.conn, 0, call.signed_by(ALICE))]
+
+
+def test_advertise_of_a_house_procedure_in_any_realm_is_refused_and_counted() -> None:
+    station = Station()
+    mallory, provider, alice = station.join(MALLORY), station.join(PROVIDER), station.join(ALICE)
+    for realm in (REALM, ZERO_REALM, HOUSE_REALM):
+        assert mallory.send(mallory.advertise(MEMORY_ADD, realm=realm)) == []
+    assert station.core.stats["reserved_advertise"] == 3
+    call = alice.call(MEMORY_ADD)
+    assert station_error(alice.send(call), alice).code == ErrorCode.UNKNOWN_NEXT_PEER
+    provider.send(provider.advertise("svc"))  # an honest advertisement is unaffected
+    assert len(sent_to(alice.send(alice.call("svc")), provider)) == 1
 
 
 def test_unadvertise_by_a_non_owner_is_refused() -> None:
