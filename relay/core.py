@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from macula.house import HOUSE_PROCEDURES
+from macula.rate import TokenBucket
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
@@ -56,7 +57,7 @@ from relay.call_forwarding import CallForwarder
 from relay.outcome import Outcome
 from relay.peers import Peer, PeerState
 from relay.pending import PendingCalls
-from relay.policy import StationPolicy, TokenBucket
+from relay.policy import StationPolicy
 from relay.routes import RouteTable
 from relay.station_frames import StationFrames
 from relay.stream_relay import StreamRelay

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
+from macula.rate import TokenBucket
 from macula.wire.frames import CAP_STATION
-from relay.policy import TokenBucket
 
 
 class PeerState(Enum):

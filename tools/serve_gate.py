@@ -23,7 +23,7 @@ from typing import Final
 
 from macula.agent.contact_policy import PolicyState
 from macula.clock import now_ms
-from relay.policy import TokenBucket
+from macula.rate import TokenBucket
 
 PASSED_ENV: Final = ("PATH", "HOME", "LANG", "TMPDIR")
 ALLOW_MODES: Final = ("open", "allowlist")

@@ -184,6 +184,9 @@ class Presence:
                 log.exception("presence event not recorded")
 
     async def _heard_hello(self, delivery: Delivery) -> None:
+        if not delivery.authenticated:  # no publisher_sig: the station's word alone, not theirs
+            self.stats["hello_unauthenticated"] += 1
+            return
         fields = parse_hello(delivery.payload, delivery.publisher)
         if fields is None:
             self.stats["hello_ignored"] += 1
@@ -193,6 +196,9 @@ class Presence:
 
     async def _heard_goodbye(self, delivery: Delivery) -> None:
         payload = delivery.payload
+        if not delivery.authenticated:
+            self.stats["goodbye_unauthenticated"] += 1
+            return
         if not isinstance(payload, dict) or payload.get("node_id") != delivery.publisher.hex():
             self.stats["goodbye_ignored"] += 1
             return

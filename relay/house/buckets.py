@@ -14,7 +14,7 @@ import itertools
 import math
 from typing import Final
 
-from relay.policy import TokenBucket
+from macula.rate import TokenBucket
 
 __all__ = ["FORGET_SCAN", "MAX_TRACKED_KEYS", "TokenBuckets"]
 
