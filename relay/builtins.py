@@ -8,20 +8,30 @@ Invariants:
 - Arguments are validated completely (``relay.arguments``) before any store is touched (§13 #13):
   a malformed argument is 0x0F ``bad_request: <what>``, never 0x02. Extra argument keys are
   ignored; a required key that is null is missing.
-- Records: parsed, size-capped, payload-checked (§10.6), signature- and expiry-checked; the
-  newest record per signer wins and an older put is refused as ``stale`` (§13 #12); reads never
-  return expired records. A procedure_advertisement for a house procedure name
-  (``macula.house.HOUSE_PROCEDURES``) signed by anyone but this station is refused as
-  ``reserved_procedure`` (the station stores its own straight into the store).
+- Records: parsed, size-capped, payload-checked (§10.6), signature- and expiry-checked,
+  ``created_at`` at most the clock-skew bound ahead and a lifetime of at most
+  ``max_record_ttl_ms`` (0x0F ``clock_skew`` / ``ttl_too_long``); the newest record per signer
+  wins and an older put is refused as ``stale`` (§13 #12); past a ``StoreLimits`` cap a put is
+  0x0F ``quota_exceeded`` and stores nothing. Reads never return expired records. A
+  procedure_advertisement for a house procedure name (``macula.house.HOUSE_PROCEDURES``) signed
+  by anyone but this station is refused as ``reserved_procedure`` (the station stores its own
+  straight into the store).
+- ``find_records`` / ``find_records_by_type`` answer the newest records whose CBOR array fits
+  ``max_find_reply_bytes`` (and at most ``max_find_by_type`` by type). §6.6 makes the reply a
+  plain array, so a cut reply is not marked in-band (a map would break every client): it is
+  counted in ``stats["find_truncated"]``. Clients already treat the array as "some records".
 - Content: a block is accepted only under MCID version 1, codec 0x55, BLAKE3(payload) = digest
   (§13 #15); a manifest only if its fields hash to its MCID and its chunks fold to its root
   (§13 #14). A block whose hash differs is answered with the RESULT text ``hash_mismatch``.
+  Past ``content_bytes_total`` the least recently used content goes (``relay.content_store``);
+  when nothing old enough can go, a put is 0x0F ``quota_exceeded``.
 - Error details are ``<reason>: <text>`` in UTF-8, at most ``MAX_DETAIL_CHARS`` characters.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
@@ -42,9 +52,11 @@ from relay.arguments import (
     required,
     too_large,
 )
+from relay.content_store import ContentStore
 from relay.core import BUILTINS
 from relay.outcome import Outcome, Refused, answer
-from relay.store import ContentStore, RecordStore
+from relay.store import Found, RecordStore
+from relay.store_limits import QuotaExceeded, StoreLimits
 
 __all__ = [
     "BUILTIN_PROCEDURES",
@@ -62,8 +74,10 @@ BUILTIN_PROCEDURES: Final = BUILTINS
 MAX_RECORD_BYTES: Final = 64 * 1024
 MAX_BLOCK_BYTES: Final = 4 * 1024 * 1024
 MAX_MANIFEST_BYTES: Final = 4 * 1024 * 1024
-MAX_FIND_BY_TYPE: Final = 1000
 KEY_SIZE: Final = 32
+# records may claim a created_at this far ahead of the station clock when the frame skew check
+# is off (StationPolicy.max_clock_skew_ms = 0): a record's clock is always bounded
+DEFAULT_RECORD_SKEW_MS: Final = 300_000
 
 OK: Final = "ok"
 NOT_FOUND: Final = "not_found"
@@ -91,6 +105,10 @@ def _replicate_field(args: Args) -> None:
         raise bad_request(f'\'replicate\' must be text "true" or "false", got {kind(value)}')
 
 
+def _quota(exc: QuotaExceeded) -> Refused:
+    return refusal("quota_exceeded", str(exc))
+
+
 def _record_refusal(exc: RecordInvalid) -> Refused:
     reason = exc.reason if exc.reason in ("bad_signature", "expired") else "bad_request"
     return refusal(reason, exc.detail)
@@ -104,12 +122,23 @@ _Handler = Callable[[object, int, int], Awaitable[object]]
 class Builtins:
     """The nine built-ins of §6.6 over a ``RecordStore`` and a ``ContentStore``."""
 
-    def __init__(self, records: RecordStore, content: ContentStore, *, station_id: bytes) -> None:
+    def __init__(
+        self,
+        records: RecordStore,
+        content: ContentStore,
+        *,
+        station_id: bytes,
+        limits: StoreLimits | None = None,
+        max_clock_skew_ms: int = DEFAULT_RECORD_SKEW_MS,
+    ) -> None:
         if type(station_id) is not bytes or len(station_id) != KEY_SIZE:
             raise ValueError("station_id is the station's 32-byte node id")
         self.records = records
         self.content = content
         self.station_id = station_id
+        self.limits = StoreLimits() if limits is None else limits
+        self.record_skew_ms = max_clock_skew_ms if max_clock_skew_ms > 0 else DEFAULT_RECORD_SKEW_MS
+        self.stats: Counter[str] = Counter()
         self._handlers: dict[str, _Handler] = {
             "_dht.put_record": self._put_record,
             "_dht.find_record": self._find_record,
@@ -150,12 +179,35 @@ class Builtins:
             and procedure in HOUSE_PROCEDURES
             and record.key != self.station_id
         ):
+            self.stats["reserved_procedure"] += 1
             raise refusal(
                 "reserved_procedure", f"{procedure} is a house service only this station announces"
             )
-        if await self.records.put(record, storage_key, now_ms) == "stale":
+        self._check_times(record, now_ms)
+        try:
+            stored = await self.records.put(record, storage_key, now_ms, self.limits)
+        except QuotaExceeded as exc:
+            self.stats["record_quota"] += 1
+            raise _quota(exc) from None
+        if stored == "stale":
             raise refusal("stale", "this signer already stored a newer record under this key")
         return OK
+
+    def _check_times(self, record: Record, now_ms: int) -> None:
+        ahead = record.created_at - now_ms
+        if ahead > self.record_skew_ms:
+            raise refusal(
+                "clock_skew",
+                f"created_at is {ahead} ms ahead of the station clock,"
+                f" at most {self.record_skew_ms} ms is accepted",
+            )
+        lifetime = record.expires_at - record.created_at
+        if lifetime > self.limits.max_record_ttl_ms:
+            raise refusal(
+                "ttl_too_long",
+                f"expires_at - created_at is {lifetime} ms,"
+                f" at most {self.limits.max_record_ttl_ms} ms is accepted",
+            )
 
     async def _find_record(self, payload: object, now_ms: int, now_us: int) -> object:
         key = bytes_arg(arguments(payload), "key", KEY_SIZE)
@@ -164,12 +216,21 @@ class Builtins:
 
     async def _find_records(self, payload: object, now_ms: int, now_us: int) -> object:
         key = bytes_arg(arguments(payload), "key", KEY_SIZE)
-        return [record.to_rpc() for record in await self.records.find(key, now_ms)]
+        found = await self.records.find_newest(key, now_ms, self.limits.max_find_reply_bytes)
+        return self._reply(found)
 
     async def _find_records_by_type(self, payload: object, now_ms: int, now_us: int) -> object:
         record_type = integer(arguments(payload), "type", 0, 0xFF)
-        found = await self.records.find_by_type(record_type, now_ms, MAX_FIND_BY_TYPE)
-        return [record.to_rpc() for record in found]
+        limits = self.limits
+        found = await self.records.find_newest_by_type(
+            record_type, now_ms, limits.max_find_by_type, limits.max_find_reply_bytes
+        )
+        return self._reply(found)
+
+    def _reply(self, found: Found) -> list[object]:
+        """The records as §6.6's plain array; a cut one is only counted (see the invariants)."""
+        self.stats["find_truncated"] += found.truncated
+        return [record.to_rpc() for record in found.records]
 
     # -- _content.* --
 
@@ -182,12 +243,16 @@ class Builtins:
             raise too_large("the block", len(data), MAX_BLOCK_BYTES)
         if digest(data) != mcid.digest:
             return HASH_MISMATCH
-        await self.content.put_block(mcid.digest, data)
+        try:
+            await self.content.put_block(mcid.digest, data, now_ms, self.limits)
+        except QuotaExceeded as exc:
+            self.stats["content_quota"] += 1
+            raise _quota(exc) from None
         return OK
 
     async def _get_block(self, payload: object, now_ms: int, now_us: int) -> object:
         mcid = _mcid_field(arguments(payload), CODEC_RAW)
-        data = await self.content.get_block(mcid.digest)
+        data = await self.content.get_block(mcid.digest, now_ms)
         return NOT_FOUND if data is None else data
 
     async def _put_manifest(self, payload: object, now_ms: int, now_us: int) -> object:
@@ -203,12 +268,16 @@ class Builtins:
         size = len(cbor.encode(manifest.to_wire()))
         if size > MAX_MANIFEST_BYTES:
             raise too_large("the manifest", size, MAX_MANIFEST_BYTES)
-        await self.content.put_manifest(manifest)
+        try:
+            await self.content.put_manifest(manifest, now_ms, self.limits)
+        except QuotaExceeded as exc:
+            self.stats["content_quota"] += 1
+            raise _quota(exc) from None
         return OK
 
     async def _get_manifest(self, payload: object, now_ms: int, now_us: int) -> object:
         mcid = _mcid_field(arguments(payload), CODEC_MANIFEST)
-        manifest = await self.content.get_manifest(mcid.digest)
+        manifest = await self.content.get_manifest(mcid.digest, now_ms)
         return NOT_FOUND if manifest is None else manifest.to_wire()
 
     # -- _relay.* --

@@ -20,6 +20,7 @@ from macula.errors import ConfigError
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.station import Station, StationConfig
+from relay.store import StoreLimits
 
 SHUTDOWN_BUDGET_S = 4.5
 
@@ -111,6 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.call_rate,
         help="calls per second per connection (burst: twice that)",
     )
+    limits = StoreLimits()
+    for flag, value, text in (
+        ("--max-records-per-signer", limits.records_per_signer, "DHT records one signer may hold"),
+        ("--max-record-bytes-per-signer", limits.record_bytes_per_signer, "bytes of those"),
+        ("--max-records", limits.records_total, "DHT records the station holds"),
+        ("--max-record-bytes", limits.record_bytes_total, "bytes of those"),
+        ("--max-record-ttl-ms", limits.max_record_ttl_ms, "longest record lifetime accepted"),
+        ("--max-content-bytes", limits.content_bytes_total, "content held (LRU collected)"),
+        ("--max-find-reply-bytes", limits.max_find_reply_bytes, "records in one find reply"),
+        ("--max-find-by-type", limits.max_find_by_type, "records in one find-by-type reply"),
+    ):
+        parser.add_argument(
+            flag, type=_positive(int), default=value, help=f"{text} (default {value})"
+        )
+    parser.add_argument(
+        "--content-keep-ms",
+        type=int,
+        default=limits.content_keep_ms,
+        help="content used this recently is never collected to make room"
+        f" (default {limits.content_keep_ms})",
+    )
     parser.add_argument("--no-memory", action="store_true", help="do not serve shared memory")
     parser.add_argument(
         "--no-station-directory", action="store_true", help="do not serve the station directory"
@@ -186,6 +208,19 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         max_clock_skew_ms=args.max_clock_skew_ms,
         quotas=quotas,
     )
+    if args.content_keep_ms < 0:
+        raise SystemExit("macula-relay: --content-keep-ms must be >= 0")
+    store_limits = StoreLimits(
+        records_per_signer=args.max_records_per_signer,
+        record_bytes_per_signer=args.max_record_bytes_per_signer,
+        records_total=args.max_records,
+        record_bytes_total=args.max_record_bytes,
+        max_record_ttl_ms=args.max_record_ttl_ms,
+        content_bytes_total=args.max_content_bytes,
+        content_keep_ms=args.content_keep_ms,
+        max_find_reply_bytes=args.max_find_reply_bytes,
+        max_find_by_type=args.max_find_by_type,
+    )
     if args.lat is not None and not -90 <= args.lat <= 90:
         raise SystemExit("macula-relay: --lat must be -90..90")
     if args.lng is not None and not -180 <= args.lng <= 180:
@@ -219,6 +254,7 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         advertised_hosts=args.advertise_host,
         policy=policy,
         house=house,
+        store_limits=store_limits,
     )
 
 

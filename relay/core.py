@@ -104,6 +104,7 @@ class RouterCore:
         self.routes = RouteTable()
         self.admission = FrameAdmission(policy)
         self.stats: Counter[str] = Counter()
+        self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
         self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
         self.streams = StreamRelay(
             self.peers,
@@ -211,6 +212,9 @@ class RouterCore:
         self, conn: int, stream: int, call: Call, outcome: Outcome, now_ms: int
     ) -> list[Action]:
         """Reply to a built-in CALL (or a house service's) with its ``Outcome``."""
+        self.builtins_running[conn] -= 1
+        if self.builtins_running[conn] <= 0:
+            del self.builtins_running[conn]
         peer = self.peers.get(conn)
         if peer is None or peer.state is PeerState.CLOSED:
             return []
@@ -377,10 +381,12 @@ class RouterCore:
             self.stats["builtin_calls"] += 1
             if stream in peer.content_streams:
                 peer.content_streams[stream] += 1
+            self.builtins_running[peer.conn] += 1  # counts as pending until builtin_done
             out.append(RunBuiltin(peer.conn, stream, call))
             return
         if not builtins_only and (call.realm, call.procedure) in self.services:
             self.stats["service_calls"] += 1
+            self.builtins_running[peer.conn] += 1
             out.append(RunBuiltin(peer.conn, stream, call))  # a house service: same path
             return
         if builtins_only:
@@ -397,7 +403,8 @@ class RouterCore:
             return ErrorCode.UPSTREAM_CONGESTION, f"call rate above {quotas.call_rate:g}/s"
         if call.deadline_ms <= now_ms:
             return ErrorCode.EXPIRY_TOO_SOON, "deadline_ms has already passed"
-        if self.pending.in_flight_for(peer.conn) >= quotas.max_pending_calls:
+        in_flight = self.pending.in_flight_for(peer.conn) + self.builtins_running[peer.conn]
+        if in_flight >= quotas.max_pending_calls:
             return ErrorCode.UPSTREAM_CONGESTION, (
                 f"more than {quotas.max_pending_calls} calls in flight on this connection"
             )

@@ -45,7 +45,7 @@ from relay.core import BUILTINS, RouterCore
 from relay.house.services import HouseConfig, HouseServices
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
-from relay.store import ContentStore, RecordStore
+from relay.store import ContentStore, RecordStore, StoreLimits
 from relay.tls import ensure_certificate
 
 log = logging.getLogger("macula.relay")
@@ -62,6 +62,7 @@ class StationConfig:
     tick_interval_s: float = 0.2
     endpoint_refresh_s: float = 60.0
     house: HouseConfig = field(default_factory=HouseConfig)
+    store_limits: StoreLimits = field(default_factory=StoreLimits)
 
 
 class _Sink:
@@ -141,7 +142,13 @@ class Station:
         stack.push_async_callback(self._records.close)
         self._content = await ContentStore.open(data_dir / "content.sqlite3")
         stack.push_async_callback(self._content.close)
-        self._builtins = Builtins(self._records, self._content, station_id=self.identity.node_id)
+        self._builtins = Builtins(
+            self._records,
+            self._content,
+            station_id=self.identity.node_id,
+            limits=config.store_limits,
+            max_clock_skew_ms=config.policy.max_clock_skew_ms,
+        )
         self._core = RouterCore(
             self.identity,
             config.policy,

@@ -1,45 +1,75 @@
-"""The station's durable stores (PROTOCOL.md §10.5, §11): DHT records and content, in SQLite.
+"""The station's record store (PROTOCOL.md §10.5): DHT records in SQLite.
 
-Invariants:
+The content store is ``relay.content_store`` (re-exported here), the limits
+``relay.store_limits``. Invariants:
 - ``macula.store.base.SqliteStore`` underneath: WAL journal, ``synchronous=NORMAL``; the schema
   is versioned by ``PRAGMA user_version`` and migrated forward in one transaction per step. A
-  database newer than this code is refused (``StoreError``), never downgraded.
+  database newer than this code is refused (``StoreError``), never downgraded. Every statement
+  runs under the store's lock; a put is one ``BEGIN IMMEDIATE`` transaction.
 - The database file is 0600; a missing parent directory is created 0700 (SQLite gives its
   ``-wal``/``-shm`` files the mode of the database file).
-- Records: at most one row per ``(storage_key, signer)``. A put replaces the stored row only if
-  the new record is newer (``macula.wire.records.is_newer``: ``created_at``, then ``version``),
-  is byte-identical (an idempotent retry), or the stored one has expired. The decision is one
-  SQL upsert, so concurrent puts cannot interleave. ``recency`` = 8-byte big-endian
-  ``created_at`` || ``version``: its byte order is exactly ``is_newer``'s order.
-- Reads never return an expired record, and every row is re-parsed through ``Record.from_rpc``
-  (manifests through ``Manifest.from_wire`` + ``verify``); a row that fails is logged and skipped.
-- The stores hold what they are given: signatures, hashes and argument shapes are checked by the
-  caller (``relay.builtins``) before anything reaches them.
+- At most one row per ``(storage_key, signer)``. A put replaces the stored row only if the new
+  record is newer (``macula.wire.records.is_newer``: ``created_at``, then ``version``), is
+  byte-identical (an idempotent retry), or the stored one has expired. ``recency`` = 8-byte
+  big-endian ``created_at`` || ``version``: its byte order is exactly ``is_newer``'s order.
+  ``size`` is the length of ``body``.
+- Bounds (``StoreLimits``, given per put; the station's own records are put without them): a
+  put that would take its signer's unexpired rows past ``records_per_signer`` or
+  ``record_bytes_per_signer``, or all rows (expired ones are reaped first) past
+  ``records_total`` / ``record_bytes_total``, raises ``QuotaExceeded`` and changes nothing
+  (beyond that reaping). The signer's caps are checked first; a put that does not grow what a
+  cap counts (a replacement no larger than the row it replaces) is never refused by it.
+- Reads never return an expired record, newest first; a bounded read returns the newest
+  records whose bodies fit ``max_bytes`` together (reading only an index until then) and says
+  whether it left any out. Every row is re-parsed through ``Record.from_rpc``; a row that fails
+  is logged and skipped.
+- The store holds what it is given: signatures and shapes are checked by the caller
+  (``relay.builtins``) before anything reaches it.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
-from macula.store.base import Migration, SqliteStore, StoreError
+import aiosqlite
+
+from macula.store.base import Migration, Row, SqliteStore, StoreError, execute, fetchall
 from macula.wire import cbor
-from macula.wire.content import DIGEST_SIZE, Manifest
 from macula.wire.errors import WireError
 from macula.wire.records import Record
+from relay.content_store import ContentStats, ContentStore
+from relay.store_limits import QuotaExceeded, StoreLimits
 
-__all__ = ["ContentStats", "ContentStore", "PutOutcome", "RecordStore", "StoreError"]
+__all__ = [
+    "ContentStats",
+    "ContentStore",
+    "Found",
+    "PutOutcome",
+    "QuotaExceeded",
+    "RecordStore",
+    "StoreError",
+    "StoreLimits",
+]
 
 logger = logging.getLogger("macula.relay.store")
 
 INT64_MAX: Final = (1 << 63) - 1
 STORAGE_KEY_SIZE: Final = 32
+LIST_HEADER_BYTES: Final = 9  # the most a CBOR array header takes
 
 PutOutcome = Literal["stored", "stale"]
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """Records newest first; ``truncated`` is 1 when a bound left matching records out."""
+
+    records: list[Record]
+    truncated: int = 0
 
 
 # --- records ----------------------------------------------------------------------------------
@@ -65,16 +95,36 @@ _RECORDS_V1: Final[Migration] = (
     """,
 )
 
+_RECORDS_V2: Final[Migration] = (
+    "ALTER TABLE records ADD COLUMN size INTEGER NOT NULL DEFAULT 0",
+    "UPDATE records SET size = length(body)",
+    # covering indexes: the bounds and the bounded reads never touch a body they do not return
+    "DROP INDEX records_by_type",
+    "CREATE INDEX records_by_type ON records (type, recency, expires_at, size)",
+    "CREATE INDEX records_by_key ON records (storage_key, recency, expires_at, size)",
+    "CREATE INDEX records_by_signer ON records (signer, expires_at, size)",
+)
+
 
 _UPSERT_RECORD: Final = """
-INSERT INTO records (storage_key, signer, type, created_at, expires_at, recency, body)
-VALUES (:storage_key, :signer, :type, :created_at, :expires_at, :recency, :body)
+INSERT INTO records (storage_key, signer, type, created_at, expires_at, recency, body, size)
+VALUES (:storage_key, :signer, :type, :created_at, :expires_at, :recency, :body, :size)
 ON CONFLICT (storage_key, signer) DO UPDATE SET
     type = excluded.type, created_at = excluded.created_at, expires_at = excluded.expires_at,
-    recency = excluded.recency, body = excluded.body
-WHERE excluded.recency > records.recency
-   OR excluded.body = records.body
-   OR records.expires_at <= :now
+    recency = excluded.recency, body = excluded.body, size = excluded.size
+"""
+
+# Newest first with the running total of body sizes (over the covering index); the first row
+# past the budget is kept so the caller learns the reply was cut, and dropped there.
+_NEWEST: Final = """
+SELECT r.body, w.running FROM (
+    SELECT storage_key, signer, recency, size, sum(size) OVER (
+        ORDER BY recency DESC, signer ROWS UNBOUNDED PRECEDING
+    ) AS running
+    FROM records WHERE {column} = :key AND expires_at > :now
+) AS w JOIN records AS r ON r.storage_key = w.storage_key AND r.signer = w.signer
+WHERE w.running - w.size <= :budget
+ORDER BY w.recency DESC, w.signer LIMIT :limit
 """
 
 
@@ -86,72 +136,190 @@ def _recency(record: Record) -> bytes:
     return record.created_at.to_bytes(8, "big") + record.version
 
 
+@dataclass(frozen=True, slots=True)
+class _Put:
+    """One record put, as its row."""
+
+    params: dict[str, object]
+    signer: bytes
+    recency: bytes
+    body: bytes
+    now: int
+
+
 class RecordStore(SqliteStore):
     """DHT records by storage key, newest one per signer (§10.5 with §13 #12 closed)."""
 
-    MIGRATIONS = (_RECORDS_V1,)
+    MIGRATIONS = (_RECORDS_V1, _RECORDS_V2)
 
-    async def put(self, record: Record, storage_key: bytes, now_ms: int) -> PutOutcome:
+    _totals: tuple[int, int] | None = None  # (rows, body bytes) of all rows, expired included
+
+    async def put(
+        self, record: Record, storage_key: bytes, now_ms: int, limits: StoreLimits | None = None
+    ) -> PutOutcome:
         """Store ``record`` (already verified by the caller) under ``storage_key``.
 
-        ``"stale"`` when the same signer already stored a newer, unexpired record there.
+        ``"stale"`` when the same signer already stored a newer, unexpired record there;
+        ``QuotaExceeded`` when ``limits`` are given and the put would go past one of them.
         """
         if type(storage_key) is not bytes or len(storage_key) != STORAGE_KEY_SIZE:
             raise ValueError("a storage key is exactly 32 bytes")
-        params = {
+        body = cbor.encode(record.to_rpc())
+        recency = _recency(record)
+        params: dict[str, object] = {
             "storage_key": storage_key,
             "signer": record.key,
             "type": record.type,
             "created_at": _int64(record.created_at),
             "expires_at": _int64(record.expires_at),
-            "recency": _recency(record),
-            "body": cbor.encode(record.to_rpc()),
-            "now": _int64(now_ms),
+            "recency": recency,
+            "body": body,
+            "size": len(body),
         }
-        async with self._db.execute(_UPSERT_RECORD, params) as cursor:
-            changed = cursor.rowcount
-        return "stored" if changed > 0 else "stale"
+        put = _Put(params, record.key, recency, body, _int64(now_ms))
+        try:
+            async with self._transaction() as db:
+                return await self._put(db, storage_key, put, limits)
+        except BaseException:
+            self._totals = None  # rolled back: count again next time
+            raise
+
+    async def _put(
+        self, db: aiosqlite.Connection, key: bytes, put: _Put, limits: StoreLimits | None
+    ) -> PutOutcome:
+        size = len(put.body)
+        rows, held = await self._load_totals(db)
+        if limits is not None and (
+            rows + 1 > limits.records_total or held + size > limits.record_bytes_total
+        ):
+            await self._reap(db, put.now)  # expired rows make room first
+            rows, held = await self._load_totals(db)
+        old = await fetchall(
+            db,
+            "SELECT recency, body, expires_at, size FROM records"
+            " WHERE storage_key = ? AND signer = ?",
+            (key, put.signer),
+        )
+        old_size, old_alive = 0, False
+        if old:
+            old_recency, old_body, old_expires, old_size = old[0]
+            old_alive = old_expires > put.now
+            if old_alive and put.recency <= old_recency and put.body != old_body:
+                return "stale"
+        after = (rows + (0 if old else 1), held - old_size + size)
+        if limits is not None:
+            replaced = old_size if old_alive else 0
+            await _check_signer(db, put, replaced, int(old_alive), limits)
+            _check_total(after, not old, size - old_size, limits)
+        await execute(db, _UPSERT_RECORD, put.params)
+        self._totals = after
+        return "stored"
+
+    async def _load_totals(self, db: aiosqlite.Connection) -> tuple[int, int]:
+        if self._totals is None:
+            row = (await fetchall(db, "SELECT count(*), coalesce(sum(size), 0) FROM records"))[0]
+            self._totals = (int(row[0]), int(row[1]))
+        return self._totals
 
     async def find(self, storage_key: bytes, now_ms: int) -> list[Record]:
         """Unexpired records under ``storage_key``, newest first (one per signer)."""
-        rows = await self._db.execute_fetchall(
-            "SELECT body FROM records WHERE storage_key = ? AND expires_at > ?"
-            " ORDER BY recency DESC",
-            (storage_key, _int64(now_ms)),
-        )
-        return self._parse_rows(rows, now_ms)
+        return (await self.find_newest(storage_key, now_ms)).records
+
+    async def find_newest(
+        self, storage_key: bytes, now_ms: int, max_bytes: int | None = None
+    ) -> Found:
+        """Unexpired records under ``storage_key``, newest first, within ``max_bytes``."""
+        return await self._newest("storage_key", storage_key, now_ms, None, max_bytes)
 
     async def find_by_type(self, record_type: int, now_ms: int, limit: int = 1000) -> list[Record]:
         """Unexpired records of ``record_type``, newest first, at most ``limit``."""
+        return (await self.find_newest_by_type(record_type, now_ms, limit)).records
+
+    async def find_newest_by_type(
+        self, record_type: int, now_ms: int, limit: int = 1000, max_bytes: int | None = None
+    ) -> Found:
+        """Unexpired records of ``record_type``, newest first, at most ``limit`` within
+        ``max_bytes``."""
         if limit < 0:
             raise ValueError("limit must not be negative")
-        rows = await self._db.execute_fetchall(
-            "SELECT body FROM records WHERE type = ? AND expires_at > ?"
-            " ORDER BY recency DESC LIMIT ?",
-            (record_type, _int64(now_ms), limit),
-        )
-        return self._parse_rows(rows, now_ms)
+        return await self._newest("type", record_type, now_ms, limit, max_bytes)
+
+    async def _newest(
+        self, column: str, key: object, now_ms: int, limit: int | None, max_bytes: int | None
+    ) -> Found:
+        """``max_bytes`` bounds the CBOR array of the records' RPC forms."""
+        budget = INT64_MAX if max_bytes is None else max(0, max_bytes - LIST_HEADER_BYTES)
+        params = {
+            "key": key,
+            "now": _int64(now_ms),
+            "budget": budget,
+            "limit": -1 if limit is None else limit + 1,
+        }
+        rows = await self._fetchall(_NEWEST.format(column=column), params)
+        kept = [row for row in rows if row[1] <= budget]
+        if limit is not None:
+            kept = kept[:limit]
+        return Found(self._parse_rows(kept, now_ms), int(len(kept) < len(rows)))
 
     async def reap(self, now_ms: int) -> int:
         """Delete expired records; return how many."""
-        async with self._db.execute(
-            "DELETE FROM records WHERE expires_at <= ?", (_int64(now_ms),)
-        ) as cursor:
-            return max(cursor.rowcount, 0)
+        async with self._transaction() as db:
+            return await self._reap(db, _int64(now_ms))
+
+    async def _reap(self, db: aiosqlite.Connection, now: int) -> int:
+        self._totals = None
+        return await execute(db, "DELETE FROM records WHERE expires_at <= ?", (now,))
 
     async def count(self) -> int:
         """Rows held, expired ones not yet reaped included."""
-        async with self._db.execute("SELECT count(*) FROM records") as cursor:
-            row = await cursor.fetchone()
+        row = await self._fetchone("SELECT count(*) FROM records")
         return int(row[0]) if row is not None else 0
 
-    def _parse_rows(self, rows: Iterable[sqlite3.Row], now_ms: int) -> list[Record]:
+    def _parse_rows(self, rows: Iterable[Row], now_ms: int) -> list[Record]:
         records = []
         for row in rows:
             record = _parse_record(row[0], self.path)
             if record is not None and not record.is_expired(now_ms):
                 records.append(record)
         return records
+
+
+async def _check_signer(
+    db: aiosqlite.Connection,
+    put: _Put,
+    replaced_bytes: int,
+    replaced_rows: int,
+    limits: StoreLimits,
+) -> None:
+    """The signer's own caps, over its unexpired rows (checked before the station's)."""
+    found = await fetchall(
+        db,
+        "SELECT count(*), coalesce(sum(size), 0) FROM records WHERE signer = ? AND expires_at > ?",
+        (put.signer, put.now),
+    )
+    rows, held = int(found[0][0]), int(found[0][1])
+    if not replaced_rows and rows + 1 > limits.records_per_signer:
+        raise QuotaExceeded(
+            f"this signer holds {rows} records here, the limit is {limits.records_per_signer}"
+        )
+    size = len(put.body)
+    after = held - replaced_bytes + size
+    if size > replaced_bytes and after > limits.record_bytes_per_signer:
+        raise QuotaExceeded(
+            f"this signer's records would take {after} bytes here,"
+            f" the limit is {limits.record_bytes_per_signer}"
+        )
+
+
+def _check_total(after: tuple[int, int], new_row: bool, growth: int, limits: StoreLimits) -> None:
+    rows, held = after
+    if new_row and rows > limits.records_total:
+        raise QuotaExceeded(f"the station holds its limit of {limits.records_total} records")
+    if growth > 0 and held > limits.record_bytes_total:
+        raise QuotaExceeded(
+            f"the station's records would take {held} bytes, the limit is"
+            f" {limits.record_bytes_total}"
+        )
 
 
 def _parse_record(body: object, path: Path) -> Record | None:
@@ -163,98 +331,3 @@ def _parse_record(body: object, path: Path) -> Record | None:
     except WireError as exc:
         logger.warning("%s: skipping an unreadable record row: %s", path, exc)
         return None
-
-
-# --- content ----------------------------------------------------------------------------------
-
-_CONTENT_V1: Final[Migration] = (
-    """
-    CREATE TABLE blocks (
-        digest BLOB PRIMARY KEY,        -- BLAKE3 of data (the raw MCID without 0x01 0x55)
-        size   INTEGER NOT NULL,
-        data   BLOB NOT NULL
-    )
-    """,
-    """
-    CREATE TABLE manifests (
-        digest BLOB PRIMARY KEY,        -- digest of the manifest MCID (without 0x01 0x56)
-        body   BLOB NOT NULL            -- canonical CBOR of the wire map (name as text)
-    )
-    """,
-)
-
-
-@dataclass(frozen=True, slots=True)
-class ContentStats:
-    blocks: int
-    bytes: int
-    manifests: int
-
-
-def _check_digest(digest: bytes) -> None:
-    if type(digest) is not bytes or len(digest) != DIGEST_SIZE:
-        raise ValueError("a content digest is exactly 32 bytes")
-
-
-class ContentStore(SqliteStore):
-    """Raw blocks and manifests by digest (§11). Puts are idempotent: the first copy stays."""
-
-    MIGRATIONS = (_CONTENT_V1,)
-
-    async def put_block(self, digest: bytes, data: bytes) -> bool:
-        """Store ``data`` under ``digest`` (checked by the caller); True if it was new."""
-        _check_digest(digest)
-        async with self._db.execute(
-            "INSERT OR IGNORE INTO blocks (digest, size, data) VALUES (?, ?, ?)",
-            (digest, len(data), bytes(data)),
-        ) as cursor:
-            return cursor.rowcount > 0
-
-    async def get_block(self, digest: bytes) -> bytes | None:
-        async with self._db.execute("SELECT data FROM blocks WHERE digest = ?", (digest,)) as cur:
-            row = await cur.fetchone()
-        return bytes(row[0]) if row is not None else None
-
-    async def has_block(self, digest: bytes) -> bool:
-        async with self._db.execute("SELECT 1 FROM blocks WHERE digest = ?", (digest,)) as cur:
-            return await cur.fetchone() is not None
-
-    async def put_manifest(self, manifest: Manifest) -> bool:
-        """Store ``manifest`` (verified by the caller) under its MCID digest; True if new."""
-        async with self._db.execute(
-            "INSERT OR IGNORE INTO manifests (digest, body) VALUES (?, ?)",
-            (manifest.mcid.digest, cbor.encode(manifest.to_wire())),
-        ) as cursor:
-            return cursor.rowcount > 0
-
-    async def get_manifest(self, digest: bytes) -> Manifest | None:
-        async with self._db.execute("SELECT body FROM manifests WHERE digest = ?", (digest,)) as c:
-            row = await c.fetchone()
-        if row is None:
-            return None
-        return _parse_manifest(row[0], digest, self.path)
-
-    async def stats(self) -> ContentStats:
-        async with self._db.execute(
-            "SELECT (SELECT count(*) FROM blocks), (SELECT coalesce(sum(size), 0) FROM blocks),"
-            " (SELECT count(*) FROM manifests)"
-        ) as cursor:
-            row = await cursor.fetchone()
-        if row is None:
-            return ContentStats(0, 0, 0)
-        return ContentStats(int(row[0]), int(row[1]), int(row[2]))
-
-
-def _parse_manifest(body: object, digest: bytes, path: Path) -> Manifest | None:
-    """Defence in depth: a stored manifest must still parse and match its key."""
-    try:
-        if not isinstance(body, bytes):
-            raise WireError("bad_row", f"body is {type(body).__name__}, not bytes")
-        manifest = Manifest.from_wire(cbor.decode(body))
-        manifest.verify()
-        if manifest.mcid.digest != digest:
-            raise WireError("bad_row", "manifest stored under another digest")
-    except WireError as exc:
-        logger.warning("%s: skipping an unreadable manifest row %s: %s", path, digest.hex(), exc)
-        return None
-    return manifest

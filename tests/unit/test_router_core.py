@@ -1017,6 +1017,33 @@ def test_pending_calls_quota_answers_0x08() -> None:
     assert len(sent_to(alice.send(alice.call("svc")), provider)) == 1
 
 
+def test_builtin_and_house_calls_count_as_pending_until_done() -> None:
+    """Issue 11: a built-in or house-service call in flight holds a pending-call slot."""
+    station = quota_station(max_pending_calls=2)
+    station.core.services = frozenset({(REALM, "house_v1")})
+    alice, bob = station.join(ALICE), station.join(BOB)
+    ping = alice.call("_relay.ping", realm=ZERO_REALM)
+    house = alice.call("house_v1")
+    runs = [only_action(alice.send(ping)), only_action(alice.send(house))]
+    assert all(isinstance(run, RunBuiltin) for run in runs)
+    third = alice.call("_relay.ping", realm=ZERO_REALM)
+    error = station_error(alice.send(third), alice)
+    assert (error.call_id, error.code) == (third.call_id, ErrorCode.UPSTREAM_CONGESTION)
+    # another connection's quota is its own
+    assert isinstance(only_action(bob.send(bob.call("house_v1"))), RunBuiltin)
+    station.core.builtin_done(alice.conn, 0, ping, Outcome.result({"ts": 1}), NOW)
+    assert isinstance(only_action(alice.send(alice.call("house_v1"))), RunBuiltin)
+    assert station_error(alice.send(alice.call("house_v1")), alice).code == (
+        ErrorCode.UPSTREAM_CONGESTION
+    )
+    # a reply owed to a connection that went away frees nothing twice
+    station.core.connection_lost(alice.conn, NOW)
+    for call in (house, house):
+        assert station.core.builtin_done(alice.conn, 0, call, Outcome.result("ok"), NOW) == []
+    assert station.core.builtins_running[alice.conn] == 0
+    assert station.core.builtins_running[bob.conn] == 1
+
+
 def test_call_rate_token_bucket_answers_0x08() -> None:
     station = quota_station(call_rate=1.0, call_burst=2.0)
     alice = station.join(ALICE)
