@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.call_rate,
         help="calls per second per connection (burst: twice that)",
     )
+    parser.add_argument(
+        "--max-outbound-bytes",
+        type=_positive(int),
+        default=defaults.max_outbound_bytes,
+        help="unsent bytes queued for one client before it is closed as a slow consumer",
+    )
     parser.add_argument("--no-memory", action="store_true", help="do not serve shared memory")
     parser.add_argument(
         "--no-station-directory", action="store_true", help="do not serve the station directory"
@@ -141,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         publish_burst=args.publish_rate * 2,
         call_rate=args.call_rate,
         call_burst=args.call_rate * 2,
+        max_outbound_bytes=args.max_outbound_bytes,
     )
     policy = StationPolicy(
         puzzle_mode=PuzzleMode(args.puzzle),
