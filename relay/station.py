@@ -263,7 +263,8 @@ class Station:
             connection = self._connections.get(action.conn)
             if connection is not None:
                 connection.send(action.stream, action.data)
-                queued = connection.queued_bytes(action.stream)
+                # what was already waiting when this frame came (one large frame is no backlog)
+                queued = connection.queued_bytes(action.stream) - len(action.data)
                 if queued > self.config.policy.quotas.max_outbound_bytes:
                     self._run(self.core.outbound_full(action.conn, action.stream, queued, now_ms()))
         elif isinstance(action, EndStream):
