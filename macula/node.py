@@ -40,6 +40,8 @@ from macula.wire.identity import Identity
 
 log = logging.getLogger("macula.node")
 
+SLOW_CONSUMER = "slow_consumer"  # the GOODBYE / close reason of a station we did not keep up with
+
 
 @dataclass(slots=True)
 class NodeStats:
@@ -49,6 +51,10 @@ class NodeStats:
     calls_served: int = 0
     handler_errors: int = 0
     calls_refused_busy: int = 0  # answered 0x08: ``max_handlers`` were already running
+    slow_consumer: int = 0  # times the station closed us for not keeping up (events were lost)
+    # the station's counters of what it refused on our current connection without telling us
+    # in-band (from the latest ``flush``; they restart at 0 with every connection)
+    refused: dict[str, int] = field(default_factory=dict)
 
     @property
     def events_duplicate(self) -> int:
@@ -244,6 +250,11 @@ class Node:
         if terminal:
             self._terminal = ClosedError(f"this identity connected elsewhere: {reason}")
         log.info("session broken: %s", reason)
+        slow = SLOW_CONSUMER in reason
+        if slow:
+            self.stats.slow_consumer += 1
+        self._subscriptions.gap_all(slow)
+        self.stats.refused = {}
         self._connected.clear()
         self._wake.set()
 
@@ -304,15 +315,27 @@ class Node:
             raise BrokenError("not connected to any station")
         return self._session
 
-    async def flush(self, timeout: float = 10.0) -> None:
+    async def flush(self, timeout: float = 10.0) -> dict[str, int]:
         """Return once the station has processed every frame this node sent before the call.
 
         One ``_relay.ping`` round trip on the control stream: the stream is ordered and the
         station handles its frames in order, so its answer comes after every SUBSCRIBE,
         ADVERTISE, UNSUBSCRIBE and PUBLISH sent earlier has taken effect at the station.
+        Returns (and keeps in ``stats.refused``) what the station refused on this connection
+        without an in-band answer, by reason (``subscription_quota``, ``advertise_taken``,
+        ``publish_slowed``...), counted since this connection was made.
         """
         session = await self.session(timeout)
-        await session.builtin("_relay.ping", None, timeout)
+        answer = await session.builtin("_relay.ping", None, timeout)
+        refused = answer.get("refused") if isinstance(answer, dict) else None
+        counts = {
+            str(name): count
+            for name, count in (refused.items() if isinstance(refused, dict) else ())
+            if type(count) is int
+        }
+        if session is self._session:
+            self.stats.refused = counts
+        return counts
 
     @property
     def connected(self) -> bool:

@@ -3,6 +3,11 @@
 Invariants:
 - a ``Subscription`` buffers at most ``buffer`` events; when the consumer falls behind, the
   *oldest* buffered event is dropped and counted in ``dropped`` (a warning once per 1000);
+- what a subscription missed is counted honestly, in two numbers: ``missed`` events dropped
+  here (known exactly: ``dropped``), and ``gaps``, the times its session to the station broke
+  while it was live. Events published during a gap are never seen and cannot be counted (a
+  publisher's ``seq`` is a timestamp, not a counter); a gap whose cause was the station closing
+  us as a slow consumer (GOODBYE ``slow_consumer``) is also counted in ``slow_consumer_gaps``;
 - once ended (closed by its owner, or its node closed) a subscription takes no new event, and
   its consumer always sees the end: every event still buffered, then ``StopAsyncIteration``.
   The end marker never competes with events for a slot of the bounded buffer;
@@ -52,6 +57,8 @@ class Subscription:
         self._ended = False
         self.dropped = 0
         self.delivered = 0
+        self.gaps = 0
+        self.slow_consumer_gaps = 0
         self.closed = False
 
     def _offer(self, delivery: Delivery) -> None:
@@ -68,6 +75,18 @@ class Subscription:
                 )
         self._queue.put_nowait(delivery)
         self.delivered += 1
+
+    @property
+    def missed(self) -> int:
+        """Events dropped here because the consumer fell behind (see ``gaps`` for the rest)."""
+        return self.dropped
+
+    def _gap(self, slow_consumer: bool) -> None:
+        if self._ended:
+            return
+        self.gaps += 1
+        if slow_consumer:
+            self.slow_consumer_gaps += 1
 
     def _end(self) -> None:
         """No more events: the consumer drains what is buffered, then stops."""
@@ -138,6 +157,12 @@ class SubscriptionTable:
     def deliver(self, delivery: Delivery) -> None:
         for sub in self._by_key.get((delivery.realm, delivery.topic), ()):
             sub._offer(delivery)
+
+    def gap_all(self, slow_consumer: bool) -> None:
+        """The session broke: every live subscription may have missed events."""
+        for subs in self._by_key.values():
+            for sub in subs:
+                sub._gap(slow_consumer)
 
     def end_all(self) -> None:
         for subs in self._by_key.values():

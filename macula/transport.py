@@ -7,7 +7,12 @@ The only module of ``macula`` that imports ``aioquic.asyncio``. Invariants:
   preceded it; the sink decides what to close;
 - ``send`` never blocks: it queues bytes in aioquic and schedules one transmit per loop turn,
   so many frames written in one callback go out in as few datagrams as possible;
-- connection loss is reported exactly once (``connection_lost``), with the reason.
+- connection loss is reported exactly once (``connection_lost``), with the reason;
+- ``pause_reading(stream)`` stops handing that stream's frames to the sink: its bytes are held
+  (in arrival order) and it gets no new QUIC credit (``macula.stream_credit``), so the sender is
+  blocked after at most ``STREAM_WINDOW`` bytes; ``resume_reading`` hands the held bytes over a
+  chunk per loop turn (pausing again stops at the next chunk), then reading goes on as before;
+- ``queued_bytes(stream)`` is what ``send`` wrote on a stream that aioquic has not sent yet.
 TLS: the station presents a self-signed Ed25519 certificate whose key *is* its node id
 (PROTOCOL.md §1.2); a client pins it by comparing the certificate's raw public key with the
 expected node id, and aioquic still checks the TLS CertificateVerify against that key.
@@ -20,6 +25,7 @@ import contextlib
 import logging
 import socket
 import ssl
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -30,6 +36,7 @@ from aioquic.quic.connection import QuicConnection
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from macula.stream_credit import ReceiveCredit
 from macula.wire.errors import FramingError
 from macula.wire.framing import FrameDecoder
 
@@ -40,6 +47,7 @@ ALPN = "macula"
 STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 60.0
+RELEASE_CHUNK = 64 * 1024  # held bytes handed over per loop turn after a resume
 
 
 class FrameSink(Protocol):
@@ -69,6 +77,11 @@ class FrameProtocol(QuicConnectionProtocol):
         self.max_frame_size = 0x00FFFFFF
         self.refused: asyncio.Future[str] = self._loop.create_future()
         self._last_reserved: int | None = None
+        self.credit = ReceiveCredit(quic, STREAM_WINDOW)
+        self._paused: set[int] = set()
+        self._held: dict[int, deque[bytes]] = {}  # paused (or still releasing) streams' bytes
+        self._held_end: set[int] = set()  # streams whose end arrived while held
+        self._written: dict[int, int] = {}  # stream id -> bytes given to ``send``
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -78,12 +91,24 @@ class FrameProtocol(QuicConnectionProtocol):
         elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
             # the peer abandoned the stream (or will not read it any more): same for us
             self._decoders.pop(event.stream_id, None)
+            self._forget_held(event.stream_id)
             if self.sink is not None:
                 self.sink.stream_reset(event.stream_id)
         elif isinstance(event, events.ConnectionTerminated):
             self._report_lost(event.reason_phrase or f"terminated (code {event.error_code})")
 
     def _stream_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        if stream_id in self._paused or stream_id in self._held:
+            self._held.setdefault(stream_id, deque()).append(data)
+            if end_stream:
+                self._held_end.add(stream_id)
+            return
+        self._deliver(stream_id, data, end_stream)
+
+    def _deliver(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        self.credit.consume(stream_id, len(data))
+        if end_stream:
+            self.credit.forget(stream_id)
         if stream_id in self._failed_streams:
             return  # a broken stream is reported once; later bytes are dropped
         decoder = self._decoders.get(stream_id)
@@ -115,6 +140,48 @@ class FrameProtocol(QuicConnectionProtocol):
                     )
                 else:
                     sink.stream_ended(stream_id)
+
+    def pause_reading(self, stream_id: int) -> None:
+        """Hold ``stream_id``'s bytes and grant it no more credit until ``resume_reading``."""
+        self._paused.add(stream_id)
+
+    def resume_reading(self, stream_id: int) -> None:
+        """Hand the held bytes over (from the next loop turn on) and grant credit again."""
+        self._paused.discard(stream_id)
+        if stream_id in self._held:
+            self._loop.call_soon(self._release, stream_id)
+        self._schedule_transmit()  # the new MAX_STREAM_DATA leaves at once
+
+    def paused(self, stream_id: int) -> bool:
+        return stream_id in self._paused
+
+    def held_bytes(self, stream_id: int) -> int:
+        return sum(map(len, self._held.get(stream_id, ())))
+
+    def _release(self, stream_id: int) -> None:
+        """One chunk of held bytes to the sink; the rest on a later turn, unless paused."""
+        held = self._held.get(stream_id)
+        if held is None or stream_id in self._paused or self._lost:
+            return
+        chunk: list[bytes] = []
+        size = 0
+        while held and size < RELEASE_CHUNK:
+            chunk.append(held.popleft())
+            size += len(chunk[-1])
+        end = not held and stream_id in self._held_end
+        if not held:
+            del self._held[stream_id]
+            self._held_end.discard(stream_id)
+        self._deliver(stream_id, b"".join(chunk), end)
+        if stream_id in self._held and stream_id not in self._paused:
+            self._loop.call_soon(self._release, stream_id)
+        self._schedule_transmit()
+
+    def _forget_held(self, stream_id: int) -> None:
+        self._held.pop(stream_id, None)
+        self._held_end.discard(stream_id)
+        self._paused.discard(stream_id)
+        self.credit.forget(stream_id)
 
     def error_received(self, exc: Exception) -> None:
         """ICMP errors on the UDP socket: a refused port fails a pending handshake at once."""
@@ -152,7 +219,17 @@ class FrameProtocol(QuicConnectionProtocol):
         except (AssertionError, ValueError, RuntimeError) as exc:  # finished, reset or stopped
             log.debug("send on stream %d refused: %s", stream_id, exc)
             return
+        self._written[stream_id] = self._written.get(stream_id, 0) + len(data)
         self._schedule_transmit()
+
+    def queued_bytes(self, stream_id: int) -> int:
+        """Bytes written on ``stream_id`` that aioquic has not sent yet (flow or congestion
+        control holds them: the peer is not keeping up)."""
+        stream = self._quic._streams.get(stream_id)
+        if stream is None:
+            self._written.pop(stream_id, None)
+            return 0
+        return max(0, self._written.get(stream_id, 0) - stream.sender.highest_offset)
 
     def end_stream(self, stream_id: int) -> None:
         self.send(stream_id, b"", end_stream=True)

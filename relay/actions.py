@@ -2,6 +2,8 @@
 
 Invariants: actions are immutable values naming a connection (the shell's number) and, where
 it matters, a stream; ``Send.data`` is always one or more complete, length-prefixed frames.
+``PauseReading`` is always followed, for the same connection, by a ``resume`` call of the core
+at ``until_ms`` (the shell's timer); the core answers ``ResumeReading`` once it caught up.
 """
 
 from __future__ import annotations
@@ -36,6 +38,24 @@ class RunBuiltin:
     conn: int
     stream: int
     call: Call
+    # ``_relay.ping`` only: this connection's refusal counters when the ping was read
+    refused: tuple[tuple[str, int], ...] = ()
 
 
-Action = Send | EndStream | Close | RunBuiltin
+@dataclass(frozen=True, slots=True)
+class PauseReading:
+    """Stop handing this stream's frames to the core (QUIC flow control then pushes back on
+    the sender); call ``RouterCore.resume(conn, now_ms)`` at ``until_ms``."""
+
+    conn: int
+    stream: int
+    until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeReading:
+    conn: int
+    stream: int
+
+
+Action = Send | EndStream | Close | RunBuiltin | PauseReading | ResumeReading

@@ -133,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="content used this recently is never collected to make room"
         f" (default {limits.content_keep_ms})",
     )
+    parser.add_argument(
+        "--max-outbound-bytes",
+        type=_positive(int),
+        default=defaults.max_outbound_bytes,
+        help="unsent bytes queued for one client before it is closed as a slow consumer",
+    )
     parser.add_argument("--no-memory", action="store_true", help="do not serve shared memory")
     parser.add_argument(
         "--no-station-directory", action="store_true", help="do not serve the station directory"
@@ -201,6 +207,7 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         publish_burst=args.publish_rate * 2,
         call_rate=args.call_rate,
         call_burst=args.call_rate * 2,
+        max_outbound_bytes=args.max_outbound_bytes,
     )
     policy = StationPolicy(
         puzzle_mode=PuzzleMode(args.puzzle),

@@ -18,7 +18,12 @@ State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCa
   gossip never sent to clients (#16), subscriptions purged with the node's last connection
   (#17), per-connection quotas (#19);
 - a refusal never raises: it is an ERROR/STREAM_ERROR where the protocol has a reply, else a
-  counted, logged drop.
+  counted, logged drop, also counted per connection (``refused``, read by that client in its
+  ``_relay.ping`` reply);
+- backpressure, not loss (``relay.pacing``): a PUBLISH over its connection's rate pauses that
+  control stream (``PauseReading``) instead of being dropped, and ``resume`` catches up; a
+  connection with more than ``quotas.max_outbound_bytes`` unsent on its control stream
+  (``outbound_full``) is a slow consumer: GOODBYE ``slow_consumer``, closed at once.
 """
 
 from __future__ import annotations
@@ -50,11 +55,12 @@ from macula.wire.frames import (
     publisher_sig_valid,
 )
 from macula.wire.identity import Identity
-from relay.actions import Action, Close, EndStream, RunBuiltin, Send
+from relay.actions import Action, Close, EndStream, PauseReading, ResumeReading, RunBuiltin, Send
 from relay.admission import FrameAdmission, Rejected
 from relay.adverts import AdvertTable
 from relay.call_forwarding import CallForwarder
 from relay.outcome import Outcome
+from relay.pacing import PublishPacer, RefusalCounts
 from relay.peers import Peer, PeerState
 from relay.pending import PendingCalls
 from relay.policy import StationPolicy
@@ -105,6 +111,8 @@ class RouterCore:
         self.admission = FrameAdmission(policy)
         self.stats: Counter[str] = Counter()
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
+        self.refused = RefusalCounts()  # per connection: refusals it was not told in-band
+        self.pacer = PublishPacer()
         self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
         self.streams = StreamRelay(
             self.peers,
@@ -148,7 +156,16 @@ class RouterCore:
             if peer.state is PeerState.HANDSHAKING:
                 self._handshake(peer, stream, frame_map, now_ms, out)
             elif stream == peer.control:
-                self._control(peer, frame_map, now_ms, out)
+                if self.pacer.paused(conn):
+                    self.pacer.hold(conn, frame_map)  # order is kept
+                elif self.pacer.over_rate(peer.publish_bucket, frame_map, now_ms):
+                    self.pacer.hold(conn, frame_map)
+                    self.stats["publishers_paused"] += 1
+                    self.refused.count(conn, "publish_slowed")
+                    until_ms = self.pacer.refilled_at(peer.publish_bucket, now_ms)
+                    out.append(PauseReading(conn, stream, until_ms))
+                else:
+                    self._control(peer, frame_map, now_ms, out)
             else:
                 self._dedicated(peer, stream, frame_map, now_ms, out)
         return out
@@ -171,9 +188,44 @@ class RouterCore:
         out += self._forget_peer(peer, now_ms)
         return out
 
+    def resume(self, conn: int, now_ms: int) -> list[Action]:
+        """``until_ms`` of a pause came: catch up, then resume reading (or pause again)."""
+        frames = self.pacer.take(conn)
+        peer = self.peers.get(conn)
+        if frames is None or peer is None or peer.control is None:
+            return []
+        out = self.frames_received(conn, peer.control, frames, now_ms)
+        if self.pacer.paused(conn):
+            return out
+        if self.pacer.take_end(conn):
+            return out + self.stream_ended(conn, peer.control, now_ms)
+        if peer.state is PeerState.CONNECTED:
+            out.append(ResumeReading(conn, peer.control))
+        return out
+
+    def outbound_full(self, conn: int, stream: int, queued: int, now_ms: int) -> list[Action]:
+        """``queued`` bytes unsent on ``stream``: over the bound on a control stream, the peer is
+        a slow consumer, closed at once (its GOODBYE waits behind the backlog; NATS does so)."""
+        peer = self.peers.get(conn)
+        limit = self.policy.quotas.max_outbound_bytes
+        if peer is None or peer.state is not PeerState.CONNECTED or stream != peer.control:
+            return []
+        if queued <= limit:
+            return []
+        self.stats["slow_consumers"] += 1
+        log.info("conn %d: slow consumer, %d bytes queued", conn, queued)
+        detail = f"more than {limit} bytes waiting to be sent to this connection"
+        out: list[Action] = [self._goodbye(peer, "slow_consumer", detail, now_ms)]
+        out.append(Close(conn, "slow_consumer"))
+        peer.state = PeerState.DRAINING
+        return out + self._forget_peer(peer, now_ms)
+
     def stream_ended(self, conn: int, stream: int, now_ms: int) -> list[Action]:
         peer = self.peers.get(conn)
         if peer is None:
+            return []
+        if stream == peer.control and self.pacer.paused(conn):
+            self.pacer.ended.add(conn)  # the end comes after the frames held
             return []
         peer.ignored_streams.discard(stream)
         if stream == peer.control:
@@ -203,6 +255,7 @@ class RouterCore:
 
     def connection_lost(self, conn: int, now_ms: int) -> list[Action]:
         peer = self.peers.pop(conn, None)
+        self.refused.forget(conn)
         if peer is None:
             return []
         peer.state = PeerState.CLOSED
@@ -351,6 +404,7 @@ class RouterCore:
         verdict = self.admission.admit(frame_map, peer.node_id, now_ms)
         if not isinstance(verdict, Rejected):
             return verdict
+        self.refused.count(peer.conn, verdict.counter)
         if verdict.why is None:
             self.stats[verdict.counter] += 1
         else:
@@ -382,7 +436,10 @@ class RouterCore:
             if stream in peer.content_streams:
                 peer.content_streams[stream] += 1
             self.builtins_running[peer.conn] += 1  # counts as pending until builtin_done
-            out.append(RunBuiltin(peer.conn, stream, call))
+            ping = call.procedure == "_relay.ping"
+            out.append(
+                RunBuiltin(peer.conn, stream, call, self.refused.of(peer.conn) if ping else ())
+            )
             return
         if not builtins_only and (call.realm, call.procedure) in self.services:
             self.stats["service_calls"] += 1
@@ -537,6 +594,7 @@ class RouterCore:
             self.adverts.remove(key, until_ms)
         out += self.calls.forget_conn(peer.conn, now_ms)
         out += self.streams.forget_conn(peer.conn, now_ms)
+        self.pacer.forget(peer.conn)
         if peer.node_id and self.node_conn.get(peer.node_id) == peer.conn:
             del self.node_conn[peer.node_id]
             self.subscriptions.purge(peer.node_id)
@@ -557,4 +615,5 @@ class RouterCore:
 
     def _drop(self, peer: Peer, counter: str, why: str) -> None:
         self.stats[counter] += 1
+        self.refused.count(peer.conn, counter)
         log.info("conn %d (%s): dropped: %s", peer.conn, peer.node_id.hex()[:16], why)

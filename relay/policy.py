@@ -27,6 +27,9 @@ class Quotas:
     publish_burst: float = 4000.0
     call_rate: float = 2000.0
     call_burst: float = 4000.0
+    # bytes written to a connection's control stream that QUIC has not sent yet (the client is
+    # not keeping up); past this the station says GOODBYE slow_consumer and closes it
+    max_outbound_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

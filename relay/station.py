@@ -39,7 +39,15 @@ from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, new_record, record_version
-from relay.actions import Action, Close, EndStream, RunBuiltin, Send
+from relay.actions import (
+    Action,
+    Close,
+    EndStream,
+    PauseReading,
+    ResumeReading,
+    RunBuiltin,
+    Send,
+)
 from relay.builtins import Builtins
 from relay.core import BUILTINS, RouterCore
 from relay.house.services import HouseConfig, HouseServices
@@ -262,6 +270,10 @@ class Station:
             connection = self._connections.get(action.conn)
             if connection is not None:
                 connection.send(action.stream, action.data)
+                # what was already waiting when this frame came (one large frame is no backlog)
+                queued = connection.queued_bytes(action.stream) - len(action.data)
+                if queued > self.config.policy.quotas.max_outbound_bytes:
+                    self._run(self.core.outbound_full(action.conn, action.stream, queued, now_ms()))
         elif isinstance(action, EndStream):
             connection = self._connections.get(action.conn)
             if connection is not None:
@@ -270,6 +282,28 @@ class Station:
             self._close_later(action)
         elif isinstance(action, RunBuiltin):
             self._spawn(self._builtin(action))
+        elif isinstance(action, PauseReading):
+            self._pause(action)
+        elif isinstance(action, ResumeReading):
+            connection = self._connections.get(action.conn)
+            if connection is not None:
+                connection.resume_reading(action.stream)
+
+    def _pause(self, action: PauseReading) -> None:
+        """Stop reading the stream (its bytes wait unread in QUIC's window) until ``until_ms``,
+        then let the core catch up."""
+        connection = self._connections.get(action.conn)
+        if connection is None or self._closing:
+            return
+        connection.pause_reading(action.stream)
+
+        def resume() -> None:
+            self._timers.discard(handle)
+            self._run(self.core.resume(action.conn, now_ms()))
+
+        delay = max(0, action.until_ms - now_ms()) / 1000
+        handle = asyncio.get_running_loop().call_later(delay, resume)
+        self._timers.add(handle)
 
     def _close_later(self, action: Close) -> None:
         connection = self._connections.get(action.conn)
@@ -293,6 +327,9 @@ class Station:
         call = action.call
         if call.procedure in BUILTINS:
             outcome = await self._builtins.run(call.procedure, call.payload, now, now_us())
+            if call.procedure == "_relay.ping" and isinstance(outcome.payload, dict):
+                # the refusals this connection was not told in-band (counted by the core)
+                outcome = Outcome.result({**outcome.payload, "refused": dict(action.refused)})
         elif self._house is None:
             outcome = Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)  # still starting
         else:

@@ -65,9 +65,12 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "Subscribe to a topic and collect what arrives for up to duration_seconds (default 30, "
             "max 3600) or until count events came — a real blocking wait, not polling. Each event "
             "carries publisher (64 hex), seq, payload and authenticated (1 when the publisher's "
-            "end-to-end signature verified). Nothing published before the watch started is seen.",
+            "end-to-end signature verified). Nothing published before the watch started is seen. "
+            "missed counts events dropped because they came faster than they were collected; "
+            "gaps counts connection breaks during the watch (events published then are lost, "
+            "uncounted).",
             "Wait up to duration_seconds (default 30, max 3600) for up to count events on a topic; "
-            "each has publisher, seq, payload, authenticated 0/1.",
+            "each has publisher, seq, payload, authenticated 0/1; missed and gaps count losses.",
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
@@ -95,7 +98,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             events: list[dict[str, Any]] = []
             loop = asyncio.get_running_loop()
             deadline = loop.time() + duration_seconds
-            async with await runtime.node.subscribe(tag, topic) as sub:
+            sub = await runtime.node.subscribe(tag, topic)
+            async with sub:
                 while len(events) < count:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
@@ -118,6 +122,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
                 "events": events,
                 "count": len(events),
                 "timed_out": int(len(events) < count),
+                "missed": sub.missed,
+                "gaps": sub.gaps,
             }
 
         return await run_tool(runtime, "mesh_watch", {"topic": topic}, work)

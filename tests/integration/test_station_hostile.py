@@ -149,7 +149,7 @@ async def ping_works(raw: RawClient) -> None:
     call = call_frame(raw.node_id)
     raw.send(call)
     reply = await raw.reply_to(call.call_id)
-    assert reply["frame_type"] == "result" and set(reply["payload"]) == {"ts"}
+    assert reply["frame_type"] == "result" and set(reply["payload"]) == {"ts", "refused"}
 
 
 # --- §13 #1: replay and clock skew --------------------------------------------------------------
@@ -783,7 +783,10 @@ async def test_fuzzed_connections_do_not_disturb_honest_nodes(
 
         # a fresh node is served completely
         async with make_node() as fresh:
-            assert set(await fresh.call(ZERO_REALM, "_relay.ping", {}, timeout=5)) == {"ts"}
+            assert set(await fresh.call(ZERO_REALM, "_relay.ping", {}, timeout=5)) == {
+                "ts",
+                "refused",
+            }
             sub = await fresh.subscribe(REALM, "fresh.topic")
             await fresh.flush()
             await fresh.publish(REALM, "fresh.topic", "hello")

@@ -96,10 +96,11 @@ async def test_relay_ping_answers_the_station_clock_in_microseconds(
         before_us = time.time_ns() // 1000
         answer = await node.call(ZERO_REALM, "_relay.ping", {}, timeout=5)
         after_us = time.time_ns() // 1000
-        assert set(answer) == {"ts"}
+        assert set(answer) == {"ts", "refused"}
         assert before_us <= answer["ts"] <= after_us  # same host clock, microseconds
+        assert answer["refused"] == {}  # nothing refused on this connection
         # built-ins are realm-blind (§6.6) and take any argument
-        assert set(await node.call(REALM, "_relay.ping", None, timeout=5)) == {"ts"}
+        assert set(await node.call(REALM, "_relay.ping", None, timeout=5)) == {"ts", "refused"}
         error = await builtin_error(node, "_macula.ping", {})  # not a built-in (§6.6)
         assert error.code == ErrorCode.UNKNOWN_NEXT_PEER
 
@@ -328,12 +329,15 @@ async def test_a_content_stream_serves_only_builtins(make_node: Callable[..., No
         session = await caller.session()
         async with session.content_stream() as stream:
             ping = await session.builtin("_relay.ping", {}, 5, stream=stream)
-            assert set(ping) == {"ts"}
+            assert set(ping) == {"ts", "refused"}
             with pytest.raises(MeshError) as caught:  # §6.3: no forwarding from a content stream
                 await session.call(REALM, "org.example.echo_v1", 1, 5, stream=stream)
             assert caught.value.code == ErrorCode.UNKNOWN_NEXT_PEER
             # the stream keeps serving after an error
-            assert set(await session.builtin("_relay.ping", {}, 5, stream=stream)) == {"ts"}
+            assert set(await session.builtin("_relay.ping", {}, 5, stream=stream)) == {
+                "ts",
+                "refused",
+            }
 
 
 @pytest.mark.parametrize("size", [1, 256 * KIB, 5 * MIB], ids=["1B", "256KiB", "5MiB"])

@@ -78,3 +78,13 @@ def test_identity_settings_fail_naming_their_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^MACULA_MESH_STATIONS is empty"):
         mesh_stations_from_env(home)
     assert [s.port for s in mesh_stations_from_env({"MACULA_MESH_STATIONS": "h:1,h:2"})] == [1, 2]
+
+
+def test_the_slow_consumer_bound_is_an_operator_flag(tmp_path: Path) -> None:
+    base = ["--data-dir", str(tmp_path / "d")]
+    default = config_from_args(build_parser().parse_args(base))
+    assert default.policy.quotas.max_outbound_bytes == 16 * 1024 * 1024
+    given = build_parser().parse_args([*base, "--max-outbound-bytes", "65536"])
+    assert config_from_args(given).policy.quotas.max_outbound_bytes == 65536
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*base, "--max-outbound-bytes", "0"])

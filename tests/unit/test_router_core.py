@@ -48,7 +48,7 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, puzzle_evidence, puzzle_valid, realm_tag
-from relay.actions import Action, Close, EndStream, RunBuiltin, Send
+from relay.actions import Action, Close, EndStream, PauseReading, ResumeReading, RunBuiltin, Send
 from relay.core import RouterCore
 from relay.outcome import Outcome
 from relay.policy import PuzzleMode, Quotas, StationPolicy
@@ -1088,15 +1088,95 @@ def test_stream_quota_answers_stream_error_quota_exceeded() -> None:
     assert len(sent(actions, provider.conn)) == 1
 
 
-def test_publish_rate_drops_above_the_quota() -> None:
-    station = quota_station(publish_rate=1.0, publish_burst=1.0)
+def test_publish_over_the_rate_pauses_the_control_stream_instead_of_dropping() -> None:
+    """Backpressure, not loss: the PUBLISH without a token waits with everything after it."""
+    station = quota_station(publish_rate=100.0, publish_burst=1.0)
     alice, bob = station.join(ALICE), station.join(BOB)
     bob.send(bob.subscribe("news"))
     assert len(sent_to(alice.send(alice.publish("news", seq=0)), bob)) == 1
-    assert alice.send(alice.publish("news", seq=1)) == []
-    later = NOW + 1_000
-    actions = alice.send(alice.publish("news", seq=2, now=later), now=later)
-    assert only(sent_to(actions, bob), Event).seq == 2
+    frames = [alice.publish("news", seq=1), alice.subscribe("later"), alice.publish("news", seq=2)]
+    maps = [frame.signed_by(ALICE).to_map() for frame in frames]
+    actions = station.core.frames_received(alice.conn, 0, maps, NOW)
+    [pause] = actions
+    assert pause == PauseReading(alice.conn, 0, NOW + 10)  # one token at 100/s
+    assert station.core.pacer.paused(alice.conn)
+    # what arrives meanwhile (the shell should not deliver it, but order holds if it does)
+    late = alice.publish("news", seq=3).signed_by(ALICE).to_map()
+    assert station.core.frames_received(alice.conn, 0, [late], NOW + 5) == []
+    actions = station.core.resume(alice.conn, NOW + 10)
+    assert [e.seq for e in sent_to(actions, bob) if isinstance(e, Event)] == [1]
+    assert isinstance(actions[-1], PauseReading)  # seq 2 waits for its own token
+    actions = station.core.resume(alice.conn, actions[-1].until_ms)
+    assert isinstance(actions[-1], PauseReading)
+    actions = station.core.resume(alice.conn, actions[-1].until_ms)
+    assert [e.seq for e in sent_to(actions, bob) if isinstance(e, Event)] == [3]
+    assert actions[-1] == ResumeReading(alice.conn, 0)
+    assert not station.core.pacer.paused(alice.conn)
+    assert station.core.stats["publish_rate_limited"] == 0
+    # the honest subscriber's own control stream was never paused
+    assert station.core.refused.of(bob.conn) == ()
+    assert dict(station.core.refused.of(alice.conn))["publish_slowed"] >= 1
+
+
+def test_resume_waits_for_a_batch_of_tokens_not_one() -> None:
+    station = quota_station(publish_rate=2000.0, publish_burst=1.0)
+    alice = station.join(ALICE)
+    alice.send(alice.publish("news", seq=0))
+    [pause] = alice.send(alice.publish("news", seq=1))
+    assert isinstance(pause, PauseReading)
+    assert pause.until_ms == NOW + 1  # the burst (1) caps the batch
+
+
+def test_control_stream_ending_while_paused_ends_after_the_backlog() -> None:
+    station = quota_station(publish_rate=1.0, publish_burst=1.0)
+    alice, bob = station.join(ALICE), station.join(BOB)
+    bob.send(bob.subscribe("news"))
+    alice.send(alice.publish("news", seq=0))
+    [pause] = alice.send(alice.publish("news", seq=1))
+    assert isinstance(pause, PauseReading)
+    assert station.core.stream_ended(alice.conn, 0, NOW) == []
+    actions = station.core.resume(alice.conn, pause.until_ms)
+    assert only(sent_to(actions, bob), Event).seq == 1
+    assert alice.conn in closed(actions)
+    assert not station.core.pacer.paused(alice.conn)
+
+
+def test_slow_consumer_gets_goodbye_and_is_closed_at_once() -> None:
+    station = quota_station(max_outbound_bytes=1000)
+    alice, bob = station.join(ALICE), station.join(BOB)
+    bob.send(bob.subscribe("news"))
+    assert station.core.outbound_full(bob.conn, 0, 1000, NOW) == []  # at the bound: fine
+    assert station.core.outbound_full(bob.conn, 4, 5000, NOW) == []  # not the control stream
+    actions = station.core.outbound_full(bob.conn, 0, 1001, NOW)
+    goodbye = only(sent_to(actions, bob), Goodbye)
+    assert goodbye.reason == "slow_consumer"
+    assert closed(actions)[bob.conn] == Close(bob.conn, "slow_consumer")
+    assert station.core.outbound_full(bob.conn, 0, 9999, NOW) == []  # once
+    # its subscriptions are gone; the publisher is unaffected
+    assert sent_to(alice.send(alice.publish("news")), bob) == []
+    assert station.core.stats["slow_consumers"] == 1
+
+
+def test_refusals_without_an_in_band_answer_are_counted_for_that_connection_only() -> None:
+    station = quota_station(max_subscriptions=1, max_advertisements=1)
+    alice, bob = station.join(ALICE), station.join(BOB)
+    bob.send(bob.advertise("svc"))
+    for topic in ("a", "b", "c"):
+        alice.send(alice.subscribe(topic))
+    alice.send(alice.advertise("svc"))  # taken by bob
+    alice.send(alice.advertise("mine"))
+    alice.send(alice.advertise("more"))  # over the quota
+    [run] = alice.send(alice.call("_relay.ping", realm=ZERO_REALM))
+    assert isinstance(run, RunBuiltin)
+    assert dict(run.refused) == {
+        "subscription_quota": 2,
+        "advertise_taken": 1,
+        "advertise_quota": 1,
+    }
+    [run] = bob.send(bob.call("_relay.ping", realm=ZERO_REALM))
+    assert isinstance(run, RunBuiltin) and run.refused == ()
+    station.core.connection_lost(alice.conn, NOW)
+    assert station.core.refused.of(alice.conn) == ()
 
 
 # --- built-ins (§6.2 step 2, §6.3) -----------------------------------------------------------

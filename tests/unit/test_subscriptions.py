@@ -69,3 +69,19 @@ async def test_the_table_fans_out_and_says_when_the_station_must_hear() -> None:
     assert list(table) == [(REALM, "u")]
     table.end_all()
     assert await asyncio.wait_for(drain(other), 1) == []
+
+
+async def test_missed_counts_local_drops_and_gaps_count_broken_sessions() -> None:
+    table = SubscriptionTable()
+    live = Subscription(REALM, "t", 1, _nothing)
+    ended = Subscription(REALM, "u", 1, _nothing)
+    table.add(live)
+    table.add(ended)
+    live._offer(delivery(0))
+    live._offer(delivery(1))
+    assert (live.missed, live.gaps, live.slow_consumer_gaps) == (1, 0, 0)
+    await ended.close()
+    table.gap_all(slow_consumer=False)
+    table.gap_all(slow_consumer=True)
+    assert (live.missed, live.gaps, live.slow_consumer_gaps) == (1, 2, 1)
+    assert (ended.gaps, ended.slow_consumer_gaps) == (0, 0)  # an ended one misses nothing more
