@@ -3,6 +3,11 @@
 The only module of ``macula`` that imports ``aioquic.asyncio``. Invariants:
 - every bidirectional stream gets its own ``FrameDecoder``; complete frames are handed to the
   ``FrameSink`` in arrival order, per stream, synchronously from the event loop callback;
+- the first stream the peer sends on (its control stream) is decoded with ``control_limits``
+  when set, every other stream with ``limits`` (frame size and CBOR items per frame);
+- while ``pre_open_bytes`` is set (a station before the peer's CONNECT is accepted), the peer
+  may send at most that many bytes, all on its first stream; anything else is a framing error
+  on that stream, reported once, after which nothing more the peer sends is read;
 - a framing error on a stream is reported once (``framing_failed``) with the frames that
   preceded it; the sink decides what to close;
 - ``send`` never blocks: it queues bytes in aioquic and schedules one transmit per loop turn,
@@ -20,18 +25,19 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import NetworkAddress, QuicConnection
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from macula.wire import cbor
 from macula.wire.errors import FramingError
-from macula.wire.framing import FrameDecoder
+from macula.wire.framing import MAX_FRAME_SIZE, FrameDecoder
 
 log = logging.getLogger("macula.transport")
 
@@ -40,6 +46,20 @@ ALPN = "macula"
 STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 60.0
+# QUIC carries a close reason in one packet; a longer one is cut (at a character boundary)
+MAX_CLOSE_REASON_BYTES = 100
+
+
+class StreamLimits:
+    """What one stream's decoder accepts: frame size and CBOR items per frame."""
+
+    __slots__ = ("max_frame_size", "max_items")
+
+    def __init__(
+        self, max_frame_size: int = MAX_FRAME_SIZE, max_items: int = cbor.DEFAULT_MAX_ITEMS
+    ) -> None:
+        self.max_frame_size = max_frame_size
+        self.max_items = max_items
 
 
 class FrameSink(Protocol):
@@ -66,9 +86,27 @@ class FrameProtocol(QuicConnectionProtocol):
         self._failed_streams: set[int] = set()
         self._lost = False
         self._transmit_scheduled = False
-        self.max_frame_size = 0x00FFFFFF
+        self.limits = StreamLimits()
+        self.control_limits: StreamLimits | None = None
+        self.pre_open_bytes: int | None = None  # None: the gate is open
+        self.on_first_datagram: Callable[[str], None] | None = None
+        self.peer_host: str | None = None
+        self._first_stream: int | None = None
+        self._received_before_open = 0
+        self._gate_tripped = False
         self.refused: asyncio.Future[str] = self._loop.create_future()
         self._last_reserved: int | None = None
+
+    def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
+        super().datagram_received(data, addr)
+        if self.peer_host is None:
+            self.peer_host = str(addr[0])
+            if self.on_first_datagram is not None and not self._lost:
+                self.on_first_datagram(self.peer_host)
+
+    def open_gate(self) -> None:
+        """The peer's handshake is done: it may send on any stream, without a byte budget."""
+        self.pre_open_bytes = None
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -84,15 +122,24 @@ class FrameProtocol(QuicConnectionProtocol):
             self._report_lost(event.reason_phrase or f"terminated (code {event.error_code})")
 
     def _stream_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
-        if stream_id in self._failed_streams:
+        if stream_id in self._failed_streams or self._gate_tripped:
             return  # a broken stream is reported once; later bytes are dropped
+        if self._first_stream is None:
+            self._first_stream = stream_id
+        if self.pre_open_bytes is not None and not self._within_gate(stream_id, len(data)):
+            return
         decoder = self._decoders.get(stream_id)
         if decoder is None:
             if not data and end_stream:
                 if self.sink is not None:
                     self.sink.stream_ended(stream_id)  # a stream closed without a byte
                 return
-            decoder = self._decoders[stream_id] = FrameDecoder(max_frame_size=self.max_frame_size)
+            limits = self.limits
+            if stream_id == self._first_stream and self.control_limits is not None:
+                limits = self.control_limits
+            decoder = self._decoders[stream_id] = FrameDecoder(
+                max_frame_size=limits.max_frame_size, max_items=limits.max_items
+            )
         sink = self.sink
         try:
             frames = decoder.feed(data) if data else []
@@ -115,6 +162,23 @@ class FrameProtocol(QuicConnectionProtocol):
                     )
                 else:
                     sink.stream_ended(stream_id)
+
+    def _within_gate(self, stream_id: int, size: int) -> bool:
+        """Before ``open_gate``: only the first stream, at most ``pre_open_bytes`` in all."""
+        assert self.pre_open_bytes is not None
+        self._received_before_open += size
+        if stream_id != self._first_stream:
+            error = FramingError("stream_before_handshake", "data on a second stream too early")
+        elif self._received_before_open > self.pre_open_bytes:
+            limit = self.pre_open_bytes
+            error = FramingError("handshake_too_large", f"over {limit} bytes before the handshake")
+        else:
+            return True
+        self._gate_tripped = True
+        self._decoders.clear()
+        if self.sink is not None:
+            self.sink.framing_failed(stream_id, error)
+        return False
 
     def error_received(self, exc: Exception) -> None:
         """ICMP errors on the UDP socket: a refused port fails a pending handshake at once."""
@@ -171,6 +235,9 @@ class FrameProtocol(QuicConnectionProtocol):
     def close_connection(self, reason: str = "", error_code: int = 0) -> None:
         if self._lost:
             return
+        raw = reason.encode("utf-8")
+        if len(raw) > MAX_CLOSE_REASON_BYTES:
+            reason = raw[:MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
         self.close(error_code=error_code, reason_phrase=reason)
 
     @property

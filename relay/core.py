@@ -17,8 +17,13 @@ State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCa
   (#9), unverifiable CALLs answered 0x0E and framing errors closing the connection (#10),
   gossip never sent to clients (#16), subscriptions purged with the node's last connection
   (#17), per-connection quotas (#19);
+- bounds (issue 11): at most ``max_connections`` connections, ``max_connections_per_address``
+  per source address (over either: closed at once, before any handshake work); before its
+  CONNECT a connection may send on one stream only (its control stream; another closes it);
+  topic and procedure names at most ``max_name_bytes`` (admission);
 - a refusal never raises: it is an ERROR/STREAM_ERROR where the protocol has a reply, else a
-  counted, logged drop.
+  counted drop; a drop is never a log line of its own, only part of the connection's summary
+  (``relay.logbook.Refusals``: at most one line per ``log_summary_ms``, driven by ``tick``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from relay.actions import Action, Close, EndStream, RunBuiltin, Send
 from relay.admission import FrameAdmission, Rejected
 from relay.adverts import AdvertTable
 from relay.call_forwarding import CallForwarder
+from relay.logbook import Refusals, clip
 from relay.outcome import Outcome
 from relay.peers import Peer, PeerState
 from relay.pending import PendingCalls
@@ -102,6 +108,8 @@ class RouterCore:
         self.routes = RouteTable()
         self.admission = FrameAdmission(policy)
         self.stats: Counter[str] = Counter()
+        self.conns_by_address: Counter[str] = Counter()
+        self.refused_connections = Refusals(0)  # connections refused over a cap, station-wide
         self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
         self.streams = StreamRelay(
             self.peers,
@@ -125,14 +133,36 @@ class RouterCore:
 
     # --- entry points ---------------------------------------------------------------------
 
-    def connection_made(self, conn: int, now_ms: int) -> None:
-        quotas = self.policy.quotas
+    def connection_made(self, conn: int, now_ms: int, address: str = "") -> list[Action]:
+        """A new connection from ``address``; closed at once if it is over a connection cap."""
+        policy = self.policy
+        if len(self.peers) >= policy.max_connections:
+            return self._refuse_connection(conn, "connections_over_cap", "station is full")
+        if address and self.conns_by_address[address] >= policy.max_connections_per_address:
+            why = "too many connections from this address"
+            return self._refuse_connection(conn, "connections_over_address_cap", why)
+        quotas = policy.quotas
         self.peers[conn] = Peer(
             conn=conn,
             opened_ms=now_ms,
             publish_bucket=TokenBucket(quotas.publish_rate, quotas.publish_burst, now_ms),
             call_bucket=TokenBucket(quotas.call_rate, quotas.call_burst, now_ms),
+            refusals=Refusals(now_ms),
+            address=address,
         )
+        if address:
+            self.conns_by_address[address] += 1
+        return []
+
+    def _refuse_connection(self, conn: int, counter: str, why: str) -> list[Action]:
+        self.stats[counter] += 1
+        self.refused_connections.count(counter, why)
+        return [Close(conn, why)]
+
+    def is_connected(self, conn: int) -> bool:
+        """True once the connection's CONNECT was accepted (and until it drains)."""
+        peer = self.peers.get(conn)
+        return peer is not None and peer.state is PeerState.CONNECTED
 
     def frames_received(
         self, conn: int, stream: int, frames: list[dict[str, Any]], now_ms: int
@@ -156,9 +186,9 @@ class RouterCore:
         """§13 #10: a broken stream closes its connection (with a GOODBYE saying why)."""
         peer = self.peers.get(conn)
         self.stats["framing_errors"] += 1
-        log.warning("framing error on conn %d stream %d: %s", conn, stream, error)
         if peer is None:
             return []
+        log.info("conn %d: framing error on stream %d: %s", conn, stream, clip(error))
         out: list[Action] = []
         if peer.control is not None and peer.state is PeerState.CONNECTED:
             detail = f"framing error on stream {stream}: {error.detail}"
@@ -199,11 +229,23 @@ class RouterCore:
         return self.streams.leg_lost(conn, stream, "peer reset the stream", now_ms)
 
     def connection_lost(self, conn: int, now_ms: int) -> list[Action]:
-        peer = self.peers.pop(conn, None)
+        peer = self._remove(conn, now_ms)
         if peer is None:
             return []
         peer.state = PeerState.CLOSED
         return self._forget_peer(peer, now_ms)
+
+    def _remove(self, conn: int, now_ms: int) -> Peer | None:
+        """Take ``conn`` out of the peer table (its address slot and a last summary line)."""
+        peer = self.peers.pop(conn, None)
+        if peer is None:
+            return None
+        if peer.address:
+            self.conns_by_address[peer.address] -= 1
+            if self.conns_by_address[peer.address] <= 0:
+                del self.conns_by_address[peer.address]
+        self._summarise(peer, now_ms, final=True)
+        return peer
 
     def builtin_done(
         self, conn: int, stream: int, call: Call, outcome: Outcome, now_ms: int
@@ -231,7 +273,8 @@ class RouterCore:
         return out
 
     def tick(self, now_ms: int) -> list[Action]:
-        """Timers: handshake timeouts, forwarded-call deadlines, route TTLs, replay cache."""
+        """Timers: handshake timeouts, forwarded-call deadlines, route TTLs, replay cache,
+        and the log's per-connection summaries of refused frames."""
         out: list[Action] = []
         for peer in list(self.peers.values()):
             if (
@@ -239,7 +282,12 @@ class RouterCore:
                 and now_ms - peer.opened_ms > self.policy.handshake_timeout_ms
             ):
                 out.append(Close(peer.conn, "handshake timeout"))
-                self.peers.pop(peer.conn, None)
+                self._remove(peer.conn, now_ms)
+            else:
+                self._summarise(peer, now_ms)
+        line = self.refused_connections.summary(now_ms, self.policy.log_summary_ms)
+        if line is not None:
+            log.warning("connections %s", line)
         out += self.calls.expire(now_ms)
         out += self.streams.expire(now_ms)
         self.admission.prune(now_ms, self.node_conn)
@@ -261,25 +309,32 @@ class RouterCore:
     def _handshake(
         self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
     ) -> None:
+        if peer.control is None:
+            peer.control = stream  # the first stream a peer sends on is its control stream
+        elif stream != peer.control:
+            self.stats["streams_before_connect"] += 1
+            out.append(Close(peer.conn, "data on a second stream before CONNECT"))
+            peer.state = PeerState.DRAINING
+            return
         if frame_map.get("frame_type") != "connect":
             self.stats["dropped_before_connect"] += 1
+            peer.refusals.count("dropped_before_connect", "frame before CONNECT")
             return
         try:
             connect = parse_frame(frame_map)
         except ProtocolError as exc:
-            log.info("conn %d: malformed CONNECT: %s", peer.conn, exc)
+            log.info("conn %d: malformed CONNECT: %s", peer.conn, clip(exc))
             out.append(Close(peer.conn, f"malformed CONNECT: {exc.detail}"))
-            self.peers.pop(peer.conn, None)
+            self._remove(peer.conn, now_ms)
             return
         assert isinstance(connect, Connect)
-        peer.control = stream
         refusal = self.admission.connect_refusal(connect, now_ms)
         if refusal is None and self.stopping:
             # a client that reconnects while the station drains must not believe it is in
             refusal = (ErrorCode.TEMPORARY_RELAY_FAILURE, "station is shutting down")
         if refusal is not None:
             code, why = refusal
-            log.info("conn %d: refused %s: %s", peer.conn, connect.node_id.hex()[:16], why)
+            log.info("conn %d: refused %s: %s", peer.conn, connect.node_id.hex()[:16], clip(why))
             self.stats["handshakes_refused"] += 1
             out.append(Send(peer.conn, stream, self.frames.hello(False, code, now_ms)))
             out.append(Close(peer.conn, f"handshake refused: {why}", after_ms=200))
@@ -345,10 +400,7 @@ class RouterCore:
         verdict = self.admission.admit(frame_map, peer.node_id, now_ms)
         if not isinstance(verdict, Rejected):
             return verdict
-        if verdict.why is None:
-            self.stats[verdict.counter] += 1
-        else:
-            self._drop(peer, verdict.counter, verdict.why)
+        self._drop(peer, verdict.counter, verdict.why or verdict.counter)
         if verdict.call_id is not None:
             code, detail = verdict.code, verdict.detail
             out.append(self._error(peer, stream, verdict.call_id, code, detail, now_ms))
@@ -545,5 +597,12 @@ class RouterCore:
         self.stats[counter] += 1
 
     def _drop(self, peer: Peer, counter: str, why: str) -> None:
+        """Count a refused frame, station-wide and on its connection; no log line of its own."""
         self.stats[counter] += 1
-        log.info("conn %d (%s): dropped: %s", peer.conn, peer.node_id.hex()[:16], why)
+        peer.refusals.count(counter, why)
+
+    def _summarise(self, peer: Peer, now_ms: int, *, final: bool = False) -> None:
+        line = peer.refusals.summary(now_ms, self.policy.log_summary_ms, final=final)
+        if line is not None:
+            who = peer.node_id.hex()[:16] or peer.address or "?"
+            log.info("conn %d (%s): %s", peer.conn, who, line)

@@ -1,0 +1,53 @@
+"""What the station writes to its log about its peers: bounded, whatever a peer sends.
+
+Invariants: a peer-provided value reaches a log line only through ``clip`` (at most
+``MAX_LOGGED_CHARS`` characters, control characters escaped; QUIC close reasons are cut to
+``macula.transport.MAX_CLOSE_REASON_BYTES`` where the connection is closed); a refused frame
+costs a counter, never a line: ``Refusals`` sums them per connection and yields at most one
+summary line per ``interval_ms`` (time is an argument), plus one when the connection ends.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+MAX_LOGGED_CHARS = 200
+
+
+def clip(value: object, limit: int = MAX_LOGGED_CHARS) -> str:
+    """``value`` as text fit for one log line: printable, at most ``limit`` characters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > 4 * limit:
+        text = text[: 4 * limit]  # escaping below at most quadruples a character
+    text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
+
+
+class Refusals:
+    """One connection's refused frames: counted, summed up in a line now and then."""
+
+    __slots__ = ("counts", "last_line_ms", "last_why", "unreported")
+
+    def __init__(self, now_ms: int) -> None:
+        self.counts: Counter[str] = Counter()  # every refusal since the connection opened
+        self.unreported: Counter[str] = Counter()  # since the last summary line
+        self.last_why = ""
+        self.last_line_ms = now_ms
+
+    def count(self, counter: str, why: str) -> None:
+        self.counts[counter] += 1
+        self.unreported[counter] += 1
+        self.last_why = why
+
+    def summary(self, now_ms: int, interval_ms: int, *, final: bool = False) -> str | None:
+        """A line summing up what was refused since the last one, or None if it is not due."""
+        if not self.unreported or (not final and now_ms - self.last_line_ms < interval_ms):
+            return None
+        total = sum(self.unreported.values())
+        kinds = ", ".join(f"{name}={n}" for name, n in self.unreported.most_common(8))
+        seconds = max(0, now_ms - self.last_line_ms) / 1000
+        self.unreported.clear()
+        self.last_line_ms = now_ms
+        return f"refused {total} frame(s) in {seconds:.0f} s ({kinds}); last: {clip(self.last_why)}"
