@@ -57,6 +57,7 @@ from relay.actions import Action, Close, EndStream, RunBuiltin, Send
 from relay.admission import FrameAdmission, Rejected
 from relay.adverts import AdvertTable
 from relay.call_forwarding import CallForwarder
+from relay.connection_caps import ConnectionCaps
 from relay.logbook import Refusals, clip
 from relay.outcome import Outcome
 from relay.peers import Peer, PeerState
@@ -108,8 +109,7 @@ class RouterCore:
         self.routes = RouteTable()
         self.admission = FrameAdmission(policy)
         self.stats: Counter[str] = Counter()
-        self.conns_by_address: Counter[str] = Counter()
-        self.refused_connections = Refusals(0)  # connections refused over a cap, station-wide
+        self.caps = ConnectionCaps(policy.max_connections, policy.max_connections_per_address)
         self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
         self.streams = StreamRelay(
             self.peers,
@@ -135,13 +135,12 @@ class RouterCore:
 
     def connection_made(self, conn: int, now_ms: int, address: str = "") -> list[Action]:
         """A new connection from ``address``; closed at once if it is over a connection cap."""
-        policy = self.policy
-        if len(self.peers) >= policy.max_connections:
-            return self._refuse_connection(conn, "connections_over_cap", "station is full")
-        if address and self.conns_by_address[address] >= policy.max_connections_per_address:
-            why = "too many connections from this address"
-            return self._refuse_connection(conn, "connections_over_address_cap", why)
-        quotas = policy.quotas
+        refusal = self.caps.refusal(len(self.peers), address)
+        if refusal is not None:
+            counter, why = refusal
+            self.stats[counter] += 1
+            return [Close(conn, why)]
+        quotas = self.policy.quotas
         self.peers[conn] = Peer(
             conn=conn,
             opened_ms=now_ms,
@@ -150,14 +149,7 @@ class RouterCore:
             refusals=Refusals(now_ms),
             address=address,
         )
-        if address:
-            self.conns_by_address[address] += 1
         return []
-
-    def _refuse_connection(self, conn: int, counter: str, why: str) -> list[Action]:
-        self.stats[counter] += 1
-        self.refused_connections.count(counter, why)
-        return [Close(conn, why)]
 
     def is_connected(self, conn: int) -> bool:
         """True once the connection's CONNECT was accepted (and until it drains)."""
@@ -240,10 +232,7 @@ class RouterCore:
         peer = self.peers.pop(conn, None)
         if peer is None:
             return None
-        if peer.address:
-            self.conns_by_address[peer.address] -= 1
-            if self.conns_by_address[peer.address] <= 0:
-                del self.conns_by_address[peer.address]
+        self.caps.release(peer.address)
         self._summarise(peer, now_ms, final=True)
         return peer
 
@@ -285,7 +274,7 @@ class RouterCore:
                 self._remove(peer.conn, now_ms)
             else:
                 self._summarise(peer, now_ms)
-        line = self.refused_connections.summary(now_ms, self.policy.log_summary_ms)
+        line = self.caps.refused.summary(now_ms, self.policy.log_summary_ms)
         if line is not None:
             log.warning("connections %s", line)
         out += self.calls.expire(now_ms)

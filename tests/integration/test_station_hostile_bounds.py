@@ -129,7 +129,7 @@ async def test_connections_over_the_per_address_cap_are_refused(tmp_path: Path) 
             await ping_works(first)
             assert station.core.stats["connections_over_address_cap"] >= 1
         # the slots come free when those connections go
-        await eventually(lambda: not station.core.conns_by_address, timeout=10)
+        await eventually(lambda: not station.core.caps.by_address, timeout=10)
         async with raw_client(station) as again:
             await ping_works(again)
 

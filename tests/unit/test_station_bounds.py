@@ -124,7 +124,7 @@ def test_connections_over_the_per_address_cap_are_closed_at_once() -> None:
     assert core.connection_made(5, NOW + 1, "203.0.113.7") == []  # a slot came free
     # a handshake timeout frees the slot too
     core.tick(NOW + StationPolicy().handshake_timeout_ms + 10)
-    assert core.conns_by_address == {}
+    assert core.caps.by_address == {}
 
 
 def test_connections_over_the_global_cap_are_closed_and_summed_up_in_one_line(
