@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.frames import Event
 from macula.wire.framing import frame_bytes
+from relay.cli import build_parser, config_from_args
 from relay.logbook import MAX_LOGGED_CHARS, clip
 from relay.policy import StationPolicy
 
@@ -302,3 +304,30 @@ async def test_close_reasons_are_cut_to_100_bytes_of_utf8(monkeypatch: pytest.Mo
     protocol.close_connection("short")
     assert reasons == ["é" * 50, "short"]
     assert len(reasons[0].encode()) == MAX_CLOSE_REASON_BYTES
+
+
+# --- operator flags ---------------------------------------------------------------------------
+
+
+def test_macula_relay_flags_set_the_bounds(tmp_path: Path) -> None:
+    defaults = config_from_args(build_parser().parse_args(["--data-dir", str(tmp_path)])).policy
+    assert defaults == StationPolicy()
+    args = build_parser().parse_args(
+        [
+            *("--data-dir", str(tmp_path)),
+            *("--max-name-bytes", "64", "--max-control-frame-size", "65536"),
+            *("--max-control-frame-items", "100", "--max-stream-frame-items", "1000"),
+            *("--max-pre-handshake-bytes", "4096", "--handshake-timeout-ms", "2000"),
+            *("--max-connections", "50", "--max-connections-per-address", "5"),
+            *("--log-summary-ms", "60000", "--no-quic-retry"),
+        ]
+    )
+    policy = config_from_args(args).policy
+    assert (policy.max_name_bytes, policy.max_control_frame_size) == (64, 65536)
+    assert (policy.max_control_frame_items, policy.max_stream_frame_items) == (100, 1000)
+    assert (policy.max_pre_handshake_bytes, policy.handshake_timeout_ms) == (4096, 2000)
+    assert (policy.max_connections, policy.max_connections_per_address) == (50, 5)
+    assert (policy.log_summary_ms, policy.quic_retry) == (60000, False)
+    with pytest.raises(SystemExit):
+        too_big = ["--data-dir", str(tmp_path), "--max-control-frame-size", str(1 << 24)]
+        config_from_args(build_parser().parse_args(too_big))
