@@ -32,6 +32,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import NetworkAddress, QuicConnection
+from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
@@ -91,6 +92,7 @@ class FrameProtocol(QuicConnectionProtocol):
         self.pre_open_bytes: int | None = None  # None: the gate is open
         self.on_first_datagram: Callable[[str], None] | None = None
         self.peer_host: str | None = None
+        self.lost_reason = ""
         self._first_stream: int | None = None
         self._received_before_open = 0
         self._gate_tripped = False
@@ -98,11 +100,21 @@ class FrameProtocol(QuicConnectionProtocol):
         self._last_reserved: int | None = None
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
-        super().datagram_received(data, addr)
         if self.peer_host is None:
             self.peer_host = str(addr[0])
-            if self.on_first_datagram is not None and not self._lost:
-                self.on_first_datagram(self.peer_host)
+            if self.on_first_datagram is not None:
+                self.on_first_datagram(self.peer_host)  # may ``refuse``: the reply is a close
+        super().datagram_received(data, addr)
+
+    def refuse(self, reason: str) -> None:
+        """Close before the QUIC handshake is answered: QUIC ``CONNECTION_REFUSED`` with
+        ``reason`` (a transport close, so the reason reaches the peer in the Initial packet)."""
+        self._quic.close(
+            error_code=QuicErrorCode.CONNECTION_REFUSED,
+            frame_type=QuicFrameType.PADDING,
+            reason_phrase=_cut_reason(reason),
+        )
+        self._schedule_transmit()
 
     def open_gate(self) -> None:
         """The peer's handshake is done: it may send on any stream, without a byte budget."""
@@ -193,6 +205,7 @@ class FrameProtocol(QuicConnectionProtocol):
         if self._lost:
             return
         self._lost = True
+        self.lost_reason = reason
         if self.sink is not None:
             self.sink.connection_lost(reason)
 
@@ -235,10 +248,7 @@ class FrameProtocol(QuicConnectionProtocol):
     def close_connection(self, reason: str = "", error_code: int = 0) -> None:
         if self._lost:
             return
-        raw = reason.encode("utf-8")
-        if len(raw) > MAX_CLOSE_REASON_BYTES:
-            reason = raw[:MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
-        self.close(error_code=error_code, reason_phrase=reason)
+        self.close(error_code=error_code, reason_phrase=_cut_reason(reason))
 
     @property
     def lost(self) -> bool:
@@ -255,6 +265,14 @@ class FrameProtocol(QuicConnectionProtocol):
         if not isinstance(key, Ed25519PublicKey):
             return None
         return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _cut_reason(reason: str) -> str:
+    """At most ``MAX_CLOSE_REASON_BYTES`` of UTF-8, never cut inside a character."""
+    raw = reason.encode("utf-8")
+    if len(raw) <= MAX_CLOSE_REASON_BYTES:
+        return reason
+    return raw[:MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
 
 
 RECEIVE_BUFFER = 4 * 1024 * 1024
@@ -338,7 +356,11 @@ async def dial(
                 raise TimeoutError(
                     f"QUIC handshake with {host}:{port} timed out after {timeout:g} s"
                 )
-            connected.result()
+            try:
+                connected.result()
+            except ConnectionError as exc:  # closed during the handshake: say why if told
+                why = protocol.lost_reason or "closed during the QUIC handshake"
+                raise ConnectionError(f"{host}:{port}: {why}") from exc
         except BaseException:
             connected.cancel()
             _consume_waiter(protocol)

@@ -17,7 +17,7 @@ class ConnectionCaps:
         self.max_connections = max_connections
         self.max_per_address = max_per_address
         self.by_address: Counter[str] = Counter()
-        self.refused = Refusals(0)
+        self.refused = Refusals(None, "connection")
 
     def refusal(self, open_now: int, address: str) -> tuple[str, str] | None:
         """(counter, reason) if one more connection from ``address`` is over a cap."""

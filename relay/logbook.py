@@ -28,13 +28,15 @@ def clip(value: object, limit: int = MAX_LOGGED_CHARS) -> str:
 class Refusals:
     """One connection's refused frames: counted, summed up in a line now and then."""
 
-    __slots__ = ("counts", "last_line_ms", "last_why", "unreported")
+    __slots__ = ("counts", "last_line_ms", "last_why", "noun", "unreported")
 
-    def __init__(self, now_ms: int) -> None:
-        self.counts: Counter[str] = Counter()  # every refusal since the connection opened
+    def __init__(self, now_ms: int | None, noun: str = "frame") -> None:
+        """``now_ms``: when counting starts (None: not known, the first line is due at once)."""
+        self.counts: Counter[str] = Counter()  # every refusal since counting started
         self.unreported: Counter[str] = Counter()  # since the last summary line
         self.last_why = ""
         self.last_line_ms = now_ms
+        self.noun = noun
 
     def count(self, counter: str, why: str) -> None:
         self.counts[counter] += 1
@@ -43,11 +45,15 @@ class Refusals:
 
     def summary(self, now_ms: int, interval_ms: int, *, final: bool = False) -> str | None:
         """A line summing up what was refused since the last one, or None if it is not due."""
-        if not self.unreported or (not final and now_ms - self.last_line_ms < interval_ms):
+        since = self.last_line_ms
+        if not self.unreported or (
+            not final and since is not None and now_ms - since < interval_ms
+        ):
             return None
         total = sum(self.unreported.values())
         kinds = ", ".join(f"{name}={n}" for name, n in self.unreported.most_common(8))
-        seconds = max(0, now_ms - self.last_line_ms) / 1000
+        span = "" if since is None else f" in {max(0, now_ms - since) / 1000:.0f} s"
         self.unreported.clear()
         self.last_line_ms = now_ms
-        return f"refused {total} frame(s) in {seconds:.0f} s ({kinds}); last: {clip(self.last_why)}"
+        last = clip(self.last_why)
+        return f"refused {total} {self.noun}(s){span} ({kinds}); last: {last}"

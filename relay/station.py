@@ -257,7 +257,9 @@ class Station:
         self._connections[conn] = connection
 
         def first_datagram(host: str) -> None:  # the source address is known from here on
-            self._run(self.core.connection_made(conn, now_ms(), host))
+            for action in self.core.connection_made(conn, now_ms(), host):
+                if isinstance(action, Close):  # over a connection cap: no handshake at all
+                    connection.refuse(action.reason)
 
         connection.on_first_datagram = first_datagram
         return connection

@@ -142,7 +142,7 @@ def test_connections_over_the_global_cap_are_closed_and_summed_up_in_one_line(
     assert caplog.records == []
     station.core.tick(NOW + 10_000)
     [line] = [r.getMessage() for r in caplog.records]
-    assert "refused 100" in line and "connections_over_cap=100" in line
+    assert "refused 100 connection(s)" in line and "connections_over_cap=100" in line
     honest_round(station, alice, bob, now=NOW + 10_000)
 
 
