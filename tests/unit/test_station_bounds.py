@@ -283,16 +283,18 @@ async def test_the_control_stream_has_the_small_frame_limit_and_others_the_full_
 
 @pytest.mark.anyio
 async def test_a_control_frame_of_many_small_items_is_refused_quickly() -> None:
-    protocol, sink = station_side(pre_open=None)
     # 1 MiB of one-byte arrays nested 97 deep: the slowest shape to decode per byte
     chain = b"\x81" * 97 + b"\x00"
     count = (StationPolicy().max_control_frame_size - 16) // len(chain)
-    body = b"\xa1\x61k\x9a" + count.to_bytes(4, "big") + chain * count
-    started = time.perf_counter()
-    feed(protocol, 0, frame_bytes(body))
-    elapsed = time.perf_counter() - started
-    assert sink.failures == [(0, "too_many_items")]
-    assert elapsed < 0.25  # ~7 ms on an idle core; unbounded it took over a second
+    frame = frame_bytes(b"\xa1\x61k\x9a" + count.to_bytes(4, "big") + chain * count)
+    timings = []
+    for _ in range(3):  # the best of three: a loaded machine only ever adds time
+        protocol, sink = station_side(pre_open=None)
+        started = time.perf_counter()
+        feed(protocol, 0, frame)
+        timings.append(time.perf_counter() - started)
+        assert sink.failures == [(0, "too_many_items")]
+    assert min(timings) < 0.1  # ~7 ms on a busy core; unbounded it took over a second
 
 
 @pytest.mark.anyio
