@@ -3,6 +3,11 @@
 The only module of ``macula`` that imports ``aioquic.asyncio``. Invariants:
 - every bidirectional stream gets its own ``FrameDecoder``; complete frames are handed to the
   ``FrameSink`` in arrival order, per stream, synchronously from the event loop callback;
+- the first stream the peer sends on (its control stream) is decoded with ``control_limits``
+  when set, every other stream with ``limits`` (frame size and CBOR items per frame);
+- while ``pre_open_bytes`` is set (a station before the peer's CONNECT is accepted), the peer
+  may send at most that many bytes, all on its first stream; anything else is a framing error
+  on that stream, reported once, after which nothing more the peer sends is read;
 - a framing error on a stream is reported once (``framing_failed``) with the frames that
   preceded it; the sink decides what to close;
 - ``send`` never blocks: it queues bytes in aioquic and schedules one transmit per loop turn,
@@ -26,19 +31,21 @@ import logging
 import socket
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
+from aioquic.quic.connection import NetworkAddress, QuicConnection
+from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from macula.stream_credit import ReceiveCredit
+from macula.wire import cbor
 from macula.wire.errors import FramingError
-from macula.wire.framing import FrameDecoder
+from macula.wire.framing import MAX_FRAME_SIZE, FrameDecoder
 
 log = logging.getLogger("macula.transport")
 
@@ -48,6 +55,20 @@ STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 60.0
 RELEASE_CHUNK = 64 * 1024  # held bytes handed over per loop turn after a resume
+# QUIC carries a close reason in one packet; a longer one is cut (at a character boundary)
+MAX_CLOSE_REASON_BYTES = 100
+
+
+class StreamLimits:
+    """What one stream's decoder accepts: frame size and CBOR items per frame."""
+
+    __slots__ = ("max_frame_size", "max_items")
+
+    def __init__(
+        self, max_frame_size: int = MAX_FRAME_SIZE, max_items: int = cbor.DEFAULT_MAX_ITEMS
+    ) -> None:
+        self.max_frame_size = max_frame_size
+        self.max_items = max_items
 
 
 class FrameSink(Protocol):
@@ -74,7 +95,15 @@ class FrameProtocol(QuicConnectionProtocol):
         self._failed_streams: set[int] = set()
         self._lost = False
         self._transmit_scheduled = False
-        self.max_frame_size = 0x00FFFFFF
+        self.limits = StreamLimits()
+        self.control_limits: StreamLimits | None = None
+        self.pre_open_bytes: int | None = None  # None: the gate is open
+        self.on_first_datagram: Callable[[str], None] | None = None
+        self.peer_host: str | None = None
+        self.lost_reason = ""
+        self._first_stream: int | None = None
+        self._received_before_open = 0
+        self._gate_tripped = False
         self.refused: asyncio.Future[str] = self._loop.create_future()
         self._last_reserved: int | None = None
         self.credit = ReceiveCredit(quic, STREAM_WINDOW)
@@ -82,6 +111,27 @@ class FrameProtocol(QuicConnectionProtocol):
         self._held: dict[int, deque[bytes]] = {}  # paused (or still releasing) streams' bytes
         self._held_end: set[int] = set()  # streams whose end arrived while held
         self._written: dict[int, int] = {}  # stream id -> bytes given to ``send``
+
+    def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
+        if self.peer_host is None:
+            self.peer_host = str(addr[0])
+            if self.on_first_datagram is not None:
+                self.on_first_datagram(self.peer_host)  # may ``refuse``: the reply is a close
+        super().datagram_received(data, addr)
+
+    def refuse(self, reason: str) -> None:
+        """Close before the QUIC handshake is answered: QUIC ``CONNECTION_REFUSED`` with
+        ``reason`` (a transport close, so the reason reaches the peer in the Initial packet)."""
+        self._quic.close(
+            error_code=QuicErrorCode.CONNECTION_REFUSED,
+            frame_type=QuicFrameType.PADDING,
+            reason_phrase=_cut_reason(reason),
+        )
+        self._schedule_transmit()
+
+    def open_gate(self) -> None:
+        """The peer's handshake is done: it may send on any stream, without a byte budget."""
+        self.pre_open_bytes = None
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -109,15 +159,24 @@ class FrameProtocol(QuicConnectionProtocol):
         self.credit.consume(stream_id, len(data))
         if end_stream:
             self.credit.forget(stream_id)
-        if stream_id in self._failed_streams:
+        if stream_id in self._failed_streams or self._gate_tripped:
             return  # a broken stream is reported once; later bytes are dropped
+        if self._first_stream is None:
+            self._first_stream = stream_id
+        if self.pre_open_bytes is not None and not self._within_gate(stream_id, len(data)):
+            return
         decoder = self._decoders.get(stream_id)
         if decoder is None:
             if not data and end_stream:
                 if self.sink is not None:
                     self.sink.stream_ended(stream_id)  # a stream closed without a byte
                 return
-            decoder = self._decoders[stream_id] = FrameDecoder(max_frame_size=self.max_frame_size)
+            limits = self.limits
+            if stream_id == self._first_stream and self.control_limits is not None:
+                limits = self.control_limits
+            decoder = self._decoders[stream_id] = FrameDecoder(
+                max_frame_size=limits.max_frame_size, max_items=limits.max_items
+            )
         sink = self.sink
         try:
             frames = decoder.feed(data) if data else []
@@ -183,6 +242,23 @@ class FrameProtocol(QuicConnectionProtocol):
         self._paused.discard(stream_id)
         self.credit.forget(stream_id)
 
+    def _within_gate(self, stream_id: int, size: int) -> bool:
+        """Before ``open_gate``: only the first stream, at most ``pre_open_bytes`` in all."""
+        assert self.pre_open_bytes is not None
+        self._received_before_open += size
+        if stream_id != self._first_stream:
+            error = FramingError("stream_before_handshake", "data on a second stream too early")
+        elif self._received_before_open > self.pre_open_bytes:
+            limit = self.pre_open_bytes
+            error = FramingError("handshake_too_large", f"over {limit} bytes before the handshake")
+        else:
+            return True
+        self._gate_tripped = True
+        self._decoders.clear()
+        if self.sink is not None:
+            self.sink.framing_failed(stream_id, error)
+        return False
+
     def error_received(self, exc: Exception) -> None:
         """ICMP errors on the UDP socket: a refused port fails a pending handshake at once."""
         if isinstance(exc, ConnectionRefusedError) and not self.refused.done():
@@ -196,6 +272,7 @@ class FrameProtocol(QuicConnectionProtocol):
         if self._lost:
             return
         self._lost = True
+        self.lost_reason = reason
         if self.sink is not None:
             self.sink.connection_lost(reason)
 
@@ -248,7 +325,7 @@ class FrameProtocol(QuicConnectionProtocol):
     def close_connection(self, reason: str = "", error_code: int = 0) -> None:
         if self._lost:
             return
-        self.close(error_code=error_code, reason_phrase=reason)
+        self.close(error_code=error_code, reason_phrase=_cut_reason(reason))
 
     @property
     def lost(self) -> bool:
@@ -265,6 +342,14 @@ class FrameProtocol(QuicConnectionProtocol):
         if not isinstance(key, Ed25519PublicKey):
             return None
         return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _cut_reason(reason: str) -> str:
+    """At most ``MAX_CLOSE_REASON_BYTES`` of UTF-8, never cut inside a character."""
+    raw = reason.encode("utf-8")
+    if len(raw) <= MAX_CLOSE_REASON_BYTES:
+        return reason
+    return raw[:MAX_CLOSE_REASON_BYTES].decode("utf-8", errors="ignore")
 
 
 RECEIVE_BUFFER = 4 * 1024 * 1024
@@ -348,7 +433,11 @@ async def dial(
                 raise TimeoutError(
                     f"QUIC handshake with {host}:{port} timed out after {timeout:g} s"
                 )
-            connected.result()
+            try:
+                connected.result()
+            except ConnectionError as exc:  # closed during the handshake: say why if told
+                why = protocol.lost_reason or "closed during the QUIC handshake"
+                raise ConnectionError(f"{host}:{port}: {why}") from exc
         except BaseException:
             connected.cancel()
             _consume_waiter(protocol)

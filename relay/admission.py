@@ -2,10 +2,12 @@
 
 Every frame is parsed and its signature verified before it may touch any router state, and
 its ``sent_at_ms``/``frame_id`` are checked against the clock skew bound and the per-node
-replay window. Invariants: an admitted frame is well-formed, verifies against its expected
-signer (else the connection's node id) and was not seen before; a rejected CALL always names
-its ``call_id`` so the router can answer it; the replay cache holds, per node, only ids that
-could still pass the skew check, and nothing for a node that has neither ids nor a connection.
+replay window. Invariants: an admitted frame is well-formed, names no topic or procedure
+longer than ``max_name_bytes`` of UTF-8 (realms are exactly 32 bytes by the wire), verifies
+against its expected signer (else the connection's node id) and was not seen before; a
+rejected CALL always names its ``call_id`` so the router can answer it; the replay cache
+holds, per node, only ids that could still pass the skew check, and nothing for a node that
+has neither ids nor a connection.
 """
 
 from __future__ import annotations
@@ -17,7 +19,21 @@ from typing import Any
 
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import ProtocolError
-from macula.wire.frames import CAP_STATION, Call, Connect, Frame, UnknownFrameType, parse_frame
+from macula.wire.frames import (
+    CAP_STATION,
+    Advertise,
+    Call,
+    Connect,
+    Event,
+    Frame,
+    Publish,
+    StreamOpen,
+    Subscribe,
+    Unadvertise,
+    UnknownFrameType,
+    Unsubscribe,
+    parse_frame,
+)
 from macula.wire.identity import puzzle_valid
 from relay.policy import PuzzleMode, ReplayWindow, StationPolicy
 
@@ -56,6 +72,12 @@ class FrameAdmission:
                 detail = f"bad_request: {exc.detail}".encode()
                 return Rejected("malformed_frame", exc.detail, call_id, detail=detail)
             return Rejected("malformed_frame", exc.detail)
+        if self.name_too_long(frame):
+            why = f"{frame.FRAME_TYPE}: name longer than {self.policy.max_name_bytes} bytes"
+            if isinstance(frame, Call):
+                code, detail = ErrorCode.UNKNOWN_ERROR, b"bad_request: name too long"
+                return Rejected("name_too_long", why, frame.call_id, code, detail)
+            return Rejected("name_too_long", why)
         signer = frame.expected_signer() or node_id
         if not frame.verifies(signer):
             problem = "signature does not verify"
@@ -68,6 +90,17 @@ class FrameAdmission:
             code = ErrorCode.SIGNATURE_INVALID
             return Rejected("unverified_frame", why, frame.call_id, code, problem.encode())
         return Rejected("unverified_frame", why)
+
+    def name_too_long(self, frame: Frame) -> bool:
+        """A topic or procedure name above ``max_name_bytes`` of UTF-8."""
+        if isinstance(frame, (Call, Advertise, Unadvertise, StreamOpen)):
+            name = frame.procedure
+        elif isinstance(frame, (Subscribe, Unsubscribe, Publish, Event)):
+            name = frame.topic
+        else:
+            return False
+        limit = self.policy.max_name_bytes
+        return len(name) > limit or len(name.encode("utf-8")) > limit
 
     def connect_refusal(self, connect: Connect, now_ms: int) -> tuple[int, str] | None:
         """Why a parsed CONNECT is refused (§5.2: a §9 code and a reason), or None."""

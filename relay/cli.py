@@ -17,6 +17,7 @@ from pathlib import Path
 
 from macula.config import macula_home
 from macula.errors import ConfigError
+from macula.wire.framing import MAX_FRAME_SIZE
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.station import Station, StationConfig
@@ -52,8 +53,42 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+_BOUNDS = (  # (flag, StationPolicy field, help): positive integers (issue 11)
+    ("--max-name-bytes", "max_name_bytes", "UTF-8 bytes of a topic or procedure name"),
+    ("--max-control-frame-size", "max_control_frame_size", "bytes of a control-stream frame"),
+    (
+        "--max-control-frame-items",
+        "max_control_frame_items",
+        "CBOR items in one control-stream frame",
+    ),
+    (
+        "--max-stream-frame-items",
+        "max_stream_frame_items",
+        "CBOR items in one content or stream-RPC frame",
+    ),
+    (
+        "--max-pre-handshake-bytes",
+        "max_pre_handshake_bytes",
+        "bytes a connection may send before its CONNECT is accepted",
+    ),
+    ("--handshake-timeout-ms", "handshake_timeout_ms", "time a connection has to CONNECT"),
+    ("--max-connections", "max_connections", "open connections in all"),
+    (
+        "--max-connections-per-address",
+        "max_connections_per_address",
+        "open connections per source address",
+    ),
+    (
+        "--log-summary-ms",
+        "log_summary_ms",
+        "at most one log line of a connection's refused frames per this interval",
+    ),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     defaults = Quotas()
+    policy = StationPolicy()
     parser = argparse.ArgumentParser(
         prog="macula-relay", description="Run a Macula wire v2 station."
     )
@@ -139,6 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.max_outbound_bytes,
         help="unsent bytes queued for one client before it is closed as a slow consumer",
     )
+    for flag, name, text in _BOUNDS:
+        default = getattr(policy, name)
+        parser.add_argument(
+            flag, type=_positive(int), default=default, help=f"{text} (default {default})"
+        )
+    parser.add_argument(
+        "--no-quic-retry",
+        action="store_true",
+        help="no QUIC address validation (Retry; on by default unless bound to loopback)",
+    )
     parser.add_argument("--no-memory", action="store_true", help="do not serve shared memory")
     parser.add_argument(
         "--no-station-directory", action="store_true", help="do not serve the station directory"
@@ -198,6 +243,8 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         raise SystemExit("macula-relay: --puzzle-difficulty must be 0..64")
     if args.max_clock_skew_ms < 0:
         raise SystemExit("macula-relay: --max-clock-skew-ms must be >= 0")
+    if args.max_control_frame_size > MAX_FRAME_SIZE:
+        raise SystemExit(f"macula-relay: --max-control-frame-size must be <= {MAX_FRAME_SIZE}")
     quotas = Quotas(
         max_subscriptions=args.max_subscriptions,
         max_advertisements=args.max_advertisements,
@@ -214,6 +261,8 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         puzzle_difficulty=args.puzzle_difficulty,
         max_clock_skew_ms=args.max_clock_skew_ms,
         quotas=quotas,
+        quic_retry=not args.no_quic_retry,
+        **{name: getattr(args, name) for _, name, _ in _BOUNDS},
     )
     if args.content_keep_ms < 0:
         raise SystemExit("macula-relay: --content-keep-ms must be >= 0")

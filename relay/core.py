@@ -17,9 +17,15 @@ State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCa
   (#9), unverifiable CALLs answered 0x0E and framing errors closing the connection (#10),
   gossip never sent to clients (#16), subscriptions purged with the node's last connection
   (#17), per-connection quotas (#19);
+- bounds (issue 11): at most ``max_connections`` connections, ``max_connections_per_address``
+  per source address (over either: closed at once, before any handshake work); before its
+  CONNECT a connection may send on one stream only (its control stream; another closes it);
+  topic and procedure names at most ``max_name_bytes`` (admission);
 - a refusal never raises: it is an ERROR/STREAM_ERROR where the protocol has a reply, else a
-  counted, logged drop, also counted per connection (``refused``, read by that client in its
-  ``_relay.ping`` reply);
+  counted drop, also counted on its connection (``Peer.refusals``), which that client reads in
+  its ``_relay.ping`` reply; a drop is never a log line of its own, only part of the
+  connection's summary (``relay.logbook.Refusals``: at most one line per ``log_summary_ms``,
+  driven by ``tick``);
 - backpressure, not loss (``relay.pacing``): a PUBLISH over its connection's rate pauses that
   control stream (``PauseReading``) instead of being dropped, and ``resume`` catches up; a
   connection with more than ``quotas.max_outbound_bytes`` unsent on its control stream
@@ -59,8 +65,10 @@ from relay.actions import Action, Close, EndStream, PauseReading, ResumeReading,
 from relay.admission import FrameAdmission, Rejected
 from relay.adverts import AdvertTable
 from relay.call_forwarding import CallForwarder
+from relay.connection_caps import ConnectionCaps
+from relay.logbook import Refusals, clip
 from relay.outcome import Outcome
-from relay.pacing import PublishPacer, RefusalCounts
+from relay.pacing import PublishPacer
 from relay.peers import Peer, PeerState
 from relay.pending import PendingCalls
 from relay.policy import StationPolicy
@@ -111,8 +119,8 @@ class RouterCore:
         self.admission = FrameAdmission(policy)
         self.stats: Counter[str] = Counter()
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
-        self.refused = RefusalCounts()  # per connection: refusals it was not told in-band
         self.pacer = PublishPacer()
+        self.caps = ConnectionCaps(policy.max_connections, policy.max_connections_per_address)
         self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
         self.streams = StreamRelay(
             self.peers,
@@ -136,14 +144,28 @@ class RouterCore:
 
     # --- entry points ---------------------------------------------------------------------
 
-    def connection_made(self, conn: int, now_ms: int) -> None:
+    def connection_made(self, conn: int, now_ms: int, address: str = "") -> list[Action]:
+        """A new connection from ``address``; closed at once if it is over a connection cap."""
+        refusal = self.caps.refusal(len(self.peers), address)
+        if refusal is not None:
+            counter, why = refusal
+            self.stats[counter] += 1
+            return [Close(conn, why)]
         quotas = self.policy.quotas
         self.peers[conn] = Peer(
             conn=conn,
             opened_ms=now_ms,
             publish_bucket=TokenBucket(quotas.publish_rate, quotas.publish_burst, now_ms),
             call_bucket=TokenBucket(quotas.call_rate, quotas.call_burst, now_ms),
+            refusals=Refusals(now_ms),
+            address=address,
         )
+        return []
+
+    def is_connected(self, conn: int) -> bool:
+        """True once the connection's CONNECT was accepted (and until it drains)."""
+        peer = self.peers.get(conn)
+        return peer is not None and peer.state is PeerState.CONNECTED
 
     def frames_received(
         self, conn: int, stream: int, frames: list[dict[str, Any]], now_ms: int
@@ -161,7 +183,7 @@ class RouterCore:
                 elif self.pacer.over_rate(peer.publish_bucket, frame_map, now_ms):
                     self.pacer.hold(conn, frame_map)
                     self.stats["publishers_paused"] += 1
-                    self.refused.count(conn, "publish_slowed")
+                    peer.refusals.count("publish_slowed", "over the publish rate: paused")
                     until_ms = self.pacer.refilled_at(peer.publish_bucket, now_ms)
                     out.append(PauseReading(conn, stream, until_ms))
                 else:
@@ -176,9 +198,9 @@ class RouterCore:
         """§13 #10: a broken stream closes its connection (with a GOODBYE saying why)."""
         peer = self.peers.get(conn)
         self.stats["framing_errors"] += 1
-        log.warning("framing error on conn %d stream %d: %s", conn, stream, error)
         if peer is None:
             return []
+        log.info("conn %d: framing error on stream %d: %s", conn, stream, clip(error))
         out: list[Action] = []
         if peer.control is not None and peer.state is PeerState.CONNECTED:
             detail = f"framing error on stream {stream}: {error.detail}"
@@ -254,12 +276,20 @@ class RouterCore:
         return self.streams.leg_lost(conn, stream, "peer reset the stream", now_ms)
 
     def connection_lost(self, conn: int, now_ms: int) -> list[Action]:
-        peer = self.peers.pop(conn, None)
-        self.refused.forget(conn)
+        peer = self._remove(conn, now_ms)
         if peer is None:
             return []
         peer.state = PeerState.CLOSED
         return self._forget_peer(peer, now_ms)
+
+    def _remove(self, conn: int, now_ms: int) -> Peer | None:
+        """Take ``conn`` out of the peer table (its address slot and a last summary line)."""
+        peer = self.peers.pop(conn, None)
+        if peer is None:
+            return None
+        self.caps.release(peer.address)
+        self._summarise(peer, now_ms, final=True)
+        return peer
 
     def builtin_done(
         self, conn: int, stream: int, call: Call, outcome: Outcome, now_ms: int
@@ -290,7 +320,8 @@ class RouterCore:
         return out
 
     def tick(self, now_ms: int) -> list[Action]:
-        """Timers: handshake timeouts, forwarded-call deadlines, route TTLs, replay cache."""
+        """Timers: handshake timeouts, forwarded-call deadlines, route TTLs, replay cache,
+        and the log's per-connection summaries of refused frames."""
         out: list[Action] = []
         for peer in list(self.peers.values()):
             if (
@@ -298,7 +329,12 @@ class RouterCore:
                 and now_ms - peer.opened_ms > self.policy.handshake_timeout_ms
             ):
                 out.append(Close(peer.conn, "handshake timeout"))
-                self.peers.pop(peer.conn, None)
+                self._remove(peer.conn, now_ms)
+            else:
+                self._summarise(peer, now_ms)
+        line = self.caps.refused.summary(now_ms, self.policy.log_summary_ms)
+        if line is not None:
+            log.warning("connections %s", line)
         out += self.calls.expire(now_ms)
         out += self.streams.expire(now_ms)
         self.admission.prune(now_ms, self.node_conn)
@@ -320,25 +356,32 @@ class RouterCore:
     def _handshake(
         self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
     ) -> None:
+        if peer.control is None:
+            peer.control = stream  # the first stream a peer sends on is its control stream
+        elif stream != peer.control:
+            self.stats["streams_before_connect"] += 1
+            out.append(Close(peer.conn, "data on a second stream before CONNECT"))
+            peer.state = PeerState.DRAINING
+            return
         if frame_map.get("frame_type") != "connect":
             self.stats["dropped_before_connect"] += 1
+            peer.refusals.count("dropped_before_connect", "frame before CONNECT")
             return
         try:
             connect = parse_frame(frame_map)
         except ProtocolError as exc:
-            log.info("conn %d: malformed CONNECT: %s", peer.conn, exc)
+            log.info("conn %d: malformed CONNECT: %s", peer.conn, clip(exc))
             out.append(Close(peer.conn, f"malformed CONNECT: {exc.detail}"))
-            self.peers.pop(peer.conn, None)
+            self._remove(peer.conn, now_ms)
             return
         assert isinstance(connect, Connect)
-        peer.control = stream
         refusal = self.admission.connect_refusal(connect, now_ms)
         if refusal is None and self.stopping:
             # a client that reconnects while the station drains must not believe it is in
             refusal = (ErrorCode.TEMPORARY_RELAY_FAILURE, "station is shutting down")
         if refusal is not None:
             code, why = refusal
-            log.info("conn %d: refused %s: %s", peer.conn, connect.node_id.hex()[:16], why)
+            log.info("conn %d: refused %s: %s", peer.conn, connect.node_id.hex()[:16], clip(why))
             self.stats["handshakes_refused"] += 1
             out.append(Send(peer.conn, stream, self.frames.hello(False, code, now_ms)))
             out.append(Close(peer.conn, f"handshake refused: {why}", after_ms=200))
@@ -404,11 +447,7 @@ class RouterCore:
         verdict = self.admission.admit(frame_map, peer.node_id, now_ms)
         if not isinstance(verdict, Rejected):
             return verdict
-        self.refused.count(peer.conn, verdict.counter)
-        if verdict.why is None:
-            self.stats[verdict.counter] += 1
-        else:
-            self._drop(peer, verdict.counter, verdict.why)
+        self._drop(peer, verdict.counter, verdict.why or verdict.counter)
         if verdict.call_id is not None:
             code, detail = verdict.code, verdict.detail
             out.append(self._error(peer, stream, verdict.call_id, code, detail, now_ms))
@@ -438,7 +477,7 @@ class RouterCore:
             self.builtins_running[peer.conn] += 1  # counts as pending until builtin_done
             ping = call.procedure == "_relay.ping"
             out.append(
-                RunBuiltin(peer.conn, stream, call, self.refused.of(peer.conn) if ping else ())
+                RunBuiltin(peer.conn, stream, call, self.refusals_of(peer.conn) if ping else ())
             )
             return
         if not builtins_only and (call.realm, call.procedure) in self.services:
@@ -614,6 +653,17 @@ class RouterCore:
         self.stats[counter] += 1
 
     def _drop(self, peer: Peer, counter: str, why: str) -> None:
+        """Count a refused frame, station-wide and on its connection; no log line of its own."""
         self.stats[counter] += 1
-        self.refused.count(peer.conn, counter)
-        log.info("conn %d (%s): dropped: %s", peer.conn, peer.node_id.hex()[:16], why)
+        peer.refusals.count(counter, why)
+
+    def refusals_of(self, conn: int) -> tuple[tuple[str, int], ...]:
+        """What this connection had refused without an in-band answer, sorted by name."""
+        peer = self.peers.get(conn)
+        return () if peer is None else tuple(sorted(peer.refusals.counts.items()))
+
+    def _summarise(self, peer: Peer, now_ms: int, *, final: bool = False) -> None:
+        line = peer.refusals.summary(now_ms, self.policy.log_summary_ms, final=final)
+        if line is not None:
+            who = peer.node_id.hex()[:16] or peer.address or "?"
+            log.info("conn %d (%s): %s", peer.conn, who, line)

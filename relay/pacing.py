@@ -1,4 +1,4 @@
-"""Backpressure for publishers and the refusals a client cannot hear in-band: pure, no I/O.
+"""Backpressure for publishers: pure, no I/O.
 
 ``PublishPacer`` is the "slowed, not dropped" rule: a PUBLISH that finds its connection's token
 bucket empty is not refused; the router stops reading that control stream until enough tokens
@@ -7,15 +7,13 @@ Invariants: a paused connection's control frames are processed only by ``take`` 
 order, before any newer one); what is parked is at most one delivery of the shell (the shell
 keeps the rest unread, so QUIC flow control pushes back on the sender); ``forget`` drops it all.
 
-``RefusalCounts`` counts, per connection, what the station refused without an in-band answer
-(dropped SUBSCRIBE over quota, ADVERTISE taken, a publisher slowed...). Keys are the router's
-fixed counter names, so a connection's map is bounded whatever the client sends.
+What the station refused without an in-band answer is counted per connection in
+``Peer.refusals`` (``relay.logbook``); the client reads it in its ``_relay.ping`` reply.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Any
 
 from macula.rate import TokenBucket
@@ -62,18 +60,3 @@ class PublishPacer:
     def forget(self, conn: int) -> None:
         self.backlog.pop(conn, None)
         self.ended.discard(conn)
-
-
-class RefusalCounts:
-    def __init__(self) -> None:
-        self._by_conn: dict[int, Counter[str]] = {}
-
-    def count(self, conn: int, counter: str) -> None:
-        self._by_conn.setdefault(conn, Counter())[counter] += 1
-
-    def of(self, conn: int) -> tuple[tuple[str, int], ...]:
-        """This connection's counters, sorted by name (empty when nothing was refused)."""
-        return tuple(sorted(self._by_conn.get(conn, Counter()).items()))
-
-    def forget(self, conn: int) -> None:
-        self._by_conn.pop(conn, None)

@@ -2,9 +2,10 @@
 
 Invariants: a peer moves only forward through ``PeerState`` (HANDSHAKING -> CONNECTED ->
 DRAINING -> CLOSED, any step may be skipped); ``node_id`` and ``capabilities`` are set once,
-by an accepted CONNECT; ``control`` is the stream that CONNECT arrived on. What a peer owns in
-the shared tables (advertisements, pending calls, routes) lives in those tables, keyed by
-``conn``; only per-stream bookkeeping stays here.
+by an accepted CONNECT; ``control`` is the first stream the peer sent a frame on, and the one
+its CONNECT must arrive on (any other stream before CONNECT closes the connection). What a
+peer owns in the shared tables (advertisements, pending calls, routes) lives in those tables,
+keyed by ``conn``; only per-stream bookkeeping stays here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from enum import Enum, auto
 
 from macula.rate import TokenBucket
 from macula.wire.frames import CAP_STATION
+from relay.logbook import Refusals
 
 
 class PeerState(Enum):
@@ -29,6 +31,8 @@ class Peer:
     opened_ms: int
     publish_bucket: TokenBucket
     call_bucket: TokenBucket
+    refusals: Refusals
+    address: str = ""  # source IP address ("" if unknown); connection caps count by it
     node_id: bytes = b""
     control: int | None = None
     capabilities: int = 0

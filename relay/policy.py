@@ -43,12 +43,31 @@ class StationPolicy:
     # are refused (memory stays bounded under any publish rate)
     replay_cache_per_node: int = 200_000
     quotas: Quotas = Quotas()
-    handshake_timeout_ms: int = 30_000
+    handshake_timeout_ms: int = 10_000
     forward_slot_ms: int = 60_000
     stream_route_ttl_ms: int = 300_000
     drain_ms: int = 5_000
     advertise_tombstone_ms: int = 10_000
+    # frames on content and stream-RPC streams (the protocol's ceiling, §2.1)
     max_frame_size: int = 0x00FFFFFF
+    # --- bounds on what one peer can make the station hold or do (issue 11) ---
+    # frames on a control stream (the first stream a peer sends on); larger: framing error
+    max_control_frame_size: int = 1 << 20
+    # CBOR items in one frame body (each costs ~1 us to decode; this bounds one frame's
+    # event-loop time): control streams, then content and stream-RPC streams
+    max_control_frame_items: int = 8_192
+    max_stream_frame_items: int = 16_384
+    # UTF-8 bytes of a topic or procedure name (realms are exactly 32 bytes by the wire)
+    max_name_bytes: int = 256
+    # bytes a connection may send, on its first stream only, before its CONNECT is accepted
+    max_pre_handshake_bytes: int = 64 * 1024
+    # open connections (handshaken or not), in all and per source address (loopback included)
+    max_connections: int = 10_000
+    max_connections_per_address: int = 256
+    # QUIC address validation (Retry) when the station is not bound to a loopback address
+    quic_retry: bool = True
+    # at most one log line summing up a connection's refused frames per this interval
+    log_summary_ms: int = 10_000
 
 
 class ReplayWindow:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 from collections.abc import Coroutine
@@ -33,6 +34,7 @@ from macula.transport import (
     IDLE_TIMEOUT_S,
     STREAM_WINDOW,
     FrameProtocol,
+    StreamLimits,
     enlarge_receive_buffer,
 )
 from macula.wire.codes import ErrorCode
@@ -51,6 +53,7 @@ from relay.actions import (
 from relay.builtins import Builtins
 from relay.core import BUILTINS, RouterCore
 from relay.house.services import HouseConfig, HouseServices
+from relay.logbook import clip
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
 from relay.store import ContentStore, RecordStore, StoreLimits
@@ -81,7 +84,12 @@ class _Sink:
         self.conn = conn
 
     def frames_received(self, stream_id: int, frames: list[dict[str, Any]]) -> None:
-        self.station._run(self.station.core.frames_received(self.conn, stream_id, frames, now_ms()))
+        core = self.station.core
+        self.station._run(core.frames_received(self.conn, stream_id, frames, now_ms()))
+        connection = self.station._connections.get(self.conn)
+        gated = connection is not None and connection.pre_open_bytes is not None
+        if gated and connection is not None and core.is_connected(self.conn):
+            connection.open_gate()  # CONNECT accepted: any stream, no byte budget
 
     def framing_failed(self, stream_id: int, error: FramingError) -> None:
         self.station._run(self.station.core.framing_failed(self.conn, stream_id, error, now_ms()))
@@ -173,7 +181,11 @@ class Station:
         )
         quic.load_cert_chain(cert_path, key_path)
         self._server = await serve(
-            config.host, config.port, configuration=quic, create_protocol=self._protocol
+            config.host,
+            config.port,
+            configuration=quic,
+            create_protocol=self._protocol,
+            retry=self.retry,
         )
         stack.callback(self._close_server)
         transport = self._server._transport
@@ -235,6 +247,11 @@ class Station:
         return self.identity.node_id
 
     @property
+    def retry(self) -> bool:
+        """QUIC address validation (Retry): on unless turned off or bound to loopback."""
+        return self.config.policy.quic_retry and not _is_loopback(self.config.host)
+
+    @property
     def endpoint(self) -> str:
         """``node_id@host:port``: what a client needs to dial and pin this station."""
         return f"{self.node_id.hex()}@{self.config.host}:{self.port}"
@@ -242,19 +259,31 @@ class Station:
     # -- aioquic plumbing --------------------------------------------------------------------
 
     def _protocol(self, quic: QuicConnection, **kwargs: Any) -> FrameProtocol:
+        policy = self.config.policy
         connection = FrameProtocol(quic, **kwargs)
-        connection.max_frame_size = self.config.policy.max_frame_size
+        connection.limits = StreamLimits(policy.max_frame_size, policy.max_stream_frame_items)
+        connection.control_limits = StreamLimits(
+            policy.max_control_frame_size, policy.max_control_frame_items
+        )
+        connection.pre_open_bytes = policy.max_pre_handshake_bytes
         self._next_conn += 1
-        connection.sink = _Sink(self, self._next_conn)
-        self._connections[self._next_conn] = connection
-        self.core.connection_made(self._next_conn, now_ms())
+        conn = self._next_conn
+        connection.sink = _Sink(self, conn)
+        self._connections[conn] = connection
+
+        def first_datagram(host: str) -> None:  # the source address is known from here on
+            for action in self.core.connection_made(conn, now_ms(), host):
+                if isinstance(action, Close):  # over a connection cap: no handshake at all
+                    connection.refuse(action.reason)
+
+        connection.on_first_datagram = first_datagram
         return connection
 
     def _open_stream(self, conn: int) -> int:
         return self._connections[conn].new_stream()
 
     def _lost(self, conn: int, reason: str) -> None:
-        log.debug("conn %d lost: %s", conn, reason)
+        log.debug("conn %d lost: %s", conn, clip(reason))
         self._run(self.core.connection_lost(conn, now_ms()))
         self._connections.pop(conn, None)
 
@@ -383,3 +412,12 @@ class Station:
             except Exception:
                 log.exception("could not refresh this station's records")
             await asyncio.sleep(self.config.endpoint_refresh_s)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

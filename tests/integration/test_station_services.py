@@ -286,11 +286,14 @@ async def test_block_builtins_with_good_and_bad_arguments(make_node: Callable[..
             await assert_refused(node, "_content.put_block", argument, BAD, "bad_request")
         for bad_get in (None, {}, {"mcid": mcid[:-1]}, {"mcid": manifest_id}, {"mcid": "x"}):
             await assert_refused(node, "_content.get_block", bad_get, BAD, "bad_request")
+        # a block over the cap, on a content stream (control-stream frames stop at 1 MiB)
         too_big = bytes(4 * MIB + 1)
-        error = await builtin_error(
-            node, "_content.put_block", {"mcid": raw_mcid(too_big).to_bytes(), "payload": too_big}
-        )
-        assert error.code == ErrorCode.PAYLOAD_TOO_LARGE
+        session = await node.session()
+        async with session.content_stream() as stream:
+            argument = {"mcid": raw_mcid(too_big).to_bytes(), "payload": too_big}
+            with pytest.raises(MeshError) as caught:
+                await session.builtin("_content.put_block", argument, 5, stream=stream)
+        assert caught.value.code == ErrorCode.PAYLOAD_TOO_LARGE
 
 
 async def test_manifest_builtins_with_good_and_bad_arguments(

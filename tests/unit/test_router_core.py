@@ -1114,8 +1114,8 @@ def test_publish_over_the_rate_pauses_the_control_stream_instead_of_dropping() -
     assert not station.core.pacer.paused(alice.conn)
     assert station.core.stats["publish_rate_limited"] == 0
     # the honest subscriber's own control stream was never paused
-    assert station.core.refused.of(bob.conn) == ()
-    assert dict(station.core.refused.of(alice.conn))["publish_slowed"] >= 1
+    assert station.core.refusals_of(bob.conn) == ()
+    assert dict(station.core.refusals_of(alice.conn))["publish_slowed"] >= 1
 
 
 def test_resume_waits_for_a_batch_of_tokens_not_one() -> None:
@@ -1176,7 +1176,7 @@ def test_refusals_without_an_in_band_answer_are_counted_for_that_connection_only
     [run] = bob.send(bob.call("_relay.ping", realm=ZERO_REALM))
     assert isinstance(run, RunBuiltin) and run.refused == ()
     station.core.connection_lost(alice.conn, NOW)
-    assert station.core.refused.of(alice.conn) == ()
+    assert station.core.refusals_of(alice.conn) == ()
 
 
 # --- built-ins (§6.2 step 2, §6.3) -----------------------------------------------------------
