@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,7 @@ from macula.errors import (
     MeshError,
 )
 from macula.intent import EventDedup, Intent, Key
-from macula.wire.codes import code_name
+from macula.wire.codes import ErrorCode, code_name
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
     Advertise,
@@ -81,6 +81,9 @@ from macula.wire.frames import (
 from macula.wire.identity import Identity
 
 RandomBytes = Callable[[int], bytes]
+# what a station accepts on a control stream by default (relay.policy.max_control_frame_size);
+# content and stream-RPC streams take the protocol's full frame size
+MAX_CONTROL_FRAME = 1 << 20
 REPLACED = "replaced_by_newer_handshake"
 
 
@@ -121,6 +124,7 @@ class ClientCore:
     control: int = 0
     pinned: bytes | None = None  # the station key we expect, if the address names one
     tls_pinned: bool = False  # TLS proved ``pinned`` (certificate key checked)
+    max_control_frame: int = MAX_CONTROL_FRAME
     state: CoreState = CoreState.CONNECTING
     station_key: bytes = b""
     goodbye: Goodbye | None = None
@@ -151,12 +155,22 @@ class ClientCore:
     # --- sending ----------------------------------------------------------------------------
 
     def send_frame(self, stream: int, frame: Frame) -> Transmit:
-        """Sign and encode ``frame`` for ``stream``; raises once the connection has ended."""
+        """Sign and encode ``frame`` for ``stream``; raises once the connection has ended, and
+        refuses (``MeshError`` payload_too_large) a control-stream frame over the stations'
+        control-frame limit rather than have the station close the connection for it."""
         if self.ended is not None:
             if self.ended.closed:
                 raise ClosedError("session closed")
             raise BrokenError(self.ended.reason)
-        return Transmit(stream, frame.sign_and_encode(self.identity))
+        data = frame.sign_and_encode(self.identity)
+        if stream == self.control and len(data) > self.max_control_frame:
+            raise MeshError(
+                ErrorCode.PAYLOAD_TOO_LARGE,
+                f"{frame.FRAME_TYPE} is {len(data)} bytes, over the {self.max_control_frame} a "
+                "station takes on the control stream: share large data with put_content "
+                "(mesh_put) and send its content id",
+            )
+        return Transmit(stream, data)
 
     def sync_intent(self, now_ms: int) -> list[Output]:
         """SUBSCRIBE/ADVERTISE what the intent holds and this station was not told yet;
@@ -579,8 +593,3 @@ class ClientCore:
 
     def _stamp(self, now_ms: int) -> dict[str, Any]:
         return {"frame_id": new_frame_id(now_ms, self.random_bytes(10)), "sent_at_ms": now_ms}
-
-
-def outputs_of(kind: type[Any], outputs: list[Output]) -> Iterator[Any]:
-    """The outputs of one kind, in order (for adapters and tests)."""
-    return (o for o in outputs if isinstance(o, kind))

@@ -573,3 +573,26 @@ def test_a_station_shutting_down_refuses_new_handshakes_retryably(link: Link) ->
     assert failed.error.refusal_code == ErrorCode.TEMPORARY_RELAY_FAILURE
     assert failed.error.retryable
     assert again.of(Established) == []
+
+
+def test_a_control_frame_over_the_station_limit_is_refused_locally(link: Link) -> None:
+    alice, bob = established(link, ALICE), established(link, BOB)
+    link.client_did(bob, bob.core.subscribe(REALM, "big", link.clock.now))
+    link.flush(bob)
+    with pytest.raises(MeshError) as refused:
+        alice.core.publish(REALM, "big", b"x" * (1 << 20), 1, link.clock.now)
+    assert refused.value.code == ErrorCode.PAYLOAD_TOO_LARGE and "put_content" in str(refused.value)
+    assert alice.core.alive  # nothing was sent: the connection stays up
+    stream = alice.new_stream()  # the same bytes are fine on a content stream
+    alice.core.open_content(stream)
+    _, out = alice.core.call(
+        ZERO_REALM,
+        "_relay.ping",
+        b"x" * (1 << 20),
+        link.clock.now + 5_000,
+        link.clock.now,
+        stream=stream,
+    )
+    assert len(out) == 1
+    link.client_did(alice, alice.core.publish(REALM, "big", b"small", 2, link.clock.now))
+    assert [o.event.payload for o in bob.take(EventArrived)] == [b"small"]
