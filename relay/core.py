@@ -4,19 +4,19 @@
 current time, and answers with actions (``relay.actions``: send these bytes, end that stream,
 close that connection, run that built-in). The QUIC shell (``relay.station``) only moves bytes.
 State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCalls``,
-``RouteTable``); this module makes the protocol decisions. Rules:
+``RouteTable``); helpers it owns apply one part of the protocol each (``CallForwarder``,
+``StreamRelay``, ``InterestRouter``: ADVERTISE, SUBSCRIBE, PUBLISH). Rules:
 - handshake (§5): the first CONNECT, verified against its ``node_id``, makes its stream the
   control stream; HELLO ``"true"`` or an in-band refusal (HELLO ``"false"`` + §9 code); the
   newest connection of a node id wins, the older gets GOODBYE ``replaced_by_newer_handshake``;
 - every frame after that is parsed and verified per §4.3 before it touches any state, and the
   §13 weaknesses an honest client cannot notice are closed: replayed frame ids and skewed clocks
   (#1), CALL/STREAM_OPEN ``caller`` must be the connection (#2), replies only from the
-  connection a CALL was forwarded to (#3), foreign ADVERTISE/UNADVERTISE refused (#5),
-  SUBSCRIBE ``subscriber`` and PUBLISH ``publisher`` must be the connection (#6, #7), a bad
-  ``publisher_sig`` refused, EVENT only from stations (#8), expired deadlines answered 0x07
-  (#9), unverifiable CALLs answered 0x0E and framing errors closing the connection (#10),
-  gossip never sent to clients (#16), subscriptions purged with the node's last connection
-  (#17), per-connection quotas (#19);
+  connection a CALL was forwarded to (#3), foreign declarations refused (#5-#7, a bad
+  ``publisher_sig`` too: ``relay.interest``), EVENT only from stations (#8), expired deadlines
+  answered 0x07 (#9), unverifiable CALLs answered 0x0E and framing errors closing the
+  connection (#10), gossip never sent to clients (#16), subscriptions purged with the node's
+  last connection (#17), per-connection quotas (#19);
 - bounds (issue 11): at most ``max_connections`` connections, ``max_connections_per_address``
   per source address (over either: closed at once, before any handshake work); before its
   CONNECT a connection may send on one stream only (its control stream; another closes it);
@@ -39,12 +39,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from macula.house import HOUSE_PROCEDURES
 from macula.rate import TokenBucket
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
-    Advertise,
     Call,
     Connect,
     Error,
@@ -52,20 +50,16 @@ from macula.wire.frames import (
     Frame,
     Goodbye,
     Ping,
-    Publish,
     Result,
-    Subscribe,
-    Unadvertise,
-    Unsubscribe,
     parse_frame,
-    publisher_sig_valid,
 )
 from macula.wire.identity import Identity
 from relay.actions import Action, Close, EndStream, PauseReading, ResumeReading, RunBuiltin, Send
 from relay.admission import FrameAdmission, Rejected
-from relay.adverts import AdvertTable
+from relay.adverts import AdvertTable, ProcedureKey
 from relay.call_forwarding import CallForwarder
 from relay.connection_caps import ConnectionCaps
+from relay.interest import DECLARATIONS, InterestRouter
 from relay.logbook import Refusals, clip
 from relay.outcome import Outcome
 from relay.pacing import PublishPacer
@@ -138,6 +132,18 @@ class RouterCore:
             self.pending,
             self.frames,
             forward_slot_ms=policy.forward_slot_ms,
+            drop=self._drop,
+            count=self._count,
+        )
+        self.interest = InterestRouter(
+            self.peers,
+            self.node_conn,
+            self.adverts,
+            self.subscriptions,
+            self.frames,
+            quotas=policy.quotas,
+            tombstone_ms=policy.advertise_tombstone_ms,
+            station_serves=self._serves_itself,
             drop=self._drop,
             count=self._count,
         )
@@ -421,16 +427,8 @@ class RouterCore:
             self._call(peer, peer.control or 0, frame, now_ms, out, builtins_only=False)
         elif isinstance(frame, (Result, Error)):
             out += self.calls.reply(peer, frame)
-        elif isinstance(frame, Publish):
-            self._publish(peer, frame, now_ms, out)
-        elif isinstance(frame, Subscribe):
-            self._subscribe(peer, frame)
-        elif isinstance(frame, Unsubscribe):
-            self._unsubscribe(peer, frame)
-        elif isinstance(frame, Advertise):
-            self._advertise(peer, frame, now_ms)
-        elif isinstance(frame, Unadvertise):
-            self._unadvertise(peer, frame, now_ms)
+        elif isinstance(frame, DECLARATIONS):
+            out += self.interest.handle(peer, frame, now_ms)
         elif isinstance(frame, Ping):
             out.append(Send(peer.conn, peer.control or 0, self.frames.pong(frame.nonce, now_ms)))
         elif isinstance(frame, Event):
@@ -506,85 +504,6 @@ class RouterCore:
             )
         return None
 
-    def _advertise(self, peer: Peer, frame: Advertise, now_ms: int) -> None:
-        key = (frame.realm, frame.procedure)
-        if frame.advertiser != peer.node_id:
-            return self._drop(peer, "foreign_advertise", "advertiser is not this connection")
-        if frame.procedure in BUILTINS or key in self.services:
-            return self._drop(peer, "builtin_advertise", f"{frame.procedure} is the station's")
-        if frame.procedure in HOUSE_PROCEDURES:  # reserved in every realm, issue 11
-            return self._drop(peer, "reserved_advertise", f"{frame.procedure} is a house service")
-        current = self.adverts.get(key)
-        if current is not None and current.node_id != peer.node_id and current.conn in self.peers:
-            return self._drop(
-                peer, "advertise_taken", f"{frame.procedure} is served by another node"
-            )
-        released_by = self.adverts.released_by(key, now_ms)
-        if released_by is not None and released_by != peer.node_id:
-            return self._drop(peer, "advertise_tombstoned", f"{frame.procedure} was just released")
-        if peer.is_station and current is not None:
-            return None  # gossip is first-write-wins (§6.1)
-        if (
-            not self.adverts.held_by(peer.conn, key)
-            and self.adverts.count_for(peer.conn) >= self.policy.quotas.max_advertisements
-        ):
-            return self._drop(peer, "advertise_quota", "advertisement quota reached")
-        self.adverts.put(key, peer.node_id, peer.conn)
-        self.stats["advertisements"] += 1
-        return None
-
-    def _unadvertise(self, peer: Peer, frame: Unadvertise, now_ms: int) -> None:
-        key = (frame.realm, frame.procedure)
-        current = self.adverts.get(key)
-        if frame.advertiser != peer.node_id or current is None or current.node_id != peer.node_id:
-            return self._drop(peer, "foreign_unadvertise", "only the owner may unadvertise")
-        self.adverts.remove(key, now_ms + self.policy.advertise_tombstone_ms)
-        return None
-
-    # --- pub/sub (§7) -------------------------------------------------------------------------
-
-    def _subscribe(self, peer: Peer, frame: Subscribe) -> None:
-        if frame.subscriber != peer.node_id:
-            return self._drop(peer, "foreign_subscribe", "subscriber is not this connection")
-        key = (frame.realm, frame.topic.encode())
-        if (
-            not self.subscriptions.has(peer.node_id, key)
-            and self.subscriptions.count_for(peer.node_id) >= self.policy.quotas.max_subscriptions
-        ):
-            return self._drop(peer, "subscription_quota", "subscription quota reached")
-        self.subscriptions.add(peer.node_id, key)
-        return None
-
-    def _unsubscribe(self, peer: Peer, frame: Unsubscribe) -> None:
-        if frame.subscriber != peer.node_id:
-            return self._drop(peer, "foreign_unsubscribe", "subscriber is not this connection")
-        self.subscriptions.remove(peer.node_id, (frame.realm, frame.topic.encode()))
-        return None
-
-    def _publish(self, peer: Peer, frame: Publish, now_ms: int, out: list[Action]) -> None:
-        if frame.publisher != peer.node_id:
-            return self._drop(peer, "foreign_publish", "publisher is not this connection")
-        if frame.publisher_sig is not None and not publisher_sig_valid(frame):
-            return self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")
-        if not peer.publish_bucket.take(now_ms):
-            return self._drop(peer, "publish_rate_limited", "publish rate above quota")
-        self.stats["publishes"] += 1
-        subscribers = self.subscriptions.subscribers((frame.realm, frame.topic.encode()))
-        if not subscribers:
-            return None
-        data = self.frames.event(frame, now_ms)
-        for node_id in subscribers:
-            conn = self.node_conn.get(node_id)
-            target = self.peers.get(conn) if conn is not None else None
-            if (
-                target is not None
-                and target.state is PeerState.CONNECTED
-                and target.control is not None
-            ):
-                out.append(Send(target.conn, target.control, data))
-                self.stats["events_delivered"] += 1
-        return None
-
     # --- dedicated streams (§6.3, §8) ---------------------------------------------------------
 
     def _dedicated(
@@ -628,9 +547,7 @@ class RouterCore:
     def _forget_peer(self, peer: Peer, now_ms: int) -> list[Action]:
         """Purge what a closing (or replaced) connection owned (§6.1, §7.5, §8.4)."""
         out: list[Action] = []
-        until_ms = now_ms + self.policy.advertise_tombstone_ms
-        for key in self.adverts.keys_for(peer.conn):
-            self.adverts.remove(key, until_ms)
+        self.interest.release_adverts(peer.conn, now_ms)
         out += self.calls.forget_conn(peer.conn, now_ms)
         out += self.streams.forget_conn(peer.conn, now_ms)
         self.pacer.forget(peer.conn)
@@ -648,6 +565,10 @@ class RouterCore:
 
     def _goodbye(self, peer: Peer, reason: str, detail: str, now_ms: int) -> Send:
         return self.frames.goodbye(peer.conn, peer.control or 0, reason, detail, now_ms)
+
+    def _serves_itself(self, key: ProcedureKey) -> bool:
+        """A built-in procedure, or a house service this station runs: never advertised."""
+        return key[1] in BUILTINS or key in self.services
 
     def _count(self, counter: str) -> None:
         self.stats[counter] += 1
