@@ -52,7 +52,7 @@ async def test_a_taken_port_fails_the_start_and_closes_the_stores(tmp_path: Path
         with pytest.raises(OSError):
             await Station(station_config(data_dir, port=taken)).__aenter__()
     # the record and content stores were open when the bind failed: both are closed again
-    assert await eventually(lambda: sqlite_threads() == before)
+    assert await eventually(lambda: sqlite_threads() <= before)  # others may end meanwhile
     async with Station(station_config(data_dir)) as station:  # the same data dir serves
         assert station.port != 0
 
@@ -66,7 +66,7 @@ async def test_a_house_store_failure_after_binding_releases_the_port(tmp_path: P
         await station.__aenter__()
     assert station.port != 0  # the QUIC server had been bound
     assert udp_port_free(station.port)
-    assert await eventually(lambda: sqlite_threads() == before)
+    assert await eventually(lambda: sqlite_threads() <= before)  # others may end meanwhile
     await station.stop()  # a stop after a failed start is a no-op
 
 
