@@ -86,6 +86,17 @@ class HouseServices:
         cls, config: HouseConfig, data_dir: Path, station_id: bytes, host: str, port: int
     ) -> HouseServices:
         house = cls()
+        try:
+            await house._open(config, data_dir, station_id, host, port)
+        except BaseException:
+            await house.close()  # a store that failed to open must not leak the ones before it
+            raise
+        return house
+
+    async def _open(
+        self, config: HouseConfig, data_dir: Path, station_id: bytes, host: str, port: int
+    ) -> None:
+        house = self
         if config.memory:
             memory_store = await MemoryStore.open(data_dir / "memory.sqlite3")
             house._closers.append(memory_store.close)
@@ -120,7 +131,6 @@ class HouseServices:
                 puzzle_difficulty=config.directory_puzzle_difficulty,
             )
             house._serve(AGENT_DIRECTORY_PROCEDURES, agents.handle)
-        return house
 
     def _serve(self, procedures: frozenset[str], handler: Handler) -> None:
         for procedure in procedures:
@@ -174,5 +184,6 @@ class HouseServices:
         return records
 
     async def close(self) -> None:
-        for close in self._closers:
+        closers, self._closers = self._closers, []
+        for close in reversed(closers):
             await close()

@@ -98,3 +98,22 @@ def test_the_relay_flags_set_the_house_limits(tmp_path: Path) -> None:
         config_from_args(build_parser().parse_args([*base, "--directory-puzzle-difficulty", "65"]))
     with pytest.raises(SystemExit):
         build_parser().parse_args([*base, "--memory-max-bytes", "0"])
+
+
+def test_a_store_that_fails_to_open_closes_the_ones_opened_before_it(tmp_path: Path) -> None:
+    import threading
+
+    def sqlite_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if "_connection_worker_thread" in t.name}
+
+    (tmp_path / "agents.sqlite3").mkdir()  # the agent directory's store cannot open
+    before = sqlite_threads()
+
+    async def scenario() -> None:
+        with pytest.raises(Exception, match="agents.sqlite3|database|directory"):
+            await HouseServices.open(HouseConfig(), tmp_path, STATION, "127.0.0.1", 4433)
+
+    run(scenario())
+    for thread in sqlite_threads() - before:
+        thread.join(timeout=5)  # a closed store's worker ends at once; a leaked one never does
+    assert not sqlite_threads() - before  # the memory store opened first was closed again
