@@ -10,6 +10,7 @@ from housekit import ok, refused, run
 
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
+from macula.store.base import StoreError
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
 from relay.cli import build_parser, config_from_args
@@ -110,7 +111,7 @@ def test_a_store_that_fails_to_open_closes_the_ones_opened_before_it(tmp_path: P
     before = sqlite_threads()
 
     async def scenario() -> None:
-        with pytest.raises(Exception, match="agents.sqlite3|database|directory"):
+        with pytest.raises(StoreError):
             await HouseServices.open(HouseConfig(), tmp_path, STATION, "127.0.0.1", 4433)
 
     run(scenario())
