@@ -434,8 +434,10 @@ class Session:
     # -- receiving (FrameSink) --------------------------------------------------------------
 
     def frames_received(self, stream_id: int, frames: list[dict[str, Any]]) -> None:
-        self.run(self.core.frames_received(stream_id, frames, self.clock()))
-        self._arm_timer()
+        outputs = self.core.frames_received(stream_id, frames, self.clock())
+        self.run(outputs)
+        if any(isinstance(o, CallSettled) for o in outputs):
+            self._arm_timer()  # a settled call may have held the earliest deadline
 
     def framing_failed(self, stream_id: int, error: FramingError) -> None:
         self.run(self.core.framing_failed(stream_id, error))
