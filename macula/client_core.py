@@ -52,7 +52,7 @@ from macula.errors import (
     MaculaError,
     MeshError,
 )
-from macula.intent import EventDedup, Intent, Key
+from macula.intent import EventDedup, Intent, Key, Wanted
 from macula.wire.codes import ErrorCode, code_name
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
@@ -119,7 +119,7 @@ class _PendingCall:
 class ClientCore:
     identity: Identity
     random_bytes: RandomBytes
-    intent: Intent = field(default_factory=Intent)
+    intent: Wanted = field(default_factory=Intent)
     dedup: EventDedup = field(default_factory=EventDedup)
     control: int = 0
     pinned: bytes | None = None  # the station key we expect, if the address names one
@@ -179,10 +179,10 @@ class ClientCore:
         if self.state is not CoreState.ESTABLISHED:
             return []
         out: list[Output] = []
-        wanted_subs, wanted_ads = self.intent.subscriptions, self.intent.advertisements
-        for realm, topic in [k for k in self.told_subscriptions if k not in set(wanted_subs)]:
+        wanted_subs, wanted_ads = list(self.intent.subscriptions), list(self.intent.advertisements)
+        for realm, topic in self.told_subscriptions - set(wanted_subs):
             out += self.unsubscribe(realm, topic, now_ms)
-        for realm, procedure in [k for k in self.told_advertisements if k not in set(wanted_ads)]:
+        for realm, procedure in self.told_advertisements - set(wanted_ads):
             out += self.unadvertise(realm, procedure, now_ms)
         for realm, topic in wanted_subs:
             if (realm, topic) not in self.told_subscriptions:

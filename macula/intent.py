@@ -10,10 +10,23 @@ handed on once. Both are plain data: no I/O, no clock.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Protocol
 
 from macula.wire.frames import Event
 
 Key = tuple[bytes, str]  # (realm, topic) or (realm, procedure)
+
+
+class Wanted(Protocol):
+    """Where the client core reads the intent: a ``Node`` gives a view of its own tables
+    (``Node`` keeps nothing twice); ``Intent`` is the stand-alone version."""
+
+    @property
+    def subscriptions(self) -> Iterable[Key]: ...
+
+    @property
+    def advertisements(self) -> Iterable[Key]: ...
 
 
 class Intent:

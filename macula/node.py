@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from macula.content_client import ContentClient
 from macula.dht import DhtClient
 from macula.direct import DirectDialer
 from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError
-from macula.intent import EventDedup, Intent
+from macula.intent import EventDedup, Key
 from macula.known_stations import KnownStations
 from macula.serving import DEFAULT_MAX_IN_FLIGHT, Handler, Server, StreamHandler
 from macula.session import Session, StreamChannel
@@ -90,7 +90,6 @@ class Node:
         self.backoff = backoff or Backoff()
         self.known_stations = known_stations  # pins of stations given without a node id
         self.stats = NodeStats(EventDedup(dedup_window))
-        self._intent = Intent()  # what every station we connect to must be told
         self._session: Session | None = None
         self._connected = asyncio.Event()
         self._subscriptions = SubscriptionTable()
@@ -173,7 +172,7 @@ class Node:
                     dialled,
                     self,
                     timeout=self.connect_timeout,
-                    intent=self._intent,
+                    intent=self,
                     dedup=self.stats.dedup,
                 ) as session:
                     if known and dialled.node_id is None:
@@ -289,12 +288,22 @@ class Node:
             raise ClosedError("node closed")
         self._group.create_task(work)
 
-    def _sync_intent(self) -> None:
-        """Tell the station the intent's change now when connected; otherwise the replay
-        after the next HELLO carries it."""
+    # the intent every station we connect to is told (``macula.intent.Wanted``): a view of
+    # the node's own tables, replayed by the client core after each HELLO
+    @property
+    def subscriptions(self) -> Iterable[Key]:
+        return iter(self._subscriptions)
+
+    @property
+    def advertisements(self) -> Iterable[Key]:
+        return iter(self._served)
+
+    def _tell(self, say: Callable[[Session], None]) -> None:
+        """Tell the station a change of intent now when connected; otherwise the replay after
+        the next HELLO carries it."""
         if self._session is not None and self._session.alive:
             with contextlib.suppress(MaculaError):
-                self._session.sync_intent()
+                say(self._session)
 
     # -- using the mesh ------------------------------------------------------------------------
 
@@ -362,14 +371,12 @@ class Node:
     async def subscribe(self, realm: bytes, topic: str, *, buffer: int = 1024) -> Subscription:
         sub = Subscription(realm, topic, buffer, self._unsubscribe)
         if self._subscriptions.add(sub):
-            self._intent.add_subscription(realm, topic)
-            self._sync_intent()
+            self._tell(lambda session: session.subscribe(realm, topic))
         return sub
 
     async def _unsubscribe(self, sub: Subscription) -> None:
         if self._subscriptions.discard(sub):
-            self._intent.drop_subscription(sub.realm, sub.topic)
-            self._sync_intent()
+            self._tell(lambda session: session.unsubscribe(sub.realm, sub.topic))
 
     async def call(
         self,
@@ -419,16 +426,12 @@ class Node:
 
     def _send_advertise(self, realm: bytes, procedure: str) -> None:
         """ADVERTISE now (again, even if the station knew it) when connected."""
-        self._intent.add_advertisement(realm, procedure)
-        if self._session is not None and self._session.alive:
-            with contextlib.suppress(MaculaError):
-                self._session.advertise(realm, procedure)
+        self._tell(lambda session: session.advertise(realm, procedure))
 
     async def unadvertise(self, realm: bytes, procedure: str) -> None:
         self._announced.discard((realm, procedure))
         if self._served.withdraw(realm, procedure):
-            self._intent.drop_advertisement(realm, procedure)
-            self._sync_intent()
+            self._tell(lambda session: session.unadvertise(realm, procedure))
 
     async def open_stream(
         self,

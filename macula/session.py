@@ -34,7 +34,7 @@ from macula.client_events import (
 )
 from macula.clock import Clock, now_ms
 from macula.errors import BrokenError, CallTimeout, HandshakeError, MaculaError, MeshError
-from macula.intent import EventDedup, Intent
+from macula.intent import EventDedup, Intent, Wanted
 from macula.stations import StationAddress
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire.codes import ErrorCode
@@ -155,7 +155,7 @@ class Session:
         protocol: FrameProtocol,
         owner: SessionOwner,
         *,
-        intent: Intent | None = None,
+        intent: Wanted | None = None,
         dedup: EventDedup | None = None,
         clock: Clock = now_ms,
     ) -> None:
@@ -217,7 +217,7 @@ class Session:
         owner: SessionOwner,
         *,
         timeout: float = 10.0,
-        intent: Intent | None = None,
+        intent: Wanted | None = None,
         dedup: EventDedup | None = None,
     ) -> AsyncIterator[Session]:
         """Dial, check the pinned key, handshake; the connection closes when the block ends,

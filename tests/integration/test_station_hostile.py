@@ -712,8 +712,7 @@ async def fuzz_connection(
     """``FUZZ_ITEMS`` frames on the control stream and two dedicated streams, then perhaps
     bytes that break framing."""
     me = Identity(rng.randbytes(32))
-    # sleep: staggered starts are the fuzz load's shape (20 handshakes at once overflow UDP)
-    await asyncio.sleep(rng.random() * 0.5)
+    await asyncio.sleep(rng.random() * 0.5)  # sleep: staggered starts shape the fuzz load
     async with raw_client(station, me, handshake=rng.random() < 0.85) as raw:
         streams = [raw.new_stream(), raw.new_stream()]
         for _ in range(FUZZ_ITEMS):

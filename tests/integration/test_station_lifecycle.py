@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from meshkit import new_identity, station_config
 from rawclient import raw_client
+from waiting import eventually
 
 from macula.store.base import StoreError
 from relay.policy import StationPolicy
@@ -23,15 +21,6 @@ pytestmark = pytest.mark.anyio
 def sqlite_threads() -> int:
     """aiosqlite runs one (non-daemon) worker thread per open connection."""
     return sum("_connection_worker_thread" in t.name for t in threading.enumerate())
-
-
-async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)  # polling interval: aiosqlite threads end on their own
-    return True
 
 
 def udp_port_free(port: int) -> bool:
@@ -52,7 +41,7 @@ async def test_a_taken_port_fails_the_start_and_closes_the_stores(tmp_path: Path
         with pytest.raises(OSError):
             await Station(station_config(data_dir, port=taken)).__aenter__()
     # the record and content stores were open when the bind failed: both are closed again
-    assert await eventually(lambda: sqlite_threads() <= before)  # others may end meanwhile
+    await eventually(lambda: sqlite_threads() <= before)  # others may end meanwhile
     async with Station(station_config(data_dir)) as station:  # the same data dir serves
         assert station.port != 0
 
@@ -66,7 +55,7 @@ async def test_a_house_store_failure_after_binding_releases_the_port(tmp_path: P
         await station.__aenter__()
     assert station.port != 0  # the QUIC server had been bound
     assert udp_port_free(station.port)
-    assert await eventually(lambda: sqlite_threads() <= before)  # others may end meanwhile
+    await eventually(lambda: sqlite_threads() <= before)  # others may end meanwhile
     await station.stop()  # a stop after a failed start is a no-op
 
 
