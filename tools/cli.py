@@ -1,4 +1,5 @@
-"""``macula-mcp``: the MCP server over stdio, plus ``mcp-config``, ``doctor`` and ``demo``.
+"""``macula-mcp``: the MCP server over stdio, plus ``mcp-config``, ``doctor``, ``demo``, and
+``register``/``uninstall`` (tools/register.py).
 
 stdout carries MCP protocol only; every log line goes to stderr. Closing stdin ends the session
 gracefully (goodbye published, stores closed).
@@ -52,8 +53,8 @@ def _fatal(exc: BaseException) -> NoReturn:
     raise SystemExit(2) from None
 
 
-def mcp_config() -> None:
-    command = server_command()
+def mcp_config(attach: bool = False) -> None:
+    command = [*server_command(), *(["attach"] if attach else [])]
     entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
     stations = os.environ.get("MACULA_MESH_STATIONS")
     if stations:
@@ -101,6 +102,9 @@ async def _doctor() -> list[tuple[str, bool, str]]:
         )
     except Exception as exc:
         results.append(("MCP round trip", False, f"{type(exc).__name__}: {exc}"))
+    from tools.register import registration_checks
+
+    results.extend(registration_checks(env, sys.platform))
     return results
 
 
@@ -147,18 +151,32 @@ def doctor() -> None:
     raise SystemExit(0 if not failed else 1)
 
 
+REGISTER_COMMANDS = ("register", "uninstall")  # each parses its own flags (tools/register.py)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments and arguments[0] in REGISTER_COMMANDS:
+        from tools.register import run
+
+        raise SystemExit(run(arguments[0], arguments[1:]))
     parser = argparse.ArgumentParser(
         prog="macula-mcp", description="The Macula mesh as an MCP server (stdio)."
     )
     parser.add_argument(
-        "command", nargs="?", default="serve", choices=["serve", "mcp-config", "doctor", "demo"]
+        "command",
+        nargs="?",
+        default="serve",
+        choices=["serve", "mcp-config", "doctor", "demo", *REGISTER_COMMANDS],
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--attach", action="store_true", help="mcp-config: the `macula-mcp attach` form"
+    )
+    args = parser.parse_args(arguments)
     if args.command == "serve":
         serve()
     elif args.command == "mcp-config":
-        mcp_config()
+        mcp_config(attach=args.attach)
     elif args.command == "doctor":
         doctor()
     else:

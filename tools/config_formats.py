@@ -1,0 +1,203 @@
+"""Reading and editing one named server entry in a harness's configuration text, per format.
+
+Invariants:
+- every operation takes text and returns text: no file access here (``tools/register.py`` owns
+  files, backups and atomic writes).
+- a text that does not parse raises ``ConfigParseError`` with the parser's own words; nothing
+  is edited then.
+- JSON and JSONC are edited surgically (``tools/json_text.py``): bytes outside the entry stay.
+  YAML goes through ruamel.yaml's round trip, which keeps comments, key order and quoting; the
+  document's indentation is guessed and reused.
+- ``with_entry(None, ...)`` is the whole text of a file that did not exist before.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tools import json_text
+
+
+class ConfigParseError(ValueError):
+    """The configuration text does not parse; the message says where and why."""
+
+
+class ConfigFormat(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+    def read_entry(self, text: str, name: str) -> Any: ...
+
+    def with_entry(self, text: str | None, name: str, entry: Mapping[str, Any]) -> str: ...
+
+    def without_entry(self, text: str, name: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class JsonFormat:
+    """Servers under ``path(root)`` of a JSON object (opencode's path depends on the file)."""
+
+    path: Callable[[Mapping[str, Any]], tuple[str, ...]]
+    jsonc: bool
+
+    @property
+    def kind(self) -> str:
+        return "JSONC" if self.jsonc else "JSON"
+
+    def _root(self, text: str) -> Mapping[str, Any]:
+        try:
+            root = json_text.parse(text, jsonc=self.jsonc).value
+        except json_text.JsonTextError as exc:
+            raise ConfigParseError(f"not valid {self.kind}: {exc}") from None
+        if not isinstance(root, dict):
+            raise ConfigParseError(f"not a {self.kind} object at the top level")
+        return root
+
+    def read_entry(self, text: str, name: str) -> Any:
+        if not text.strip():  # an empty file (some editors create one): no servers yet
+            return None
+        root = self._root(text)
+        try:
+            return json_text.member_value(text, self.path(root), name, jsonc=self.jsonc)
+        except json_text.JsonTextError as exc:
+            raise ConfigParseError(str(exc)) from None
+
+    def with_entry(self, text: str | None, name: str, entry: Mapping[str, Any]) -> str:
+        if text is None or not text.strip():
+            return json_text.new_document(self.path({}), name, dict(entry))
+        path = self.path(self._root(text))
+        try:
+            return json_text.set_member(text, path, name, dict(entry), jsonc=self.jsonc)
+        except json_text.JsonTextError as exc:
+            raise ConfigParseError(str(exc)) from None
+
+    def without_entry(self, text: str, name: str) -> str:
+        path = self.path(self._root(text))
+        try:
+            return json_text.remove_member(text, path, name, jsonc=self.jsonc)
+        except json_text.JsonTextError as exc:
+            raise ConfigParseError(str(exc)) from None
+
+
+def _guess_indent(text: str) -> tuple[int, int, int]:
+    """(mapping indent, sequence indent, dash offset) as the document writes them."""
+    from ruamel.yaml.util import load_yaml_guess_indent
+
+    mapping = 2
+    depths = sorted(
+        {
+            len(line) - len(line.lstrip(" "))
+            for line in text.splitlines()
+            if re.match(r"\s+[^\s#-][^:]*:(\s|$)", line)
+        }
+    )
+    if depths:
+        mapping = depths[0]
+    try:
+        _, sequence, offset = load_yaml_guess_indent(text)
+    except Exception:  # the real parse below reports the error
+        sequence, offset = None, None
+    if offset is None:
+        return mapping, mapping, 0
+    return mapping, sequence or mapping, offset
+
+
+@dataclass(frozen=True)
+class YamlFormat:
+    """Servers under ``path`` of a YAML mapping, through a ruamel.yaml round trip."""
+
+    path: tuple[str, ...]
+    kind: str = "YAML"
+
+    def _yaml(self, text: str) -> Any:
+        from ruamel.yaml import YAML
+
+        yaml = YAML(typ="rt")
+        yaml.preserve_quotes = True
+        yaml.width = 4096  # never re-wrap a long line
+        mapping, sequence, offset = _guess_indent(text)
+        yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
+        return yaml
+
+    def _load(self, text: str) -> tuple[Any, Any]:
+        from ruamel.yaml.error import YAMLError
+
+        yaml = self._yaml(text)
+        try:
+            data = yaml.load(text)
+        except YAMLError as exc:
+            raise ConfigParseError(f"not valid YAML: {' '.join(str(exc).split())}") from None
+        if data is None:
+            from ruamel.yaml.comments import CommentedMap
+
+            data = CommentedMap()
+        if not isinstance(data, dict):
+            raise ConfigParseError("not a YAML mapping at the top level")
+        return yaml, data
+
+    def _container(self, data: Any, create: bool) -> Any:
+        from ruamel.yaml.comments import CommentedMap
+
+        node = data
+        for depth, key in enumerate(self.path):
+            child = node.get(key)
+            if child is None:
+                if not create:
+                    return None
+                child = CommentedMap()
+                node[key] = child
+            if not isinstance(child, dict):
+                raise ConfigParseError(f"{'.'.join(self.path[: depth + 1])} is not a mapping")
+            node = child
+        return node
+
+    def _dump(self, yaml: Any, data: Any) -> str:
+        out = io.StringIO()
+        yaml.dump(data, out)
+        return out.getvalue()
+
+    def read_entry(self, text: str, name: str) -> Any:
+        _, data = self._load(text)
+        container = self._container(data, create=False)
+        if container is None or name not in container:
+            return None
+        return _plain(container[name])
+
+    def with_entry(self, text: str | None, name: str, entry: Mapping[str, Any]) -> str:
+        from ruamel.yaml.comments import CommentedMap
+
+        yaml, data = self._load(text or "")
+        container = self._container(data, create=True)
+        if name in container and _plain(container[name]) == dict(entry):
+            return text or ""
+        container[name] = CommentedMap(entry)
+        return self._dump(yaml, data)
+
+    def without_entry(self, text: str, name: str) -> str:
+        yaml, data = self._load(text)
+        container = self._container(data, create=False)
+        if container is None or name not in container:
+            return text
+        del container[name]
+        return self._dump(yaml, data)
+
+
+def _plain(value: Any) -> Any:
+    """ruamel's commented containers and scalars as plain dicts, lists, str, int, bool."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return value

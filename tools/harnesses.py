@@ -1,0 +1,272 @@
+"""The MCP clients ``macula-mcp register`` knows: where each keeps its configuration on Linux and
+macOS, in which format, and the shape of one stdio server entry in it.
+
+Invariants:
+- everything is computed from an environment mapping (``HOME``, ``XDG_CONFIG_HOME``, ``PATH``)
+  and a platform name passed in, never from the process's own: tests run in a temporary HOME.
+- a harness is *present* when its configuration file or its configuration folder exists; for
+  Claude Code, whose file lives directly in HOME (which always exists), also when its ``~/.claude``
+  folder exists or ``claude`` is on PATH (its own convention: it is a command-line tool).
+- register never creates a folder: it writes a file into a folder that is already there.
+- an entry is *ours* when it is exactly what register writes for some macula command: the
+  ``macula-mcp`` script (any absolute path) or ``python -m tools.cli``, with no argument or
+  ``attach``, and only ``MACULA_MESH_STATIONS`` in its environment. Anything else named
+  ``macula`` was written or edited by hand.
+
+Sources (checked with the search tool, Nov 2026; cited per harness below).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any
+
+from tools.config_formats import ConfigFormat, JsonFormat, YamlFormat
+
+ENTRY_NAME = "macula"
+ENV_KEYS = frozenset({"MACULA_MESH_STATIONS"})  # the only variables register writes
+GOOSE_TIMEOUT_S = 300  # goose's own default for a stdio extension
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    home = env.get("HOME")
+    if not home:
+        raise ValueError("HOME is not set: cannot find the harnesses' configuration")
+    return Path(home)
+
+
+def _xdg_config(env: Mapping[str, str]) -> Path:
+    configured = env.get("XDG_CONFIG_HOME")
+    return Path(configured) if configured else _home(env) / ".config"
+
+
+@dataclass(frozen=True)
+class Harness:
+    name: str  # what --harness takes
+    title: str
+    locate: Callable[[Mapping[str, str], str], Path]  # (env, platform) -> configuration file
+    format: ConfigFormat
+    build: Callable[[list[str], dict[str, str]], dict[str, Any]]  # (command, env) -> entry
+    command_of: Callable[[Mapping[str, Any]], tuple[list[str], dict[str, str]] | None]
+    executables: tuple[str, ...] = ()  # on PATH counts as present
+    marker_dirs: Callable[[Mapping[str, str], str], list[Path]] = lambda env, platform: []
+
+    def config_path(self, env: Mapping[str, str], platform: str) -> Path:
+        return self.locate(env, platform)
+
+    def present(self, env: Mapping[str, str], platform: str) -> str | None:
+        """Why this harness counts as installed (a path or an executable), or ``None``."""
+        path = self.config_path(env, platform)
+        for candidate in (path, path.parent, *self.marker_dirs(env, platform)):
+            if candidate.exists() and candidate != _home(env):
+                return str(candidate)
+        for executable in self.executables:
+            found = shutil.which(executable, path=env.get("PATH", ""))
+            if found:
+                return found
+        return None
+
+    def is_ours(self, entry: Any) -> bool:
+        if not isinstance(entry, Mapping):
+            return False
+        parsed = self.command_of(entry)
+        if parsed is None:
+            return False
+        command, environment = parsed
+        return (
+            is_macula_command(command)
+            and set(environment) <= ENV_KEYS
+            and dict(entry) == self.build(command, environment)
+        )
+
+
+def is_macula_command(command: list[str]) -> bool:
+    """``/abs/macula-mcp [attach]`` or ``/abs/python -m tools.cli [attach]``."""
+    if not command or not PurePath(command[0]).is_absolute():
+        return False
+    if PurePath(command[0]).name == "macula-mcp":
+        rest = command[1:]
+    elif command[1:3] == ["-m", "tools.cli"]:
+        rest = command[3:]
+    else:
+        return False
+    return rest in ([], ["attach"])
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+def _string_map(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        return dict(value)
+    return None
+
+
+def _mcp_servers_entry(with_type: bool) -> Callable[[list[str], dict[str, str]], dict[str, Any]]:
+    def build(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
+        entry: dict[str, Any] = {"type": "stdio"} if with_type else {}
+        entry.update(command=command[0], args=command[1:])
+        if environment or with_type:
+            entry["env"] = dict(environment)
+        return entry
+
+    return build
+
+
+def _mcp_servers_command(entry: Mapping[str, Any]) -> tuple[list[str], dict[str, str]] | None:
+    command, args, environment = entry.get("command"), entry.get("args", []), entry.get("env")
+    env = _string_map(environment)
+    if not isinstance(command, str) or not _strings(args) or env is None:
+        return None
+    return [command, *args], env
+
+
+def _opencode_entry(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": "local", "command": list(command)}
+    if environment:
+        entry["environment"] = dict(environment)
+    return entry
+
+
+def _opencode_command(entry: Mapping[str, Any]) -> tuple[list[str], dict[str, str]] | None:
+    command, env = entry.get("command"), _string_map(entry.get("environment"))
+    if not _strings(command) or not command or env is None:
+        return None
+    return list(command), env
+
+
+def _goose_entry(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
+    return {
+        "enabled": True,
+        "type": "stdio",
+        "name": ENTRY_NAME,
+        "description": "Macula agent mesh",
+        "cmd": command[0],
+        "args": command[1:],
+        "envs": dict(environment),
+        "timeout": GOOSE_TIMEOUT_S,
+    }
+
+
+def _goose_command(entry: Mapping[str, Any]) -> tuple[list[str], dict[str, str]] | None:
+    cmd, args, env = entry.get("cmd"), entry.get("args", []), _string_map(entry.get("envs"))
+    if not isinstance(cmd, str) or not _strings(args) or env is None:
+        return None
+    return [cmd, *args], env
+
+
+def _opencode_servers(root: Mapping[str, Any]) -> tuple[str, ...]:
+    """opencode 2 nests servers under ``mcp.servers``; 1.x puts them directly under ``mcp``.
+    Follow the file: nested only when ``mcp.servers`` is already there as a map of servers."""
+    mcp = root.get("mcp")
+    servers = mcp.get("servers") if isinstance(mcp, Mapping) else None
+    if isinstance(servers, Mapping) and "type" not in servers:
+        return ("mcp", "servers")
+    return ("mcp",)
+
+
+def _opencode_file(env: Mapping[str, str], platform: str) -> Path:
+    folder = _xdg_config(env) / "opencode"
+    for name in ("opencode.json", "opencode.jsonc"):
+        if (folder / name).exists():
+            return folder / name
+    return folder / "opencode.json"
+
+
+def _claude_desktop_file(env: Mapping[str, str], platform: str) -> Path:
+    if platform == "darwin":
+        return _home(env) / "Library/Application Support/Claude/claude_desktop_config.json"
+    return _xdg_config(env) / "Claude" / "claude_desktop_config.json"
+
+
+HARNESSES: tuple[Harness, ...] = (
+    # Claude Code: user scope lives in the root ``mcpServers`` of ~/.claude.json (local scope is
+    # projects[<path>].mcpServers of the same file; project scope is .mcp.json). Entries as
+    # `claude mcp add` writes them: {"type": "stdio", "command", "args", "env"}.
+    # Sources: code.claude.com/docs/en/mcp via developersdigest.tech/mcp-servers/clients/
+    # claude-code; cnblogs.com/imust2008/p/19507155 ("user: ~/.claude.json root mcpServers").
+    Harness(
+        name="claude-code",
+        title="Claude Code",
+        locate=lambda env, platform: _home(env) / ".claude.json",
+        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
+        build=_mcp_servers_entry(with_type=True),
+        command_of=_mcp_servers_command,
+        executables=("claude",),
+        marker_dirs=lambda env, platform: [_home(env) / ".claude"],
+    ),
+    # Claude Desktop: macOS ~/Library/Application Support/Claude/claude_desktop_config.json
+    # (Windows %APPDATA%\Claude). There is no official Linux build; community builds use
+    # $XDG_CONFIG_HOME/Claude/claude_desktop_config.json. {"mcpServers": {name: {"command",
+    # "args", "env"}}}. Sources: modelcontextprotocol.io quickstart via
+    # github.com/confluentinc/mcp-confluent docs/configuring-claude-desktop.md;
+    # app.unpkg.com/@sigyl-dev/cli src/lib/claude-config.ts (linux path).
+    Harness(
+        name="claude-desktop",
+        title="Claude Desktop",
+        locate=_claude_desktop_file,
+        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
+        build=_mcp_servers_entry(with_type=False),
+        command_of=_mcp_servers_command,
+    ),
+    # Cursor: global ~/.cursor/mcp.json (project: .cursor/mcp.json), both platforms;
+    # {"mcpServers": {name: {"command", "args", "env"}}}. Sources: cursor.com/docs/mcp via
+    # developersdigest.tech/mcp-servers/clients/cursor; mcpbundles.com/guides/cursor.
+    Harness(
+        name="cursor",
+        title="Cursor",
+        locate=lambda env, platform: _home(env) / ".cursor" / "mcp.json",
+        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
+        build=_mcp_servers_entry(with_type=False),
+        command_of=_mcp_servers_command,
+    ),
+    # Windsurf (Cascade): ~/.codeium/windsurf/mcp_config.json on macOS and Linux;
+    # {"mcpServers": {name: {"command", "args", "env"}}} (remote ones use "serverUrl").
+    # Sources: docs.windsurf.com/windsurf/cascade/mcp via confluentinc/mcp-confluent
+    # docs/configuring-windsurf.md; docs.rs lorum docs/tools/windsurf.md.
+    Harness(
+        name="windsurf",
+        title="Windsurf",
+        locate=lambda env, platform: _home(env) / ".codeium" / "windsurf" / "mcp_config.json",
+        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
+        build=_mcp_servers_entry(with_type=False),
+        command_of=_mcp_servers_command,
+    ),
+    # opencode: global ~/.config/opencode/opencode.json or .jsonc (JSON with comments), XDG on
+    # both platforms. 1.x: "mcp": {name: {"type": "local", "command": [argv...],
+    # "environment": {...}}}; 2.x nests them under "mcp.servers" and has no "enabled" field, and
+    # both reject unknown fields (additionalProperties: false), so the entry carries only these.
+    # Sources: opencode.ai/docs/mcp-servers (thdxr.dev.opencode.ai mirror),
+    # opencode.ai/v2/docs/mcp-servers, gitlab.com/gitlab-org/orbit/knowledge-graph MR 1302.
+    Harness(
+        name="opencode",
+        title="opencode",
+        locate=_opencode_file,
+        format=JsonFormat(_opencode_servers, jsonc=True),
+        build=_opencode_entry,
+        command_of=_opencode_command,
+    ),
+    # Goose: ~/.config/goose/config.yaml on macOS and Linux (Windows %APPDATA%\Block\goose\
+    # config); "extensions": {key: {enabled, type: stdio, name, cmd, args, envs, timeout,
+    # description}} (enabled sits beside the flattened ExtensionConfig). Sources:
+    # block.github.io/goose/docs/guides/config-files; github.com/dyoshikawa/rulesync issue 1114;
+    # goose's openapi ExtensionConfigOneOf1 (stdio: cmd, args, envs, env_keys, timeout).
+    Harness(
+        name="goose",
+        title="Goose",
+        locate=lambda env, platform: _xdg_config(env) / "goose" / "config.yaml",
+        format=YamlFormat(("extensions",)),
+        build=_goose_entry,
+        command_of=_goose_command,
+    ),
+)
+
+BY_NAME: dict[str, Harness] = {harness.name: harness for harness in HARNESSES}

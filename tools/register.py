@@ -1,0 +1,338 @@
+"""``macula-mcp register`` / ``uninstall``: a ``macula`` server entry merged into (and taken back
+out of) each MCP client's own configuration file; plus the registration lines of ``doctor``.
+
+Invariants:
+- a configuration file is changed only by an atomic replace (temp file in the same folder,
+  fsync, rename) that keeps the file's mode; a symlinked file is written through to its target.
+- before a file is changed, a byte-for-byte copy goes next to it
+  (``<name>.macula-backup-<UTC time>``, same mode as the original, so 0600 stays 0600).
+- a file that does not parse is never written; the error names the file and the parser's words,
+  and the other harnesses still proceed (the exit code is 1).
+- register is idempotent: when the entry is already what it would write, nothing is written and
+  no backup is made. A ``macula`` entry that register did not write (see
+  ``Harness.is_ours``) is replaced or removed only with ``--force``.
+- uninstall gives back the exact bytes register started from when nothing else changed since:
+  the newest backup without a ``macula`` entry from which register would produce today's file
+  is restored (or the file is deleted when register would produce it from nothing); otherwise
+  only the entry is removed.
+- the command registered is ``tools.launch.server_command()``: the absolute path of the
+  ``macula-mcp`` script of the environment it runs from (in a checkout, ``.venv/bin/macula-mcp``,
+  which starts without ``uv``'s sync on every launch), else ``python -m tools.cli``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import os
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from tools.config_formats import ConfigParseError
+from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
+from tools.launch import server_command
+
+BACKUP_INFIX = ".macula-backup-"
+NEW_FILE_MODE = 0o600
+
+
+@dataclass(frozen=True)
+class Outcome:
+    harness: str
+    status: str  # registered, unchanged, removed, not-registered, not-found, kept, failed
+    detail: str
+    failed: bool = False
+    diff: str = ""
+
+
+def macula_command(attach: bool) -> list[str]:
+    return [*server_command(), *(["attach"] if attach else [])]
+
+
+def entry_environment(env: Mapping[str, str]) -> dict[str, str]:
+    stations = env.get("MACULA_MESH_STATIONS")
+    return {"MACULA_MESH_STATIONS": stations} if stations else {}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigParseError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _target(path: Path) -> Path:
+    """Where the bytes live: a symlinked configuration (dotfile managers) is written through."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def write_atomic(path: Path, text: str, mode: int) -> None:
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(text.encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+def backup(path: Path, now: float) -> Path:
+    """A copy of ``path`` beside it, with its mode; never overwrites an earlier backup."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    data = path.read_bytes()
+    for attempt in range(1000):
+        suffix = "" if attempt == 0 else f"-{attempt}"
+        copy = path.with_name(f"{path.name}{BACKUP_INFIX}{stamp}{suffix}")
+        try:
+            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), mode)  # exactly the original's, whatever the umask
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        return copy
+    raise FileExistsError(f"too many backups of {path} within one second")
+
+
+def backups(path: Path) -> list[Path]:
+    """This file's backups, newest first."""
+    found = path.parent.glob(f"{path.name}{BACKUP_INFIX}*")
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def _diff(path: Path, before: str | None, after: str | None) -> str:
+    lines = difflib.unified_diff(
+        (before or "").splitlines(keepends=True),
+        (after or "").splitlines(keepends=True),
+        fromfile=str(path) if before is not None else "/dev/null",
+        tofile=str(path) if after is not None else "/dev/null",
+    )
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+@dataclass(frozen=True)
+class Options:
+    env: Mapping[str, str]
+    platform: str
+    dry_run: bool = False
+    force: bool = False
+    now: float = 0.0
+
+
+def register_one(harness: Harness, command: list[str], options: Options) -> Outcome:
+    path = harness.config_path(options.env, options.platform)
+    target = _target(path)
+    entry = harness.build(command, entry_environment(options.env))
+    try:
+        before = _read(target)
+        existing = harness.format.read_entry(before, ENTRY_NAME) if before is not None else None
+        if existing == entry:
+            return Outcome(harness.name, "unchanged", f"{path}: already registered")
+        if existing is not None and not harness.is_ours(existing) and not options.force:
+            return Outcome(
+                harness.name,
+                "kept",
+                f"{path}: its '{ENTRY_NAME}' entry was not written by register; left as it is "
+                "(--force replaces it)",
+                failed=True,
+            )
+        after = harness.format.with_entry(before, ENTRY_NAME, entry)
+        if harness.format.read_entry(after, ENTRY_NAME) != entry:  # a bug guard, never expected
+            raise ConfigParseError("the edited text does not read back as the entry written")
+    except ConfigParseError as exc:
+        return Outcome(harness.name, "failed", f"{path}: {exc}; left untouched", failed=True)
+    if after == before:
+        return Outcome(harness.name, "unchanged", f"{path}: already registered")
+    diff = _diff(path, before, after)
+    if options.dry_run:
+        return Outcome(harness.name, "would-register", f"{path} (dry run)", diff=diff)
+    try:
+        copy = backup(target, options.now) if before is not None else None
+        mode = stat.S_IMODE(target.stat().st_mode) if before is not None else NEW_FILE_MODE
+        write_atomic(target, after, mode)
+    except OSError as exc:
+        return Outcome(harness.name, "failed", f"{path}: {exc}", failed=True)
+    saved = f" (backup {copy.name})" if copy else " (created)"
+    return Outcome(harness.name, "registered", f"{path}{saved}", diff=diff)
+
+
+def _original(harness: Harness, target: Path, current: str, entry: Any) -> tuple[str | None] | None:
+    """The text register started from, when it would turn that text into ``current`` exactly
+    (``(None,)``: there was no file); ``None`` when something else changed since."""
+    fmt = harness.format
+    for copy in backups(target):
+        try:
+            text = _read(copy)
+            if text is None or fmt.read_entry(text, ENTRY_NAME) is not None:
+                continue
+            if fmt.with_entry(text, ENTRY_NAME, entry) == current:
+                return (text,)
+        except (ConfigParseError, OSError):
+            continue
+    if fmt.with_entry(None, ENTRY_NAME, entry) == current:
+        return (None,)
+    return None
+
+
+def uninstall_one(harness: Harness, options: Options) -> Outcome:
+    path = harness.config_path(options.env, options.platform)
+    target = _target(path)
+    try:
+        current = _read(target)
+        entry = harness.format.read_entry(current, ENTRY_NAME) if current is not None else None
+        if current is None or entry is None:
+            return Outcome(harness.name, "not-registered", f"{path}: no '{ENTRY_NAME}' entry")
+        if not harness.is_ours(entry) and not options.force:
+            return Outcome(
+                harness.name,
+                "kept",
+                f"{path}: its '{ENTRY_NAME}' entry was edited or written by hand; left as it is "
+                "(--force removes it)",
+                failed=True,
+            )
+        original = _original(harness, target, current, entry)
+        if original is None:
+            after: str | None = harness.format.without_entry(current, ENTRY_NAME)
+        else:
+            (after,) = original
+    except ConfigParseError as exc:
+        return Outcome(harness.name, "failed", f"{path}: {exc}; left untouched", failed=True)
+    diff = _diff(path, current, after)
+    if options.dry_run:
+        return Outcome(harness.name, "would-remove", f"{path} (dry run)", diff=diff)
+    try:
+        if after is None:
+            target.unlink()
+            how = "file removed: register had created it"
+        elif original is not None:
+            write_atomic(target, after, stat.S_IMODE(target.stat().st_mode))
+            how = "file restored byte for byte"
+        else:
+            copy = backup(target, options.now)
+            write_atomic(target, after, stat.S_IMODE(target.stat().st_mode))
+            how = f"entry removed; other changes since register kept (backup {copy.name})"
+    except OSError as exc:
+        return Outcome(harness.name, "failed", f"{path}: {exc}", failed=True)
+    return Outcome(harness.name, "removed", f"{path}: {how}", diff=diff)
+
+
+def _selected(names: Sequence[str] | None, options: Options) -> list[tuple[Harness, str | None]]:
+    """(harness, why it is present or None) for the harnesses asked for, or every one found."""
+    chosen = [BY_NAME[name] for name in names] if names else list(HARNESSES)
+    return [(h, h.present(options.env, options.platform)) for h in chosen]
+
+
+def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
+    """``register`` or ``uninstall`` as the CLI runs them; the exit code (0, or 1 on failure)."""
+    parser = argparse.ArgumentParser(prog=f"macula-mcp {command}")
+    parser.add_argument(
+        "--harness",
+        action="append",
+        choices=sorted(BY_NAME),
+        help="only this harness (repeatable); default: every one found",
+    )
+    if command == "register":
+        parser.add_argument(
+            "--attach", action="store_true", help="register `macula-mcp attach` (the daemon form)"
+        )
+    parser.add_argument("--dry-run", action="store_true", help="show the change, write nothing")
+    parser.add_argument(
+        "--force", action="store_true", help="also replace/remove a hand-written macula entry"
+    )
+    args = parser.parse_args(argv)
+    if sys.platform not in ("linux", "darwin"):
+        print(f"macula-mcp {command}: only Linux and macOS are supported", file=sys.stderr)
+        return 1
+    options = Options(
+        dict(os.environ), sys.platform, dry_run=args.dry_run, force=args.force, now=time.time()
+    )
+    try:
+        selected = _selected(args.harness, options)
+    except ValueError as exc:
+        print(f"macula-mcp {command}: {exc}", file=sys.stderr)
+        return 1
+    outcomes: list[Outcome] = []
+    for harness, present in selected:
+        path = harness.config_path(options.env, options.platform)
+        if present is None:
+            wanted = bool(args.harness)
+            where = f"no {path} nor its folder"
+            outcomes.append(Outcome(harness.name, "not-found", where, failed=wanted))
+        elif command == "register":
+            outcomes.append(register_one(harness, macula_command(args.attach), options))
+        else:
+            outcomes.append(uninstall_one(harness, options))
+    for outcome in outcomes:
+        stream = sys.stderr if outcome.failed else out
+        print(f"{outcome.harness}: {outcome.status}: {outcome.detail}", file=stream)
+        if outcome.diff:
+            print(outcome.diff, end="", file=out)
+    if command == "register" and all(o.status == "not-found" for o in outcomes):
+        names = ", ".join(h.name for h, _ in selected)
+        print(f"macula-mcp register: no MCP client found (looked for {names})", file=sys.stderr)
+        return 1
+    return 1 if any(o.failed for o in outcomes) else 0
+
+
+def registration_checks(env: Mapping[str, str], platform: str) -> list[tuple[str, bool, str]]:
+    """``doctor``'s lines: where macula is registered, and whether each entry's command exists."""
+    results: list[tuple[str, bool, str]] = []
+    for harness in HARNESSES:
+        path = harness.config_path(env, platform)
+        try:
+            text = _read(_target(path))
+            entry = harness.format.read_entry(text, ENTRY_NAME) if text is not None else None
+        except (ConfigParseError, OSError) as exc:
+            results.append((f"registered in {harness.title}", False, f"{path}: {exc}"))
+            continue
+        if entry is None:
+            continue
+        name = f"registered in {harness.title}"
+        parsed = harness.command_of(entry) if isinstance(entry, Mapping) else None
+        if parsed is None:
+            results.append((name, False, f"{path}: the '{ENTRY_NAME}' entry has no command"))
+            continue
+        executable = Path(parsed[0][0])
+        shown = " ".join(parsed[0])
+        if not executable.is_absolute():
+            found = os.path.exists(executable) or _on_path(str(executable), env)
+            results.append((name, found, f"{path}: {shown} (looked up on PATH)"))
+        elif executable.is_file() and os.access(executable, os.X_OK):
+            results.append((name, True, f"{path}: {shown}"))
+        else:
+            results.append(
+                (
+                    name,
+                    False,
+                    f"{path}: {shown}: {executable} does not exist or is not executable "
+                    "(run `macula-mcp register` again)",
+                )
+            )
+    if not results:
+        results.append(("registrations", True, "in no harness yet (`macula-mcp register`)"))
+    return results
+
+
+def _on_path(name: str, env: Mapping[str, str]) -> bool:
+    import shutil
+
+    return shutil.which(name, path=env.get("PATH", "")) is not None
