@@ -173,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--attach", action="store_true", help="mcp-config: the `macula-mcp attach` form"
     )
     args = parser.parse_args(arguments)
+    if args.attach and args.command != "mcp-config":
+        parser.error("--attach goes with mcp-config (or register)")
     if args.command == "serve":
         serve()
     elif args.command == "mcp-config":

@@ -175,7 +175,11 @@ class YamlFormat:
         if name in container and _plain(container[name]) == dict(entry):
             return text or ""
         container[name] = CommentedMap(entry)
-        return self._dump(yaml, data)
+        dumped = self._dump(yaml, data)
+        if text and text.strip() and len(data) == 1 and not _has_content(text):
+            # the document held only comments, which ruamel drops with the empty document
+            return text + ("" if text.endswith("\n") else "\n") + dumped
+        return dumped
 
     def without_entry(self, text: str, name: str) -> str:
         yaml, data = self._load(text)
@@ -184,6 +188,15 @@ class YamlFormat:
             return text
         del container[name]
         return self._dump(yaml, data)
+
+
+def _has_content(text: str) -> bool:
+    """Whether a YAML text holds anything besides comments, blank lines and document markers."""
+    for line in text.splitlines():
+        bare = line.strip()
+        if bare and not bare.startswith("#") and bare not in ("---", "..."):
+            return True
+    return False
 
 
 def _plain(value: Any) -> Any:

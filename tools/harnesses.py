@@ -173,6 +173,11 @@ def _opencode_servers(root: Mapping[str, Any]) -> tuple[str, ...]:
     return ("mcp",)
 
 
+def _claude_code_file(env: Mapping[str, str], platform: str) -> Path:
+    configured = env.get("CLAUDE_CONFIG_DIR")
+    return Path(configured) / ".claude.json" if configured else _home(env) / ".claude.json"
+
+
 def _opencode_file(env: Mapping[str, str], platform: str) -> Path:
     folder = _xdg_config(env) / "opencode"
     for name in ("opencode.json", "opencode.jsonc"):
@@ -189,19 +194,22 @@ def _claude_desktop_file(env: Mapping[str, str], platform: str) -> Path:
 
 HARNESSES: tuple[Harness, ...] = (
     # Claude Code: user scope lives in the root ``mcpServers`` of ~/.claude.json (local scope is
-    # projects[<path>].mcpServers of the same file; project scope is .mcp.json). Entries as
-    # `claude mcp add` writes them: {"type": "stdio", "command", "args", "env"}.
-    # Sources: code.claude.com/docs/en/mcp via developersdigest.tech/mcp-servers/clients/
-    # claude-code; cnblogs.com/imust2008/p/19507155 ("user: ~/.claude.json root mcpServers").
+    # projects[<path>].mcpServers of the same file; project scope is .mcp.json), or of
+    # $CLAUDE_CONFIG_DIR/.claude.json when that is set. Entries as `claude mcp add` writes them:
+    # {"type": "stdio", "command", "args", "env"}. Sources: code.claude.com/docs/en/mcp via
+    # developersdigest.tech/mcp-servers/clients/claude-code; anthropics/claude-code issues 4193
+    # (a maintainer: "User config: ~/.claude.json") and 48448 (CLAUDE_CONFIG_DIR/.claude.json).
     Harness(
         name="claude-code",
         title="Claude Code",
-        locate=lambda env, platform: _home(env) / ".claude.json",
+        locate=_claude_code_file,
         format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
         build=_mcp_servers_entry(with_type=True),
         command_of=_mcp_servers_command,
         executables=("claude",),
-        marker_dirs=lambda env, platform: [_home(env) / ".claude"],
+        marker_dirs=lambda env, platform: [
+            Path(env.get("CLAUDE_CONFIG_DIR") or _home(env) / ".claude")
+        ],
     ),
     # Claude Desktop: macOS ~/Library/Application Support/Claude/claude_desktop_config.json
     # (Windows %APPDATA%\Claude). There is no official Linux build; community builds use

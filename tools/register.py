@@ -77,7 +77,13 @@ def _target(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
-def write_atomic(path: Path, text: str, mode: int) -> None:
+class ChangedMeanwhile(OSError):
+    """The file changed between our read and our write (its harness rewrote it)."""
+
+
+def write_atomic(path: Path, text: str, mode: int, expected: str | None) -> None:
+    """Replace ``path`` by ``text`` only if it still holds exactly ``expected`` (``None``: still
+    absent): a harness such as Claude Code rewrites its file while it runs; never undo that."""
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
@@ -85,6 +91,14 @@ def write_atomic(path: Path, text: str, mode: int) -> None:
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temp, mode)
+        try:
+            now = path.read_bytes()
+        except FileNotFoundError:
+            now = None
+        if now != (None if expected is None else expected.encode("utf-8")):
+            raise ChangedMeanwhile(
+                "it changed while being edited (by its harness?); nothing written, run again"
+            )
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -158,7 +172,7 @@ def register_one(harness: Harness, command: list[str], options: Options) -> Outc
         after = harness.format.with_entry(before, ENTRY_NAME, entry)
         if harness.format.read_entry(after, ENTRY_NAME) != entry:  # a bug guard, never expected
             raise ConfigParseError("the edited text does not read back as the entry written")
-    except ConfigParseError as exc:
+    except (ConfigParseError, OSError) as exc:
         return Outcome(harness.name, "failed", f"{path}: {exc}; left untouched", failed=True)
     if after == before:
         return Outcome(harness.name, "unchanged", f"{path}: already registered")
@@ -168,7 +182,7 @@ def register_one(harness: Harness, command: list[str], options: Options) -> Outc
     try:
         copy = backup(target, options.now) if before is not None else None
         mode = stat.S_IMODE(target.stat().st_mode) if before is not None else NEW_FILE_MODE
-        write_atomic(target, after, mode)
+        write_atomic(target, after, mode, expected=before)
     except OSError as exc:
         return Outcome(harness.name, "failed", f"{path}: {exc}", failed=True)
     saved = f" (backup {copy.name})" if copy else " (created)"
@@ -214,7 +228,7 @@ def uninstall_one(harness: Harness, options: Options) -> Outcome:
             after: str | None = harness.format.without_entry(current, ENTRY_NAME)
         else:
             (after,) = original
-    except ConfigParseError as exc:
+    except (ConfigParseError, OSError) as exc:
         return Outcome(harness.name, "failed", f"{path}: {exc}; left untouched", failed=True)
     diff = _diff(path, current, after)
     if options.dry_run:
@@ -224,11 +238,11 @@ def uninstall_one(harness: Harness, options: Options) -> Outcome:
             target.unlink()
             how = "file removed: register had created it"
         elif original is not None:
-            write_atomic(target, after, stat.S_IMODE(target.stat().st_mode))
+            write_atomic(target, after, stat.S_IMODE(target.stat().st_mode), expected=current)
             how = "file restored byte for byte"
         else:
             copy = backup(target, options.now)
-            write_atomic(target, after, stat.S_IMODE(target.stat().st_mode))
+            write_atomic(target, after, stat.S_IMODE(target.stat().st_mode), expected=current)
             how = f"entry removed; other changes since register kept (backup {copy.name})"
     except OSError as exc:
         return Outcome(harness.name, "failed", f"{path}: {exc}", failed=True)
@@ -271,12 +285,14 @@ def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
         print(f"macula-mcp {command}: {exc}", file=sys.stderr)
         return 1
     outcomes: list[Outcome] = []
+    missing: list[str] = []
     for harness, present in selected:
         path = harness.config_path(options.env, options.platform)
-        if present is None:
-            wanted = bool(args.harness)
+        if present is None and args.harness:  # asked for by name: say so, and fail
             where = f"no {path} nor its folder"
-            outcomes.append(Outcome(harness.name, "not-found", where, failed=wanted))
+            outcomes.append(Outcome(harness.name, "not-found", where, failed=True))
+        elif present is None:
+            missing.append(harness.name)
         elif command == "register":
             outcomes.append(register_one(harness, macula_command(args.attach), options))
         else:
@@ -284,11 +300,12 @@ def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     for outcome in outcomes:
         stream = sys.stderr if outcome.failed else out
         print(f"{outcome.harness}: {outcome.status}: {outcome.detail}", file=stream)
-        if outcome.diff:
+        if outcome.diff and args.dry_run:
             print(outcome.diff, end="", file=out)
-    if command == "register" and all(o.status == "not-found" for o in outcomes):
-        names = ", ".join(h.name for h, _ in selected)
-        print(f"macula-mcp register: no MCP client found (looked for {names})", file=sys.stderr)
+    if missing:
+        print(f"not found (skipped): {', '.join(missing)}", file=out)
+    if not outcomes and command == "register":
+        print("macula-mcp register: no MCP client found", file=sys.stderr)
         return 1
     return 1 if any(o.failed for o in outcomes) else 0
 

@@ -18,12 +18,14 @@ from tools import json_text
 from tools.config_formats import ConfigParseError
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
 from tools.register import (
+    ChangedMeanwhile,
     Options,
     backups,
     register_one,
     registration_checks,
     run,
     uninstall_one,
+    write_atomic,
 )
 
 MACULA = "/opt/macula/bin/macula-mcp"
@@ -464,3 +466,61 @@ def test_backup_names_do_not_collide(tmp_path: Path) -> None:
     register_one(harness, [MACULA, "attach"], opts)  # same second: a second name
     assert len(backups(path)) == 2
     assert os.path.basename(str(backups(path)[0])).endswith("-1")
+
+
+@pytest.mark.parametrize(
+    "original", ["", "# goose: nothing configured yet\n", "GOOSE_MODEL: x\n", "extensions:\n"]
+)
+def test_goose_without_extensions_keeps_its_comments_and_comes_back(
+    original: str, tmp_path: Path
+) -> None:
+    opts = options(tmp_path)
+    harness = BY_NAME["goose"]
+    path = place(harness, opts, original)
+    assert register_one(harness, [MACULA], opts).status == "registered"
+    written = text_of(path)
+    assert written.startswith(original.rstrip("\n").removesuffix("extensions:"))
+    assert harness.format.read_entry(written, ENTRY_NAME) == harness.build([MACULA], {})
+    assert uninstall_one(harness, opts).status == "removed"
+    assert text_of(path) == original
+
+
+def test_uninstall_with_nothing_installed_is_not_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key, value in environment(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    out = io.StringIO()
+    assert run("uninstall", [], out) == 0
+    assert run("register", [], out) == 1  # nothing to register into
+    assert "not found (skipped): claude-code, claude-desktop" in out.getvalue()
+
+
+def test_a_file_rewritten_meanwhile_is_not_clobbered(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{"numStartups": 2}')  # the harness wrote this after we read "1"
+    with pytest.raises(ChangedMeanwhile):
+        write_atomic(path, '{"numStartups": 1, "mcpServers": {}}', 0o600, '{"numStartups": 1}')
+    with pytest.raises(ChangedMeanwhile):
+        write_atomic(path, "{}", 0o600, None)  # we expected no file at all
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temp file left behind
+    assert path.read_text() == '{"numStartups": 2}'
+
+
+def test_claude_config_dir_moves_claude_code_file(tmp_path: Path) -> None:
+    env = environment(tmp_path)
+    env["CLAUDE_CONFIG_DIR"] = str(tmp_path / "claude-work")
+    harness = BY_NAME["claude-code"]
+    assert harness.config_path(env, "linux") == tmp_path / "claude-work" / ".claude.json"
+    assert harness.present(env, "linux") is None
+    (tmp_path / "claude-work").mkdir()
+    assert harness.present(env, "linux") == str(tmp_path / "claude-work")
+
+
+def test_a_folder_where_the_file_should_be_is_a_clear_failure(tmp_path: Path) -> None:
+    opts = options(tmp_path)
+    harness = BY_NAME["cursor"]
+    path = place(harness, opts, None)
+    path.mkdir()
+    outcome = register_one(harness, [MACULA], opts)
+    assert outcome.failed and str(path) in outcome.detail and "Is a directory" in outcome.detail
