@@ -11,7 +11,8 @@ Invariants:
   the removed text); otherwise the result is equal as data.
 - a text that does not parse raises ``JsonTextError`` naming the line and column; no edit is
   made on a text that does not parse.
-- comments and trailing commas are accepted only when ``jsonc`` is true.
+- comments and trailing commas are accepted only when ``jsonc`` is true; any text either parses
+  or raises ``JsonTextError`` (nesting is bounded by ``MAX_DEPTH``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 _WHITESPACE = " \t\r\n"
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _LITERALS = {"true": True, "false": False, "null": None}
+MAX_DEPTH = 256  # deeper nesting is refused with an error, not a RecursionError
 
 
 class JsonTextError(ValueError):
@@ -59,6 +61,7 @@ class _Parser:
         self.text = text
         self.jsonc = jsonc
         self.pos = 0
+        self.depth = 0
 
     def fail(self, what: str, pos: int | None = None) -> JsonTextError:
         at = self.pos if pos is None else pos
@@ -96,13 +99,17 @@ class _Parser:
         if self.pos >= len(text):
             raise self.fail("unexpected end of text")
         char = text[self.pos]
-        if char == "{":
-            return self.object()
-        if char == "[":
-            return self.array()
+        if char in "{[":
+            if self.depth >= MAX_DEPTH:
+                raise self.fail(f"nested deeper than {MAX_DEPTH} levels")
+            self.depth += 1
+            node = self.object() if char == "{" else self.array()
+            self.depth -= 1
+            return node
         if char == '"':
             start = self.pos
-            return Node(start, self.pos, self.string())
+            decoded = self.string()
+            return Node(start, self.pos, decoded)
         for word, literal in _LITERALS.items():
             if text.startswith(word, self.pos):
                 start, self.pos = self.pos, self.pos + len(word)

@@ -6,6 +6,7 @@ passes it in: the real HOME is never read or written.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,6 +14,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tools import json_text
 from tools.config_formats import ConfigParseError
@@ -524,3 +527,42 @@ def test_a_folder_where_the_file_should_be_is_a_clear_failure(tmp_path: Path) ->
     path.mkdir()
     outcome = register_one(harness, [MACULA], opts)
     assert outcome.failed and str(path) in outcome.detail and "Is a directory" in outcome.detail
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@given(st.text(max_size=200), st.booleans())
+def test_any_text_parses_or_raises_json_text_error(text: str, jsonc: bool) -> None:
+    with contextlib.suppress(json_text.JsonTextError):
+        json_text.parse(text, jsonc=jsonc)
+
+
+@given(JSON_VALUES, st.sampled_from([None, 1, 4, "\t"]))
+def test_parse_agrees_with_json(value: object, indent: int | str | None) -> None:
+    text = json.dumps(value, indent=indent)
+    assert json_text.parse(text).value == json.loads(text)
+    assert json_text.parse(text, jsonc=True).value == json.loads(text)
+
+
+@given(st.dictionaries(st.text(max_size=6), JSON_VALUES, max_size=4), st.sampled_from([None, 2, 4]))
+def test_insert_then_remove_gives_back_the_text(
+    servers: dict[str, object], indent: int | None
+) -> None:
+    servers.pop(ENTRY_NAME, None)
+    text = json.dumps({"other": 1, "mcpServers": servers}, indent=indent)
+    inserted = json_text.set_member(text, ("mcpServers",), ENTRY_NAME, {"a": [1]}, jsonc=False)
+    assert json.loads(inserted)["mcpServers"] == {**servers, ENTRY_NAME: {"a": [1]}}
+    removed = json_text.remove_member(inserted, ("mcpServers",), ENTRY_NAME, jsonc=False)
+    assert removed == text or (not servers and json.loads(removed) == json.loads(text))
+
+
+def test_deep_nesting_is_an_error_not_a_crash() -> None:
+    with pytest.raises(json_text.JsonTextError, match="nested deeper"):
+        json_text.parse("[" * 100_000)
