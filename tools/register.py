@@ -235,6 +235,8 @@ def uninstall_one(harness: Harness, options: Options) -> Outcome:
         return Outcome(harness.name, "would-remove", f"{path} (dry run)", diff=diff)
     try:
         if after is None:
+            if _read(target) != current:
+                raise ChangedMeanwhile("it changed while being edited; nothing removed, run again")
             target.unlink()
             how = "file removed: register had created it"
         elif original is not None:
@@ -244,7 +246,7 @@ def uninstall_one(harness: Harness, options: Options) -> Outcome:
             copy = backup(target, options.now)
             write_atomic(target, after, stat.S_IMODE(target.stat().st_mode), expected=current)
             how = f"entry removed; other changes since register kept (backup {copy.name})"
-    except OSError as exc:
+    except (ConfigParseError, OSError) as exc:
         return Outcome(harness.name, "failed", f"{path}: {exc}", failed=True)
     return Outcome(harness.name, "removed", f"{path}: {how}", diff=diff)
 
