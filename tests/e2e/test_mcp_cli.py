@@ -43,6 +43,8 @@ def test_doctor_passes_against_a_live_station_and_names_the_failure_otherwise(
                 MACULA_HOME=str(tmp_path / "home"),
                 MACULA_MESH_STATIONS=station.endpoint,
                 MACULA_MCP_IDENTITY=str(tmp_path / "home" / "id.key"),
+                HOME=str(tmp_path / "user"),  # doctor also reads the harness configs there
+                XDG_CONFIG_HOME=str(tmp_path / "user" / ".config"),
             )
             good = await asyncio.to_thread(run, ["doctor"], env)
             env["MACULA_MESH_STATIONS"] = "127.0.0.1:9"
