@@ -82,7 +82,8 @@ class DhtConfig:
     own_ttl_ms: int = STATION_ENDPOINT_TTL_MS
     replicate_period_s: float = 600.0
     refresh_period_s: float = 3600.0
-    stations_concurrency: int = 16
+    # lookups stations() runs at once (more loses datagrams when many stations share a host)
+    stations_concurrency: int = 4
     limits: DhtLimits = field(default_factory=DhtLimits)
 
     def __post_init__(self) -> None:
@@ -419,13 +420,17 @@ class StationDht:
         if nearest:
             config = self.config
             crawl = _RecordCrawl(protocol, Node(dkey), nearest, config.ksize, config.alpha)
-            for value in await crawl.find():
-                found.extend(self._checked(value, dkey, self.clock()))
+            found.extend(self._checked(await crawl.find(), dkey, self.clock()))
         return newest_per_signer(found)
 
-    def _checked(self, value: bytes, dkey: bytes, now: int) -> list[Record]:
+    def _checked(self, values: list[bytes], dkey: bytes, now: int) -> list[Record]:
+        """The records of the stations' answers, each distinct one checked once (the k
+        closest mostly answer the same bytes: verifying every copy would cost k times more)."""
+        distinct: set[Record] = set()
+        for value in set(values):
+            distinct.update(decode_value(value, self.config.limits, self.stats))
         kept = []
-        for record in decode_value(value, self.config.limits, self.stats):
+        for record in distinct:
             try:
                 check_record(record, dkey, now, self.config.limits)
             except DhtRefused as exc:

@@ -293,3 +293,25 @@ async def test_a_node_put_at_station_a_is_found_by_a_node_at_station_b(tmp_path:
             assert [r.payload["dht_port"] for r in endpoints] == [a.dht.port]
         listed = {s.node_id for s in await a.dht.stations()}
         assert listed == {a.node_id, b.node_id}
+
+
+async def test_a_station_runs_its_dht_on_the_port_asked_and_logs_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind((LOOPBACK, 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    config = station_config(tmp_path / "s")
+    config.dht_port = port
+    with caplog.at_level("INFO", logger="macula.relay"):
+        async with Station(config) as station:
+            assert station.dht.port == port
+            assert f"DHT listening on udp {LOOPBACK}:{port}" in caplog.text
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+                busy.bind((LOOPBACK, 0))
+                taken = station_config(tmp_path / "t")
+                taken.dht_port = busy.getsockname()[1]
+                with pytest.raises(OSError, match="DHT udp port"):
+                    async with Station(taken):
+                        pass
