@@ -40,7 +40,7 @@ from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
 
 from macula.clock import now_ms
-from macula.transport import ALPN
+from macula.transport import ALPN, enlarge_receive_buffer
 from macula.wire.errors import RecordInvalid
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import realm_stations_key, station_endpoint_key
@@ -303,7 +303,9 @@ class StationDht:
     async def start(self, host: str, port: int) -> int:
         """Listen on UDP ``host:port`` (0 = any free port); the bound port."""
         await self._server.listen(port, host)
-        self.port = int(self._server.transport.get_extra_info("sockname")[1])
+        transport = self._server.transport
+        enlarge_receive_buffer(transport.get_extra_info("socket"))  # lookups answer in bursts
+        self.port = int(transport.get_extra_info("sockname")[1])
         config = self.config
         self._every(config.own_period_s, self.publish_own, first=True)
         self._every(config.replicate_period_s, self.replicate)
