@@ -20,6 +20,10 @@ Invariants:
   ``max_find_reply_bytes`` (and at most ``max_find_by_type`` by type). §6.6 makes the reply a
   plain array, so a cut reply is not marked in-band (a map would break every client): it is
   counted in ``stats["find_truncated"]``. Clients already treat the array as "some records".
+- With a ``dht`` (the DHT among stations, ``relay.federation.dht``): a stored put is also put
+  in the mesh, and ``find_record(s)`` merge the local store with the mesh (newest per signer),
+  each waiting at most ``mesh_wait_s``; a mesh that fails or is slow is counted (``dht_*``) and
+  the answer is the local one. ``find_records_by_type`` stays local.
 - Content: a block is accepted only under MCID version 1, codec 0x55, BLAKE3(payload) = digest
   (§13 #15); a manifest only if its fields hash to its MCID and its chunks fold to its root
   (§13 #14). A block whose hash differs is answered with the RESULT text ``hash_mismatch``.
@@ -30,10 +34,11 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
+from typing import Final, Protocol
 
 from macula.house import HOUSE_PROCEDURES
 from macula.wire import cbor
@@ -54,6 +59,7 @@ from relay.arguments import (
 )
 from relay.content_store import ContentStore
 from relay.core import BUILTINS
+from relay.federation.dht_storage import newest_per_signer
 from relay.outcome import Outcome, Refused, answer
 from relay.store import Found, RecordStore
 from relay.store_limits import QuotaExceeded, StoreLimits
@@ -75,6 +81,9 @@ MAX_RECORD_BYTES: Final = 64 * 1024
 MAX_BLOCK_BYTES: Final = 4 * 1024 * 1024
 MAX_MANIFEST_BYTES: Final = 4 * 1024 * 1024
 KEY_SIZE: Final = 32
+# how long a _dht.* built-in waits for the mesh (a put's store, a find's lookup) before it
+# answers with what it has
+DEFAULT_MESH_WAIT_S: Final = 3.0
 # records may claim a created_at this far ahead of the station clock when the frame skew check
 # is off (StationPolicy.max_clock_skew_ms = 0): a record's clock is always bounded
 DEFAULT_RECORD_SKEW_MS: Final = 300_000
@@ -114,6 +123,26 @@ def _record_refusal(exc: RecordInvalid) -> Refused:
     return refusal(reason, exc.detail)
 
 
+class RecordMesh(Protocol):
+    """The DHT among stations as the built-ins use it (``relay.federation.dht.StationDht``)."""
+
+    async def put(self, record: Record) -> int: ...
+
+    async def find(self, storage_key: bytes) -> list[Record]: ...
+
+
+def _within(records: list[Record], max_bytes: int, truncated: int) -> Found:
+    """The newest ``records`` whose RPC forms fit a CBOR array of ``max_bytes``."""
+    kept: list[Record] = []
+    used = 9  # the most an array header takes
+    for record in records:
+        used += len(cbor.encode(record.to_rpc()))
+        if used > max_bytes:
+            return Found(kept, 1)
+        kept.append(record)
+    return Found(kept, truncated)
+
+
 # --- the procedures ---------------------------------------------------------------------------
 
 _Handler = Callable[[object, int, int], Awaitable[object]]
@@ -130,6 +159,8 @@ class Builtins:
         station_id: bytes,
         limits: StoreLimits | None = None,
         max_clock_skew_ms: int = DEFAULT_RECORD_SKEW_MS,
+        dht: RecordMesh | None = None,
+        mesh_wait_s: float = DEFAULT_MESH_WAIT_S,
     ) -> None:
         if type(station_id) is not bytes or len(station_id) != KEY_SIZE:
             raise ValueError("station_id is the station's 32-byte node id")
@@ -138,6 +169,8 @@ class Builtins:
         self.station_id = station_id
         self.limits = StoreLimits() if limits is None else limits
         self.record_skew_ms = max_clock_skew_ms if max_clock_skew_ms > 0 else DEFAULT_RECORD_SKEW_MS
+        self.dht = dht
+        self.mesh_wait_s = mesh_wait_s
         self.stats: Counter[str] = Counter()
         self._handlers: dict[str, _Handler] = {
             "_dht.put_record": self._put_record,
@@ -191,7 +224,36 @@ class Builtins:
             raise _quota(exc) from None
         if stored == "stale":
             raise refusal("stale", "this signer already stored a newer record under this key")
+        await self._mesh_put(record)
         return OK
+
+    async def _mesh_put(self, record: Record) -> None:
+        """Also store ``record`` at the mesh's closest stations; stored here whatever happens."""
+        if self.dht is None:
+            return
+        try:
+            await asyncio.wait_for(self.dht.put(record), self.mesh_wait_s)
+        except TimeoutError:
+            self.stats["dht_put_timeout"] += 1
+        except Exception as exc:  # DhtRefused (e.g. too large for a UDP store) or a DHT fault
+            self.stats["dht_put_failed"] += 1
+            logger.debug("the mesh did not take a record: %s", exc)
+
+    async def _with_mesh(self, key: bytes, local: list[Record], now_ms: int) -> list[Record]:
+        """``local`` merged with what the mesh holds under ``key``: newest per signer."""
+        if self.dht is None:
+            return local
+        try:
+            found = await asyncio.wait_for(self.dht.find(key), self.mesh_wait_s)
+        except TimeoutError:
+            self.stats["dht_find_timeout"] += 1
+            return local
+        except Exception:
+            self.stats["dht_find_failed"] += 1
+            logger.exception("DHT lookup failed")
+            return local
+        alive = [r for r in found if not r.is_expired(now_ms)]
+        return newest_per_signer([*local, *alive])
 
     def _check_times(self, record: Record, now_ms: int) -> None:
         ahead = record.created_at - now_ms
@@ -211,13 +273,16 @@ class Builtins:
 
     async def _find_record(self, payload: object, now_ms: int, now_us: int) -> object:
         key = bytes_arg(arguments(payload), "key", KEY_SIZE)
-        found = await self.records.find(key, now_ms)
+        found = await self._with_mesh(key, await self.records.find(key, now_ms), now_ms)
         return found[0].to_rpc() if found else NOT_FOUND
 
     async def _find_records(self, payload: object, now_ms: int, now_us: int) -> object:
         key = bytes_arg(arguments(payload), "key", KEY_SIZE)
         found = await self.records.find_newest(key, now_ms, self.limits.max_find_reply_bytes)
-        return self._reply(found)
+        if self.dht is None:
+            return self._reply(found)
+        merged = await self._with_mesh(key, found.records, now_ms)
+        return self._reply(_within(merged, self.limits.max_find_reply_bytes, found.truncated))
 
     async def _find_records_by_type(self, payload: object, now_ms: int, now_us: int) -> object:
         record_type = integer(arguments(payload), "type", 0, 0xFF)

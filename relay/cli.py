@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--port", type=int, default=4433, help="UDP port (default 4433, 0 = any free)"
     )
     parser.add_argument(
+        "--dht-port",
+        type=int,
+        default=None,
+        help="UDP port of the DHT among stations (default: --port + 1, any free when --port is 0)",
+    )
+    parser.add_argument(
         "--data-dir",
         type=Path,
         default=None,
@@ -239,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> StationConfig:
     if not 0 <= args.port <= 65535:
         raise SystemExit(f"macula-relay: --port must be 0..65535, got {args.port}")
+    if args.dht_port is not None and not 0 <= args.dht_port <= 65535:
+        raise SystemExit(f"macula-relay: --dht-port must be 0..65535, got {args.dht_port}")
+    if args.dht_port and args.dht_port == args.port:
+        raise SystemExit("macula-relay: --dht-port cannot share the QUIC --port")
     if not 0 <= args.puzzle_difficulty <= 64:
         raise SystemExit("macula-relay: --puzzle-difficulty must be 0..64")
     if args.max_clock_skew_ms < 0:
@@ -307,6 +317,7 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         data_dir=data_dir,
         host=args.host,
         port=args.port,
+        dht_port=args.dht_port,
         advertised_hosts=args.advertise_host,
         policy=policy,
         house=house,
@@ -332,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     handler.setFormatter(KeyValueFormatter())
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     logging.getLogger("quic").setLevel(logging.WARNING)
+    for chatty in ("kademlia", "rpcudp"):  # the DHT package logs every lookup at INFO
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     config = config_from_args(args)
     try:
         asyncio.run(serve(config))

@@ -52,6 +52,7 @@ from relay.actions import (
 )
 from relay.builtins import Builtins
 from relay.core import BUILTINS, RouterCore
+from relay.federation.dht import DhtConfig, StationDht
 from relay.house.services import HouseConfig, HouseServices
 from relay.logbook import clip
 from relay.outcome import Outcome
@@ -67,6 +68,9 @@ class StationConfig:
     data_dir: Path
     host: str = "127.0.0.1"
     port: int = 4433
+    # the DHT among stations (UDP): None = port + 1, or any free port when port is 0
+    dht_port: int | None = None
+    dht: DhtConfig = field(default_factory=DhtConfig)
     # names and addresses clients may dial (certificate SANs, station_endpoint record)
     advertised_hosts: list[str] = field(default_factory=list)
     policy: StationPolicy = field(default_factory=StationPolicy)
@@ -120,6 +124,7 @@ class Station:
         self._content: ContentStore | None = None
         self._builtins: Builtins | None = None
         self._house: HouseServices | None = None
+        self._dht: StationDht | None = None
         self.port = 0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -193,6 +198,7 @@ class Station:
         if transport is not None:
             enlarge_receive_buffer(transport.get_extra_info("socket"))
         self.port = int(sockname[1]) if sockname else config.port
+        await self._start_dht(stack)
         self._house = await HouseServices.open(
             config.house, data_dir, self.identity.node_id, config.host, self.port
         )
@@ -205,6 +211,21 @@ class Station:
         log.info(
             "station %s listening on %s:%d", self.identity.node_id.hex(), config.host, self.port
         )
+
+    async def _start_dht(self, stack: contextlib.AsyncExitStack) -> None:
+        config, port = self.config, self.config.dht_port
+        if port is None:
+            port = config.port + 1 if 0 < config.port < 0xFFFF else 0
+        hosts = [*config.advertised_hosts, config.host]
+        assert self.identity is not None and self._builtins is not None
+        dht = StationDht(self.identity, quic_port=self.port, hosts=hosts, config=config.dht)
+        try:
+            bound = await dht.start(config.host, port)
+        except OSError as exc:
+            raise OSError(exc.errno, f"DHT udp port {port}: {exc.strerror}") from exc
+        stack.push_async_callback(dht.stop)
+        self._dht = self._builtins.dht = dht
+        log.info("DHT listening on udp %s:%d", config.host, bound)
 
     async def _drain(self) -> None:
         """GOODBYE to every client (§5.5), a moment for it to leave, then close them all."""
@@ -240,6 +261,11 @@ class Station:
     def core(self) -> RouterCore:
         assert self._core is not None, "station not started"
         return self._core
+
+    @property
+    def dht(self) -> StationDht:
+        assert self._dht is not None, "station not started"
+        return self._dht
 
     @property
     def node_id(self) -> bytes:
@@ -400,6 +426,7 @@ class Station:
                     "quic_port": self.port,
                     "host_advertised": [h.encode() for h in hosts],
                     "alpn": ALPN,
+                    "dht_port": self._dht.port if self._dht else 0,
                 },
                 now_ms=now,
                 version=record_version(now, os.urandom(10)),
@@ -408,6 +435,8 @@ class Station:
             try:
                 for signed in [record, *announced]:
                     await self._records.put(signed, signed.storage_key(), now)
+                for signed in announced if self._dht else []:  # its endpoint: StationDht's own
+                    await self.dht.put(signed)
                 await self._records.reap(now)  # §13 #12: expired records also leave the disk
             except Exception:
                 log.exception("could not refresh this station's records")

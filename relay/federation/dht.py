@@ -1,0 +1,497 @@
+"""The DHT among stations (issue 12): the ``kademlia`` package, adapted, over UDP.
+
+``StationDht`` puts, finds and republishes the records of PROTOCOL.md §10 at the stations
+closest to their key, and lists the live stations from their own records.
+
+How the package is adapted (no fork; its pickle ``save_state``/``load_state`` are never used):
+- ``_Protocol(KademliaProtocol)``: every datagram and request is checked before the package
+  sees it (msgpack garbage, unknown procedures, wrong argument types are counted in ``stats``
+  and dropped, never raised into the loop); every reply from a peer is checked before a crawler
+  reads it (a bad one counts as no reply, so the peer leaves the routing table). STORE takes a
+  CBOR array of wire-form records (``RecordShelf.accept_value`` validates each); FIND_VALUE
+  answers the records it holds *and* the closest nodes it knows, so a find crawls to the k
+  closest stations and merges them all (newest per signer) instead of stopping at the first.
+- ``RecordShelf`` (``relay.federation.dht_storage``) replaces the one-value-per-key storage.
+- ``_Server(Server)``: our protocol, our id (``dht_id`` of the station's node id), a checked
+  bootstrap ping, and no hourly table refresh of its own: ``StationDht`` runs the loops.
+Invariants:
+- A record is held here or sent to a peer only after ``check_record``; every record a find
+  returns was checked again here (the reader), whoever sent it.
+- ``StationDht`` owns its loops (own records every ``own_period_s``, re-storing everything it
+  holds to the current k closest plus reaping every ``replicate_period_s``, the routing table
+  refresh every ``refresh_period_s``); ``stop`` cancels and awaits them, then closes the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kademlia.crawling import NodeSpiderCrawl, SpiderCrawl
+from kademlia.network import Server
+from kademlia.node import Node
+from kademlia.protocol import KademliaProtocol
+
+from macula.clock import now_ms
+from macula.transport import ALPN, enlarge_receive_buffer
+from macula.wire.errors import RecordInvalid
+from macula.wire.identity import ZERO_REALM, Identity
+from macula.wire.record_keys import realm_stations_key, station_endpoint_key
+from macula.wire.records import (
+    STATION_ENDPOINT_TTL_MS,
+    Record,
+    RecordType,
+    new_record,
+    record_version,
+)
+from relay.federation.addresses import StationAddress
+from relay.federation.dht_storage import (
+    DHT_ID_SIZE,
+    DhtLimits,
+    DhtRefused,
+    RecordShelf,
+    check_record,
+    decode_value,
+    dht_id,
+    dht_storage_key,
+    encode_value,
+    newest_per_signer,
+)
+
+__all__ = ["DhtConfig", "DhtRefused", "StationAddress", "StationDht"]
+
+log = logging.getLogger("macula.relay.dht")
+
+_PROCEDURES: Final = frozenset({"ping", "store", "find_node", "find_value"})
+_MAX_NODES: Final = 64  # node triples accepted in one reply
+
+
+@dataclass(frozen=True, slots=True)
+class DhtConfig:
+    ksize: int = 20
+    alpha: int = 3
+    rpc_timeout_s: float = 2.0
+    own_period_s: float = 60.0
+    own_ttl_ms: int = STATION_ENDPOINT_TTL_MS
+    replicate_period_s: float = 600.0
+    refresh_period_s: float = 3600.0
+    # lookups stations() runs at once (more loses datagrams when many stations share a host)
+    stations_concurrency: int = 4
+    limits: DhtLimits = field(default_factory=DhtLimits)
+
+    def __post_init__(self) -> None:
+        for name in ("ksize", "alpha", "own_ttl_ms", "stations_concurrency"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
+                raise ValueError(f"DhtConfig.{name} must be a positive int")
+        for name in ("rpc_timeout_s", "own_period_s", "replicate_period_s", "refresh_period_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"DhtConfig.{name} must be positive")
+
+
+# --- what peers send, checked --------------------------------------------------------------
+
+
+def _is_id(value: object) -> bool:
+    return type(value) is bytes and len(value) == DHT_ID_SIZE
+
+
+def _is_node(value: object) -> bool:
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        return False
+    node_id, ip, port = value
+    if not _is_id(node_id) or type(ip) is not str or type(port) is not int:
+        return False
+    if not 0 < port <= 0xFFFF:
+        return False
+    try:
+        ipaddress.ip_address(ip)  # never a name to resolve
+    except ValueError:
+        return False
+    return True
+
+
+def _is_node_list(value: object) -> bool:
+    return isinstance(value, list) and len(value) <= _MAX_NODES and all(map(_is_node, value))
+
+
+def _is_found(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and type(value.get("value")) is bytes
+        and _is_node_list(value.get("nodes"))
+    )
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+_REQUEST_ARGS: Final[dict[str, tuple[Callable[[object], bool], ...]]] = {
+    "ping": (_is_id,),
+    "store": (_is_id, _is_id, lambda v: type(v) is bytes),
+    "find_node": (_is_id, _is_id),
+    "find_value": (_is_id, _is_id),
+}
+
+
+class _Protocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no type hints
+    storage: RecordShelf
+
+    def __init__(self, source_node: Node, storage: RecordShelf, ksize: int, timeout: float):
+        super().__init__(source_node, storage, ksize)
+        self._wait_timeout = timeout
+        self.stats = storage.stats
+
+    # -- requests in --
+
+    async def _solve_datagram(self, datagram: bytes, address: tuple[str, int]) -> None:
+        try:
+            await super()._solve_datagram(datagram, address)
+        except Exception:  # msgpack garbage and anything else a stranger can send
+            self.stats["malformed_datagram"] += 1
+
+    async def _accept_request(self, msg_id: bytes, data: object, address: Any) -> None:
+        if not isinstance(data, list) or len(data) != 2:
+            self.stats["malformed_request"] += 1
+            return
+        name, args = data
+        checks = _REQUEST_ARGS.get(name) if type(name) is str else None
+        if (
+            checks is None
+            or not isinstance(args, list)
+            or len(args) != len(checks)
+            or not all(check(arg) for check, arg in zip(checks, args, strict=True))
+        ):
+            self.stats["malformed_request"] += 1
+            return
+        try:
+            await super()._accept_request(msg_id, data, address)
+        except Exception:
+            self.stats["request_failed"] += 1
+            log.debug("DHT request %s from %s failed", name, address, exc_info=True)
+
+    def rpc_store(self, sender: Any, nodeid: bytes, key: bytes, value: bytes) -> int:
+        self.welcome_if_new(Node(nodeid, sender[0], sender[1]))
+        return self.storage.accept_value(key, value, self.storage.clock())
+
+    def rpc_find_value(self, sender: Any, nodeid: bytes, key: bytes) -> dict[str, Any]:
+        nodes = self.rpc_find_node(sender, nodeid, key)  # welcomes the sender
+        return {"value": self.storage.reply_value(key, self.storage.clock()), "nodes": nodes}
+
+    def _timeout(self, msg_id: bytes) -> None:
+        future = self._outstanding.pop(msg_id, (None, None))[0]
+        if future is not None and not future.done():
+            future.set_result((False, None))
+        self.stats["rpc_timeout"] += 1
+
+    # -- replies in --
+
+    def _checked(self, result: Any, check: Callable[[object], bool]) -> Any:
+        if result[0] and not check(result[1]):
+            self.stats["bad_reply"] += 1
+            return (False, None)
+        return result
+
+    async def call_ping(self, node_to_ask: Node) -> Any:
+        result = await self.ping((node_to_ask.ip, node_to_ask.port), self.source_node.id)
+        return self.handle_call_response(self._checked(result, _is_id), node_to_ask)
+
+    async def call_find_node(self, node_to_ask: Node, node_to_find: Node) -> Any:
+        address = (node_to_ask.ip, node_to_ask.port)
+        result = await self.find_node(address, self.source_node.id, node_to_find.id)
+        return self.handle_call_response(self._checked(result, _is_node_list), node_to_ask)
+
+    async def call_find_value(self, node_to_ask: Node, node_to_find: Node) -> Any:
+        address = (node_to_ask.ip, node_to_ask.port)
+        result = await self.find_value(address, self.source_node.id, node_to_find.id)
+        return self.handle_call_response(self._checked(result, _is_found), node_to_ask)
+
+    async def call_store(self, node_to_ask: Node, key: bytes, value: bytes) -> Any:
+        address = (node_to_ask.ip, node_to_ask.port)
+        result = await self.store(address, self.source_node.id, key, value)
+        return self.handle_call_response(self._checked(result, _is_count), node_to_ask)
+
+
+class _RecordCrawl(SpiderCrawl):  # type: ignore[misc]
+    """Crawls to the k closest stations, keeping every value they answer (not the first)."""
+
+    def __init__(self, protocol: _Protocol, node: Node, peers: list[Node], ksize: int, alpha: int):
+        super().__init__(protocol, node, peers, ksize, alpha)
+        self.values: list[bytes] = []
+
+    async def find(self) -> list[bytes]:
+        result: list[bytes] = await self._find(self.protocol.call_find_value)
+        return result
+
+    async def _nodes_found(self, responses: dict[bytes, Any]) -> list[bytes]:
+        gone = []
+        for peer_id, (answered, data) in responses.items():
+            if not answered:
+                gone.append(peer_id)
+                continue
+            self.values.append(data["value"])
+            self.nearest.push([Node(*triple) for triple in data["nodes"]])
+        self.nearest.remove(gone)
+        if self.nearest.have_contacted_all():
+            return self.values
+        return await self.find()
+
+
+class _Server(Server):  # type: ignore[misc]
+    protocol: _Protocol
+
+    def __init__(self, config: DhtConfig, node_id: bytes, storage: RecordShelf) -> None:
+        super().__init__(config.ksize, config.alpha, node_id, storage)
+        self._timeout = config.rpc_timeout_s
+
+    def _create_protocol(self) -> _Protocol:
+        return _Protocol(self.node, self.storage, self.ksize, self._timeout)
+
+    def refresh_table(self, interval: int = 3600) -> None:
+        pass  # StationDht runs the refresh on its own period (and cancels it on stop)
+
+    async def bootstrap_node(self, addr: tuple[str, int]) -> Node | None:
+        result = await self.protocol.ping(addr, self.node.id)
+        if result[0] and _is_id(result[1]):
+            return Node(result[1], addr[0], addr[1])
+        return None
+
+
+# --- the station's DHT ----------------------------------------------------------------------
+
+
+class StationDht:
+    """One station's node in the DHT among stations (FEDERATION.md's interface)."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        *,
+        quic_port: int,
+        hosts: Sequence[str],
+        config: DhtConfig | None = None,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.identity = identity
+        self.quic_port = quic_port
+        self.hosts = list(dict.fromkeys(hosts))
+        self.config = DhtConfig() if config is None else config
+        self.clock = clock
+        self.storage = RecordShelf(self.config.limits, clock)
+        self._server = _Server(self.config, dht_id(identity.node_id), self.storage)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.port = 0
+
+    @property
+    def stats(self) -> Counter[str]:
+        """Refusals and protocol counters (``refused_<reason>``, ``malformed_*``, ...)."""
+        return self.storage.stats
+
+    @property
+    def contacts(self) -> int:
+        """Stations in the routing table."""
+        protocol = self._server.protocol
+        return 0 if protocol is None else sum(len(b) for b in protocol.router.buckets)
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on UDP ``host:port`` (0 = any free port); the bound port."""
+        await self._server.listen(port, host)
+        transport = self._server.transport
+        enlarge_receive_buffer(transport.get_extra_info("socket"))  # lookups answer in bursts
+        self.port = int(transport.get_extra_info("sockname")[1])
+        config = self.config
+        self._every(config.own_period_s, self.publish_own, first=True)
+        self._every(config.replicate_period_s, self.replicate)
+        self._every(config.refresh_period_s, self._server._refresh_table)
+        return self.port
+
+    async def stop(self) -> None:
+        tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._server.stop()
+        protocol = self._server.protocol
+        if protocol is not None:  # pending calls end as "no reply" now, not at their timeout
+            for msg_id in list(protocol._outstanding):
+                protocol._outstanding[msg_id][1].cancel()
+                protocol._timeout(msg_id)
+
+    def _every(
+        self, period_s: float, work: Callable[[], Coroutine[Any, Any, Any]], first: bool = False
+    ) -> None:
+        async def loop() -> None:
+            if not first:
+                await asyncio.sleep(period_s)
+            while True:
+                try:
+                    await work()
+                except Exception:
+                    log.exception("DHT %s failed", getattr(work, "__name__", "work"))
+                await asyncio.sleep(period_s)
+
+        task = asyncio.get_running_loop().create_task(loop())
+        self._tasks.add(task)
+
+    async def bootstrap(self, addrs: list[tuple[str, int]]) -> None:
+        """Join through stations' DHT addresses (host names resolved), then publish."""
+        loop = asyncio.get_running_loop()
+        resolved: list[tuple[str, int]] = []
+        for host, port in addrs:
+            with contextlib.suppress(OSError):
+                infos = await loop.getaddrinfo(host, port, type=2)  # SOCK_DGRAM
+                resolved.extend((str(info[4][0]), port) for info in infos[:1])
+        await self._server.bootstrap(resolved)
+        await self.publish_own()
+
+    # -- records ---------------------------------------------------------------------------
+
+    def own_records(self, now: int) -> list[Record]:
+        """This station's station_endpoint (with its DHT port) and zero-realm realm_stations."""
+        identity, ttl = self.identity, self.config.own_ttl_ms
+        endpoint = {
+            "quic_port": self.quic_port,
+            "host_advertised": [h.encode() for h in self.hosts],
+            "alpn": ALPN,
+            "dht_port": self.port,
+        }
+        return [
+            new_record(
+                identity,
+                record_type,
+                payload,
+                now_ms=now,
+                version=record_version(now, os.urandom(10)),
+                ttl_ms=ttl,
+            )
+            for record_type, payload in (
+                (RecordType.STATION_ENDPOINT, endpoint),
+                (RecordType.REALM_STATIONS, {"realm": ZERO_REALM}),
+            )
+        ]
+
+    async def publish_own(self) -> None:
+        for record in self.own_records(self.clock()):
+            await self.put(record)
+
+    async def put(self, record: Record) -> int:
+        """Check ``record`` (``DhtRefused`` if it may not be held) and store it at the k
+        closest stations; how many took it (this one included)."""
+        now = self.clock()
+        dkey = dht_id(_key_of(record))
+        check_record(record, dkey, now, self.config.limits)
+        target = Node(dkey)
+        nodes = await self._closest(target)
+        stored = 0
+        if len(nodes) < self.config.ksize or self._server.node.distance_to(target) < max(
+            n.distance_to(target) for n in nodes
+        ):
+            stored += self.storage.accept(dkey, record, now)
+        value = encode_value([record])
+        replies = await asyncio.gather(
+            *(self._server.protocol.call_store(n, dkey, value) for n in nodes)
+        )
+        return stored + sum(1 for ok, taken in replies if ok and taken)
+
+    async def _closest(self, target: Node) -> list[Node]:
+        protocol = self._server.protocol
+        nearest = protocol.router.find_neighbors(target)
+        if not nearest:
+            return []
+        config = self.config
+        found: list[Node] = await NodeSpiderCrawl(
+            protocol, target, nearest, config.ksize, config.alpha
+        ).find()
+        return found
+
+    async def find(self, storage_key: bytes) -> list[Record]:
+        """The records under ``storage_key`` here and at the k closest stations, newest per
+        signer; each checked here, whoever held it."""
+        dkey = dht_id(storage_key)
+        now = self.clock()
+        found = self.storage.records(dkey, now)
+        protocol = self._server.protocol
+        nearest = protocol.router.find_neighbors(Node(dkey))
+        if nearest:
+            config = self.config
+            crawl = _RecordCrawl(protocol, Node(dkey), nearest, config.ksize, config.alpha)
+            found.extend(self._checked(await crawl.find(), dkey, self.clock()))
+        return newest_per_signer(found)
+
+    def _checked(self, values: list[bytes], dkey: bytes, now: int) -> list[Record]:
+        """The records of the stations' answers, each distinct one checked once (the k
+        closest mostly answer the same bytes: verifying every copy would cost k times more)."""
+        distinct: set[Record] = set()
+        for value in set(values):
+            distinct.update(decode_value(value, self.config.limits, self.stats))
+        kept = []
+        for record in distinct:
+            try:
+                check_record(record, dkey, now, self.config.limits)
+            except DhtRefused as exc:
+                self.stats[f"found_refused_{exc.reason}"] += 1
+                continue
+            kept.append(record)
+        return kept
+
+    async def replicate(self) -> int:
+        """Reap, then re-store every record held to the current k closest stations."""
+        now = self.clock()
+        self.storage.reap(now)
+        sent = 0
+        for dkey in self.storage.digests():
+            batches = self.storage.store_batches(self.storage.records(dkey, now))
+            nodes = await self._closest(Node(dkey))
+            calls = [self._server.protocol.call_store(n, dkey, b) for n in nodes for b in batches]
+            sent += len(await asyncio.gather(*calls))
+        self.stats["replicated"] += sent
+        return sent
+
+    async def stations(self) -> list[StationAddress]:
+        """Every live station: a realm_stations record under the zero realm's station_set key
+        and an unexpired station_endpoint record, both signed by that station."""
+        members = await self.find(realm_stations_key(ZERO_REALM))
+        signers = sorted({r.key for r in members if r.type == RecordType.REALM_STATIONS})
+        gate = asyncio.Semaphore(self.config.stations_concurrency)
+
+        async def address(node_id: bytes) -> StationAddress | None:
+            async with gate:
+                records = await self.find(station_endpoint_key(node_id))
+            return next(filter(None, map(_address, records)), None)
+
+        found = await asyncio.gather(*(address(s) for s in signers))
+        return [a for a in found if a is not None]
+
+
+def _key_of(record: Record) -> bytes:
+    try:
+        return dht_storage_key(record)
+    except RecordInvalid as exc:
+        raise DhtRefused(exc.reason, exc.detail) from None
+
+
+def _address(record: Record) -> StationAddress | None:
+    if record.type != RecordType.STATION_ENDPOINT:
+        return None
+    payload = record.payload
+    hosts, quic, dht = (
+        payload.get("host_advertised"),
+        payload.get("quic_port"),
+        payload.get("dht_port", 0),
+    )
+    if not isinstance(hosts, list) or not hosts or type(hosts[0]) is not bytes:
+        return None
+    if type(dht) is not int or not 0 <= dht <= 0xFFFF or type(quic) is not int:
+        return None
+    try:
+        host = hosts[0].decode()
+    except UnicodeDecodeError:
+        return None
+    return StationAddress(record.key, host, quic, dht)
