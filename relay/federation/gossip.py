@@ -108,7 +108,7 @@ class AdvertGossip:
 
     def station_linked(self, peer: Peer, now_ms: int) -> list[Action]:
         """A link came up: tell it every procedure a local client serves (one Send)."""
-        keys = [key for key, ad in self._local_ads() if ad]
+        keys = self._local_keys()
         if not keys or peer.control is None:
             return []
         data = b"".join(self._advertise(key, now_ms) for key in keys)
@@ -158,14 +158,14 @@ class AdvertGossip:
             if p.is_station and p.state is PeerState.CONNECTED and p.control is not None
         ]
 
-    def _local_ads(self) -> list[tuple[ProcedureKey, bool]]:
-        """Every advertised key, and whether a CONNECTED local client holds it."""
-        out: list[tuple[ProcedureKey, bool]] = []
+    def _local_keys(self) -> list[ProcedureKey]:
+        """Every procedure a CONNECTED local client advertises, sorted."""
+        keys: list[ProcedureKey] = []
         for conn in {ad.conn for ad in self._adverts.values()}:
             peer = self._peers.get(conn)
-            local = peer is not None and peer.state is PeerState.CONNECTED and not peer.is_station
-            out += [(key, local) for key in self._adverts.keys_for(conn)]
-        return out
+            if peer is not None and peer.state is PeerState.CONNECTED and not peer.is_station:
+                keys += self._adverts.keys_for(conn)
+        return sorted(keys)
 
     def _advertise(self, key: ProcedureKey, now_ms: int) -> bytes:
         frame = Advertise(
