@@ -9,6 +9,7 @@ at ``until_ms`` (the shell's timer); the core answers ``ResumeReading`` once it 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from macula.wire.frames import Call
 
@@ -58,4 +59,16 @@ class ResumeReading:
     stream: int
 
 
-Action = Send | EndStream | Close | RunBuiltin | PauseReading | ResumeReading
+@dataclass(frozen=True, slots=True)
+class StationReplied:
+    """A CALL this station made (``RouterCore.call_station``) settled: ``ok`` with the RESULT
+    payload, else ``payload`` is the ERROR detail text (or None) and ``code`` its §9 code (an
+    unknown link, the link's loss and the deadline passing settle it so too)."""
+
+    call_id: bytes
+    ok: bool
+    payload: Any
+    code: int | None = None
+
+
+Action = Send | EndStream | Close | RunBuiltin | PauseReading | ResumeReading | StationReplied

@@ -29,6 +29,12 @@ Invariants:
   (§13 #14). A block whose hash differs is answered with the RESULT text ``hash_mismatch``.
   Past ``content_bytes_total`` the least recently used content goes (``relay.content_store``);
   when nothing old enough can go, a put is 0x0F ``quota_exceeded``.
+- Content across stations (``relay.federation.content``): a get that misses here and carries no
+  ``hops_remaining`` asks ``ask_peers`` (up to a few linked stations, with ``hops_remaining`` 0);
+  an answer is used only if it hashes to the MCID asked for (a manifest: verifies against it),
+  a wrong one is counted (``peer_content_mismatch``) and ignored; the first good one is cached
+  under the store limits (a full store only means it is not cached) and returned. A get that
+  carries ``hops_remaining`` (0, the only value accepted) never asks anyone.
 - Error details are ``<reason>: <text>`` in UTF-8, at most ``MAX_DETAIL_CHARS`` characters.
 """
 
@@ -59,6 +65,7 @@ from relay.arguments import (
 )
 from relay.content_store import ContentStore
 from relay.core import BUILTINS
+from relay.federation.content import HOPS_REMAINING, AskPeers
 from relay.federation.dht_storage import newest_per_signer
 from relay.outcome import Outcome, Refused, answer
 from relay.store import Found, RecordStore
@@ -114,6 +121,16 @@ def _replicate_field(args: Args) -> None:
         raise bad_request(f'\'replicate\' must be text "true" or "false", got {kind(value)}')
 
 
+def _hops_field(args: Args) -> bool:
+    """True when the get must not fan out: it carries ``hops_remaining`` (a station asked)."""
+    if HOPS_REMAINING not in args:
+        return False
+    value = args[HOPS_REMAINING]
+    if type(value) is not int or value != 0:
+        raise bad_request(f"'{HOPS_REMAINING}' may only be 0, got {kind(value)}")
+    return True
+
+
 def _quota(exc: QuotaExceeded) -> Refused:
     return refusal("quota_exceeded", str(exc))
 
@@ -161,6 +178,7 @@ class Builtins:
         max_clock_skew_ms: int = DEFAULT_RECORD_SKEW_MS,
         dht: RecordMesh | None = None,
         mesh_wait_s: float = DEFAULT_MESH_WAIT_S,
+        ask_peers: AskPeers | None = None,
     ) -> None:
         if type(station_id) is not bytes or len(station_id) != KEY_SIZE:
             raise ValueError("station_id is the station's 32-byte node id")
@@ -172,6 +190,7 @@ class Builtins:
         self.dht = dht
         self.mesh_wait_s = mesh_wait_s
         self.stats: Counter[str] = Counter()
+        self.ask_peers = ask_peers  # linked stations, asked on a content miss
         self._handlers: dict[str, _Handler] = {
             "_dht.put_record": self._put_record,
             "_dht.find_record": self._find_record,
@@ -316,9 +335,36 @@ class Builtins:
         return OK
 
     async def _get_block(self, payload: object, now_ms: int, now_us: int) -> object:
-        mcid = _mcid_field(arguments(payload), CODEC_RAW)
+        args = arguments(payload)
+        mcid = _mcid_field(args, CODEC_RAW)
+        local_only = _hops_field(args)
         data = await self.content.get_block(mcid.digest, now_ms)
+        if data is None and not local_only:
+            data = await self._block_from_peers(mcid, now_ms)
         return NOT_FOUND if data is None else data
+
+    async def _block_from_peers(self, mcid: Mcid, now_ms: int) -> bytes | None:
+        """The block from a linked station, checked against ``mcid`` and cached; else None."""
+        if self.ask_peers is None:
+            return None
+        self.stats["peer_content_asked"] += 1
+        for reply in await self.ask_peers("_content.get_block", {"mcid": mcid.to_bytes()}):
+            if reply == NOT_FOUND:
+                continue
+            if (
+                type(reply) is not bytes
+                or len(reply) > MAX_BLOCK_BYTES
+                or digest(reply) != mcid.digest
+            ):
+                self.stats["peer_content_mismatch"] += 1
+                continue
+            self.stats["peer_content_fetched"] += 1
+            try:
+                await self.content.put_block(mcid.digest, reply, now_ms, self.limits)
+            except QuotaExceeded:
+                self.stats["peer_content_not_cached"] += 1
+            return reply
+        return None
 
     async def _put_manifest(self, payload: object, now_ms: int, now_us: int) -> object:
         raw = required(arguments(payload), "manifest")
@@ -341,9 +387,37 @@ class Builtins:
         return OK
 
     async def _get_manifest(self, payload: object, now_ms: int, now_us: int) -> object:
-        mcid = _mcid_field(arguments(payload), CODEC_MANIFEST)
+        args = arguments(payload)
+        mcid = _mcid_field(args, CODEC_MANIFEST)
+        local_only = _hops_field(args)
         manifest = await self.content.get_manifest(mcid.digest, now_ms)
+        if manifest is None and not local_only:
+            manifest = await self._manifest_from_peers(mcid, now_ms)
         return NOT_FOUND if manifest is None else manifest.to_wire()
+
+    async def _manifest_from_peers(self, mcid: Mcid, now_ms: int) -> Manifest | None:
+        """The manifest from a linked station, verified against ``mcid`` and cached."""
+        if self.ask_peers is None:
+            return None
+        self.stats["peer_content_asked"] += 1
+        for reply in await self.ask_peers("_content.get_manifest", {"mcid": mcid.to_bytes()}):
+            if reply == NOT_FOUND:
+                continue
+            try:
+                manifest = Manifest.from_wire(reply)
+                manifest.verify(mcid)
+                if len(cbor.encode(manifest.to_wire())) > MAX_MANIFEST_BYTES:
+                    raise ContentInvalid("too_large", "manifest above the size cap")
+            except (ContentInvalid, ProtocolError):
+                self.stats["peer_content_mismatch"] += 1
+                continue
+            self.stats["peer_content_fetched"] += 1
+            try:
+                await self.content.put_manifest(manifest, now_ms, self.limits)
+            except QuotaExceeded:
+                self.stats["peer_content_not_cached"] += 1
+            return manifest
+        return None
 
     # -- _relay.* --
 

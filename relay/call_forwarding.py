@@ -1,11 +1,16 @@
 """CALLs forwarded to the node that advertised the procedure (PROTOCOL.md §6.2), sans-I/O.
 
 ``RouterCore`` owns it and hands it only verified CALLs that passed its checks, and verified
-RESULT/ERROR frames. Invariants: a CALL is forwarded verbatim, only to a CONNECTED advertiser,
-and only while no CALL with the same ``call_id`` is pending; a reply is accepted only from the
-connection the CALL went to and only signed by that node (§13 #3); every pending call ends
-exactly once — replied, expired (0x07 at the caller's deadline, 0x0F at the end of the
-forwarding slot), failed with 0x04 when its provider goes, or dropped when its caller goes.
+RESULT/ERROR frames. Invariants: a CALL is forwarded verbatim, only to a CONNECTED advertiser
+(a local client first, else a linked station that gossiped it: ``AdvertGossip.serving``), and
+only while no CALL with the same ``call_id`` is pending; a CALL that came from a station peer
+goes only to a local client (one hop across the mesh, else 0x01); a reply is accepted only
+from the connection the CALL went to and only signed by that node (§13 #3) — over a link, by
+whichever node answered behind it (the frame is verified against its own signer); every
+pending call ends exactly once — replied, expired (0x07 at the caller's deadline, 0x0F at the
+end of the forwarding slot), failed with 0x01 when its provider (or link) goes, or dropped
+when its caller goes. The station's own CALLs (caller ``ORIGIN``) end the same ways, each as
+one ``StationReplied``.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ from collections.abc import Callable
 
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Call, Error, Result
-from relay.actions import Action, Send
-from relay.adverts import AdvertTable
+from relay.actions import Action, Send, StationReplied
+from relay.federation.gossip import AdvertGossip
 from relay.peers import Peer, PeerState
-from relay.pending import Pending, PendingCalls
+from relay.pending import ORIGIN, Pending, PendingCalls
 from relay.station_frames import StationFrames
 
 
@@ -25,7 +30,7 @@ class CallForwarder:
     def __init__(
         self,
         peers: dict[int, Peer],
-        adverts: AdvertTable,
+        gossip: AdvertGossip,
         pending: PendingCalls,
         frames: StationFrames,
         *,
@@ -34,7 +39,7 @@ class CallForwarder:
         count: Callable[[str], None],
     ) -> None:
         self._peers = peers
-        self._adverts = adverts
+        self._gossip = gossip
         self.pending = pending
         self._frames = frames
         self._forward_slot_ms = forward_slot_ms
@@ -43,9 +48,11 @@ class CallForwarder:
 
     def forward(self, peer: Peer, stream: int, call: Call, now_ms: int) -> list[Action]:
         """Send ``call`` to its advertiser, or answer the caller why not."""
-        ad = self._adverts.get((call.realm, call.procedure))
-        provider = self._peers.get(ad.conn) if ad is not None else None
-        if provider is None or provider.state is not PeerState.CONNECTED:
+        key = (call.realm, call.procedure)
+        provider = self._gossip.serving(key, local_only=peer.is_station)
+        if provider is None:
+            if peer.is_station and self._gossip.serving(key, local_only=False) is not None:
+                self._count("calls_second_hop_refused")
             return self.no_route(peer, stream, call, now_ms)
         if call.call_id in self.pending:
             detail = b"bad_request: this call_id is already in flight"
@@ -61,10 +68,30 @@ class CallForwarder:
                 provider.node_id,
                 min(call.deadline_ms, slot_end),
                 slot_only=slot_end < call.deadline_ms,
+                via_link=provider.is_station,
             )
         )
-        self._count("calls_forwarded")
+        self._count("calls_forwarded_to_station" if provider.is_station else "calls_forwarded")
         return [Send(provider.conn, provider.control or 0, self._frames.relayed(call))]
+
+    def originate(self, link: Peer, call: Call, now_ms: int) -> list[Action]:
+        """Sign the station's own ``call`` and send it on ``link``; its reply, or its failure,
+        comes back as one ``StationReplied``."""
+        slot_end = now_ms + self._forward_slot_ms
+        self.pending.add(
+            Pending(
+                call.call_id,
+                ORIGIN,
+                0,
+                link.conn,
+                link.node_id,
+                min(call.deadline_ms, slot_end),
+                slot_only=slot_end < call.deadline_ms,
+                via_link=True,
+            )
+        )
+        self._count("station_calls")
+        return [Send(link.conn, link.control or 0, self._frames.sign(call))]
 
     def no_route(self, peer: Peer, stream: int, call: Call, now_ms: int) -> list[Action]:
         self._count("calls_no_route")
@@ -78,11 +105,15 @@ class CallForwarder:
         if (
             pending is None
             or pending.provider_conn != peer.conn
-            or responder != pending.provider_node
+            or (responder != pending.provider_node and not pending.via_link)
         ):
             self._drop(peer, "unexpected_reply", "reply to a call not forwarded to this connection")
             return []
         self.pending.pop(reply.call_id)
+        if pending.caller_conn == ORIGIN:
+            if isinstance(reply, Result):
+                return [StationReplied(reply.call_id, True, reply.payload)]
+            return [StationReplied(reply.call_id, False, reply.detail_text, reply.code)]
         caller = self._peers.get(pending.caller_conn)
         if caller is None:
             return []
@@ -108,6 +139,8 @@ class CallForwarder:
         for pending in self.pending.involving(conn):
             if pending.provider_conn == conn:
                 why = "provider disconnected before replying"
+                if pending.via_link:
+                    why = "the link to the station serving it was lost before a reply"
                 out += self._fail(pending.call_id, ErrorCode.UNKNOWN_NEXT_PEER, why, now_ms)
             else:
                 self.pending.pop(pending.call_id)
@@ -117,6 +150,8 @@ class CallForwarder:
         pending = self.pending.pop(call_id)
         if pending is None:
             return []
+        if pending.caller_conn == ORIGIN:
+            return [StationReplied(call_id, False, detail, code)]
         caller = self._peers.get(pending.caller_conn)
         if caller is None or caller.state is not PeerState.CONNECTED:
             return []

@@ -54,17 +54,28 @@ from macula.wire.frames import (
     parse_frame,
 )
 from macula.wire.identity import Identity
-from relay.actions import Action, Close, EndStream, PauseReading, ResumeReading, RunBuiltin, Send
+from relay.actions import (
+    Action,
+    Close,
+    EndStream,
+    PauseReading,
+    ResumeReading,
+    RunBuiltin,
+    Send,
+    StationReplied,
+)
 from relay.admission import FrameAdmission, Rejected
 from relay.adverts import AdvertTable, ProcedureKey
 from relay.call_forwarding import CallForwarder
 from relay.connection_caps import ConnectionCaps
+from relay.federation.content import hops_refusal
+from relay.federation.gossip import AdvertGossip
 from relay.interest import DECLARATIONS, InterestRouter
 from relay.logbook import Refusals, clip
 from relay.outcome import Outcome
 from relay.pacing import PublishPacer
 from relay.peers import Peer, PeerState
-from relay.pending import PendingCalls
+from relay.pending import ORIGIN, PendingCalls
 from relay.policy import StationPolicy
 from relay.routes import RouteTable
 from relay.station_frames import StationFrames
@@ -104,6 +115,7 @@ class RouterCore:
         self.services = services  # (realm, procedure) served by the station itself
         self.policy = policy
         self.frames = StationFrames(identity, random_bytes)
+        self._random = random_bytes
         self.peers: dict[int, Peer] = {}
         self.node_conn: dict[bytes, int] = {}
         self.subscriptions = SubscriptionTable()
@@ -116,9 +128,15 @@ class RouterCore:
         self.pacer = PublishPacer()
         self.caps = ConnectionCaps(policy.max_connections, policy.max_connections_per_address)
         self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
-        self.streams = StreamRelay(
+        self.gossip = AdvertGossip(
             self.peers,
             self.adverts,
+            self.frames,
+            max_station_advertisements=policy.quotas.max_station_advertisements,
+        )
+        self.streams = StreamRelay(
+            self.peers,
+            self.gossip,
             self.routes,
             self.frames,
             route_ttl_ms=policy.stream_route_ttl_ms,
@@ -128,7 +146,7 @@ class RouterCore:
         )
         self.calls = CallForwarder(
             self.peers,
-            self.adverts,
+            self.gossip,
             self.pending,
             self.frames,
             forward_slot_ms=policy.forward_slot_ms,
@@ -146,6 +164,7 @@ class RouterCore:
             station_serves=self._serves_itself,
             drop=self._drop,
             count=self._count,
+            gossip=self.gossip,
         )
 
     # --- entry points ---------------------------------------------------------------------
@@ -402,6 +421,8 @@ class RouterCore:
         self.node_conn[peer.node_id] = peer.conn
         if older is not None and older in self.peers:
             out += self._replace(self.peers[older], now_ms)
+        if peer.is_station:
+            out += self._gossip_linked(peer, now_ms)
 
     def _replace(self, older: Peer, now_ms: int) -> list[Action]:
         """Same identity, newer handshake: the older connection is told and closed (§5.4)."""
@@ -490,19 +511,73 @@ class RouterCore:
 
     def _call_refusal(self, peer: Peer, call: Call, now_ms: int) -> tuple[int, str] | None:
         quotas = self.policy.quotas
-        if call.caller != peer.node_id:
+        # over a link the caller is whoever signed the CALL (admission verified it)
+        if call.caller != peer.node_id and not peer.is_station:
             return ErrorCode.SIGNATURE_INVALID, "caller is not this connection's identity"
+        hops = hops_refusal(call.procedure, call.payload, from_station=peer.is_station)
+        if hops is not None:
+            self.stats["hops_refused"] += 1
+            return ErrorCode.UNKNOWN_ERROR, hops
         if not peer.call_bucket.take(now_ms):
             self.stats["calls_rate_limited"] += 1
             return ErrorCode.UPSTREAM_CONGESTION, f"call rate above {quotas.call_rate:g}/s"
         if call.deadline_ms <= now_ms:
             return ErrorCode.EXPIRY_TOO_SOON, "deadline_ms has already passed"
         in_flight = self.pending.in_flight_for(peer.conn) + self.builtins_running[peer.conn]
-        if in_flight >= quotas.max_pending_calls:
+        limit = quotas.max_station_pending_calls if peer.is_station else quotas.max_pending_calls
+        if in_flight >= limit:
             return ErrorCode.UPSTREAM_CONGESTION, (
-                f"more than {quotas.max_pending_calls} calls in flight on this connection"
+                f"more than {limit} calls in flight on this connection"
             )
         return None
+
+    # --- federation: this station's own CALLs and its adverts on a new link ------------------
+
+    def call_station(
+        self,
+        node_id: bytes,
+        procedure: str,
+        payload: Any,
+        deadline_ms: int,
+        now_ms: int,
+        *,
+        realm: bytes = bytes(32),
+    ) -> tuple[bytes, list[Action]]:
+        """A CALL signed by this station on the link to station ``node_id``: its call_id, and
+        the Send. It settles as one ``StationReplied`` (``ok`` False for an unknown link, the
+        link's loss, the deadline passing, or over ``max_station_calls`` in flight)."""
+        call_id = self._random(16)
+        conn = self.node_conn.get(node_id)
+        link = self.peers.get(conn) if conn is not None else None
+        if link is None or not link.is_station or link.state is not PeerState.CONNECTED:
+            code = ErrorCode.UNKNOWN_NEXT_PEER
+            return call_id, [StationReplied(call_id, False, "no link to that station", code)]
+        limit = self.policy.max_station_calls
+        if self.pending.in_flight_for(ORIGIN) >= limit:
+            detail = f"more than {limit} station calls in flight"
+            return call_id, [StationReplied(call_id, False, detail, ErrorCode.UPSTREAM_CONGESTION)]
+        call = Call(
+            **self.frames.stamp(now_ms),
+            call_id=call_id,
+            procedure=procedure,
+            realm=realm,
+            payload=payload,
+            deadline_ms=deadline_ms,
+            caller=self.identity.node_id,
+        )
+        return call_id, self.calls.originate(link, call, now_ms)
+
+    def linked_stations(self) -> list[bytes]:
+        """The node ids of the stations linked now (CONNECTED station peers)."""
+        return [
+            p.node_id
+            for p in self.peers.values()
+            if p.is_station and p.state is PeerState.CONNECTED
+        ]
+
+    def _gossip_linked(self, peer: Peer, now_ms: int) -> list[Action]:
+        """A station peer's link came up: it is told the procedures our clients serve."""
+        return self.gossip.station_linked(peer, now_ms)
 
     # --- dedicated streams (§6.3, §8) ---------------------------------------------------------
 
@@ -518,10 +593,9 @@ class RouterCore:
                 out += self.streams.relay(peer, stream, route, relayed, now_ms)
             return
         if stream not in peer.content_streams:
-            if (
-                len(peer.content_streams) + self.routes.count_for(peer.conn)
-                >= self.policy.quotas.max_streams
-            ):
+            quotas = self.policy.quotas
+            limit = quotas.max_station_streams if peer.is_station else quotas.max_streams
+            if len(peer.content_streams) + self.routes.count_for(peer.conn) >= limit:
                 self._drop(peer, "stream_quota", "dedicated stream quota reached")
                 msg = b"too many streams on this connection"
                 out += self.streams.refuse(peer, stream, frame_map, b"quota_exceeded", msg, now_ms)
@@ -547,7 +621,7 @@ class RouterCore:
     def _forget_peer(self, peer: Peer, now_ms: int) -> list[Action]:
         """Purge what a closing (or replaced) connection owned (§6.1, §7.5, §8.4)."""
         out: list[Action] = []
-        self.interest.release_adverts(peer.conn, now_ms)
+        out += self.interest.release_adverts(peer.conn, now_ms)
         out += self.calls.forget_conn(peer.conn, now_ms)
         out += self.streams.forget_conn(peer.conn, now_ms)
         self.pacer.forget(peer.conn)

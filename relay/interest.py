@@ -7,9 +7,11 @@ declaration names the connection's own identity, else it is a counted drop (fore
 ADVERTISE/UNADVERTISE §13 #5, SUBSCRIBE #6, PUBLISH #7), as is a PUBLISH whose
 ``publisher_sig`` does not verify; built-in, station-served and house procedure names are
 never advertised; a procedure has one advertiser while that connection lives, and a released
-one stays tombstoned for ``tombstone_ms`` to everyone but its former owner; gossip from a
-station is first-write-wins; per-connection advertisement and per-node subscription quotas
-hold; an EVENT goes only to CONNECTED subscribers, on their control stream.
+one stays tombstoned for ``tombstone_ms`` to everyone but its former owner; a station peer's
+ADVERTISE is kept apart (``relay.federation.gossip``: a local client wins, then the first
+station) and a local client's advert appearing or going is told to the links;
+per-connection advertisement and per-node subscription quotas hold; an EVENT goes only to
+CONNECTED subscribers, on their control stream.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from macula.wire.frames import (
 )
 from relay.actions import Action, Send
 from relay.adverts import AdvertTable, ProcedureKey
+from relay.federation.gossip import AdvertGossip
 from relay.peers import Peer, PeerState
 from relay.policy import Quotas
 from relay.station_frames import StationFrames
@@ -50,7 +53,9 @@ class InterestRouter:
         station_serves: Callable[[ProcedureKey], bool],
         drop: Callable[[Peer, str, str], None],
         count: Callable[[str], None],
+        gossip: AdvertGossip | None = None,
     ) -> None:
+        self.gossip = gossip  # tells linked stations of local adverts; keeps theirs
         self._peers = peers
         self._node_conn = node_conn
         self._adverts = adverts
@@ -71,53 +76,73 @@ class InterestRouter:
         elif isinstance(frame, Unsubscribe):
             self._unsubscribe(peer, frame)
         elif isinstance(frame, Advertise):
-            self._advertise(peer, frame, now_ms)
+            return self._advertise(peer, frame, now_ms)
         else:
-            self._unadvertise(peer, frame, now_ms)
+            return self._unadvertise(peer, frame, now_ms)
         return []
 
-    def release_adverts(self, conn: int, now_ms: int) -> None:
-        """``conn`` is going: its advertisements end, each leaving a tombstone (§6.1)."""
+    def release_adverts(self, conn: int, now_ms: int) -> list[Action]:
+        """``conn`` is going: its advertisements end, each leaving a tombstone (§6.1), and
+        linked stations are told; a link's gossiped advertisements go with it."""
         until_ms = now_ms + self._tombstone_ms
+        out: list[Action] = []
         for key in self._adverts.keys_for(conn):
             self._adverts.remove(key, until_ms)
+            if self.gossip is not None:
+                out += self.gossip.local_removed(key, now_ms)
+        if self.gossip is not None:
+            self.gossip.link_lost(conn)
+        return out
 
     # --- advertisements (§6.1) --------------------------------------------------------------
 
-    def _advertise(self, peer: Peer, frame: Advertise, now_ms: int) -> None:
+    def _advertise(self, peer: Peer, frame: Advertise, now_ms: int) -> list[Action]:
         key = (frame.realm, frame.procedure)
         if frame.advertiser != peer.node_id:
-            return self._drop(peer, "foreign_advertise", "advertiser is not this connection")
+            self._drop(peer, "foreign_advertise", "advertiser is not this connection")
+            return []
         if self._station_serves(key):
-            return self._drop(peer, "builtin_advertise", f"{frame.procedure} is the station's")
+            self._drop(peer, "builtin_advertise", f"{frame.procedure} is the station's")
+            return []
         if frame.procedure in HOUSE_PROCEDURES:  # reserved in every realm, issue 11
-            return self._drop(peer, "reserved_advertise", f"{frame.procedure} is a house service")
+            self._drop(peer, "reserved_advertise", f"{frame.procedure} is a house service")
+            return []
+        if peer.is_station:  # gossip: kept apart, a local client wins (relay.federation.gossip)
+            refused = self.gossip.station_advertised(peer, key) if self.gossip else "no_gossip"
+            if refused is not None:
+                self._drop(peer, refused, "station advertisement quota reached")
+            return []
         current = self._adverts.get(key)
         if current is not None and current.node_id != peer.node_id and current.conn in self._peers:
-            return self._drop(
-                peer, "advertise_taken", f"{frame.procedure} is served by another node"
-            )
+            self._drop(peer, "advertise_taken", f"{frame.procedure} is served by another node")
+            return []
         released_by = self._adverts.released_by(key, now_ms)
         if released_by is not None and released_by != peer.node_id:
-            return self._drop(peer, "advertise_tombstoned", f"{frame.procedure} was just released")
-        if peer.is_station and current is not None:
-            return None  # gossip is first-write-wins (§6.1)
-        if (
-            not self._adverts.held_by(peer.conn, key)
-            and self._adverts.count_for(peer.conn) >= self._quotas.max_advertisements
-        ):
-            return self._drop(peer, "advertise_quota", "advertisement quota reached")
+            self._drop(peer, "advertise_tombstoned", f"{frame.procedure} was just released")
+            return []
+        if self._adverts.held_by(peer.conn, key):
+            return []  # already so: nothing changes, nothing to tell the links
+        if self._adverts.count_for(peer.conn) >= self._quotas.max_advertisements:
+            self._drop(peer, "advertise_quota", "advertisement quota reached")
+            return []
         self._adverts.put(key, peer.node_id, peer.conn)
         self._count("advertisements")
-        return None
+        return self.gossip.local_added(key, now_ms) if self.gossip is not None else []
 
-    def _unadvertise(self, peer: Peer, frame: Unadvertise, now_ms: int) -> None:
+    def _unadvertise(self, peer: Peer, frame: Unadvertise, now_ms: int) -> list[Action]:
         key = (frame.realm, frame.procedure)
+        if peer.is_station:
+            if frame.advertiser != peer.node_id or self.gossip is None:
+                self._drop(peer, "foreign_unadvertise", "only the owner may unadvertise")
+            elif not self.gossip.station_unadvertised(peer, key):
+                self._drop(peer, "unknown_unadvertise", "this station did not advertise it")
+            return []
         current = self._adverts.get(key)
         if frame.advertiser != peer.node_id or current is None or current.node_id != peer.node_id:
-            return self._drop(peer, "foreign_unadvertise", "only the owner may unadvertise")
+            self._drop(peer, "foreign_unadvertise", "only the owner may unadvertise")
+            return []
         self._adverts.remove(key, now_ms + self._tombstone_ms)
-        return None
+        return self.gossip.local_removed(key, now_ms) if self.gossip is not None else []
 
     # --- pub/sub (§7) -------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+ORIGIN = -1  # ``caller_conn`` of a CALL the station made itself (``RouterCore.call_station``)
+
 
 @dataclass(slots=True)
 class Pending:
@@ -23,6 +25,9 @@ class Pending:
     provider_node: bytes
     answer_by_ms: int
     slot_only: bool = False  # answer_by is the 60 s forwarding slot, not the caller's deadline
+    # forwarded over a station link: the reply is signed by whoever answered behind that
+    # station (its client, or the station itself), not by ``provider_node``
+    via_link: bool = False
 
 
 class PendingCalls:

@@ -30,6 +30,12 @@ class Quotas:
     # bytes written to a connection's control stream that QUIC has not sent yet (the client is
     # not keeping up); past this the station says GOODBYE slow_consumer and closes it
     max_outbound_bytes: int = 16 * 1024 * 1024
+    # --- a station peer (a link, docs/federation.md) carries all its clients' traffic, so its
+    # bounds are larger than a client's: procedures it may advertise (its clients' adverts),
+    # CALLs it may have in flight here, dedicated streams it may hold open
+    max_station_advertisements: int = 10_000
+    max_station_pending_calls: int = 16_384
+    max_station_streams: int = 4_096
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +74,13 @@ class StationPolicy:
     quic_retry: bool = True
     # at most one log line summing up a connection's refused frames per this interval
     log_summary_ms: int = 10_000
+    # --- federation (docs/federation.md) ---
+    # CALLs this station itself has in flight on its links (``RouterCore.call_station``)
+    max_station_calls: int = 1_024
+    # a content block or manifest missing here is asked of at most this many linked stations,
+    # each given this long to answer
+    content_fanout: int = 3
+    content_fetch_timeout_ms: int = 2_000
 
 
 class ReplayWindow:

@@ -19,6 +19,9 @@ class Leg:
     conn: int
     stream: int
     node_id: bytes
+    # a station link: its frames are signed by the nodes behind it (each verified against its
+    # own ``signer``), not by ``node_id``
+    via_link: bool = False
 
 
 @dataclass(slots=True)

@@ -49,9 +49,11 @@ from relay.actions import (
     ResumeReading,
     RunBuiltin,
     Send,
+    StationReplied,
 )
 from relay.builtins import Builtins
 from relay.core import BUILTINS, RouterCore
+from relay.federation.content import peer_asker
 from relay.federation.dht import DhtConfig, StationDht
 from relay.house.services import HouseConfig, HouseServices
 from relay.logbook import clip
@@ -125,6 +127,7 @@ class Station:
         self._builtins: Builtins | None = None
         self._house: HouseServices | None = None
         self._dht: StationDht | None = None
+        self._station_calls: dict[bytes, asyncio.Future[StationReplied]] = {}
         self.port = 0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -169,6 +172,12 @@ class Station:
             station_id=self.identity.node_id,
             limits=config.store_limits,
             max_clock_skew_ms=config.policy.max_clock_skew_ms,
+            ask_peers=peer_asker(
+                lambda: self.core.linked_stations(),
+                self.call_station,
+                fanout=config.policy.content_fanout,
+                timeout_s=config.policy.content_fetch_timeout_ms / 1000,
+            ),
         )
         self._core = RouterCore(
             self.identity,
@@ -343,6 +352,30 @@ class Station:
             connection = self._connections.get(action.conn)
             if connection is not None:
                 connection.resume_reading(action.stream)
+        elif isinstance(action, StationReplied):
+            future = self._station_calls.pop(action.call_id, None)
+            if future is not None and not future.done():
+                future.set_result(action)
+
+    async def call_station(
+        self, node_id: bytes, procedure: str, payload: Any, timeout_s: float
+    ) -> StationReplied:
+        """CALL ``procedure`` at the linked station ``node_id``, signed by this station; how it
+        settled (``ok`` False: no such link, the link lost, no reply within ``timeout_s``)."""
+        now = now_ms()
+        call_id, actions = self.core.call_station(
+            node_id, procedure, payload, now + int(timeout_s * 1000), now
+        )
+        future: asyncio.Future[StationReplied] = asyncio.get_running_loop().create_future()
+        self._station_calls[call_id] = future
+        self._run(actions)  # may settle it at once (no link)
+        try:  # the core settles it by the deadline (tick); the margin covers a stopped ticker
+            return await asyncio.wait_for(future, timeout_s + 2 * self.config.tick_interval_s)
+        except TimeoutError:
+            code = ErrorCode.TEMPORARY_RELAY_FAILURE
+            return StationReplied(call_id, False, "no reply in time", code)
+        finally:
+            self._station_calls.pop(call_id, None)
 
     def _pause(self, action: PauseReading) -> None:
         """Stop reading the stream (its bytes wait unread in QUIC's window) until ``until_ms``,

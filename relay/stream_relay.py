@@ -1,10 +1,14 @@
 """Streaming RPC through the station (PROTOCOL.md §8): open a route, relay, tear it down.
 
 Sans-I/O like ``RouterCore``, which owns it and hands it only verified frames. Invariants: a
-route exists only between two CONNECTED peers when it is opened; a frame is relayed only if
-it is a stream frame for the route's ``stream_id``, signed by the node of the leg it came on;
-teardown (§8.4) forgets the route, marks both streams as taking no new work, tells a
-surviving leg why with a station-signed STREAM_ERROR when there is an error, and FINs both.
+route exists only between two CONNECTED peers when it is opened; its provider is a local client
+advertiser, else (for a local caller only: one hop) a linked station that gossiped the
+procedure, whose leg is a stream the station opens on that link; a frame is relayed only if it
+is a stream frame for the route's ``stream_id``, signed by the node of the leg it came on (on a
+link leg: by a node that names itself ``signer``; a STREAM_ERROR the far station wrote itself
+is re-signed by this one, anything else unsigned from a link is dropped); teardown (§8.4)
+forgets the route, marks both streams as taking no new work, tells a surviving leg why with a
+station-signed STREAM_ERROR when there is an error, and FINs both.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from typing import Any
 
 from macula.wire.frames import Frame, StreamData, StreamEnd, StreamError, StreamOpen, StreamReply
 from relay.actions import Action, EndStream, Send
-from relay.adverts import AdvertTable
-from relay.peers import Peer, PeerState
+from relay.federation.gossip import AdvertGossip
+from relay.peers import Peer
 from relay.routes import Leg, Route, RouteTable
 from relay.station_frames import StationFrames
 
@@ -27,7 +31,7 @@ class StreamRelay:
     def __init__(
         self,
         peers: dict[int, Peer],
-        adverts: AdvertTable,
+        gossip: AdvertGossip,
         routes: RouteTable,
         frames: StationFrames,
         *,
@@ -37,7 +41,7 @@ class StreamRelay:
         count: Callable[[str], None],
     ) -> None:
         self._peers = peers
-        self._adverts = adverts
+        self._gossip = gossip
         self.routes = routes
         self._frames = frames
         self._route_ttl_ms = route_ttl_ms
@@ -54,14 +58,17 @@ class StreamRelay:
         now_ms: int,
     ) -> list[Action]:
         """The first frame of a new dedicated stream was a STREAM_OPEN (``frame``, verified)."""
-        if not isinstance(frame, StreamOpen) or frame.caller != peer.node_id:
+        # over a link the caller is whoever signed it (admission verified it against ``caller``)
+        if not isinstance(frame, StreamOpen) or (
+            frame.caller != peer.node_id and not peer.is_station
+        ):
             if frame is not None:
                 self._drop(peer, "foreign_stream_open", "caller is not this connection")
             peer.ignored_streams.add(stream)
             return [EndStream(peer.conn, stream)]
-        ad = self._adverts.get((frame.realm, frame.procedure))
-        provider = self._peers.get(ad.conn) if ad is not None else None
-        if provider is None or provider.state is not PeerState.CONNECTED:
+        key = (frame.realm, frame.procedure)
+        provider = self._gossip.serving(key, local_only=peer.is_station)
+        if provider is None:
             msg = b"procedure not advertised"
             return self.refuse(peer, stream, frame_map, b"unknown_next_peer", msg, now_ms)
         try:
@@ -73,8 +80,8 @@ class StreamRelay:
         route = Route(
             stream_id=frame.stream_id,
             mode=frame.mode,
-            caller=Leg(peer.conn, stream, peer.node_id),
-            provider=Leg(provider.conn, provider_stream, provider.node_id),
+            caller=Leg(peer.conn, stream, peer.node_id, peer.is_station),
+            provider=Leg(provider.conn, provider_stream, provider.node_id, provider.is_station),
             expires_ms=now_ms + self._route_ttl_ms,
         )
         self.routes.add(route)
@@ -88,13 +95,22 @@ class StreamRelay:
         leg, other = route.legs_from(peer.conn, stream)
         signer = getattr(frame, "signer", None) or getattr(frame, "responded_by", None)
         if not isinstance(frame, (StreamData, StreamEnd, StreamError, StreamReply)) or (
-            signer is not None and signer != leg.node_id
+            signer is not None and signer != leg.node_id and not leg.via_link
         ):
             self._drop(peer, "bad_stream_frame", f"{frame.FRAME_TYPE} not accepted on a route")
             return []
         if getattr(frame, "stream_id", None) != route.stream_id:
             self._drop(peer, "bad_stream_frame", "stream_id does not match the route")
             return []
+        if leg.via_link and signer is None:
+            # written by the far station itself: only its STREAM_ERROR passes, signed by us
+            if not isinstance(frame, StreamError):
+                self._drop(peer, "bad_stream_frame", f"unsigned {frame.FRAME_TYPE} from a link")
+                return []
+            error = self._frames.stream_error(
+                other.conn, other.stream, None, frame.code, frame.message, now_ms, route.stream_id
+            )
+            return [error, *self.teardown(route, now_ms)]
         out: list[Action] = [Send(other.conn, other.stream, self._frames.relayed(frame))]
         if route.after_frame(leg, frame):
             out += self.teardown(route, now_ms)
