@@ -311,3 +311,15 @@ async def test_after_a_move_the_agents_of_the_new_station_see_it_present(tmp_pat
             await eventually(listed_at_b, timeout=5)  # registered in B's directory too
             rung = await beta.rings.ring(alpha_id, "you moved")  # its ring endpoint at B
             assert (rung.unreachable, rung.answer) == (0, 3)  # alpha's policy: ask (deferred)
+
+
+async def test_a_station_refusing_handshakes_while_draining_is_passed_over(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="macula.node")
+    async with stations(tmp_path, 2) as (a, b):
+        a.core.stopping = True  # as between its GOODBYEs and its close: new clients refused
+        async with Node(new_identity(), [a.endpoint, b.endpoint], backoff=FAST) as node:
+            assert node.station_info is not None and node.station_info.node_id == b.node_id
+        [refusal] = [r.getMessage() for r in caplog.records if str(a.port) in r.getMessage()]
+        assert "temporary_relay_failure" in refusal
