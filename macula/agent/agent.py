@@ -132,6 +132,7 @@ class Agent:
         self.house = HouseClient(node, node.dht, node.identity)
         self._citizen: asyncio.Task[None] | None = None
         self.directory_error: str | None = None
+        self._watching_station = False
 
     async def __aenter__(self) -> Agent:
         paths = self.settings.paths
@@ -159,7 +160,6 @@ class Agent:
             )
             self._group = await stack.enter_async_context(asyncio.TaskGroup())
             stack.push_async_callback(self._wind_down)
-            self.node.on_station(self._moved)
             self._stack = stack.pop_all()
         return self
 
@@ -209,6 +209,9 @@ class Agent:
         brings: heartbeat, roster feed, taps on central and our rooms, the ring endpoint."""
         async with self._lock:
             profile = self.presence.with_profile(**profile_changes)
+            if not self._watching_station:  # once present, a failover re-announces us
+                self.node.on_station(self._moved)
+                self._watching_station = True
             await self.presence.start(self.group, profile)
             await self.rooms.start(self.group)
             if self.settings.serve_rings and not self.rings.serving:
