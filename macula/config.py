@@ -11,6 +11,8 @@ Invariants:
 - Stations given without a node id are pinned on first use in ``$MACULA_HOME/known_stations``
   (``known_stations_from_env``; ``macula.known_stations``), for ``Node.from_env`` and
   ``macula-mcp`` alike.
+- ``MACULA_MESH_STATIONS`` is read here (``configured_stations``): every entry is checked and a
+  bad one is named; the order is the failover order (``macula.station_choice``).
 - Every error is a ``ConfigError`` whose message starts with the variable at fault.
 """
 
@@ -25,6 +27,7 @@ from macula.errors import ConfigError
 from macula.keyfile import KeyFileError, load_or_create_identity
 from macula.known_stations import FILE_NAME as KNOWN_STATIONS_FILE
 from macula.known_stations import KnownStations
+from macula.station_choice import station_list
 from macula.stations import STATIONS_ENV, StationAddress, parse_station_list
 from macula.wire.identity import Identity
 
@@ -101,9 +104,17 @@ def identity_from_env(env: Mapping[str, str] | None = None) -> Identity:
         raise ConfigError(f"{source}: {exc}") from None
 
 
+def configured_stations(env: Mapping[str, str] | None = None) -> list[StationAddress]:
+    """The stations of ``MACULA_MESH_STATIONS`` in order (a node fails over along them), every
+    entry checked: a malformed, empty or repeated entry is a ``ConfigError`` naming it. Unset
+    or blank gives an empty list."""
+    stations = parse_station_list(_environ(env).get(STATIONS_ENV, ""))
+    return station_list(stations, source=STATIONS_ENV) if stations else []
+
+
 def mesh_stations_from_env(env: Mapping[str, str] | None = None) -> list[StationAddress]:
     """The stations of ``MACULA_MESH_STATIONS``; empty is an error (a node needs one)."""
-    stations = parse_station_list(_environ(env).get(STATIONS_ENV, ""))
+    stations = configured_stations(env)
     if not stations:
         raise ConfigError(f"{STATIONS_ENV} is empty: set it to host:port or node_id@host:port")
     return stations

@@ -1,10 +1,13 @@
 """``Node``: one identity on the mesh, one connection, desired state replayed on reconnect.
 
 ``async with Node(identity, stations=[...]) as node:`` connects to the first reachable station
-of the list and keeps exactly one ``Session`` for this identity. Subscriptions and
-advertisements are *intent*: kept here, sent on every (re)connect. When the session breaks the
-supervisor reconnects with backoff (``macula.backoff``), failing over along the station list,
-replays the intent, then tells listeners ``reconnected``. Closing the node never reconnects,
+of the list (one address alone is a list of one) and keeps exactly one ``Session`` for this
+identity. Subscriptions and advertisements are *intent*: kept here, sent on every (re)connect.
+When the session breaks (lost, GOODBYE, refused as draining) the supervisor fails over to the
+next station of the list, round robin, waiting (``macula.backoff``) only after every station
+failed in a row (``macula.station_choice``), and keeps trying until closed; it replays the
+intent, then tells listeners ``reconnected``, and ``on_station`` listeners when the station is
+another one (``station_info``). Closing the node never reconnects,
 and no task outlives the ``async with`` (all tasks belong to the node's task group). With
 ``known_stations`` (``from_env`` passes ``$MACULA_HOME/known_stations``) a station given
 without a node id is pinned on first use (``macula.known_stations``).
@@ -19,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +31,20 @@ from macula.config import identity_from_env, known_stations_from_env, mesh_stati
 from macula.content_client import ContentClient
 from macula.dht import DhtClient
 from macula.direct import DirectDialer
-from macula.errors import BrokenError, ClosedError, HandshakeError, MaculaError
+from macula.errors import (
+    BrokenError,
+    CallTimeout,
+    ClosedError,
+    ConfigError,
+    HandshakeError,
+    MaculaError,
+)
 from macula.intent import EventDedup, Key
 from macula.known_stations import KnownStations
 from macula.serving import DEFAULT_MAX_IN_FLIGHT, Handler, Server, StreamHandler
 from macula.session import Session, StreamChannel
-from macula.stations import StationAddress, parse_station
+from macula.station_choice import DEFAULT_SETTLE_S, StationChoice, StationInfo, station_list
+from macula.stations import StationAddress
 from macula.subscriptions import Delivery, Subscription, SubscriptionTable
 from macula.wire.frames import Call, Event, StreamOpen
 from macula.wire.identity import Identity
@@ -41,6 +52,10 @@ from macula.wire.identity import Identity
 log = logging.getLogger("macula.node")
 
 SLOW_CONSUMER = "slow_consumer"  # the GOODBYE / close reason of a station we did not keep up with
+# a station that dies without a word (crash, network gone) is noticed by an unanswered ping:
+# a ``_relay.ping`` after each interval of silence, the connection lost after the timeout
+DEFAULT_PROBE_INTERVAL_S = 1.0  # of silence from the station before a ping
+DEFAULT_PROBE_TIMEOUT_S = 1.5
 
 
 @dataclass(slots=True)
@@ -74,20 +89,32 @@ class Node:
     def __init__(
         self,
         identity: Identity,
-        stations: Sequence[str | StationAddress],
+        stations: str | StationAddress | Sequence[str | StationAddress],
         *,
         connect_timeout: float = 10.0,
         backoff: Backoff | None = None,
         dedup_window: int = 4096,
         known_stations: KnownStations | None = None,
         max_handlers: int = DEFAULT_MAX_IN_FLIGHT,
+        settle_s: float = DEFAULT_SETTLE_S,
+        probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+        probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        if not stations:
-            raise MaculaError("a Node needs at least one station address")
         self.identity = identity
-        self.stations = [s if isinstance(s, StationAddress) else parse_station(s) for s in stations]
+        self.stations = station_list(stations)
         self.connect_timeout = connect_timeout
         self.backoff = backoff or Backoff()
+        self._choice = StationChoice(len(self.stations), self.backoff, settle_s=settle_s)
+        if probe_interval_s < 0 or probe_timeout_s < 0:
+            raise ConfigError("probe_interval_s and probe_timeout_s must be >= 0 (0: no probe)")
+        self.probe_interval_s = probe_interval_s
+        self.probe_timeout_s = probe_timeout_s
+        self._clock = clock  # monotonic seconds, for the failover policy
+        self._sleep = sleep  # the wait after a round in which every station failed
+        self._station_info: StationInfo | None = None
+        self._station_listeners: list[Callable[[StationInfo], None]] = []
         self.known_stations = known_stations  # pins of stations given without a node id
         self.stats = NodeStats(EventDedup(dedup_window))
         self._session: Session | None = None
@@ -150,6 +177,11 @@ class Node:
         """``listener("connected" | "reconnected" | "disconnected")`` on every change."""
         self._listeners.append(listener)
 
+    def on_station(self, listener: Callable[[StationInfo], None]) -> None:
+        """``listener(info)`` when the node is on a station other than the last one: the first
+        connection, and every failover (not a reconnect to the same station)."""
+        self._station_listeners.append(listener)
+
     def _announce(self, state: str) -> None:
         for listener in self._listeners:
             try:
@@ -158,13 +190,16 @@ class Node:
                 log.exception("state listener failed")
 
     async def _supervise(self, first: asyncio.Future[None]) -> None:
-        """Own the session: connect, replay intent, wait for it to break, back off, repeat."""
-        attempt = 0
+        """Own the session: connect, replay intent, wait for it to break, fail over, repeat.
+        Which station comes next and how long to wait first is ``StationChoice``'s call."""
+        choice = self._choice
         ever_connected = False
         last_error: MaculaError | OSError | None = None
         while not self._closing:
-            address = dialled = self.stations[self.station_index % len(self.stations)]
+            index = choice.index
+            address = dialled = self.stations[index]
             known = self.known_stations
+            up = False
             try:
                 dialled = known.pin(address) if known else address
                 async with Session.connect(
@@ -182,9 +217,11 @@ class Node:
                     # changed between then and now
                     self._session = session
                     session.sync_intent()
+                    up = True
+                    choice.connected(self._clock())
+                    self._arrived(StationInfo(session.station_key, address, index))
                     if self._announced and self._group is not None:
                         self._group.create_task(self._reannounce(session.station_key))
-                    attempt = 0
                     self._connected.set()
                     if not first.done():
                         first.set_result(None)
@@ -193,7 +230,7 @@ class Node:
                     self._announce("reconnected" if ever_connected else "connected")
                     self._was_up = True
                     ever_connected = True
-                    await session.ended.wait()
+                    await self._until_ended(session)
             except (BrokenError, HandshakeError, OSError) as exc:
                 last_error = exc
                 if known and isinstance(exc, HandshakeError):
@@ -211,23 +248,83 @@ class Node:
             if ever_connected and self._was_up:
                 self._announce("disconnected")
             self._was_up = False
-            self.station_index += 1
-            if not ever_connected:
-                if self.station_index % len(self.stations) != 0:
-                    continue  # first pass: try every station once before waiting
+            step = choice.lost(self._clock()) if up else choice.failed(self._clock())
+            self.station_index = step.index
+            if not ever_connected and step.round_failed:
                 unrecoverable = isinstance(last_error, HandshakeError) and not last_error.retryable
-                if unrecoverable or attempt + 1 >= self.backoff.first_connect_attempts:
+                if unrecoverable or step.rounds_failed >= self.backoff.first_connect_attempts:
                     self._fail_first(first, _first_connect_error(self.stations, last_error))
                     return
-            delay = self.backoff.delay(attempt)
-            attempt += 1
-            if self._closing:
-                break
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+            if step.wait_s > 0:
+                log.info(
+                    "every station failed (%d rounds): next try in %.2f s",
+                    step.rounds_failed,
+                    step.wait_s,
+                )
+                await self._pause(step.wait_s)
         if not first.done():
             first.set_exception(ClosedError("node closed"))
+
+    async def _until_ended(self, session: Session) -> None:
+        """Wait for the session to end, probing the station meanwhile (unless disabled)."""
+        if not (self.probe_interval_s and self.probe_timeout_s) or self._group is None:
+            await session.ended.wait()
+            return
+        prober = self._group.create_task(self._probe(session))
+        try:
+            await session.ended.wait()
+        finally:
+            prober.cancel()
+
+    async def _probe(self, session: Session) -> None:
+        """A station quiet for ``probe_interval_s`` is pinged; one that does not answer within
+        ``probe_timeout_s`` is gone (crash, network lost): the connection counts as lost, so
+        the node moves on at once instead of after QUIC's idle timeout. A busy connection is
+        never pinged."""
+        interval = self.probe_interval_s
+        while session.alive:
+            quiet_s = (session.clock() - session.heard_ms) / 1000
+            if quiet_s < interval:
+                await asyncio.sleep(interval - quiet_s)
+                continue
+            try:
+                await session.builtin("_relay.ping", None, self.probe_timeout_s)
+            except CallTimeout:
+                why = (
+                    f"station {session.address} did not answer a ping in {self.probe_timeout_s:g} s"
+                )
+                log.warning("%s: moving on", why)
+                session.connection_lost(why)
+                return
+            except MaculaError:
+                return  # the session ended meanwhile; the supervisor knows
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (the injected ``sleep``), or less when ``wake`` or closing."""
+        if self._closing:
+            return
+        self._wake.clear()
+        sleeper = asyncio.ensure_future(self._sleep(seconds))
+        woken = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({sleeper, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeper, woken):
+                task.cancel()
+            await asyncio.wait({sleeper, woken})
+
+    def _arrived(self, info: StationInfo) -> None:
+        """Note the station we are on; tell ``on_station`` listeners when it is another one."""
+        previous, self._station_info = self._station_info, info
+        if previous is not None and previous.node_id == info.node_id:
+            return
+        if previous is not None:
+            log.info("moved from station %s to %s", previous.endpoint, info.endpoint)
+        for listener in self._station_listeners:
+            try:
+                listener(info)
+            except Exception:
+                log.exception("station listener failed")
 
     @staticmethod
     def _fail_first(first: asyncio.Future[None], error: Exception) -> None:
@@ -352,7 +449,13 @@ class Node:
 
     @property
     def station(self) -> StationAddress | None:
+        """The address of the station we are connected to now (as dialled), else None."""
         return self._session.address if self._session else None
+
+    @property
+    def station_info(self) -> StationInfo | None:
+        """The station we are connected to now (its node id, address, place in the list)."""
+        return self._station_info if self.connected else None
 
     def _next_seq(self) -> int:
         """Unique per publisher across restarts: never below the clock in microseconds."""

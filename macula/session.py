@@ -179,6 +179,7 @@ class Session:
         self._channels: dict[int, StreamChannel] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
+        self.heard_ms = clock()  # when the station last sent us anything (``Node``'s probe)
 
     # -- what the core knows ----------------------------------------------------------------
 
@@ -434,7 +435,8 @@ class Session:
     # -- receiving (FrameSink) --------------------------------------------------------------
 
     def frames_received(self, stream_id: int, frames: list[dict[str, Any]]) -> None:
-        outputs = self.core.frames_received(stream_id, frames, self.clock())
+        self.heard_ms = self.clock()
+        outputs = self.core.frames_received(stream_id, frames, self.heard_ms)
         self.run(outputs)
         if any(isinstance(o, CallSettled) for o in outputs):
             self._arm_timer()  # a settled call may have held the earliest deadline

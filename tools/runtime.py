@@ -27,10 +27,15 @@ from mcp_types import CallToolResult
 
 from macula.agent.agent import Agent, AgentSettings
 from macula.clock import now_ms
-from macula.config import identity_from_env, known_stations_from_env, macula_home
+from macula.config import (
+    configured_stations,
+    identity_from_env,
+    known_stations_from_env,
+    macula_home,
+)
 from macula.errors import BrokenError, MaculaError
 from macula.node import Node
-from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_station_list
+from macula.stations import StationAddress, parse_station
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
 from tools import local_station
@@ -79,7 +84,7 @@ class Runtime:
 async def _stations(
     env: Mapping[str, str],
 ) -> AsyncIterator[tuple[list[StationAddress], str | None]]:
-    configured = parse_station_list(env.get(STATIONS_ENV, ""))
+    configured = configured_stations(env)  # every entry: the node fails over along them
     if configured:
         yield configured, None
         return
@@ -111,7 +116,7 @@ async def _stations(
 def preflight(env: Mapping[str, str]) -> Identity:
     """Check every setting before speaking MCP: a bad value fails here, naming itself."""
     identity = identity_from_env(env)
-    parse_station_list(env.get(STATIONS_ENV, ""))
+    configured_stations(env)
     agent_settings(env, identity)
     return identity
 

@@ -4,7 +4,9 @@
 Presence starts on the first mesh use (``ensure_present``), never from serving alone; after
 an explicit ``goodbye`` only an explicit ``hello`` restarts it. Starting presence also taps
 central and every room we are in, and serves ``agent.<node_id>.ring`` unless
-``MACULA_MCP_NO_RING=1``. Every background task belongs to the agent's task group.
+``MACULA_MCP_NO_RING=1``. Every background task belongs to the agent's task group. When the node
+fails over to another station, a present agent says hello there at once and registers in
+that station's directory (``Node.on_station``).
 What ``__aenter__`` opens is held by one exit stack: a failing step closes what came before,
 and ``__aexit__`` winds down (goodbye, taps) before the task group and then the stores close.
 The transcript and the rings table are bounded (``transcript_bounds``, ``rings_bounds``: env
@@ -32,6 +34,7 @@ from macula.config import macula_home
 from macula.errors import ConfigError, MaculaError
 from macula.node import Node
 from macula.services import DIRECTORY_RENEW_S, HouseClient
+from macula.station_choice import StationInfo
 from macula.store import rings as ring_store
 from macula.store import transcript as transcript_store
 from macula.store.base import DAY_MS, Bounds, StorePaths, paths_from_env
@@ -129,6 +132,7 @@ class Agent:
         self.house = HouseClient(node, node.dht, node.identity)
         self._citizen: asyncio.Task[None] | None = None
         self.directory_error: str | None = None
+        self._watching_station = False
 
     async def __aenter__(self) -> Agent:
         paths = self.settings.paths
@@ -176,6 +180,19 @@ class Agent:
         await self.rooms.stop()
         self._group = None
 
+    def _moved(self, info: StationInfo) -> None:
+        """The node failed over: the agents of the new station have not heard of us. Say
+        hello there now, not at the next heartbeat, and register in its directory."""
+        if self._group is not None and self.presence.present:
+            self._group.create_task(self._reannounce())
+
+    async def _reannounce(self) -> None:
+        with contextlib.suppress(MaculaError):
+            await self.presence.beat()
+        if self._citizen is not None and self._group is not None:
+            self._citizen.cancel()
+            self._citizen = self._group.create_task(self._citizenship())
+
     @property
     def group(self) -> asyncio.TaskGroup:
         assert self._group is not None, "agent not started"
@@ -192,6 +209,9 @@ class Agent:
         brings: heartbeat, roster feed, taps on central and our rooms, the ring endpoint."""
         async with self._lock:
             profile = self.presence.with_profile(**profile_changes)
+            if not self._watching_station:  # once present, a failover re-announces us
+                self.node.on_station(self._moved)
+                self._watching_station = True
             await self.presence.start(self.group, profile)
             await self.rooms.start(self.group)
             if self.settings.serve_rings and not self.rings.serving:
