@@ -148,6 +148,12 @@ def doctor() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["station"]:  # macula-mcp station status|stop [--json]
+        from tools.station_command import main as station
+
+        station(given[1:])
+        return
     parser = argparse.ArgumentParser(
         prog="macula-mcp", description="The Macula mesh as an MCP server (stdio)."
     )
