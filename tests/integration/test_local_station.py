@@ -184,3 +184,20 @@ async def test_our_station_not_answering_is_reported_not_replaced(
         assert local_station_status(home).pid == pid  # its files are kept
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def relay(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relay.cli", "--port", "0", *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_relay_names_a_file_it_cannot_write(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    done = relay("--data-dir", str(tmp_path / "s"), "--endpoint-file", str(missing / "e"))
+    assert done.returncode == 1 and f"cannot write {missing / 'e'}" in done.stderr
+    assert not missing.exists()
+    done = relay("--data-dir", str(tmp_path / "s"), "--log-file", str(missing / "log"))
+    assert done.returncode == 1 and f"--log-file {missing / 'log'}" in done.stderr
+    assert relay("--log-max-bytes", "0").returncode == 2  # argparse: must be positive
