@@ -44,7 +44,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -114,13 +114,14 @@ def foreign_station(
         return ForeignStationError(
             f"the station at {address} presented key {shown}, expected {ours}: another program, "
             f"perhaps another user's station, holds the port. Stop it so macula-mcp can start "
-            f"its own, or, if you trust it, {use}"
+            f"its own, or set {PORT_ENV}=0 to start it on a free port, or, if you trust it, {use}"
         )
     return ForeignStationError(
         f"the station at {address} presented key {shown}, and this MACULA_HOME ({home}) has no "
         f"station key to check it against ({home / EMBEDDED_DIR / STATION_KEY_FILE} or "
         f"{home / RELAY_DIR / STATION_KEY_FILE}): it may be another user's. If you trust it, "
-        f"{use}; otherwise stop it so macula-mcp can start its own"
+        f"{use}; otherwise stop it so macula-mcp can start its own, or set {PORT_ENV}=0 to "
+        "start it on a free port"
     )
 
 
@@ -337,25 +338,47 @@ def local_station_status(home: Path) -> LocalStationStatus:
     return LocalStationStatus("running", files, pid, str(address), uptime, "")
 
 
-@contextlib.contextmanager
-def _locked(files: StationFiles, timeout_s: float) -> Iterator[None]:
+def _lock_file(files: StationFiles) -> int:
     _private_dir(files.home)
     _private_dir(files.data_dir)
     fd = os.open(files.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _took_lock(fd: int, files: StationFiles, deadline: float, timeout_s: float) -> bool:
+    """Locked now: True; held by another: False until ``deadline``, then LocalStationError."""
     try:
-        os.fchmod(fd, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if time.monotonic() < deadline:
+            return False
+    raise LocalStationError(
+        f"{files.lock} stayed locked for {timeout_s:.0f} s: another process is starting or "
+        "stopping the local station; try again"
+    )
+
+
+@contextlib.contextmanager
+def _locked(files: StationFiles, timeout_s: float) -> Iterator[None]:
+    fd = _lock_file(files)
+    try:
         deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise LocalStationError(
-                        f"{files.lock} stayed locked for {timeout_s:.0f} s: another process is "
-                        "starting or stopping the local station; try again"
-                    ) from None
-                time.sleep(POLL_S)
+        while not _took_lock(fd, files, deadline, timeout_s):
+            time.sleep(POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.asynccontextmanager
+async def _locked_async(files: StationFiles, timeout_s: float) -> AsyncIterator[None]:
+    fd = _lock_file(files)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _took_lock(fd, files, deadline, timeout_s):
+            await asyncio.sleep(POLL_S)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -512,10 +535,7 @@ async def default_station(
     default address with this home's key). Starts the local station when none runs."""
     config = settings(env)
     files = StationFiles(macula_home(env))
-    lock_wait = config.timeout_s + VERIFY_TIMEOUT_S + 5
-    lock = _locked(files, lock_wait)
-    await asyncio.to_thread(lock.__enter__)
-    try:
+    async with _locked_async(files, config.timeout_s + VERIFY_TIMEOUT_S + 5):
         running = await _answering(files, say)
         if running is not None:
             return running, str(running)
@@ -531,5 +551,3 @@ async def default_station(
         say(f"started the local station {endpoint} (log {files.log}); it keeps serving after "
             "this session ends; `macula-mcp station stop` stops it")  # fmt: skip
         return parse_station(endpoint), endpoint
-    finally:
-        lock.__exit__(None, None, None)
