@@ -3,13 +3,21 @@
 Prints exactly one line on stdout once it listens — ``node_id@host:port`` — and logs on
 stderr (``key=value`` fields). SIGINT/SIGTERM: GOODBYE to every client, connections and
 stores closed, exit 0 within 5 s. Bad options fail at once with a message naming them.
+
+``--endpoint-file``/``--pid-file`` (what ``macula-mcp`` uses to find the station it started):
+written 0600 once it listens (whole, by rename), removed on a clean exit when they still hold
+this station's lines. ``--log-file``: logs go to that file, rotated at ``--log-max-bytes``
+keeping ``--log-backups`` old ones, instead of stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import logging.handlers
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -118,6 +126,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    parser.add_argument("--log-file", type=Path, help="log to this file (rotated), not stderr")
+    parser.add_argument(
+        "--log-max-bytes",
+        type=_positive(int),
+        default=1 << 20,
+        help="rotate --log-file at this size (default 1 MiB)",
+    )
+    parser.add_argument(
+        "--log-backups",
+        type=_positive(int),
+        default=3,
+        help="rotated log files kept (default 3)",
+    )
+    parser.add_argument(
+        "--endpoint-file", type=Path, help="write node_id@host:port here once listening"
+    )
+    parser.add_argument("--pid-file", type=Path, help="write this process's id here once listening")
     parser.add_argument(
         "--puzzle",
         default="off",
@@ -325,21 +350,60 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
     )
 
 
-async def serve(config: StationConfig) -> None:
+def _write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, 0600, whole: a reader sees the old file or the new one."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
+def _remove_if_holds(path: Path, text: str) -> None:
+    """Remove ``path`` unless another station has written its own line there since."""
+    with contextlib.suppress(OSError):
+        if path.read_text() == text:
+            path.unlink()
+
+
+async def serve(
+    config: StationConfig, endpoint_file: Path | None = None, pid_file: Path | None = None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with Station(config) as station:
-        print(station.endpoint, flush=True)
-        await stop.wait()
-        logging.getLogger("macula.relay").info("signal received, stopping")
-        await asyncio.wait_for(station.stop(), SHUTDOWN_BUDGET_S)
+        files = [(endpoint_file, f"{station.endpoint}\n"), (pid_file, f"{os.getpid()}\n")]
+        written = [(path, text) for path, text in files if path is not None]
+        try:
+            for path, text in written:
+                try:
+                    _write_private(path, text)
+                except OSError as exc:
+                    raise SystemExit(f"macula-relay: cannot write {path}: {exc}") from None
+            print(station.endpoint, flush=True)
+            await stop.wait()
+            logging.getLogger("macula.relay").info("signal received, stopping")
+            await asyncio.wait_for(station.stop(), SHUTDOWN_BUDGET_S)
+        finally:
+            for path, text in written:
+                _remove_if_holds(path, text)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
+    handler: logging.Handler = logging.StreamHandler(sys.stderr)
+    if args.log_file is not None:
+        try:
+            handler = logging.handlers.RotatingFileHandler(
+                args.log_file, maxBytes=args.log_max_bytes, backupCount=args.log_backups
+            )
+        except OSError as exc:
+            raise SystemExit(f"macula-relay: --log-file {args.log_file}: {exc}") from None
     handler.setFormatter(KeyValueFormatter())
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     logging.getLogger("quic").setLevel(logging.WARNING)
@@ -347,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     config = config_from_args(args)
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, args.endpoint_file, args.pid_file))
     except OSError as exc:
         raise SystemExit(
             f"macula-relay: cannot listen on {config.host}:{config.port}: {exc}"

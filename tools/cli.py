@@ -160,6 +160,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         from tools.register import run
 
         raise SystemExit(run(arguments[0], arguments[1:]))
+    if arguments[:1] == ["station"]:  # macula-mcp station status|stop [--json]
+        from tools.station_command import main as station
+
+        station(arguments[1:])
+        return
     parser = argparse.ArgumentParser(
         prog="macula-mcp", description="The Macula mesh as an MCP server (stdio)."
     )

@@ -13,16 +13,45 @@ Invariants:
   refused (``ForeignStationError``, not retryable) naming the key it presented, the key(s)
   expected and their data dirs, and what to do; it is never used unpinned;
 - nothing answering is ``None``: the caller may start its own station.
+
+The local station (``default_station``) is a background process of its own, not part of the
+session that started it: ``python -m relay.cli`` on the embedded data dir, in a new session,
+logging to ``$MACULA_HOME/logs/station.log`` (rotated; fatal output in ``station.out``).
+
+- one start at a time: ``station.lock`` (fcntl) in the data dir is held from the check until
+  the station listens (or until stopping is done), so two sessions starting at once start one;
+- the station writes ``station.pid`` and ``station.endpoint`` (``node_id@127.0.0.1:port``)
+  0600 in the 0700 data dir once it listens and removes them on a clean exit;
+- it is reused only when its pid is alive, is our station (its command line names our data
+  dir, where the OS tells) and it answers a handshake with the recorded key, which is this
+  data dir's key; the client dials it pinned to that key;
+- files left by a crash, corrupt ones, or a pid now held by another program are stale: said
+  on stderr and replaced; a process of ours that does not answer is never killed silently;
+- the port is ``MACULA_MCP_LOCAL_STATION_PORT`` (default 4433, 0 = any free); taken by a
+  program that is not a station, the station listens on a free port (said on stderr);
+- a station that does not listen within ``MACULA_MCP_LOCAL_STATION_TIMEOUT_S`` is stopped and
+  ``LocalStationError`` names its log.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
+import relay
 from macula.config import macula_home
-from macula.errors import HandshakeError
+from macula.errors import ConfigError, HandshakeError, MaculaError
 from macula.known_stations import STATION_KEY_FILE, station_node_id
 from macula.stations import StationAddress, parse_station
 from macula.transport import client_configuration, dial
@@ -85,20 +114,25 @@ def foreign_station(
         return ForeignStationError(
             f"the station at {address} presented key {shown}, expected {ours}: another program, "
             f"perhaps another user's station, holds the port. Stop it so macula-mcp can start "
-            f"its own, or, if you trust it, {use}"
+            f"its own, or set {PORT_ENV}=0 to start it on a free port, or, if you trust it, {use}"
         )
     return ForeignStationError(
         f"the station at {address} presented key {shown}, and this MACULA_HOME ({home}) has no "
         f"station key to check it against ({home / EMBEDDED_DIR / STATION_KEY_FILE} or "
         f"{home / RELAY_DIR / STATION_KEY_FILE}): it may be another user's. If you trust it, "
-        f"{use}; otherwise stop it so macula-mcp can start its own"
+        f"{use}; otherwise stop it so macula-mcp can start its own, or set {PORT_ENV}=0 to "
+        "start it on a free port"
     )
 
 
-async def own_default_station(env: Mapping[str, str]) -> StationAddress | None:
-    """The default station pinned to its key when it is this home's; None when nothing
-    answers; ``ForeignStationError`` when something else does."""
+async def own_default_station(
+    env: Mapping[str, str], port: int | None = None
+) -> StationAddress | None:
+    """The default station (on ``port`` if given) pinned to its key when it is this home's;
+    None when nothing answers; ``ForeignStationError`` when something else does."""
     default = parse_station(DEFAULT_STATION)
+    if port is not None:
+        default = StationAddress(default.host, port)
     presented = await presented_key(default)
     if presented is None:
         return None
@@ -106,3 +140,414 @@ async def own_default_station(env: Mapping[str, str]) -> StationAddress | None:
     if presented in expected:
         return StationAddress(default.host, default.port, presented)
     raise foreign_station(default, presented, expected, macula_home(env))
+
+
+# ---- the local station as a background process ------------------------------------------
+
+PORT_ENV: Final = "MACULA_MCP_LOCAL_STATION_PORT"
+TIMEOUT_ENV: Final = "MACULA_MCP_LOCAL_STATION_TIMEOUT_S"
+LOG_BYTES_ENV: Final = "MACULA_MCP_LOCAL_STATION_LOG_BYTES"
+DEFAULT_TIMEOUT_S: Final = 10.0
+DEFAULT_LOG_BYTES: Final = 1 << 20
+LOG_BACKUPS: Final = 3
+STOP_TIMEOUT_S: Final = 8.0  # the station drains within 5 s (relay.cli)
+VERIFY_TIMEOUT_S: Final = 3.0
+POLL_S: Final = 0.05  # how often a start or stop looks at the files and the process
+_STARTED: dict[int, subprocess.Popen[bytes]] = {}  # stations this process started, to reap
+
+
+class LocalStationError(MaculaError):
+    """The local station cannot be started, reused or stopped (the message says why and what
+    to do, naming its log)."""
+
+
+@dataclass(frozen=True)
+class StationFiles:
+    """Where the local station of one ``MACULA_HOME`` keeps its key, process files and logs."""
+
+    home: Path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / EMBEDDED_DIR
+
+    @property
+    def pid(self) -> Path:
+        return self.data_dir / "station.pid"
+
+    @property
+    def endpoint(self) -> Path:
+        return self.data_dir / "station.endpoint"
+
+    @property
+    def lock(self) -> Path:
+        return self.data_dir / "station.lock"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "logs" / "station.log"
+
+    @property
+    def out(self) -> Path:
+        return self.home / "logs" / "station.out"
+
+
+@dataclass(frozen=True)
+class Settings:
+    port: int
+    timeout_s: float
+    log_bytes: int
+
+
+def settings(env: Mapping[str, str]) -> Settings:
+    """The local station's settings; ``ConfigError`` naming a bad one."""
+
+    def number(name: str, kind: type[int] | type[float], default: float, low: float) -> float:
+        text = env.get(name, "").strip()
+        if not text:
+            return default
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ConfigError(f"{name}={text[:40]!r} is not a number") from None
+        if value < low:
+            raise ConfigError(f"{name} must be >= {low}, got {text[:40]}")
+        return value
+
+    port = int(number(PORT_ENV, int, parse_station(DEFAULT_STATION).port, 0))
+    if port > 65535:
+        raise ConfigError(f"{PORT_ENV} must be 0..65535 (0: any free port), got {port}")
+    timeout_s = number(TIMEOUT_ENV, float, DEFAULT_TIMEOUT_S, 0.1)
+    return Settings(port, timeout_s, int(number(LOG_BYTES_ENV, int, DEFAULT_LOG_BYTES, 1024)))
+
+
+@dataclass(frozen=True)
+class LocalStationStatus:
+    """What ``station status`` shows. ``state``: running, stopped, or stale (files left behind:
+    a crash, a corrupt file, or a pid that is not our station)."""
+
+    state: str
+    files: StationFiles
+    pid: int | None = None
+    endpoint: str | None = None
+    uptime_s: float | None = None
+    detail: str = ""
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "pid": self.pid,
+            "endpoint": self.endpoint,
+            "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1),
+            "data_dir": str(self.files.data_dir),
+            "log": str(self.files.log),
+            "detail": self.detail,
+        }
+
+
+def _private_dir(path: Path) -> None:
+    if not path.is_dir():
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+
+
+def _read_small(path: Path) -> str | None:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(512).decode("ascii").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"\0{exc}"  # unreadable: reported as corrupt
+
+
+def _recorded(files: StationFiles) -> tuple[int, StationAddress, float] | str | None:
+    """(pid, endpoint, started at) from the files; None when there are none; a sentence saying
+    what is wrong when they are partial or corrupt."""
+    pid_text, endpoint_text = _read_small(files.pid), _read_small(files.endpoint)
+    if pid_text is None and endpoint_text is None:
+        return None
+    if pid_text is None or endpoint_text is None:
+        missing = files.pid if pid_text is None else files.endpoint
+        return f"{missing} is missing"
+    if not pid_text.isdigit() or int(pid_text) <= 1:
+        return f"{files.pid} does not hold a process id ({pid_text[:40]!r})"
+    try:
+        address = parse_station(endpoint_text, source=str(files.endpoint))
+    except ValueError as exc:
+        return f"{files.endpoint} does not hold node_id@host:port: {exc}"
+    if address.node_id is None:
+        return f"{files.endpoint} names no node id ({endpoint_text[:80]!r})"
+    try:
+        started = files.pid.stat().st_mtime
+    except OSError:
+        started = time.time()
+    return int(pid_text), address, started
+
+
+def _command_line(pid: int) -> list[str] | None:
+    """The process's arguments, [] for a zombie, None when the OS does not say."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    except FileNotFoundError:
+        if Path("/proc/self/cmdline").exists():
+            return []  # gone meanwhile
+    except OSError:
+        return None
+    try:
+        shown = subprocess.run(
+            ["ps", "-o", "command=", "-p", str(pid)], capture_output=True, timeout=2, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return shown.stdout.decode(errors="replace").split() if shown.returncode == 0 else []
+
+
+def _ours(pid: int, files: StationFiles) -> bool | None:
+    """Is ``pid`` a live station on our data dir? None: alive, the OS does not say what."""
+    child = _STARTED.get(pid)
+    if child is not None and child.poll() is not None:
+        del _STARTED[pid]
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process
+    arguments = _command_line(pid)
+    if arguments is None:
+        return None
+    return str(files.data_dir) in arguments and "relay.cli" in " ".join(arguments)
+
+
+def local_station_status(home: Path) -> LocalStationStatus:
+    """The local station of ``home`` as its files and the OS tell (no network)."""
+    files = StationFiles(home)
+    recorded = _recorded(files)
+    if recorded is None:
+        return LocalStationStatus("stopped", files, detail="no local station runs")
+    if isinstance(recorded, str):
+        return LocalStationStatus("stale", files, detail=recorded)
+    pid, address, started = recorded
+    if _ours(pid, files) is False:
+        detail = f"pid {pid} (from {files.pid}) is not a running station of this MACULA_HOME"
+        return LocalStationStatus("stale", files, pid, str(address), detail=detail)
+    uptime = max(0.0, time.time() - started)
+    return LocalStationStatus("running", files, pid, str(address), uptime, "")
+
+
+def _lock_file(files: StationFiles) -> int:
+    _private_dir(files.home)
+    _private_dir(files.data_dir)
+    fd = os.open(files.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _took_lock(fd: int, files: StationFiles, deadline: float, timeout_s: float) -> bool:
+    """Locked now: True; held by another: False until ``deadline``, then LocalStationError."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        if time.monotonic() < deadline:
+            return False
+    raise LocalStationError(
+        f"{files.lock} stayed locked for {timeout_s:.0f} s: another process is starting or "
+        "stopping the local station; try again"
+    )
+
+
+@contextlib.contextmanager
+def _locked(files: StationFiles, timeout_s: float) -> Iterator[None]:
+    fd = _lock_file(files)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _took_lock(fd, files, deadline, timeout_s):
+            time.sleep(POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.asynccontextmanager
+async def _locked_async(files: StationFiles, timeout_s: float) -> AsyncIterator[None]:
+    fd = _lock_file(files)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not _took_lock(fd, files, deadline, timeout_s):
+            await asyncio.sleep(POLL_S)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _remove_stale(files: StationFiles) -> None:
+    for path in (files.pid, files.endpoint):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def stop_local_station(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+    """Stop the local station of ``home``: SIGTERM, then wait while it says goodbye to its
+    clients. True when one was running; stale files are removed either way.
+    ``LocalStationError`` when it does not exit in time (it is not killed)."""
+    files = StationFiles(home)
+    if not files.data_dir.is_dir():
+        return False
+    with _locked(files, timeout_s):
+        status = local_station_status(home)
+        if status.state != "running" or status.pid is None:
+            _remove_stale(files)
+            return False
+        pid = status.pid
+        if _ours(pid, files) is None:
+            raise LocalStationError(
+                f"cannot tell whether pid {pid} (from {files.pid}) is the local station; "
+                "stop it yourself if it is"
+            )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _ours(pid, files) is not False:
+            if time.monotonic() >= deadline:
+                raise LocalStationError(
+                    f"the local station (pid {pid}) did not stop within {timeout_s:.0f} s; see "
+                    f"{files.log}; to end it at once: kill -9 {pid}"
+                )
+            time.sleep(POLL_S)
+        _remove_stale(files)  # a clean exit removed them already; a killed one did not
+        return True
+
+
+def _say(text: str) -> None:
+    print(f"macula-mcp: {text}", file=sys.stderr, flush=True)
+
+
+async def _answering(files: StationFiles, say: Callable[[str], None]) -> StationAddress | None:
+    """The running local station, verified; None (stale files removed) when there is none."""
+    recorded = _recorded(files)
+    if recorded is None:
+        return None
+    if isinstance(recorded, str):
+        say(f"the local station's files are stale ({recorded}); replacing them")
+        _remove_stale(files)
+        return None
+    pid, address, _ = recorded
+    ours = _ours(pid, files)
+    if ours is False:
+        say(f"the local station (pid {pid}) is not running; starting a new one")
+        _remove_stale(files)
+        return None
+    own_key = station_node_id(files.data_dir)
+    presented = await presented_key(address, timeout=VERIFY_TIMEOUT_S)
+    if presented is not None and presented == address.node_id == own_key:
+        return address
+    if ours is None:  # the OS does not say what pid is: a program that is not our station
+        say(f"pid {pid} in {files.pid} is not our station; starting a new one")
+        _remove_stale(files)
+        return None
+    shown = "nothing" if presented is None else (presented.hex() or "no Ed25519 key")
+    raise LocalStationError(
+        f"the local station (pid {pid}) runs but {address} answered with {shown}, expected "
+        f"{own_key.hex() if own_key else 'its key'}; see {files.log}; stop it with "
+        "`macula-mcp station stop` and start again"
+    )
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _spawn(files: StationFiles, port: int, config: Settings) -> subprocess.Popen[bytes]:
+    _private_dir(files.log.parent)
+    command = [
+        sys.executable, "-m", "relay.cli", "--host", "127.0.0.1", "--port", str(port),
+        "--data-dir", str(files.data_dir), "--endpoint-file", str(files.endpoint),
+        "--pid-file", str(files.pid), "--log-file", str(files.log),
+        "--log-max-bytes", str(config.log_bytes), "--log-backups", str(LOG_BACKUPS),
+    ]  # fmt: skip
+    source = str(Path(relay.__file__).resolve().parent.parent)  # where this relay is imported
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    out = os.open(files.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        child = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=files.home, env=env,
+            start_new_session=True, umask=0o077,
+        )  # fmt: skip
+    finally:
+        os.close(out)
+    _STARTED[child.pid] = child
+    return child
+
+
+def _last_words(files: StationFiles) -> str:
+    try:
+        text = files.out.read_bytes()[-400:].decode(errors="replace").strip()
+    except OSError:
+        text = ""
+    last = text.splitlines()[-1] if text else ""
+    return f": {last}" if last else ""
+
+
+async def _start(files: StationFiles, port: int, config: Settings) -> str:
+    _remove_stale(files)
+    child = _spawn(files, port, config)
+    deadline = time.monotonic() + config.timeout_s
+    while True:
+        code = child.poll()
+        if code is not None:
+            _STARTED.pop(child.pid, None)
+            raise LocalStationError(
+                f"the local station exited with status {code} before listening"
+                f"{_last_words(files)} (see {files.out} and {files.log})"
+            )
+        recorded = _recorded(files)
+        if not isinstance(recorded, str) and recorded is not None and recorded[0] == child.pid:
+            return str(recorded[1])
+        if time.monotonic() >= deadline:
+            child.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(child.wait, STOP_TIMEOUT_S)
+            if child.poll() is None:
+                child.kill()
+            _STARTED.pop(child.pid, None)
+            raise LocalStationError(
+                f"the local station did not listen within {config.timeout_s:g} s ({TIMEOUT_ENV})"
+                f"; see {files.log} and {files.out}"
+            )
+        await asyncio.sleep(POLL_S)
+
+
+async def default_station(
+    env: Mapping[str, str], say: Callable[[str], None] = _say
+) -> tuple[StationAddress, str | None]:
+    """The station a ``macula-mcp`` with no configured station uses, pinned, and the endpoint
+    of the local station process when it is that one (None: a station run by hand on the
+    default address with this home's key). Starts the local station when none runs."""
+    config = settings(env)
+    files = StationFiles(macula_home(env))
+    async with _locked_async(files, config.timeout_s + VERIFY_TIMEOUT_S + 5):
+        running = await _answering(files, say)
+        if running is not None:
+            return running, str(running)
+        port = config.port
+        if port and _port_taken(port):  # a free port needs no probe: nothing answers there
+            own = await own_default_station(env, port)  # ForeignStationError when not ours
+            if own is not None:
+                return own, None
+            say(f"127.0.0.1:{port} is in use by a program that is not a station; the local "
+                "station listens on a free port instead")  # fmt: skip
+            port = 0
+        endpoint = await _start(files, port, config)
+        say(f"started the local station {endpoint} (log {files.log}); it keeps serving after "
+            "this session ends; `macula-mcp station stop` stops it")  # fmt: skip
+        return parse_station(endpoint), endpoint

@@ -5,7 +5,8 @@ Start-up (``open_runtime``): identity from ``MACULA_MCP_IDENTITY``, else a named
 parent pid), all under ``MACULA_HOME``; stations from ``MACULA_MESH_STATIONS`` (those without
 a node id pinned on first use in ``$MACULA_HOME/known_stations``), else ``127.0.0.1:4433``
 pinned to this home's own station key (``tools.local_station``: another user's station there is
-refused), else an embedded station started in-process on loopback (said on stderr).
+refused), else the local station: a background process shared by this home's sessions, started
+by the first one that needs it (said on stderr) and left running when it ends.
 Every tool runs through ``run_tool``: idempotency receipts, presence on first mesh use, and
 errors mapped in one place (``tools.results.from_error``).
 """
@@ -16,11 +17,8 @@ import contextlib
 import dataclasses
 import logging
 import os
-import sys
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from mcp_types import CallToolResult
@@ -35,7 +33,7 @@ from macula.config import (
 )
 from macula.errors import BrokenError, MaculaError
 from macula.node import Node
-from macula.stations import StationAddress, parse_station
+from macula.stations import StationAddress
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
 from tools import local_station
@@ -80,43 +78,21 @@ class Runtime:
         self.counters[name] = self.counters.get(name, 0) + 1
 
 
-@contextlib.asynccontextmanager
-async def _stations(
-    env: Mapping[str, str],
-) -> AsyncIterator[tuple[list[StationAddress], str | None]]:
+async def _stations(env: Mapping[str, str]) -> tuple[list[StationAddress], str | None]:
     configured = configured_stations(env)  # every entry: the node fails over along them
     if configured:
-        yield configured, None
-        return
-    # pinned to this home's station key; ForeignStationError when someone else's is there
-    own = await local_station.own_default_station(env)
-    if own is not None:
-        yield [own], None
-        return
-    from relay.station import Station, StationConfig
-
-    default = parse_station(local_station.DEFAULT_STATION)
-    data_dir = local_station.embedded_data_dir(env)
-    try:
-        station = Station(StationConfig(data_dir=data_dir, port=default.port))
-        await station.__aenter__()
-    except OSError:  # 4433 taken by something that is not a station: any free port
-        station = Station(
-            StationConfig(data_dir=Path(tempfile.mkdtemp(prefix="macula-station-")), port=0)
-        )
-        await station.__aenter__()
-    said = f"no station at {default}; started an embedded station {station.endpoint}"
-    print(f"macula-mcp: {said}", file=sys.stderr, flush=True)
-    try:
-        yield [parse_station(station.endpoint)], station.endpoint
-    finally:
-        await station.stop()
+        return configured, None
+    # this home's station, pinned (ForeignStationError when someone else's holds the port);
+    # the local station process is started when none runs, and outlives this session
+    station, local = await local_station.default_station(env)
+    return [station], local
 
 
 def preflight(env: Mapping[str, str]) -> Identity:
     """Check every setting before speaking MCP: a bad value fails here, naming itself."""
     identity = identity_from_env(env)
-    configured_stations(env)
+    if not configured_stations(env):
+        local_station.settings(env)
     agent_settings(env, identity)
     return identity
 
@@ -127,8 +103,8 @@ async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Ru
     identity = identity_from_env(environ)
     terse = environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1"
     receipts_path = macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3"
+    stations, embedded = await _stations(environ)
     async with (
-        _stations(environ) as (stations, embedded),
         Node(identity, stations, known_stations=known_stations_from_env(environ)) as node,
         Agent(node, agent_settings(environ, identity)) as agent,
         await ReceiptStore.open(receipts_path) as receipts,

@@ -118,12 +118,18 @@ async def test_the_default_station_is_used_only_with_this_homes_key(
             assert (await runtime.node.session()).tls_pinned
         port = mine.port
 
-    # nothing there: the embedded station starts on that port with our key, pinned
+    # nothing there: the local station process starts on that port with our key, pinned,
+    # and outlives the runtime that started it
     monkeypatch.setattr(local_station, "DEFAULT_STATION", f"127.0.0.1:{port}")
-    async with open_runtime(env) as runtime:
-        assert runtime.embedded_station is not None
-        node_id = station_node_id(ours)
-        assert node_id is not None and runtime.embedded_station == (
-            f"{node_id.hex()}@127.0.0.1:{port}"
-        )
-        await runtime.node.flush()
+    try:
+        async with open_runtime(env) as runtime:
+            assert runtime.embedded_station is not None
+            node_id = station_node_id(ours)
+            assert node_id is not None and runtime.embedded_station == (
+                f"{node_id.hex()}@127.0.0.1:{port}"
+            )
+            await runtime.node.flush()
+        assert local_station.local_station_status(home).state == "running"
+    finally:
+        local_station.stop_local_station(home)
+    assert local_station.local_station_status(home).state == "stopped"
