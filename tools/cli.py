@@ -148,11 +148,25 @@ def doctor() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["daemon"]:  # its own subcommands (tools.daemon)
+        from tools.daemon import main as daemon
+
+        daemon(given[1:])
+        return
+    if given[:1] == ["attach"]:  # (the entry point dispatches it earlier, unimported)
+        from tools.attach import main as attach
+
+        attach(given[1:])
+        return
     parser = argparse.ArgumentParser(
         prog="macula-mcp", description="The Macula mesh as an MCP server (stdio)."
     )
     parser.add_argument(
-        "command", nargs="?", default="serve", choices=["serve", "mcp-config", "doctor", "demo"]
+        "command",
+        nargs="?",
+        default="serve",
+        choices=["serve", "mcp-config", "doctor", "demo", "daemon", "attach"],
     )
     args = parser.parse_args(argv)
     if args.command == "serve":
