@@ -1,57 +1,30 @@
 """``macula-mcp daemon start|stop|status``: the long-lived local service harness sessions attach to.
 
-One daemon per ``MACULA_HOME`` (a lock beside its socket, ``tools.daemon_socket``). Each
-connection starts with a preamble (``tools.daemon_protocol``); an ``attach`` connection is then
-one MCP session (the SDK server over the socket's streams) bound to the runtime of the identity
-plain ``macula-mcp`` would have given it (``tools.daemon_hosts``).
+One daemon per ``MACULA_HOME`` (a lock beside its socket, ``tools.daemon_socket``); the daemon
+itself is ``tools.daemon_server`` (``start --foreground``). This module stays light (no MCP SDK,
+no mesh library): ``status`` and ``stop`` answer in a few tens of milliseconds.
 
-Invariants:
-- logs go to ``$MACULA_HOME/logs/daemon.log`` (rotating: ``MACULA_MCP_DAEMON_LOG_BYTES``,
-  ``MACULA_MCP_DAEMON_LOG_FILES``), never to stdio; the daemon's files are private (umask 077);
-- a session's identity is computed from the environment its attach forwarded; with no
-  ``MACULA_MCP_IDENTITY``, ``MACULA_MCP_AGENT`` or harness session id it is the attach's
-  parent's (the harness's), as for plain ``macula-mcp``;
-- the daemon exits on ``stop``, SIGTERM/SIGINT, or after ``MACULA_MCP_DAEMON_IDLE_S`` (default
-  24 h) with nothing hosted and no session; on exit every node says goodbye, the socket and pid
-  file are removed, and the lock is released last.
+Settings (each with a default): ``MACULA_MCP_DAEMON_IDLE_S`` (24 h), ``MACULA_MCP_DAEMON_MAX_LINE``
+(64 MiB per MCP message), ``MACULA_MCP_DAEMON_LOG_BYTES`` (1 MiB) and ``..._LOG_FILES`` (3),
+``MACULA_MCP_DAEMON_START_S`` (30 s, ``tools.attach``), ``MACULA_MCP_SOCKET``.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
-import logging
-import logging.handlers
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
-from macula.config import AGENT_ENV, IDENTITY_ENV, SESSION_ENV, identity_path
-from macula.errors import ConfigError, MaculaError
 from tools import daemon_protocol as protocol
 from tools.attach import AttachError, connect, handshake, reach_daemon
-from tools.daemon_hosts import Hosted, Hosts, IdleClock
-from tools.daemon_socket import (
-    DaemonRunningError,
-    SocketSetupError,
-    acquire_lock,
-    bind,
-    claim_socket,
-    home_dir,
-    pid_path,
-    prepare_folder,
-    read_pid,
-    socket_path,
-)
-
-log = logging.getLogger("macula.daemon")
+from tools.daemon_socket import SocketSetupError, home_dir, read_pid, socket_path
 
 IDLE_ENV: Final = "MACULA_MCP_DAEMON_IDLE_S"
 DEFAULT_IDLE_S: Final = 24 * 3600.0
@@ -64,6 +37,10 @@ DEFAULT_LOG_FILES: Final = 3
 STOP_WAIT_S: Final = 20.0
 
 
+class DaemonSettingError(ValueError):
+    """A daemon setting out of range (message names the variable)."""
+
+
 def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
     raw = env.get(name)
     if raw is None:
@@ -73,7 +50,7 @@ def _number(env: Mapping[str, str], name: str, default: float, low: float, high:
     except ValueError:
         value = low - 1
     if not low <= value <= high:
-        raise ConfigError(f"{name} must be a number in [{low:g}, {high:g}], not {raw!r}")
+        raise DaemonSettingError(f"{name} must be a number in [{low:g}, {high:g}], not {raw!r}")
     return value
 
 
@@ -100,242 +77,6 @@ class DaemonSettings:
     @property
     def log_file(self) -> Path:
         return self.home / "logs" / "daemon.log"
-
-
-def session_env(preamble: protocol.Preamble, home: Path) -> dict[str, str]:
-    """The environment plain ``macula-mcp`` would have seen, for this session's runtime."""
-    env = dict(preamble.env)
-    theirs = home_dir(env)
-    if theirs != home:
-        raise ConfigError(
-            f"MACULA_HOME: this daemon serves {home}, the session asked for {theirs} "
-            f"(MACULA_MCP_SOCKET is shared between two homes: give each its own)"
-        )
-    env["MACULA_HOME"] = str(home)
-    if not (env.get(IDENTITY_ENV) or env.get(AGENT_ENV) or env.get(SESSION_ENV)):
-        harness = {**env, SESSION_ENV: f"ppid-{preamble.ppid}"}
-        env[IDENTITY_ENV] = str(identity_path(harness))  # the harness's own, as without daemon
-    return env
-
-
-def _refusal(code: str, detail: str) -> bytes:
-    return protocol.encode_reply({"ok": 0, "code": code, "detail": detail})
-
-
-class _SocketLines:
-    """The socket's incoming lines, as the SDK's stdio transport reads a file."""
-
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        self.reader = reader
-
-    def __aiter__(self) -> _SocketLines:
-        return self
-
-    async def __anext__(self) -> str:
-        try:
-            line = await self.reader.readline()
-        except ValueError:  # longer than the reader's limit
-            log.warning("a message longer than %s bytes ended its session", MAX_LINE_ENV)
-            raise StopAsyncIteration from None
-        if not line:
-            raise StopAsyncIteration
-        return line.decode("utf-8", "replace")
-
-
-class _SocketSink:
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
-
-    async def write(self, text: str) -> None:
-        self.writer.write(text.encode())
-
-    async def flush(self) -> None:
-        await self.writer.drain()
-
-
-class Daemon:
-    def __init__(self, settings: DaemonSettings, clock: Callable[[], float] = time.monotonic):
-        self.settings = settings
-        self.clock = clock
-        self.idle = IdleClock(settings.idle_timeout, clock())
-        self.stopping = asyncio.Event()
-        self.connections: set[asyncio.Task[Any]] = set()
-        self.hosts: Hosts | None = None
-
-    async def run(self, listener: Any) -> None:
-        """Serve on ``listener`` (a bound, listening socket) until stopped or idle."""
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stopping.set)
-        async with asyncio.TaskGroup() as group:
-            self.hosts = Hosts(group, self.idle, self.clock)
-            server = await asyncio.start_unix_server(
-                self._connection, sock=listener, limit=self.settings.max_line
-            )
-            log.info("daemon %s listening on %s", protocol.VERSION, self.settings.socket)
-            try:
-                await self._until_stopped()
-            finally:
-                server.close()
-                for task in list(self.connections):
-                    task.cancel()
-                if self.connections:
-                    await asyncio.wait(list(self.connections))
-                await self.hosts.close_all()
-        log.info("daemon stopped")
-
-    async def _until_stopped(self) -> None:
-        assert self.hosts is not None
-        sweep = min(60.0, max(0.05, self.settings.idle_timeout / 4))
-        while not self.stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), sweep)
-            self.hosts.close_expired()
-            if self.idle.daemon_expired(self.clock(), len(self.hosts.by_id), self.hosts.sessions):
-                log.info("idle for %g s with nothing hosted: exiting", self.settings.idle_timeout)
-                self.stopping.set()
-
-    def status(self) -> dict[str, Any]:
-        assert self.hosts is not None
-        now = self.clock()
-        return {
-            "ok": 1,
-            "pid": os.getpid(),
-            "version": protocol.VERSION,
-            "socket": str(self.settings.socket),
-            "home": str(self.settings.home),
-            "log": str(self.settings.log_file),
-            "idle_timeout_s": self.settings.idle_timeout,
-            "sessions": self.hosts.sessions,
-            "identities": [h.view(now, self.idle) for h in self.hosts.by_id.values()],
-        }
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self.connections.add(task)
-        try:
-            await self._converse(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError) as exc:
-            log.info("a connection ended early: %s", exc)
-        except Exception:
-            log.exception("a connection failed")
-        finally:
-            self.connections.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _converse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            preamble = protocol.parse_preamble(await reader.readline())
-        except (protocol.PreambleError, ValueError) as exc:
-            writer.write(_refusal("bad_preamble", str(exc)))
-            return
-        if preamble.op == "status":
-            writer.write(protocol.encode_reply(self.status()))
-            return
-        if preamble.op == "stop":
-            writer.write(protocol.encode_reply({"ok": 1, "pid": os.getpid(), "stopping": 1}))
-            await writer.drain()
-            log.info("stop requested")
-            self.stopping.set()
-            return
-        if preamble.version != protocol.VERSION:
-            detail = protocol.mismatch_detail(
-                protocol.VERSION, preamble.version, str(self.settings.socket)
-            )
-            writer.write(_refusal("version_mismatch", detail))
-            return
-        await self._attach(preamble, reader, writer)
-
-    async def _attach(
-        self,
-        preamble: protocol.Preamble,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        assert self.hosts is not None
-        replied = False
-        try:
-            env = session_env(preamble, self.settings.home)
-            async with self.hosts.session(env) as hosted:
-                writer.write(protocol.encode_reply({"ok": 1, "version": protocol.VERSION}))
-                replied = True
-                await self._mcp(hosted, env, reader, writer)
-        except (MaculaError, OSError) as exc:
-            if replied:
-                raise
-            code = "config_error" if isinstance(exc, ConfigError) else "runtime_failed"
-            writer.write(_refusal(code, str(exc)))
-
-    async def _mcp(
-        self,
-        hosted: Hosted,
-        env: dict[str, str],
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        from mcp.server.stdio import stdio_server
-
-        from tools.server import build_server
-
-        @contextlib.asynccontextmanager
-        async def lent() -> Any:
-            assert hosted.runtime is not None
-            yield hosted.runtime
-
-        app = build_server(env, runtime=lent)
-        lines, sink = cast(Any, _SocketLines(reader)), cast(Any, _SocketSink(writer))
-        async with stdio_server(lines, sink) as (read_stream, write_stream):
-            lowlevel = app._lowlevel_server  # as MCPServer.run_stdio_async does
-            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
-
-
-def _logging(settings: DaemonSettings, env: Mapping[str, str]) -> None:
-    from relay.cli import KeyValueFormatter
-
-    logs = settings.log_file.parent
-    logs.mkdir(mode=0o700, parents=True, exist_ok=True)
-    handler = logging.handlers.RotatingFileHandler(
-        settings.log_file, maxBytes=settings.log_bytes, backupCount=settings.log_files
-    )
-    handler.setFormatter(KeyValueFormatter())
-    level = env.get("MACULA_MCP_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-    logging.getLogger("quic").setLevel(logging.WARNING)
-
-
-def run_foreground(env: Mapping[str, str]) -> int:
-    """Be the daemon in this process; the exit status."""
-    os.umask(0o077)
-    try:
-        settings = DaemonSettings.from_env(env)
-        prepare_folder(settings.socket, env)
-        lock = acquire_lock(settings.socket)
-    except DaemonRunningError as exc:
-        print(f"macula-mcp daemon: {exc}", file=sys.stderr)
-        return 0
-    except (SocketSetupError, ConfigError) as exc:
-        print(f"macula-mcp daemon: {exc}", file=sys.stderr)
-        return 2
-    try:
-        claim_socket(settings.socket)
-        listener = bind(settings.socket)
-        pid_path(settings.socket).write_text(f"{os.getpid()}\n")
-        _logging(settings, env)
-        try:
-            asyncio.run(Daemon(settings).run(listener))
-        finally:
-            for path in (settings.socket, pid_path(settings.socket)):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()
-    except (SocketSetupError, ConfigError, OSError) as exc:
-        print(f"macula-mcp daemon: {exc}", file=sys.stderr)
-        return 2 if not isinstance(exc, DaemonRunningError) else 1
-    finally:
-        lock.close()  # released last: a new daemon may claim the socket only now
-    return 0
 
 
 def _ask(env: Mapping[str, str], op: str) -> tuple[Path, dict[str, Any] | None]:
@@ -408,6 +149,8 @@ def _alive(pid: object) -> bool:
 
 def start(env: dict[str, str], foreground: bool) -> int:
     if foreground:
+        from tools.daemon_server import run_foreground
+
         return run_foreground(env)
     sock = socket_path(env)
     if connect(sock) is not None:
@@ -446,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             code = stop(env, args.wait)
         else:
             code = status(env, args.json)
-    except (SocketSetupError, ConfigError) as exc:
+    except (SocketSetupError, DaemonSettingError) as exc:
         print(f"macula-mcp daemon: {exc}", file=sys.stderr)
         code = 2
     except AttachError as exc:

@@ -75,6 +75,7 @@ class Hosted:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
+    spares: dict[str, Any] = field(default_factory=dict)  # servers built ahead, by shape
 
     def view(self, now: float, idle: IdleClock) -> dict[str, Any]:
         runtime = self.runtime

@@ -98,7 +98,7 @@ def parse_reply(line: bytes) -> dict[str, Any]:
     """The daemon's reply; ``ok`` 1, or ``ok`` 0 with ``code`` and ``detail``."""
     body = _json_line(line, "daemon's reply")
     refused_without_detail = body.get("ok") == 0 and not isinstance(body.get("detail"), str)
-    if body.get("ok") not in (0, 1) or refused_without_detail:
+    if type(body.get("ok")) is not int or body["ok"] not in (0, 1) or refused_without_detail:
         raise PreambleError("the daemon's reply has no 'ok' 0/1 (or no 'detail' with 0)")
     return body
 

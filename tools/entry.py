@@ -1,5 +1,5 @@
-"""The ``macula-mcp`` entry point: ``attach`` is dispatched before anything heavy is imported
-(it must start in a few tens of milliseconds); every other command goes to ``tools.cli``."""
+"""The ``macula-mcp`` entry point: ``attach`` and ``daemon`` are dispatched before anything heavy
+is imported (attach must start in a few tens of milliseconds); the rest goes to ``tools.cli``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,11 @@ def main() -> None:
         from tools.attach import main as attach
 
         attach(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["daemon"]:  # status and stop stay fast too
+        from tools.daemon import main as daemon
+
+        daemon(sys.argv[2:])
         return
     from tools.cli import main as cli
 

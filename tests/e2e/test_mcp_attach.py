@@ -115,9 +115,7 @@ async def test_the_node_stays_between_sessions_and_reads_what_came_meanwhile(
     station: Station, home: Path, tmp_path: Path
 ) -> None:
     ada_env = attach_env(home, station, MACULA_MCP_AGENT="ada", MACULA_MCP_CONTACT_POLICY="ask")
-    bob_env = attach_env(
-        tmp_path / "bob", station, MACULA_MCP_IDENTITY=str(tmp_path / "bob.key")
-    )
+    bob_env = attach_env(tmp_path / "bob", station, MACULA_MCP_IDENTITY=str(tmp_path / "bob.key"))
     async with session(bob_env, server_command()) as bob:  # plain macula-mcp
         await good(bob, "mesh_hello", message="bob here")
         async with session(ada_env) as ada:
@@ -196,7 +194,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def run_attach(env: dict[str, str], argv: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_attach(
+    env: dict[str, str], argv: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv or attach_command(),
         env=env,

@@ -12,8 +12,9 @@ import pytest
 
 from macula.config import AGENT_ENV, IDENTITY_ENV, identity_path, macula_home
 from tools import daemon_protocol as protocol
-from tools.daemon import session_env
+from tools.daemon import IDLE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_hosts import IdleClock, differing
+from tools.daemon_server import session_env
 from tools.daemon_socket import SocketSetupError, home_dir
 
 
@@ -74,7 +75,7 @@ def test_the_version_mismatch_message_names_both_versions_and_the_way_out() -> N
 
 
 def test_the_version_is_the_package_version() -> None:
-    assert protocol.PACKAGE_VERSION == importlib.metadata.version("macula-mesh")
+    assert importlib.metadata.version("macula-mesh") == protocol.PACKAGE_VERSION
 
 
 @pytest.mark.parametrize("raw", [None, "/tmp/h", "~/elsewhere", "rel/home"])
@@ -138,9 +139,9 @@ def test_settings_that_shape_a_runtime_must_agree_but_session_ones_may_differ() 
     assert differing(base, other) == ["MACULA_MCP_CONTACT_POLICY", "MACULA_MESH_STATIONS"]
 
 
-def test_attach_imports_neither_the_sdk_nor_the_mesh_library() -> None:
+def test_attach_and_the_daemon_cli_import_neither_the_sdk_nor_the_mesh_library() -> None:
     code = (
-        "import sys, tools.entry, tools.attach;"
+        "import sys, tools.entry, tools.attach, tools.daemon;"
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
         "('mcp', 'mcp_types', 'macula', 'relay', 'aioquic', 'asyncio', 'pydantic', 'nacl')];"
         "print(','.join(heavy))"
@@ -149,3 +150,27 @@ def test_attach_imports_neither_the_sdk_nor_the_mesh_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert done.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        (IDLE_ENV, "0"),
+        (IDLE_ENV, "soon"),
+        (IDLE_ENV, "-5"),
+        ("MACULA_MCP_DAEMON_MAX_LINE", "10"),
+        ("MACULA_MCP_DAEMON_LOG_BYTES", "1e20"),
+        ("MACULA_MCP_DAEMON_LOG_FILES", "0"),
+    ],
+)
+def test_a_bad_daemon_setting_names_itself(name: str, raw: str) -> None:
+    with pytest.raises(DaemonSettingError, match=name):
+        DaemonSettings.from_env({"MACULA_HOME": "/h", name: raw})
+
+
+def test_daemon_settings_have_defaults() -> None:
+    settings = DaemonSettings.from_env({"MACULA_HOME": "/h"})
+    assert settings.idle_timeout == 24 * 3600
+    assert settings.log_file == Path("/h/logs/daemon.log")
+    assert settings.log_bytes > 0 and settings.log_files > 0 and settings.max_line > 4096
+    assert DaemonSettings.from_env({"MACULA_HOME": "/h", IDLE_ENV: "1.5"}).idle_timeout == 1.5
