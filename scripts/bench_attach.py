@@ -90,7 +90,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(text)
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    print(f"(python {sys.version.split()[0]}, {os.cpu_count()} cpus, load {os.getloadavg()[0]:.1f})")
+    load = os.getloadavg()[0]
+    print(f"(python {sys.version.split()[0]}, {os.cpu_count()} cpus, load {load:.1f})")
 
 
 if __name__ == "__main__":

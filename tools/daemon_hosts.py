@@ -10,7 +10,9 @@ Invariants:
   stops;
 - a later session whose settings differ from the runtime's is refused, naming the variables
   (never their values); variables that only shape one session (``SESSION_ONLY``) may differ;
-- each runtime lives in a task of the daemon's task group, entered and exited there.
+- each runtime lives in a task of the daemon's task group, entered and exited there;
+- ``spares`` holds MCP servers built ahead for the next session of the agent (one per shape,
+  ``tools.daemon_server._shape``), each used by one session only.
 """
 
 from __future__ import annotations

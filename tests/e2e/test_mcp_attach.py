@@ -258,3 +258,53 @@ async def test_a_daemon_that_holds_the_lock_but_never_answers_is_reported(
     assert done.returncode == 1
     line = one_line(done)
     assert "within 2 s" in line and f"pid {os.getpid()} holds its lock" in line
+
+
+async def test_goodbye_closes_the_agent_and_an_idle_daemon_exits(
+    station: Station, home: Path
+) -> None:
+    env = attach_env(home, station, MACULA_MCP_AGENT="ada", MACULA_MCP_DAEMON_IDLE_S="3")
+    async with session(env) as ada:
+        await good(ada, "mesh_hello")
+        assert daemon_status(home)["identities"][0]["present"] == 1
+        await good(ada, "mesh_goodbye")
+    sock = socket_path(env)
+    pid = read_pid(sock)
+    assert pid is not None
+
+    async def closed() -> bool:
+        status = await asyncio.to_thread(daemon_status, home)
+        return status.get("identities") == [] or status["running"] == 0
+
+    await until(closed)  # said goodbye, no session left: its node is closed at once
+    await until(lambda: asyncio.to_thread(lambda: not _alive(pid)), timeout=30)  # then idle
+    assert not sock.exists() and not pid_path(sock).exists()
+
+
+async def test_an_oversized_message_ends_only_its_session(station: Station, home: Path) -> None:
+    env = attach_env(home, station, MACULA_MCP_AGENT="ada", MACULA_MCP_DAEMON_MAX_LINE="4096")
+    async with session(env) as steady:
+        before = await node_id(steady)
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "big", "version": "0"},
+            },
+        }
+        huge = dict(init, id=2, params=dict(init["params"], clientInfo={"name": "x" * 9000}))
+        payload = (json.dumps(init) + "\n" + json.dumps(huge) + "\n").encode()
+
+        def oversized() -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run(
+                attach_command(), env=env, input=payload, capture_output=True, timeout=60
+            )
+
+        done = await asyncio.to_thread(oversized)
+        assert json.loads(done.stdout.splitlines()[0])["id"] == 1  # served until the big one
+        assert b'"id":2' not in done.stdout
+        assert await node_id(steady) == before  # the other session still works
+        assert daemon_status(home)["sessions"] == 1
