@@ -136,3 +136,43 @@ def test_the_lock_admits_one_daemon_and_frees_on_close(short_dir: Path) -> None:
     assert ds.read_pid(sock) == os.getpid()
     ds.pid_path(sock).write_text("garbage")
     assert ds.read_pid(sock) is None
+
+
+def test_attach_forwards_both_ways_and_stdin_closing_detaches() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tools.attach import forward
+
+    ours, daemon = socket.socketpair()
+    daemon.settimeout(10)
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    os.write(stdin_w, b'{"id":1}\n')
+    os.close(stdin_w)  # the harness wrote one line and exited
+    with ThreadPoolExecutor(1) as pool:
+        forwarding = pool.submit(forward, ours, b"early\n", stdin=stdin_r, stdout=stdout_w)
+        seen = b""
+        while not seen.endswith(b"\n"):
+            seen += daemon.recv(100)
+        assert seen == b'{"id":1}\n'
+        assert daemon.recv(100) == b""  # stdin's end reached the daemon as EOF: detached
+        daemon.sendall(b'{"id":1,"result":{}}\n')
+        daemon.close()
+        assert forwarding.result(timeout=10) is True
+    os.close(stdout_w)
+    assert os.read(stdout_r, 1000) == b'early\n{"id":1,"result":{}}\n'
+
+
+def test_attach_reports_the_daemon_closing_first() -> None:
+    from tools.attach import forward
+
+    ours, daemon = socket.socketpair()
+    stdin_r, stdin_w = os.pipe()  # the harness keeps stdin open
+    stdout_r, stdout_w = os.pipe()
+    daemon.close()
+    try:
+        assert forward(ours, b"", stdin=stdin_r, stdout=stdout_w) is False
+    finally:
+        os.close(stdin_w)
+        for fd in (stdin_r, stdout_r, stdout_w):
+            os.close(fd)
