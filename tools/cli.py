@@ -165,6 +165,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         station(arguments[1:])
         return
+    if arguments[:1] == ["daemon"]:  # its own subcommands (tools.daemon)
+        from tools.daemon import main as daemon
+
+        daemon(arguments[1:])
+        return
+    if arguments[:1] == ["attach"]:  # (the entry point dispatches it earlier, unimported)
+        from tools.attach import main as attach
+
+        attach(arguments[1:])
+        return
     parser = argparse.ArgumentParser(
         prog="macula-mcp", description="The Macula mesh as an MCP server (stdio)."
     )
@@ -172,7 +182,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "command",
         nargs="?",
         default="serve",
-        choices=["serve", "mcp-config", "doctor", "demo", *REGISTER_COMMANDS],
+        choices=[
+            "serve",
+            "mcp-config",
+            "doctor",
+            "demo",
+            "daemon",
+            "attach",
+            "station",
+            *REGISTER_COMMANDS,
+        ],
     )
     parser.add_argument(
         "--attach", action="store_true", help="mcp-config: the `macula-mcp attach` form"

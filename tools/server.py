@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -24,16 +25,21 @@ INSTRUCTIONS = (
 )
 
 
-def build_server(env: Mapping[str, str] | None = None) -> MCPServer:
+def build_server(
+    env: Mapping[str, str] | None = None,
+    runtime: Callable[[], AbstractAsyncContextManager[Runtime]] | None = None,
+) -> MCPServer:
+    """The server; its runtime is opened for it (``open_runtime``), or lent by ``runtime``
+    (the daemon's, shared by every session of one agent)."""
     environ = dict(os.environ if env is None else env)
     describe = Descriptions(terse=environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1")
 
     @contextlib.asynccontextmanager
     async def lifespan(server: MCPServer[Any]) -> AsyncIterator[Runtime]:
-        async with open_runtime(environ) as runtime:
-            server.runtime = runtime  # type: ignore[attr-defined]
+        async with runtime() if runtime else open_runtime(environ) as opened:
+            server.runtime = opened  # type: ignore[attr-defined]
             try:
-                yield runtime
+                yield opened
             finally:
                 server.runtime = None  # type: ignore[attr-defined]
 

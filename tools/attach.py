@@ -1,0 +1,221 @@
+"""``macula-mcp attach``: what a harness runs. A thin stdio <-> socket forwarder to the daemon.
+
+It sends one preamble line (``tools.daemon_protocol``), reads the daemon's one-line reply, then
+copies bytes both ways until the harness closes stdin (which detaches: the daemon keeps the node)
+or the daemon closes the connection. When no daemon answers it starts one (detached, its own
+session) and waits for the socket up to ``MACULA_MCP_DAEMON_START_S`` seconds.
+
+Invariants:
+- light: imports neither the MCP SDK nor the mesh library (``tools.entry`` dispatches here
+  before anything heavy is imported); stdout carries the daemon's bytes only;
+- every failure is one line on stderr and a non-zero exit: 2 for a bad setting, 1 otherwise
+  (daemon unreachable, another version, refused);
+- a stale socket is never removed here: the daemon started in its place removes it under its
+  lock, after checking that nothing answers on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, NoReturn
+
+from tools import daemon_protocol as protocol
+from tools.daemon_socket import SocketSetupError, home_dir, read_pid, socket_path
+
+START_ENV: Final = "MACULA_MCP_DAEMON_START_S"
+DEFAULT_START_S: Final = 30.0
+POLL_S: Final = 0.02  # interval between connection attempts while a daemon starts
+CHUNK: Final = 65536
+START_ERR: Final = "daemon-start.err"  # the starting daemon's stderr, in MACULA_HOME/logs
+
+
+class AttachError(Exception):
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def start_timeout(env: Mapping[str, str]) -> float:
+    raw = env.get(START_ENV)
+    if raw is None:
+        return DEFAULT_START_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise AttachError(f"{START_ENV} must be seconds in (0, 3600], not {raw!r}", 2)
+    return value
+
+
+def connect(sock: Path) -> socket.socket | None:
+    """A connection to the daemon, or None when nothing listens on ``sock``."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(sock))
+    except (FileNotFoundError, ConnectionRefusedError):
+        conn.close()
+        return None
+    except OSError as exc:
+        conn.close()
+        raise AttachError(f"cannot connect to the daemon on {sock}: {exc.strerror}") from None
+    return conn
+
+
+def handshake(
+    conn: socket.socket, op: str, env: Mapping[str, str], ppid: int
+) -> tuple[dict[str, Any], bytes]:
+    """Send the preamble; the daemon's reply and any bytes that followed it."""
+    conn.sendall(protocol.encode_preamble(op, env, ppid))
+    buffered = b""
+    while b"\n" not in buffered:
+        chunk = conn.recv(CHUNK)
+        if not chunk:
+            raise protocol.PreambleError("the daemon closed the connection before replying")
+        buffered += chunk
+        if len(buffered) > protocol.MAX_PREAMBLE:
+            raise protocol.PreambleError("the daemon's reply is too long")
+    line, rest = buffered.split(b"\n", 1)
+    return protocol.parse_reply(line), rest
+
+
+def start_command() -> list[str]:
+    return [sys.executable, "-m", "tools.cli", "daemon", "start", "--foreground"]
+
+
+def spawn_daemon(env: Mapping[str, str]) -> tuple[Any, Path]:
+    """Start a daemon detached from this process (its own session), its early stderr kept in
+    ``MACULA_HOME/logs/daemon-start.err``; the process and that file."""
+    import subprocess  # only on a cold start
+
+    logs = home_dir(env) / "logs"
+    logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+    err_path = logs / START_ERR
+    fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        process = subprocess.Popen(
+            start_command(),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=fd,
+            start_new_session=True,
+            close_fds=True,
+        )
+    finally:
+        os.close(fd)
+    return process, err_path
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def reach_daemon(
+    env: Mapping[str, str],
+    sock: Path,
+    *,
+    start: bool = True,
+    clock: Callable[[], float] = time.monotonic,
+) -> socket.socket:
+    """A connection to the daemon of ``sock``, starting one when none answers."""
+    conn = connect(sock)
+    if conn is not None or not start:
+        if conn is None:
+            raise AttachError(f"no daemon runs on {sock}")
+        return conn
+    timeout = start_timeout(env)
+    process, err_path = spawn_daemon(env)
+    deadline = clock() + timeout
+    while clock() < deadline:
+        conn = connect(sock)
+        if conn is not None:
+            return conn
+        status = process.poll()
+        if status not in (None, 0):  # 0: another daemon won the race; keep connecting
+            said = _tail(err_path) or f"exited with status {status}"
+            raise AttachError(f"the daemon did not start: {said}", 2 if status == 2 else 1)
+        time.sleep(POLL_S)  # polling interval while the daemon binds its socket
+    pid = read_pid(sock)
+    holder = f" (pid {pid} holds its lock)" if pid else ""
+    raise AttachError(
+        f"no daemon answered on {sock} within {timeout:g} s{holder}; see "
+        f"{home_dir(env) / 'logs'} ({START_ENV} sets the wait)"
+    )
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def forward(conn: socket.socket, pending: bytes, stdin: int = 0, stdout: int = 1) -> bool:
+    """Copy stdin -> socket and socket -> stdout until the session ends; True when it ended
+    because stdin closed (the harness detached), False when the daemon closed first."""
+    stdin_closed = threading.Event()
+
+    def upstream() -> None:
+        try:
+            while chunk := os.read(stdin, CHUNK):
+                conn.sendall(chunk)
+        except OSError:
+            return  # the daemon went away: the main loop sees the socket close
+        stdin_closed.set()
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_WR)  # the daemon ends the session and closes
+
+    threading.Thread(target=upstream, name="attach-stdin", daemon=True).start()
+    try:
+        if pending:
+            _write_all(stdout, pending)
+        while chunk := conn.recv(CHUNK):
+            _write_all(stdout, chunk)
+    except BrokenPipeError:
+        return True  # the harness is gone
+    except OSError:
+        pass
+    return stdin_closed.is_set()
+
+
+def fail(message: str, status: int) -> NoReturn:
+    print(f"macula-mcp attach: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(status)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[2:] if argv is None else argv)
+    if args in (["-h"], ["--help"]):
+        print(
+            "usage: macula-mcp attach\n\nServe MCP on stdio through this MACULA_HOME's daemon "
+            "(started when none runs); closing stdin detaches, the agent stays on the mesh."
+        )
+        return
+    if args:
+        fail(f"unexpected arguments {' '.join(args)!r} (attach takes none)", 2)
+    env = dict(os.environ)
+    try:
+        sock = socket_path(env)
+        conn = reach_daemon(env, sock)
+        reply, pending = handshake(conn, "attach", env, os.getppid())
+    except SocketSetupError as exc:
+        fail(str(exc), 2)
+    except AttachError as exc:
+        fail(str(exc), exc.status)
+    except (protocol.PreambleError, OSError) as exc:
+        fail(f"the daemon on {sock} did not complete the handshake: {exc}", 1)
+    if not reply["ok"]:
+        fail(str(reply["detail"]), 2 if reply.get("code") == "config_error" else 1)
+    if not forward(conn, pending):
+        fail(f"the daemon closed the session (stopped or crashed; see {home_dir(env)}/logs)", 1)

@@ -1,0 +1,201 @@
+"""``macula-mcp daemon start|stop|status``: the long-lived local service harness sessions attach to.
+
+One daemon per ``MACULA_HOME`` (a lock beside its socket, ``tools.daemon_socket``); the daemon
+itself is ``tools.daemon_server`` (``start --foreground``). This module stays light (no MCP SDK,
+no mesh library): ``status`` and ``stop`` answer in a few tens of milliseconds.
+
+Settings (each with a default): ``MACULA_MCP_DAEMON_IDLE_S`` (24 h), ``MACULA_MCP_DAEMON_MAX_LINE``
+(64 MiB per MCP message), ``MACULA_MCP_DAEMON_LOG_BYTES`` (1 MiB) and ``..._LOG_FILES`` (3),
+``MACULA_MCP_DAEMON_START_S`` (30 s, ``tools.attach``), ``MACULA_MCP_SOCKET``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from tools import daemon_protocol as protocol
+from tools.attach import AttachError, connect, handshake, reach_daemon
+from tools.daemon_socket import SocketSetupError, home_dir, read_pid, socket_path
+
+IDLE_ENV: Final = "MACULA_MCP_DAEMON_IDLE_S"
+DEFAULT_IDLE_S: Final = 24 * 3600.0
+MAX_LINE_ENV: Final = "MACULA_MCP_DAEMON_MAX_LINE"
+DEFAULT_MAX_LINE: Final = 64 * 1024 * 1024  # bytes of one MCP message on the socket
+LOG_BYTES_ENV: Final = "MACULA_MCP_DAEMON_LOG_BYTES"
+LOG_FILES_ENV: Final = "MACULA_MCP_DAEMON_LOG_FILES"
+DEFAULT_LOG_BYTES: Final = 1024 * 1024
+DEFAULT_LOG_FILES: Final = 3
+STOP_WAIT_S: Final = 20.0
+
+
+class DaemonSettingError(ValueError):
+    """A daemon setting out of range (message names the variable)."""
+
+
+def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise DaemonSettingError(f"{name} must be a number in [{low:g}, {high:g}], not {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    home: Path
+    socket: Path
+    idle_timeout: float
+    max_line: int
+    log_bytes: int
+    log_files: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> DaemonSettings:
+        return cls(
+            home=home_dir(env),
+            socket=socket_path(env),
+            idle_timeout=_number(env, IDLE_ENV, DEFAULT_IDLE_S, 0.01, 10 * 365 * 86400.0),
+            max_line=int(_number(env, MAX_LINE_ENV, DEFAULT_MAX_LINE, 4096, 2**31)),
+            log_bytes=int(_number(env, LOG_BYTES_ENV, DEFAULT_LOG_BYTES, 4096, 2**31)),
+            log_files=int(_number(env, LOG_FILES_ENV, DEFAULT_LOG_FILES, 1, 100)),
+        )
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / "logs" / "daemon.log"
+
+
+def _ask(env: Mapping[str, str], op: str) -> tuple[Path, dict[str, Any] | None]:
+    sock = socket_path(env)
+    conn = connect(sock)
+    if conn is None:
+        return sock, None
+    with conn:
+        reply, _ = handshake(conn, op, env, os.getppid())
+    return sock, reply
+
+
+def _print_status(reply: dict[str, Any]) -> None:
+    print(f"pid: {reply['pid']}\nsocket: {reply['socket']}\nversion: {reply['version']}")
+    print(f"log: {reply['log']}\nidle timeout: {reply['idle_timeout_s']:g} s")
+    print(f"sessions attached: {reply['sessions']}")
+    print(f"identities hosted: {len(reply['identities'])}")
+    for one in reply["identities"]:
+        print(
+            f"  {one['node_id']}  sessions {one['sessions']}  present {one['present']}  "
+            f"idle {one['idle_s']:g} s"
+        )
+
+
+def status(env: Mapping[str, str], as_json: bool) -> int:
+    sock, reply = _ask(env, "status")
+    if reply is None:
+        if as_json:
+            print(json.dumps({"running": 0, "socket": str(sock)}))
+        else:
+            print(f"no daemon runs on {sock}")
+        return 1
+    if as_json:
+        print(json.dumps({"running": 1} | {k: v for k, v in reply.items() if k != "ok"}))
+    else:
+        _print_status(reply)
+    return 0
+
+
+def stop(env: Mapping[str, str], wait: float, clock: Callable[[], float] = time.monotonic) -> int:
+    sock, reply = _ask(env, "stop")
+    if reply is None:
+        print(f"no daemon runs on {sock}")
+        return 0
+    pid = reply.get("pid")
+    deadline = clock() + wait
+    while clock() < deadline:
+        if connect(sock) is None and not _alive(pid):
+            print(f"daemon stopped (pid {pid})")
+            return 0
+        time.sleep(0.05)  # polling interval while the nodes say goodbye
+    print(f"macula-mcp daemon: pid {pid} did not exit within {wait:g} s", file=sys.stderr)
+    return 1
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):  # a zombie (our own child, in tests) is not alive
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return True
+
+
+def start(env: dict[str, str], foreground: bool) -> int:
+    if foreground:
+        from tools.daemon_server import run_foreground
+
+        return run_foreground(env)
+    sock = socket_path(env)
+    if connect(sock) is not None:
+        print(f"a daemon already runs on {sock} (pid {read_pid(sock)})")
+        return 0
+    with reach_daemon(env, sock) as conn:
+        reply, _ = handshake(conn, "status", env, os.getppid())
+    print(f"daemon started (pid {reply['pid']}, socket {sock}, log {reply['log']})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="macula-mcp daemon",
+        description="The local service harness sessions attach to (one per MACULA_HOME).",
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    starting = sub.add_parser("start", help="start the daemon (detached) unless one runs")
+    starting.add_argument("--foreground", action="store_true", help="run in this process")
+    starting.add_argument(
+        "--idle-timeout", type=float, metavar="SECONDS", help=f"sets {IDLE_ENV} (default 24 h)"
+    )
+    stopping = sub.add_parser("stop", help="stop the daemon: its nodes say goodbye")
+    stopping.add_argument("--wait", type=float, default=STOP_WAIT_S, metavar="SECONDS")
+    showing = sub.add_parser("status", help="pid, socket, version, identities and sessions")
+    showing.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    try:
+        if args.action == "start":
+            if args.idle_timeout is not None:
+                env[IDLE_ENV] = repr(args.idle_timeout)
+            DaemonSettings.from_env(env)  # a bad setting fails here, in one line
+            code = start(env, args.foreground)
+        elif args.action == "stop":
+            code = stop(env, args.wait)
+        else:
+            code = status(env, args.json)
+    except (SocketSetupError, DaemonSettingError) as exc:
+        print(f"macula-mcp daemon: {exc}", file=sys.stderr)
+        code = 2
+    except AttachError as exc:
+        print(f"macula-mcp daemon: {exc}", file=sys.stderr)
+        code = exc.status
+    except (protocol.PreambleError, OSError) as exc:
+        print(f"macula-mcp daemon: the daemon did not answer properly: {exc}", file=sys.stderr)
+        code = 1
+    raise SystemExit(code)

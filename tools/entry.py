@@ -1,0 +1,22 @@
+"""The ``macula-mcp`` entry point: ``attach`` and ``daemon`` are dispatched before anything heavy
+is imported (attach must start in a few tens of milliseconds); the rest goes to ``tools.cli``."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["attach"]:
+        from tools.attach import main as attach
+
+        attach(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["daemon"]:  # status and stop stay fast too
+        from tools.daemon import main as daemon
+
+        daemon(sys.argv[2:])
+        return
+    from tools.cli import main as cli
+
+    cli()
