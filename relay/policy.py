@@ -30,6 +30,8 @@ class Quotas:
     # bytes written to a connection's control stream that QUIC has not sent yet (the client is
     # not keeping up); past this the station says GOODBYE slow_consumer and closes it
     max_outbound_bytes: int = 16 * 1024 * 1024
+    # subscriptions a peer *station* may hold (the topics all its clients follow)
+    max_station_subscriptions: int = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,9 @@ class StationPolicy:
     quic_retry: bool = True
     # at most one log line summing up a connection's refused frames per this interval
     log_summary_ms: int = 10_000
+    # EVENTs from peer stations: (realm, publisher, seq) remembered this long, at most this many
+    relayed_event_dedup_ms: int = 300_000
+    max_relayed_event_ids: int = 200_000
 
 
 class ReplayWindow:

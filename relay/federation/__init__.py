@@ -1,0 +1,1 @@
+"""Federation: stations linked into one mesh (docs/federation.md)."""
