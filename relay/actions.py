@@ -77,6 +77,4 @@ class LinkDown:
     node_id: bytes
 
 
-Action = (
-    Send | EndStream | Close | RunBuiltin | PauseReading | ResumeReading | LinkUp | LinkDown
-)
+Action = Send | EndStream | Close | RunBuiltin | PauseReading | ResumeReading | LinkUp | LinkDown

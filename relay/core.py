@@ -202,9 +202,7 @@ class RouterCore:
         )
         return []
 
-    def dial(
-        self, conn: int, expected_node_id: bytes, now_ms: int, host: str = ""
-    ) -> list[Action]:
+    def dial(self, conn: int, expected_node_id: bytes, now_ms: int, host: str = "") -> list[Action]:
         """A connection this station opened to station ``expected_node_id`` (at ``host``):
         CONNECT with the station bit on a new control stream; the link is up at its HELLO."""
         if self.stopping:

@@ -191,11 +191,7 @@ class InterestRouter:
         for node_id in subscribers:
             conn = self._node_conn.get(node_id)
             target = self._peers.get(conn) if conn is not None else None
-            if (
-                target is None
-                or target.state is not PeerState.CONNECTED
-                or target.control is None
-            ):
+            if target is None or target.state is not PeerState.CONNECTED or target.control is None:
                 continue
             if target.is_station:
                 if frame.publisher_sig is None:  # the peer would drop it (unsigned_relayed_event)

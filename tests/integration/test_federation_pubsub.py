@@ -161,3 +161,35 @@ async def test_a_peer_with_the_wrong_key_is_never_linked(tmp_path: Path) -> None
             assert b.links is not None
             await eventually(lambda: b.links is not None and b.links.attempts >= 2)
             assert linked(a) == set() and linked(b) == set()
+
+
+async def test_two_stations_that_know_each_other_keep_one_link(tmp_path: Path) -> None:
+    found: list[LinkTarget] = []
+
+    async def discover() -> list[LinkTarget]:
+        return found
+
+    config_a = dataclasses.replace(
+        fast(station_config(tmp_path / "a"), []), discover=discover, discover_interval_s=0.02
+    )
+    async with (
+        Station(config_a) as a,
+        Station(fast(station_config(tmp_path / "b"), [target(a)])) as b,
+    ):
+        found.append(target(b))  # a may dial b while b dials a (the unit tests force it)
+        await eventually(lambda: linked(a) == {b.node_id} and linked(b) == {a.node_id})
+        async with (
+            Node(new_identity(), [a.endpoint]) as publisher,
+            Node(new_identity(), [b.endpoint]) as subscriber,
+        ):
+            watch = await subscriber.subscribe(REALM, "one-link")
+            await subscriber.flush()
+            await eventually(lambda: interest_at(a, b, "one-link"))
+            await publisher.publish(REALM, "one-link", "once")
+            assert (await watch.next(5)).payload == "once"
+            await publisher.flush()
+            assert a.core.stats["events_to_stations"] == 1
+            assert b.core.stats["relayed_events_received"] == 1
+        # the link that stayed is the same connection on both sides: one each
+        assert sum(p.linked for p in a.core.peers.values()) == 1
+        assert sum(p.linked for p in b.core.peers.values()) == 1
