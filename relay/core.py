@@ -33,9 +33,9 @@ State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCa
 - station links (docs/federation.md): a connection this station ``dial``s sends CONNECT with
   the station bit and waits for a HELLO verified against the node id it dialled (anything
   else closes it, counted); an accepted CONNECT with the station bit makes a station peer;
-  either way ``_link_up`` emits ``LinkUp`` once and ``_forget_peer`` the matching
-  ``LinkDown``; of two links with one station the one dialled by the lower node id wins (the
-  same dialler: the newer), the other gets GOODBYE ``duplicate_link``; an EVENT is taken from
+  either way ``LinkHandshake.link_up`` (relay.federation.handshake) emits ``LinkUp`` once and
+  ``_forget_peer`` the matching ``LinkDown``; one link per station (the duplicate rule is
+  there); ``_station_linked`` runs on every link that comes up; an EVENT is taken from
   a station peer only, and goes to local clients only (``relay.federation.interest``).
 """
 
@@ -50,14 +50,12 @@ from macula.rate import TokenBucket
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
-    CAP_STATION,
     Call,
     Connect,
     Error,
     Event,
     Frame,
     Goodbye,
-    Hello,
     Ping,
     Result,
     parse_frame,
@@ -68,7 +66,6 @@ from relay.actions import (
     Close,
     EndStream,
     LinkDown,
-    LinkUp,
     PauseReading,
     ResumeReading,
     RunBuiltin,
@@ -79,6 +76,7 @@ from relay.adverts import AdvertTable, ProcedureKey
 from relay.call_forwarding import CallForwarder
 from relay.connection_caps import ConnectionCaps
 from relay.federation.dedup import RelayedEventDedup
+from relay.federation.handshake import LinkHandshake, dialled_peer
 from relay.federation.interest import StationInterest
 from relay.interest import DECLARATIONS, InterestRouter
 from relay.logbook import Refusals, clip
@@ -181,6 +179,17 @@ class RouterCore:
                 count=self._count,
             ),
         )
+        self.linking = LinkHandshake(
+            identity.node_id,
+            self.peers,
+            self.node_conn,
+            self.frames,
+            self.admission,
+            drop=self._drop,
+            count=self._count,
+            forget=self._forget_peer,
+            linked=self._station_linked,
+        )
 
     # --- entry points ---------------------------------------------------------------------
 
@@ -207,19 +216,9 @@ class RouterCore:
         CONNECT with the station bit on a new control stream; the link is up at its HELLO."""
         if self.stopping:
             return [Close(conn, "station is shutting down")]
-        quotas = self.policy.quotas
         control = self._open_stream(conn)
-        self.peers[conn] = Peer(
-            conn=conn,
-            opened_ms=now_ms,
-            publish_bucket=TokenBucket(quotas.publish_rate, quotas.publish_burst, now_ms),
-            call_bucket=TokenBucket(quotas.call_rate, quotas.call_burst, now_ms),
-            refusals=Refusals(now_ms),
-            control=control,
-            dialled=True,
-            expected_node_id=expected_node_id,
-            link_host=host,
-        )
+        quotas = self.policy.quotas
+        self.peers[conn] = dialled_peer(conn, control, expected_node_id, host, quotas, now_ms)
         self.stats["links_dialled"] += 1
         return [Send(conn, control, self.frames.connect(self.dht_port, now_ms))]
 
@@ -237,7 +236,7 @@ class RouterCore:
             if peer is None or peer.state in _GONE:
                 break
             if peer.state is PeerState.HANDSHAKING and peer.dialled:
-                self._hello(peer, stream, frame_map, now_ms, out)
+                self.linking.hello(peer, stream, frame_map, now_ms, out)
             elif peer.state is PeerState.HANDSHAKING:
                 self._handshake(peer, stream, frame_map, now_ms, out)
             elif stream == peer.control:
@@ -458,97 +457,13 @@ class RouterCore:
             peer.dht_port = dht_port_of(connect.addresses)
             hello = self.frames.hello(True, None, now_ms, dht_port=self.dht_port)
             out.append(Send(peer.conn, stream, hello))
-            self._link_up(peer, now_ms, out)
+            self.linking.link_up(peer, now_ms, out)
             return
         out.append(Send(peer.conn, stream, self.frames.hello(True, None, now_ms)))
         older = self.node_conn.get(peer.node_id)
         self.node_conn[peer.node_id] = peer.conn
         if older is not None and older in self.peers:
             out += self._replace(self.peers[older], now_ms)
-
-    def _hello(
-        self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
-    ) -> None:
-        """The answer on a link this station dialled: a HELLO from the station it expected."""
-        if stream != peer.control:
-            return self._link_failed(peer, "data on another stream before HELLO", now_ms, out)
-        if frame_map.get("frame_type") != "hello":
-            self._drop(peer, "dropped_before_hello", "frame before HELLO")
-            return None
-        try:
-            hello = parse_frame(frame_map)
-        except ProtocolError as exc:
-            return self._link_failed(peer, f"malformed HELLO: {exc.detail}", now_ms, out)
-        assert isinstance(hello, Hello)
-        expected = peer.expected_node_id
-        if hello.node_id != expected:
-            why = f"HELLO from {hello.node_id.hex()[:16]}, dialled {expected.hex()[:16]}"
-            return self._link_failed(peer, why, now_ms, out)
-        if not hello.verifies(expected):
-            return self._link_failed(peer, "HELLO signature does not verify", now_ms, out)
-        if not self.admission.fresh(hello, now_ms):
-            return self._link_failed(peer, "HELLO is replayed or its clock is skewed", now_ms, out)
-        if not hello.accepted:
-            why = f"link refused by the station (code {hello.refusal_code})"
-            return self._link_failed(peer, why, now_ms, out, counter="links_refused")
-        if not hello.capabilities & CAP_STATION:
-            return self._link_failed(peer, "peer is not a station", now_ms, out)
-        peer.node_id = expected
-        peer.capabilities = CAP_STATION
-        peer.dht_port = dht_port_of(hello.addresses)
-        peer.state = PeerState.CONNECTED
-        self._link_up(peer, now_ms, out)
-        return None
-
-    def _link_failed(
-        self,
-        peer: Peer,
-        why: str,
-        now_ms: int,
-        out: list[Action],
-        counter: str = "link_hello_invalid",
-    ) -> None:
-        who = peer.expected_node_id.hex()[:16]
-        log.info("conn %d: link to %s failed: %s", peer.conn, who, clip(why))
-        self._drop(peer, counter, why)
-        out.append(Close(peer.conn, f"link failed: {why}"))
-        peer.state = PeerState.DRAINING
-
-    def _link_up(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
-        """A station peer's handshake is done (either side): one link per station, LinkUp."""
-        current = self.node_conn.get(peer.node_id)
-        existing = self.peers.get(current) if current is not None else None
-        if existing is not None and existing.state is PeerState.CONNECTED:
-            self.stats["duplicate_links"] += 1
-            if existing.linked and self._link_wins(existing, peer):
-                detail = "a link with this station exists"
-                out.append(self._goodbye(peer, "duplicate_link", detail, now_ms))
-                out.append(Close(peer.conn, "duplicate link", after_ms=200))
-                peer.state = PeerState.DRAINING
-                return
-            self.node_conn[peer.node_id] = peer.conn  # before the forget: nothing is purged
-            detail = "another link with this station took over"
-            reason = "duplicate_link" if existing.linked else "replaced_by_newer_handshake"
-            out.append(self._goodbye(existing, reason, detail, now_ms))
-            out.append(Close(existing.conn, reason.replace("_", " "), after_ms=200))
-            existing.state = PeerState.DRAINING
-            out += self._forget_peer(existing, now_ms)
-        self.node_conn[peer.node_id] = peer.conn
-        peer.linked = True
-        self.stats["links_up"] += 1
-        host = peer.link_host or peer.address
-        out.append(LinkUp(peer.conn, peer.node_id, host, peer.dht_port))
-        self._station_linked(peer, now_ms, out)
-
-    def _link_wins(self, existing: Peer, new: Peer) -> bool:
-        """Of two links with one station, does ``existing`` stay? The one dialled by the
-        lower node id does; two dialled by the same station: the newer."""
-        me = self.identity.node_id
-        existing_by = me if existing.dialled else existing.node_id
-        new_by = me if new.dialled else new.node_id
-        if existing_by == new_by:
-            return False
-        return existing_by < new_by
 
     def _station_linked(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
         """The one place that runs when a link comes up, on either side: the peer station

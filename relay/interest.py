@@ -194,6 +194,8 @@ class InterestRouter:
             if target is None or target.state is not PeerState.CONNECTED or target.control is None:
                 continue
             if target.is_station:
+                if peer.is_station:  # a peer station's frames never go on to a third one
+                    continue
                 if frame.publisher_sig is None:  # the peer would drop it (unsigned_relayed_event)
                     self._count("unsigned_events_not_relayed")
                     continue

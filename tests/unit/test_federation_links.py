@@ -593,6 +593,25 @@ def test_an_event_from_a_station_never_goes_on_to_another_station(net: Net) -> N
     assert b.core.stats["unwanted_relayed_event"] == 1
 
 
+def test_a_publish_from_a_station_reaches_local_clients_but_no_other_station(net: Net) -> None:
+    a, b, c = three(net)
+    bob, carol = net.client(BOB, b), net.client(CAROL, c)
+    net.subscribe(bob)
+    net.subscribe(carol)
+    publish = Publish(
+        **stamp(net.clock),
+        topic=TOPIC,
+        realm=REALM,
+        publisher=LOW.node_id,
+        seq=1,
+        payload="as a station",
+        published_at_ms=net.clock.now,
+    ).with_publisher_sig(LOW)
+    net.from_station(a, b, publish)
+    assert [e.payload for e in bob.events()] == ["as a station"]
+    assert carol.events() == [] and b.core.stats["events_to_stations"] == 0
+
+
 def test_an_event_from_a_client_is_still_refused(net: Net) -> None:
     b = net.router("b", MID)
     bob, mallory = net.client(BOB, b), net.client(DAVE, b)
