@@ -10,7 +10,8 @@ never advertised; a procedure has one advertiser while that connection lives, an
 one stays tombstoned for ``tombstone_ms`` to everyone but its former owner; gossip from a
 station is first-write-wins; per-connection advertisement and per-node subscription quotas
 hold (a peer station's under ``max_station_subscriptions``); an EVENT goes only to CONNECTED
-subscribers, on their control stream, and to a peer station only with a ``publisher_sig``.
+subscribers, on their control stream, and to a peer station only with a ``publisher_sig`` and
+never for a PUBLISH that came from a peer station (an event crosses at most one link).
 Interest across station links (what is told to peer stations, EVENTs from them) is
 ``relay.federation.interest``'s; this router tells it each change of a client's subscriptions.
 """
