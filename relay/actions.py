@@ -71,4 +71,33 @@ class StationReplied:
     code: int | None = None
 
 
-Action = Send | EndStream | Close | RunBuiltin | PauseReading | ResumeReading | StationReplied
+@dataclass(frozen=True, slots=True)
+class LinkUp:
+    """A link with station ``node_id`` came up on ``conn`` (either side dialled it): ``host``
+    is the dialled host or the peer's source address, ``dht_port`` its DHT port (0: unknown)."""
+
+    conn: int
+    node_id: bytes
+    host: str
+    dht_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class LinkDown:
+    """The link with station ``node_id`` on ``conn`` is gone (closed, lost or replaced)."""
+
+    conn: int
+    node_id: bytes
+
+
+Action = (
+    Send
+    | EndStream
+    | Close
+    | RunBuiltin
+    | PauseReading
+    | ResumeReading
+    | StationReplied
+    | LinkUp
+    | LinkDown
+)

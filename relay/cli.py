@@ -26,6 +26,7 @@ from pathlib import Path
 from macula.config import macula_home
 from macula.errors import ConfigError
 from macula.wire.framing import MAX_FRAME_SIZE
+from relay.federation.links import LinkTarget, parse_peer
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.station import Station, StationConfig
@@ -59,6 +60,13 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
         return value
 
     return parse
+
+
+def _peer(text: str) -> LinkTarget:
+    try:
+        return parse_peer(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 _BOUNDS = (  # (flag, StationPolicy field, help): positive integers (issue 11)
@@ -264,6 +272,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=house.directory_puzzle_difficulty,
         help="agent directory: identity puzzle bits a registrant must meet, 0..64 (0: none)",
     )
+    parser.add_argument(
+        "--peer",
+        type=_peer,
+        action="append",
+        default=[],
+        metavar="NODE_ID@HOST:PORT",
+        help="a station to link with (its node id pins its key); repeatable",
+    )
+    parser.add_argument(
+        "--max-links",
+        type=_positive(int),
+        default=StationConfig.max_links,
+        help="peer stations this station dials at most (default 64)",
+    )
     return parser
 
 
@@ -347,6 +369,8 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         policy=policy,
         house=house,
         store_limits=store_limits,
+        peers=args.peer,
+        max_links=args.max_links,
     )
 
 

@@ -29,7 +29,14 @@ State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCa
 - backpressure, not loss (``relay.pacing``): a PUBLISH over its connection's rate pauses that
   control stream (``PauseReading``) instead of being dropped, and ``resume`` catches up; a
   connection with more than ``quotas.max_outbound_bytes`` unsent on its control stream
-  (``outbound_full``) is a slow consumer: GOODBYE ``slow_consumer``, closed at once.
+  (``outbound_full``) is a slow consumer: GOODBYE ``slow_consumer``, closed at once;
+- station links (docs/federation.md): a connection this station ``dial``s sends CONNECT with
+  the station bit and waits for a HELLO verified against the node id it dialled (anything
+  else closes it, counted); an accepted CONNECT with the station bit makes a station peer;
+  either way ``LinkHandshake.link_up`` (relay.federation.handshake) emits ``LinkUp`` once and
+  ``_forget_peer`` the matching ``LinkDown``; one link per station (the duplicate rule is
+  there); ``_station_linked`` runs on every link that comes up; an EVENT is taken from
+  a station peer only, and goes to local clients only (``relay.federation.interest``).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ from relay.actions import (
     Action,
     Close,
     EndStream,
+    LinkDown,
     PauseReading,
     ResumeReading,
     RunBuiltin,
@@ -69,7 +77,10 @@ from relay.adverts import AdvertTable, ProcedureKey
 from relay.call_forwarding import CallForwarder
 from relay.connection_caps import ConnectionCaps
 from relay.federation.content import hops_refusal
+from relay.federation.dedup import RelayedEventDedup
 from relay.federation.gossip import AdvertGossip
+from relay.federation.handshake import LinkHandshake, dialled_peer
+from relay.federation.interest import StationInterest
 from relay.interest import DECLARATIONS, InterestRouter
 from relay.logbook import Refusals, clip
 from relay.outcome import Outcome
@@ -78,7 +89,7 @@ from relay.peers import Peer, PeerState
 from relay.pending import ORIGIN, PendingCalls
 from relay.policy import StationPolicy
 from relay.routes import RouteTable
-from relay.station_frames import StationFrames
+from relay.station_frames import StationFrames, dht_port_of
 from relay.stream_relay import StreamRelay
 from relay.subscriptions import SubscriptionTable
 
@@ -128,6 +139,8 @@ class RouterCore:
         self.pacer = PublishPacer()
         self.caps = ConnectionCaps(policy.max_connections, policy.max_connections_per_address)
         self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
+        self.dht_port = 0  # this station's DHT UDP port, told to peer stations (0: none)
+        self._open_stream = open_stream
         self.gossip = AdvertGossip(
             self.peers,
             self.adverts,
@@ -165,6 +178,28 @@ class RouterCore:
             drop=self._drop,
             count=self._count,
             gossip=self.gossip,
+            federation=StationInterest(
+                self.peers,
+                self.node_conn,
+                self.subscriptions,
+                self.frames,
+                dedup=RelayedEventDedup(
+                    policy.relayed_event_dedup_ms, policy.max_relayed_event_ids
+                ),
+                drop=self._drop,
+                count=self._count,
+            ),
+        )
+        self.linking = LinkHandshake(
+            identity.node_id,
+            self.peers,
+            self.node_conn,
+            self.frames,
+            self.admission,
+            drop=self._drop,
+            count=self._count,
+            forget=self._forget_peer,
+            linked=self._station_linked,
         )
 
     # --- entry points ---------------------------------------------------------------------
@@ -187,6 +222,17 @@ class RouterCore:
         )
         return []
 
+    def dial(self, conn: int, expected_node_id: bytes, now_ms: int, host: str = "") -> list[Action]:
+        """A connection this station opened to station ``expected_node_id`` (at ``host``):
+        CONNECT with the station bit on a new control stream; the link is up at its HELLO."""
+        if self.stopping:
+            return [Close(conn, "station is shutting down")]
+        control = self._open_stream(conn)
+        quotas = self.policy.quotas
+        self.peers[conn] = dialled_peer(conn, control, expected_node_id, host, quotas, now_ms)
+        self.stats["links_dialled"] += 1
+        return [Send(conn, control, self.frames.connect(self.dht_port, now_ms))]
+
     def is_connected(self, conn: int) -> bool:
         """True once the connection's CONNECT was accepted (and until it drains)."""
         peer = self.peers.get(conn)
@@ -200,7 +246,9 @@ class RouterCore:
             peer = self.peers.get(conn)
             if peer is None or peer.state in _GONE:
                 break
-            if peer.state is PeerState.HANDSHAKING:
+            if peer.state is PeerState.HANDSHAKING and peer.dialled:
+                self.linking.hello(peer, stream, frame_map, now_ms, out)
+            elif peer.state is PeerState.HANDSHAKING:
                 self._handshake(peer, stream, frame_map, now_ms, out)
             elif stream == peer.control:
                 if self.pacer.paused(conn):
@@ -416,13 +464,23 @@ class RouterCore:
         peer.capabilities = connect.capabilities
         peer.state = PeerState.CONNECTED
         self.stats["handshakes"] += 1
+        if peer.is_station:
+            peer.dht_port = dht_port_of(connect.addresses)
+            hello = self.frames.hello(True, None, now_ms, dht_port=self.dht_port)
+            out.append(Send(peer.conn, stream, hello))
+            self.linking.link_up(peer, now_ms, out)
+            return
         out.append(Send(peer.conn, stream, self.frames.hello(True, None, now_ms)))
         older = self.node_conn.get(peer.node_id)
         self.node_conn[peer.node_id] = peer.conn
         if older is not None and older in self.peers:
             out += self._replace(self.peers[older], now_ms)
-        if peer.is_station:
-            out += self._gossip_linked(peer, now_ms)
+
+    def _station_linked(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
+        """The one place that runs when a link comes up, on either side: the peer station
+        learns this station's clients' interest and adverts."""
+        out += self.interest.station_linked(peer, now_ms)
+        out += self._gossip_linked(peer, now_ms)
 
     def _replace(self, older: Peer, now_ms: int) -> list[Action]:
         """Same identity, newer handshake: the older connection is told and closed (§5.4)."""
@@ -453,7 +511,10 @@ class RouterCore:
         elif isinstance(frame, Ping):
             out.append(Send(peer.conn, peer.control or 0, self.frames.pong(frame.nonce, now_ms)))
         elif isinstance(frame, Event):
-            self._drop(peer, "event_from_client", "EVENT from a peer without the station bit")
+            if peer.is_station and peer.linked:
+                out += self.interest.relayed_event(peer, frame, now_ms)
+            else:
+                self._drop(peer, "event_from_client", "EVENT from a peer without the station bit")
         elif isinstance(frame, Goodbye):
             self.stats["goodbyes_received"] += 1
         else:
@@ -627,7 +688,11 @@ class RouterCore:
         self.pacer.forget(peer.conn)
         if peer.node_id and self.node_conn.get(peer.node_id) == peer.conn:
             del self.node_conn[peer.node_id]
-            self.subscriptions.purge(peer.node_id)
+            out += self.interest.purge_subscriptions(peer, now_ms)
+        if peer.linked:
+            peer.linked = False
+            self.stats["links_down"] += 1
+            out.append(LinkDown(peer.conn, peer.node_id))
         return out
 
     # --- replies and drops -------------------------------------------------------------------

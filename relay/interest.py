@@ -10,8 +10,12 @@ never advertised; a procedure has one advertiser while that connection lives, an
 one stays tombstoned for ``tombstone_ms`` to everyone but its former owner; a station peer's
 ADVERTISE is kept apart (``relay.federation.gossip``: a local client wins, then the first
 station) and a local client's advert appearing or going is told to the links;
-per-connection advertisement and per-node subscription quotas hold; an EVENT goes only to
-CONNECTED subscribers, on their control stream.
+per-connection advertisement and per-node subscription quotas hold (a peer station's under
+``max_station_subscriptions``); an EVENT goes only to CONNECTED
+subscribers, on their control stream, and to a peer station only with a ``publisher_sig`` and
+never for a PUBLISH that came from a peer station (an event crosses at most one link).
+Interest across station links (what is told to peer stations, EVENTs from them) is
+``relay.federation.interest``'s; this router tells it each change of a client's subscriptions.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable
 from macula.house import HOUSE_PROCEDURES
 from macula.wire.frames import (
     Advertise,
+    Event,
     Publish,
     Subscribe,
     Unadvertise,
@@ -30,6 +35,7 @@ from macula.wire.frames import (
 from relay.actions import Action, Send
 from relay.adverts import AdvertTable, ProcedureKey
 from relay.federation.gossip import AdvertGossip
+from relay.federation.interest import StationInterest
 from relay.peers import Peer, PeerState
 from relay.policy import Quotas
 from relay.station_frames import StationFrames
@@ -53,6 +59,7 @@ class InterestRouter:
         station_serves: Callable[[ProcedureKey], bool],
         drop: Callable[[Peer, str, str], None],
         count: Callable[[str], None],
+        federation: StationInterest,
         gossip: AdvertGossip | None = None,
     ) -> None:
         self.gossip = gossip  # tells linked stations of local adverts; keeps theirs
@@ -66,20 +73,19 @@ class InterestRouter:
         self._station_serves = station_serves  # a built-in or a house service of this station
         self._drop = drop
         self._count = count
+        self.federation = federation
 
     def handle(self, peer: Peer, frame: Declaration, now_ms: int) -> list[Action]:
         """Apply one verified declaration from ``peer``; the EVENTs a PUBLISH sends."""
         if isinstance(frame, Publish):
             return self._publish(peer, frame, now_ms)
         if isinstance(frame, Subscribe):
-            self._subscribe(peer, frame)
-        elif isinstance(frame, Unsubscribe):
-            self._unsubscribe(peer, frame)
-        elif isinstance(frame, Advertise):
+            return self._subscribe(peer, frame, now_ms)
+        if isinstance(frame, Unsubscribe):
+            return self._unsubscribe(peer, frame, now_ms)
+        if isinstance(frame, Advertise):
             return self._advertise(peer, frame, now_ms)
-        else:
-            return self._unadvertise(peer, frame, now_ms)
-        return []
+        return self._unadvertise(peer, frame, now_ms)
 
     def release_adverts(self, conn: int, now_ms: int) -> list[Action]:
         """``conn`` is going: its advertisements end, each leaving a tombstone (§6.1), and
@@ -146,23 +152,49 @@ class InterestRouter:
 
     # --- pub/sub (§7) -------------------------------------------------------------------------
 
-    def _subscribe(self, peer: Peer, frame: Subscribe) -> None:
+    def _subscribe(self, peer: Peer, frame: Subscribe, now_ms: int) -> list[Action]:
         if frame.subscriber != peer.node_id:
-            return self._drop(peer, "foreign_subscribe", "subscriber is not this connection")
+            self._drop(peer, "foreign_subscribe", "subscriber is not this connection")
+            return []
         key = (frame.realm, frame.topic.encode())
-        if (
-            not self._subscriptions.has(peer.node_id, key)
-            and self._subscriptions.count_for(peer.node_id) >= self._quotas.max_subscriptions
-        ):
-            return self._drop(peer, "subscription_quota", "subscription quota reached")
+        if self._subscriptions.has(peer.node_id, key):
+            return []
+        quotas = self._quotas
+        limit = quotas.max_station_subscriptions if peer.is_station else quotas.max_subscriptions
+        if self._subscriptions.count_for(peer.node_id) >= limit:
+            self._drop(peer, "subscription_quota", "subscription quota reached")
+            return []
         self._subscriptions.add(peer.node_id, key)
-        return None
+        if peer.is_station:
+            return []
+        return self.federation.client_subscribed(key, now_ms)
 
-    def _unsubscribe(self, peer: Peer, frame: Unsubscribe) -> None:
+    def _unsubscribe(self, peer: Peer, frame: Unsubscribe, now_ms: int) -> list[Action]:
         if frame.subscriber != peer.node_id:
-            return self._drop(peer, "foreign_unsubscribe", "subscriber is not this connection")
-        self._subscriptions.remove(peer.node_id, (frame.realm, frame.topic.encode()))
-        return None
+            self._drop(peer, "foreign_unsubscribe", "subscriber is not this connection")
+            return []
+        key = (frame.realm, frame.topic.encode())
+        if not self._subscriptions.has(peer.node_id, key):
+            return []
+        self._subscriptions.remove(peer.node_id, key)
+        if peer.is_station:
+            return []
+        return self.federation.client_unsubscribed(key, now_ms)
+
+    def purge_subscriptions(self, peer: Peer, now_ms: int) -> list[Action]:
+        """The node's last connection went (§7.5): its subscriptions end, and the interest
+        peer stations were told for the keys no other client here holds is withdrawn."""
+        keys = self._subscriptions.keys_for(peer.node_id)
+        self._subscriptions.purge(peer.node_id)
+        return [] if peer.is_station else self.federation.clients_gone(keys, now_ms)
+
+    def station_linked(self, peer: Peer, now_ms: int) -> list[Action]:
+        """A link came up: the peer station learns every key this station's clients hold."""
+        return self.federation.replay(peer, now_ms)
+
+    def relayed_event(self, peer: Peer, frame: Event, now_ms: int) -> list[Action]:
+        """An EVENT from a linked station: to local client subscribers, once."""
+        return self.federation.relayed_event(peer, frame, now_ms)
 
     def _publish(self, peer: Peer, frame: Publish, now_ms: int) -> list[Action]:
         if frame.publisher != peer.node_id:
@@ -183,11 +215,16 @@ class InterestRouter:
         for node_id in subscribers:
             conn = self._node_conn.get(node_id)
             target = self._peers.get(conn) if conn is not None else None
-            if (
-                target is not None
-                and target.state is PeerState.CONNECTED
-                and target.control is not None
-            ):
-                out.append(Send(target.conn, target.control, data))
+            if target is None or target.state is not PeerState.CONNECTED or target.control is None:
+                continue
+            if target.is_station:
+                if peer.is_station:  # a peer station's frames never go on to a third one
+                    continue
+                if frame.publisher_sig is None:  # the peer would drop it (unsigned_relayed_event)
+                    self._count("unsigned_events_not_relayed")
+                    continue
+                self._count("events_to_stations")
+            else:
                 self._count("events_delivered")
+            out.append(Send(target.conn, target.control, data))
         return out

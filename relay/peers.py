@@ -5,7 +5,8 @@ DRAINING -> CLOSED, any step may be skipped); ``node_id`` and ``capabilities`` a
 by an accepted CONNECT; ``control`` is the first stream the peer sent a frame on, and the one
 its CONNECT must arrive on (any other stream before CONNECT closes the connection). What a
 peer owns in the shared tables (advertisements, pending calls, routes) lives in those tables,
-keyed by ``conn``; only per-stream bookkeeping stays here.
+keyed by ``conn``; only per-stream bookkeeping stays here. A station link is a peer with
+``is_station`` (capability bit 0); ``linked`` is True exactly between its LinkUp and LinkDown.
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ class Peer:
     content_streams: dict[int, int] = field(default_factory=dict)  # stream -> builtins running
     finished_content: set[int] = field(default_factory=set)
     ignored_streams: set[int] = field(default_factory=set)
+    # --- station links (docs/federation.md) ---
+    dialled: bool = False  # this station dialled it: HELLO from ``expected_node_id`` awaited
+    expected_node_id: bytes = b""
+    link_host: str = ""  # the host this station dialled ("" on an accepted connection)
+    dht_port: int = 0  # the peer station's DHT UDP port from its CONNECT/HELLO (0: unknown)
+    linked: bool = False  # LinkUp was emitted (LinkDown is owed when it goes)
 
     @property
     def is_station(self) -> bool:

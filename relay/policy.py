@@ -36,6 +36,8 @@ class Quotas:
     max_station_advertisements: int = 10_000
     max_station_pending_calls: int = 16_384
     max_station_streams: int = 4_096
+    # subscriptions a peer *station* may hold (the topics all its clients follow)
+    max_station_subscriptions: int = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +83,9 @@ class StationPolicy:
     # each given this long to answer
     content_fanout: int = 3
     content_fetch_timeout_ms: int = 2_000
+    # EVENTs from peer stations: (realm, publisher, seq) remembered this long, at most this many
+    relayed_event_dedup_ms: int = 300_000
+    max_relayed_event_ids: int = 200_000
 
 
 class ReplayWindow:

@@ -8,6 +8,9 @@ start that fails partway closes what it opened before the error propagates, and 
 the start in reverse; every background task (the ticker, built-ins, the station_endpoint
 refresher) and every delayed close timer is owned by the station, and is cancelled (tasks also
 awaited) before ``stop`` returns; once stopping, nothing new is spawned or scheduled.
+Links to peer stations (``peers``, ``discover``) are QUIC *client* connections pinned to the
+peer's node id, kept by ``relay.federation.links.LinkManager``; their frames reach the core
+through the same sink type, under the same connection numbering, as accepted connections.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import contextlib
 import ipaddress
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,8 @@ from macula.transport import (
     STREAM_WINDOW,
     FrameProtocol,
     StreamLimits,
+    client_configuration,
+    dial,
     enlarge_receive_buffer,
 )
 from macula.wire.codes import ErrorCode
@@ -45,6 +50,8 @@ from relay.actions import (
     Action,
     Close,
     EndStream,
+    LinkDown,
+    LinkUp,
     PauseReading,
     ResumeReading,
     RunBuiltin,
@@ -55,6 +62,7 @@ from relay.builtins import Builtins
 from relay.core import BUILTINS, RouterCore
 from relay.federation.content import peer_asker
 from relay.federation.dht import DhtConfig, StationDht
+from relay.federation.links import LinkFailed, LinkManager, LinkTarget, StationLike
 from relay.house.services import HouseConfig, HouseServices
 from relay.logbook import clip
 from relay.outcome import Outcome
@@ -80,6 +88,15 @@ class StationConfig:
     endpoint_refresh_s: float = 60.0
     house: HouseConfig = field(default_factory=HouseConfig)
     store_limits: StoreLimits = field(default_factory=StoreLimits)
+    # --- links to peer stations (docs/federation.md) ---
+    peers: list[LinkTarget] = field(default_factory=list)  # ``--peer NODE_ID@HOST:PORT``
+    max_links: int = 64  # stations this one dials at most
+    # more stations to link with (the DHT's ``stations()``); None: only ``peers``
+    discover: Callable[[], Awaitable[Sequence[StationLike]]] | None = None
+    discover_interval_s: float = 30.0
+    link_backoff_s: float = 0.5  # first redial delay, doubling up to ``link_backoff_max_s``
+    link_backoff_max_s: float = 30.0
+    link_timeout_s: float = 10.0  # QUIC handshake with a peer station
 
 
 class _Sink:
@@ -129,6 +146,11 @@ class Station:
         self._dht: StationDht | None = None
         self._station_calls: dict[bytes, asyncio.Future[StationReplied]] = {}
         self.port = 0
+        self.links: LinkManager | None = None
+        self._link_lost: dict[int, asyncio.Event] = {}
+        self._link_labels: dict[int, str] = {}  # conn -> "host:port" of a dialled link
+        # called as (node_id, host, dht_port) when a link comes up (e.g. a DHT bootstrap)
+        self.link_up_hook: Callable[[bytes, str, int], None] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -214,9 +236,22 @@ class Station:
         stack.push_async_callback(self._house.close)
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
+        self.links = LinkManager(
+            self.identity.node_id,
+            run_link=self._run_link,
+            has_link=self._has_link,
+            peers=config.peers,
+            discover=config.discover if config.discover is not None else self._discover,
+            max_links=config.max_links,
+            discover_interval_s=config.discover_interval_s,
+            backoff_base_s=config.link_backoff_s,
+            backoff_max_s=config.link_backoff_max_s,
+        )
+        stack.push_async_callback(self.links.stop)  # after the drain: no redial meanwhile
         stack.push_async_callback(self._drain)
         self._spawn(self._ticker())
         self._spawn(self._endpoint_refresher())
+        self.links.start()
         log.info(
             "station %s listening on %s:%d", self.identity.node_id.hex(), config.host, self.port
         )
@@ -234,10 +269,13 @@ class Station:
             raise OSError(exc.errno, f"DHT udp port {port}: {exc.strerror}") from exc
         stack.push_async_callback(dht.stop)
         self._dht = self._builtins.dht = dht
+        self.core.dht_port = bound  # told to peer stations in CONNECT/HELLO
         log.info("DHT listening on udp %s:%d", config.host, bound)
 
     async def _drain(self) -> None:
         """GOODBYE to every client (§5.5), a moment for it to leave, then close them all."""
+        if self.links is not None:
+            self.links.halt()
         self._run(self.core.shutdown(now_ms()))
         if self._connections:
             await asyncio.sleep(0.15)  # let GOODBYEs leave before the connections close
@@ -321,6 +359,75 @@ class Station:
         log.debug("conn %d lost: %s", conn, clip(reason))
         self._run(self.core.connection_lost(conn, now_ms()))
         self._connections.pop(conn, None)
+        waiter = self._link_lost.get(conn)
+        if waiter is not None:
+            waiter.set()
+
+    # -- links to peer stations ------------------------------------------------------------
+
+    async def _run_link(self, target: LinkTarget) -> None:
+        """Dial ``target`` (pinned to its node id), hand the connection to the core, and
+        return once it is lost; a connection that cannot be made raises."""
+        configuration = client_configuration(server_name=target.host)
+        address = f"{target.host}:{target.quic_port}"
+        async with dial(
+            target.host, target.quic_port, configuration, timeout=self.config.link_timeout_s
+        ) as connection:
+            key = connection.peer_certificate_key()
+            if key != target.node_id:
+                shown = key.hex()[:16] if key else "none"
+                raise LinkFailed(f"{address} presented key {shown}, not the station dialled")
+            if self._closing or self.core.stopping:
+                return
+            policy = self.config.policy
+            connection.limits = StreamLimits(policy.max_frame_size, policy.max_stream_frame_items)
+            connection.control_limits = StreamLimits(
+                policy.max_control_frame_size, policy.max_control_frame_items
+            )
+            self._next_conn += 1
+            conn = self._next_conn
+            lost = self._link_lost[conn] = asyncio.Event()
+            self._link_labels[conn] = address
+            connection.sink = _Sink(self, conn)
+            self._connections[conn] = connection
+            try:
+                self._run(self.core.dial(conn, target.node_id, now_ms(), host=target.host))
+                await lost.wait()
+            finally:
+                if conn in self._connections:  # cancelled (the station stops): forget it now
+                    self._lost(conn, "link closed")
+                self._link_lost.pop(conn, None)
+                self._link_labels.pop(conn, None)
+
+    def _has_link(self, node_id: bytes) -> bool:
+        conn = self.core.node_conn.get(node_id)
+        peer = self.core.peers.get(conn) if conn is not None else None
+        return peer is not None and peer.linked
+
+    async def _discover(self) -> Sequence[StationLike]:
+        """The stations the DHT knows (FEDERATION.md): what the link manager dials."""
+        return [] if self._dht is None else await self._dht.stations()
+
+    def _link_changed(self, action: LinkUp | LinkDown) -> None:
+        label = self._link_labels.get(action.conn)
+        if isinstance(action, LinkUp):
+            where = label or action.host
+            how = "dialled" if label else "accepted"
+            log.info(
+                "link up: %s %s (%s, dht port %d)",
+                action.node_id.hex()[:16],
+                where,
+                how,
+                action.dht_port,
+            )
+            if self.link_up_hook is not None:
+                self.link_up_hook(action.node_id, action.host, action.dht_port)
+            if self._dht is not None and action.dht_port:
+                self._spawn(self._dht.bootstrap([(action.host, action.dht_port)]))
+        else:
+            connection = self._connections.get(action.conn)
+            where = label or (connection.peer_host if connection is not None else None) or "?"
+            log.info("link down: %s %s", action.node_id.hex()[:16], where)
 
     def _run(self, actions: list[Action]) -> None:
         for action in actions:
@@ -356,6 +463,9 @@ class Station:
             future = self._station_calls.pop(action.call_id, None)
             if future is not None and not future.done():
                 future.set_result(action)
+
+        elif isinstance(action, (LinkUp, LinkDown)):
+            self._link_changed(action)
 
     async def call_station(
         self, node_id: bytes, procedure: str, payload: Any, timeout_s: float

@@ -14,7 +14,9 @@ from typing import Any
 from macula.wire import cbor
 from macula.wire.frames import (
     CAP_STATION,
+    Connect,
     Error,
+    Event,
     Frame,
     Goodbye,
     Hello,
@@ -22,12 +24,35 @@ from macula.wire.frames import (
     Publish,
     Result,
     StreamError,
+    Subscribe,
+    Unsubscribe,
     event_from_publish,
     new_frame_id,
 )
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import Identity
 from relay.actions import Send
+
+# ``delivered_via`` of an EVENT that came from another station. The wire's enumeration (§3.10)
+# has no "relayed"; "plumtree" (delivery through the station mesh) is the closest value it has.
+DELIVERED_VIA_RELAYED = "plumtree"
+
+
+def dht_addresses(dht_port: int) -> list[dict[str, object]]:
+    """The ``addresses`` a station puts in its CONNECT/HELLO to a peer station."""
+    return [{"proto": "dht", "port": dht_port}] if 0 < dht_port <= 0xFFFF else []
+
+
+def dht_port_of(addresses: object) -> int:
+    """The DHT port a peer station announced in ``addresses``; 0 for any other shape."""
+    if not isinstance(addresses, list):
+        return 0
+    for entry in addresses:
+        if isinstance(entry, dict) and entry.get("proto") == "dht":
+            port = entry.get("port")
+            if type(port) is int and 0 < port <= 0xFFFF:
+                return port
+    return 0
 
 
 class StationFrames:
@@ -46,7 +71,21 @@ class StationFrames:
         """Relay a verified frame as received (its own signature kept, §4.5)."""
         return frame_bytes(cbor.encode(frame.to_map()))
 
-    def hello(self, accepted: bool, refusal: int | None, now_ms: int) -> bytes:
+    def connect(self, dht_port: int, now_ms: int) -> bytes:
+        """The CONNECT this station sends on a link it dials (station bit set)."""
+        connect = Connect(
+            **self.stamp(now_ms),
+            capabilities=CAP_STATION,
+            node_id=self.identity.node_id,
+            station_id=self.identity.node_id,
+            puzzle_evidence=self.identity.puzzle_evidence,
+            addresses=dht_addresses(dht_port),
+        )
+        return self.sign(connect)
+
+    def hello(
+        self, accepted: bool, refusal: int | None, now_ms: int, *, dht_port: int = 0
+    ) -> bytes:
         hello = Hello(
             **self.stamp(now_ms),
             capabilities=CAP_STATION,
@@ -55,8 +94,37 @@ class StationFrames:
             accepted=accepted,
             negotiated_capabilities=CAP_STATION,
             refusal_code=refusal,
+            addresses=dht_addresses(dht_port),
         )
         return self.sign(hello)
+
+    def subscribe(self, realm: bytes, topic: str, now_ms: int) -> bytes:
+        """SUBSCRIBE on behalf of this station's clients (subscriber = this station)."""
+        frame = Subscribe(
+            **self.stamp(now_ms), topic=topic, realm=realm, subscriber=self.identity.node_id
+        )
+        return self.sign(frame)
+
+    def unsubscribe(self, realm: bytes, topic: str, now_ms: int) -> bytes:
+        frame = Unsubscribe(
+            **self.stamp(now_ms), topic=topic, realm=realm, subscriber=self.identity.node_id
+        )
+        return self.sign(frame)
+
+    def relayed_event(self, event: Event, now_ms: int) -> bytes:
+        """A fresh EVENT, signed by this station, for an EVENT a peer station sent
+        (``publisher_sig`` copied: the publisher's end-to-end signature travels on)."""
+        fresh = Event(
+            **self.stamp(now_ms),
+            topic=event.topic,
+            realm=event.realm,
+            publisher=event.publisher,
+            seq=event.seq,
+            payload=event.payload,
+            delivered_via=DELIVERED_VIA_RELAYED,
+            publisher_sig=event.publisher_sig,
+        )
+        return self.sign(fresh)
 
     def pong(self, nonce: bytes, now_ms: int) -> bytes:
         return self.sign(Pong(**self.stamp(now_ms), nonce=nonce))

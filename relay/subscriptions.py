@@ -44,6 +44,10 @@ class SubscriptionTable:
     def has(self, node_id: bytes, key: TopicKey) -> bool:
         return key in self._by_node.get(node_id, ())
 
+    def keys_for(self, node_id: bytes) -> list[TopicKey]:
+        """A copy of ``node_id``'s subscriptions."""
+        return list(self._by_node.get(node_id, ()))
+
     def count_for(self, node_id: bytes) -> int:
         return len(self._by_node.get(node_id, ()))
 

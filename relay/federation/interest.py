@@ -1,0 +1,139 @@
+"""Pub/sub across station links (FEDERATION.md "Pub/sub"), sans-I/O.
+
+A station tells its linked peer stations only the interest of its **own clients**: SUBSCRIBE
+(subscriber = this station) when a (realm, topic) gets its first local client subscriber,
+UNSUBSCRIBE when the last one leaves, and every such key again when a link comes up. An EVENT
+from a peer station is delivered, as a fresh EVENT signed by this station, to local *client*
+subscribers only, never to another station, so an event crosses at most one link.
+Invariants: ``local[key]`` is the number of client (non-station) nodes subscribed to ``key``
+here, and holds no zero counts; an EVENT from a station reaches a client only if its
+``publisher_sig`` verifies and its (realm, publisher, seq) was not delivered within the dedup
+window; every refusal is a counted drop on the link it came from.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from macula.wire.frames import Event, publisher_sig_valid
+from relay.actions import Action, Send
+from relay.federation.dedup import RelayedEventDedup
+from relay.peers import Peer, PeerState
+from relay.station_frames import StationFrames
+from relay.subscriptions import SubscriptionTable, TopicKey
+
+BATCH = 256  # SUBSCRIBE frames per Send when a link comes up
+
+
+class StationInterest:
+    def __init__(
+        self,
+        peers: dict[int, Peer],
+        node_conn: dict[bytes, int],
+        subscriptions: SubscriptionTable,
+        frames: StationFrames,
+        *,
+        dedup: RelayedEventDedup,
+        drop: Callable[[Peer, str, str], None],
+        count: Callable[[str], None],
+    ) -> None:
+        self._peers = peers
+        self._node_conn = node_conn
+        self._subscriptions = subscriptions
+        self._frames = frames
+        self.dedup = dedup
+        self._drop = drop
+        self._count = count
+        self.local: Counter[TopicKey] = Counter()
+
+    def links(self) -> list[Peer]:
+        """The peer stations this station is linked with (CONNECTED, LinkUp emitted)."""
+        return [
+            p
+            for p in self._peers.values()
+            if p.linked and p.state is PeerState.CONNECTED and p.control is not None
+        ]
+
+    # --- interest of local clients ---------------------------------------------------------
+
+    def client_subscribed(self, key: TopicKey, now_ms: int) -> list[Action]:
+        """A client node subscribed to ``key`` (it was not before)."""
+        self.local[key] += 1
+        if self.local[key] != 1:
+            return []
+        self._count("interest_announced")
+        return self._tell_links(self._frames.subscribe(key[0], key[1].decode(), now_ms))
+
+    def client_unsubscribed(self, key: TopicKey, now_ms: int) -> list[Action]:
+        """A client node's subscription to ``key`` ended (it had one)."""
+        left = self.local[key] - 1
+        if left > 0:
+            self.local[key] = left
+            return []
+        del self.local[key]
+        self._count("interest_withdrawn")
+        return self._tell_links(self._frames.unsubscribe(key[0], key[1].decode(), now_ms))
+
+    def clients_gone(self, keys: Iterable[TopicKey], now_ms: int) -> list[Action]:
+        out: list[Action] = []
+        for key in keys:
+            out += self.client_unsubscribed(key, now_ms)
+        return out
+
+    def replay(self, peer: Peer, now_ms: int) -> list[Action]:
+        """Every key local clients hold, as SUBSCRIBEs to a link that just came up."""
+        if peer.control is None:
+            return []
+        out: list[Action] = []
+        batch: list[bytes] = []
+        for realm, topic in self.local:
+            batch.append(self._frames.subscribe(realm, topic.decode(), now_ms))
+            if len(batch) >= BATCH:
+                out.append(Send(peer.conn, peer.control, b"".join(batch)))
+                batch = []
+        if batch:
+            out.append(Send(peer.conn, peer.control, b"".join(batch)))
+        return out
+
+    def _tell_links(self, data: bytes) -> list[Action]:
+        return [Send(p.conn, p.control, data) for p in self.links() if p.control is not None]
+
+    # --- EVENTs from peer stations -----------------------------------------------------------
+
+    def relayed_event(self, peer: Peer, event: Event, now_ms: int) -> list[Action]:
+        """An EVENT a linked station sent (the frame already verified against it)."""
+        if event.publisher_sig is None:
+            self._drop(peer, "unsigned_relayed_event", "EVENT from a station without publisher_sig")
+            return []
+        if not publisher_sig_valid(event):
+            self._drop(peer, "bad_relayed_publisher_sig", "relayed publisher_sig does not verify")
+            return []
+        key = (event.realm, event.topic.encode())
+        targets = list(self._client_subscribers(key))
+        if not self.dedup.first_sighting((event.realm, event.publisher, event.seq), now_ms):
+            self._drop(peer, "duplicate_relayed_event", "EVENT already delivered (dedup)")
+            return []
+        if not targets:
+            self._drop(peer, "unwanted_relayed_event", "EVENT for a topic no client here follows")
+            return []
+        data = self._frames.relayed_event(event, now_ms)
+        self._count("relayed_events_received")
+        out: list[Action] = []
+        for target in targets:
+            assert target.control is not None
+            out.append(Send(target.conn, target.control, data))
+            self._count("events_delivered")
+        return out
+
+    def _client_subscribers(self, key: TopicKey) -> Iterable[Peer]:
+        for node_id in self._subscriptions.subscribers(key):
+            conn = self._node_conn.get(node_id)
+            target = self._peers.get(conn) if conn is not None else None
+            if (
+                target is not None
+                and not target.is_station
+                and target.state is PeerState.CONNECTED
+                and target.control is not None
+            ):
+                yield target
