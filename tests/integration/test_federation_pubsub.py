@@ -150,7 +150,7 @@ async def test_stations_found_by_discovery_are_linked(tmp_path: Path) -> None:
             b.link_up_hook = lambda node, host, port: hooked.append((node, host, port))
             await eventually(lambda: linked(b) == {a.node_id} and linked(a) == {b.node_id})
             assert b.links is not None and set(b.links.targets) == {a.node_id}
-        assert hooked == [(a.node_id, "127.0.0.1", 0)]
+        assert hooked == [(a.node_id, "127.0.0.1", a.dht.port)]  # its DHT port, told in HELLO
         await eventually(lambda: linked(a) == set())
 
 
