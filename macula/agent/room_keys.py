@@ -22,6 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections import Counter
@@ -89,6 +90,7 @@ class RoomKeys:
         self.max_recipients = max_recipients
         self.me = identity.node_id.hex()
         self.stats: Counter[str] = Counter()
+        self._rekeying = asyncio.Lock()  # one new epoch at a time (a leave and a removal race)
 
     # -- the opener ---------------------------------------------------------------------------
 
@@ -101,21 +103,27 @@ class RoomKeys:
         self, topic: str, participants: Sequence[bytes], message_id: str
     ) -> dict[str, Any]:
         """The next epoch of a room we opened, sealed to ``participants`` (and us)."""
-        room = await self._opened(topic)
+        async with self._rekeying:
+            return await self._rekey(await self._opened(topic), participants, message_id)
+
+    async def _rekey(
+        self, room: PrivateRoom, participants: Sequence[bytes], message_id: str
+    ) -> dict[str, Any]:
         salt = bytes.fromhex(json.loads(room.key_envelope)["room_key"]["salt"])
         return await self._distribute(salt, room.epoch + 1, participants, message_id)
 
     async def remove(self, topic: str, who: Sequence[bytes], message_id: str) -> dict[str, Any]:
         """The next epoch without ``who``: they cannot open what is said from now on."""
-        room = await self._opened(topic)
         gone = {node.hex() for node in who}
-        if self.me in gone:
-            raise RoomKeyError("you opened this room: leave or close it instead of removing you")
-        missing = sorted(gone - set(room.recipients))
-        if missing:
-            raise RoomKeyError(f"not participants of {topic}: {', '.join(missing)}")
-        remaining = [bytes.fromhex(n) for n in room.recipients if n not in gone]
-        return await self.rekey(topic, remaining, message_id)
+        async with self._rekeying:
+            room = await self._opened(topic)
+            if self.me in gone:
+                raise RoomKeyError("you opened this room: close it instead of removing you")
+            missing = sorted(gone - set(room.recipients))
+            if missing:
+                raise RoomKeyError(f"not participants of {topic}: {', '.join(missing)}")
+            remaining = [bytes.fromhex(n) for n in room.recipients if n not in gone]
+            return await self._rekey(room, remaining, message_id)
 
     async def invitation(
         self, topic: str, invitee: bytes, message_id: str
@@ -256,11 +264,14 @@ class RoomKeys:
             return None
         if envelope["kind"] == "participant_joined":
             return dict(json.loads(room.key_envelope))
-        if envelope["kind"] == "participant_left":
+        if envelope["kind"] != "participant_left":
+            return None
+        async with self._rekeying:
+            room = await self._opened(room.room_topic)  # as it is now (a removal may have run)
+            if sender not in room.recipients:
+                return None
             remaining = [bytes.fromhex(n) for n in room.recipients if n != sender]
-            message_id = self.random(16).hex()
-            return await self.rekey(room.room_topic, remaining, message_id)
-        return None
+            return await self._rekey(room, remaining, self.random(16).hex())
 
     async def undecryptable(self, topic: str) -> int:
         return await self.store.count_held(topic)

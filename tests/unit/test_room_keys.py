@@ -354,3 +354,27 @@ def test_sealed_boxes_are_plain_nacl() -> None:
     raw = base64.b64decode(envelope["room_key"]["sealed"][BOB.node_id.hex()])
     private = nacl.signing.SigningKey(BOB.seed).to_curve25519_private_key()
     assert nacl.public.SealedBox(private).decrypt(raw) == KEY
+
+
+def test_a_leave_and_a_removal_at_once_make_one_new_epoch(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with keys_of(ALICE, tmp_path) as alice:
+            first = await alice.create([BOB.node_id, CAROL.node_id], "k1")
+            topic = first["room_topic"]
+            left = said(BOB, topic=topic, mid="l") | {"kind": "participant_left", "text": ""}
+            del left["refs"]
+            removal, followup = await asyncio.gather(
+                alice.remove(topic, [BOB.node_id], "k2"),
+                alice.followup(left),
+                return_exceptions=True,
+            )
+            assert isinstance(removal, dict) and followup is None
+            room = await alice.store.room(topic)
+            assert room is not None and room.epoch == 2
+            assert BOB.node_id.hex() not in room.recipients
+            with pytest.raises(RoomKeyError, match="not participants"):
+                await alice.remove(topic, [BOB.node_id], "k3")
+            with pytest.raises(RoomKeyError, match="close it"):
+                await alice.remove(topic, [ALICE.node_id], "k4")
+
+    run(main())
