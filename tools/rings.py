@@ -23,6 +23,7 @@ from macula.agent.rings import RingEvent, RingPlaced, Rings
 from macula.agent.rooms import RoomError
 from tools.agent_arguments import (
     KEY_FIELD,
+    check_flag,
     check_text,
     check_wait,
     invalid,
@@ -138,12 +139,14 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             "their model (mesh_wait_ring gets the late answer), or unreachable 1 (not present, "
             "or not serving rings). Ringing is the only way to contact an agent that has not "
             "invited you: do not write into a room nobody invited you to. Rooms are unguessable, "
-            "not encrypted. One ring per callee every 2 s.",
+            "not encrypted, unless private 1: then the fresh room is end-to-end encrypted and "
+            "the callee gets its key before the ring (ringing into a private room_topic works "
+            "for its opener only). One ring per callee every 2 s.",
             "Ring one agent (to: node id or petname from mesh_agents) into a fresh room or "
             "room_topic you are in. answer 1 accepted (joined 0/1), 2 declined, 3 deferred, or "
             "unreachable 1. The only way to contact an agent that has not invited you: do not "
-            "write into a room nobody invited you to. Rooms are unguessable, not encrypted. "
-            "One ring per callee every 2 s.",
+            "write into a room nobody invited you to. Rooms are unguessable, not encrypted, "
+            "unless private 1 (a fresh end-to-end encrypted room). One ring per callee every 2 s.",
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
@@ -157,10 +160,16 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
         wait_join_seconds: Annotated[
             float, Field(description="after an accept, wait this long for the join (0-3600)")
         ] = DEFAULT_JOIN_WAIT_S,
+        private: Annotated[
+            int, Field(description="1: the fresh room is end-to-end encrypted; 0 or 1")
+        ] = 0,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = _peer_problems("to", to) + check_text("purpose", purpose, MAX_PURPOSE_CHARS)
+        problems += check_flag("private", private)
+        if private == 1 and room_topic is not None:
+            problems.append("private: applies to a fresh room; omit room_topic")
         if room_topic is not None and not is_room_topic(room_topic):
             problems.append("room_topic: expected agents.room.<32 lowercase hex>")
         problems += check_wait(
@@ -180,7 +189,11 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
                         "you are in"
                     )
             rung = await agent.rings.ring(
-                callee, purpose, room_topic=room_topic, wait_join_seconds=wait_join_seconds
+                callee,
+                purpose,
+                room_topic=room_topic,
+                wait_join_seconds=wait_join_seconds,
+                private=private,
             )
             return _placed_view(rung) | {
                 "petname": petname(callee),
@@ -193,6 +206,7 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             "purpose": purpose,
             "room_topic": room_topic,
             "wait_join_seconds": wait_join_seconds,
+            "private": private,
         }
         return await run_agent_tool(
             runtime, "mesh_ring", args, work, idempotency_key=idempotency_key

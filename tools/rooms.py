@@ -2,8 +2,10 @@
 ``tools.presence``; argument checks in ``tools.agent_arguments``).
 
 Invariants:
-- a room is ``agents.room.<32 hex>``: unguessable, not encrypted; central is ``agents.lobby``
-  and carries only help broadcasts and public room announcements (no conversations);
+- a room is ``agents.room.<32 hex>``: unguessable, and not encrypted unless opened with
+  ``private`` 1 (then end to end: the station and anyone without the key see ciphertext);
+  central is ``agents.lobby`` and carries only help broadcasts and public room announcements
+  (no conversations; a private room is never announced);
 - ``mesh_say`` checks the envelope it will publish before anything is sent and lists every
   problem (kind, topic, text, in_reply_to, refs) in one error;
 - waits never poll the station: they wait on the transcript the background taps fill, for at
@@ -30,7 +32,7 @@ from macula.agent.envelope import (
     validate,
 )
 from macula.agent.petnames import petname
-from macula.agent.rooms import HELP_KINDS, RoomError
+from macula.agent.rooms import HELP_KINDS, RoomError, Rooms
 from macula.errors import MaculaError
 from tools.agent_arguments import (
     KEY_FIELD,
@@ -138,6 +140,19 @@ def _outcomes(rings: list[dict[str, Any]]) -> dict[str, list[str]]:
     return groups
 
 
+async def _privacy(rooms: Rooms, topic: str) -> dict[str, Any]:
+    """``private`` 0/1, and for a private room the key epoch we know and how many envelopes we
+    hold without their key (``undecryptable``)."""
+    room = None if rooms.keys is None else await rooms.keys.store.room(topic)
+    if room is None or rooms.keys is None:
+        return {"private": 0}
+    return {
+        "private": 1,
+        "epoch": room.epoch,
+        "undecryptable": await rooms.keys.undecryptable(topic),
+    }
+
+
 def register(app: MCPServer, describe: Descriptions) -> None:
     _register_rooms(app, describe)
     _register_talk(app, describe)
@@ -156,14 +171,18 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             "result lists who joined, accepted_not_yet_joined, deferred (their model decides "
             "later: mesh_wait_ring tells you), declined, unreachable or failed, waiting up to "
             "wait_join_seconds (default 30, max 3600) for each acceptance's participant_joined. "
-            "Rooms are unguessable, not encrypted: the station and anyone who learns the topic "
-            "reads every message; never put secrets in a room. Ringing is how you invite: do "
-            "not write into a room nobody invited you to.",
+            "A room is unguessable, not encrypted, unless private 1: then it is end-to-end "
+            "encrypted (a room key sealed to each participant and you; the station and anyone "
+            "who learns the topic see ciphertext only), never announced (public must be 0), "
+            "and only participants can read it; when someone leaves or you remove them "
+            "(mesh_leave_room remove=[...]) the rest get a new key. Without private 1 the "
+            "station and anyone who learns the topic read every message: no secrets there. "
+            "Ringing is how you invite: do not write into a room nobody invited you to.",
             "Open an unguessable agents.room.<32 hex> room (public 1 also announces it on "
             "central). participants (node ids/petnames, <= 16) are rung into it; result lists "
             "joined/deferred/declined/unreachable (wait_join_seconds default 30, max 3600). "
-            "Rooms are unguessable, not encrypted: no secrets. Do not write into a room nobody "
-            "invited you to.",
+            "private 1: end-to-end encrypted, never announced; other rooms are unguessable, "
+            "not encrypted: no secrets. Do not write into a room nobody invited you to.",
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
@@ -173,6 +192,9 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             str | None, Field(description="what the room is for (<= 280 chars)")
         ] = None,
         public: Annotated[int, Field(description="1 also announces it on central; 0 or 1")] = 0,
+        private: Annotated[
+            int, Field(description="1: end-to-end encrypted, for participants only; 0 or 1")
+        ] = 0,
         participants: Annotated[
             list[str] | None, Field(description="node ids or petnames to ring into the room")
         ] = None,
@@ -184,6 +206,9 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
         runtime = runtime_of(ctx)
         names = list(participants or [])
         problems = check_text("purpose", purpose, MAX_PURPOSE_CHARS) + check_flag("public", public)
+        problems += check_flag("private", private)
+        if private == 1 and public == 1:
+            problems.append("public: a private room is never announced on central; use 0")
         problems += check_wait(
             "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
         )
@@ -200,7 +225,9 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                 raise ArgumentProblems(
                     [f"participants[{ids.index(me)}]: that is you; list the others only"]
                 )
-            opened = await agent.rooms.open(purpose, public=public, participants=ids)
+            opened = await agent.rooms.open(
+                purpose, public=public, participants=ids, private=private
+            )
             room = opened.room_topic
             rings = list(
                 await asyncio.gather(
@@ -211,6 +238,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                 "room_topic": room,
                 "message_id": opened.message_id,
                 "public": opened.public,
+                "private": opened.private,
                 "purpose": purpose,
                 "rings": rings,
                 **_outcomes(rings),
@@ -219,6 +247,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
         args = {
             "purpose": purpose,
             "public": public,
+            "private": private,
             "participants": names,
             "wait_join_seconds": wait_join_seconds,
         }
@@ -275,10 +304,15 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             "mesh_leave_room",
             "Leave a room: publish participant_left and stop watching it. close 1 (only if you "
             "opened it) publishes room_closed instead, ending the room for every participant. "
-            "What was recorded stays readable in mesh_lobby_transcript. Returns room_topic, "
-            "left 1, closed 0/1.",
+            "In a private room you opened, remove (node ids or petnames) removes those "
+            "participants instead of leaving: the others get a new room key, and the removed "
+            "cannot read anything said from then on (they keep what they already read). "
+            "Someone leaving a private room also makes a new key. What was recorded stays "
+            "readable in mesh_lobby_transcript. Returns room_topic, left 1, closed 0/1; with "
+            "remove: room_topic, removed, epoch (of the new key), left 0.",
             "Leave a room (participant_left) and stop watching it; close 1, opener only, ends "
-            "it for everyone (room_closed).",
+            "it for everyone (room_closed). remove=[...] (private room you opened): remove them "
+            "instead; the rest get a new key.",
         ),
         annotations=hints(read_only=False, destructive=True, idempotent=True),
     )
@@ -286,19 +320,34 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
         ctx: Context,
         room_topic: Annotated[str, Field(description="a room you are in")],
         close: Annotated[int, Field(description="1 closes the room for everyone (opener)")] = 0,
+        remove: Annotated[
+            list[str] | None,
+            Field(description="private room you opened: remove these participants instead"),
+        ] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = room_problems("room_topic", room_topic, central_ok=False)
         problems += check_flag("close", close)
+        if remove is not None and not remove:
+            problems.append("remove: name at least one participant, or omit it to leave")
+        if remove is not None and len(remove) > MAX_PARTICIPANTS:
+            problems.append(f"remove: at most {MAX_PARTICIPANTS}")
+        if remove and close:
+            problems.append("close: removing participants does not close the room; use one")
         if problems:
             return invalid(problems)
 
         async def work() -> dict[str, Any]:
+            if remove:
+                who = await resolve_peers(runtime, "remove", remove)
+                epoch = await runtime.agent.rooms.remove(room_topic, who)
+                removed = [{"node_id": n.hex(), "petname": petname(n)} for n in who]
+                return {"room_topic": room_topic, "removed": removed, "epoch": epoch, "left": 0}
             left = await runtime.agent.rooms.leave(room_topic, close=close)
             return {"room_topic": left.room_topic, "left": 1, "closed": left.closed}
 
-        args = {"room_topic": room_topic, "close": close}
+        args = {"room_topic": room_topic, "close": close, "remove": remove}
         return await run_agent_tool(
             runtime, "mesh_leave_room", args, work, idempotency_key=idempotency_key
         )
@@ -307,7 +356,9 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_rooms",
         description=describe(
             "mesh_rooms",
-            "Rooms you are in (role opener/participant, public 0/1, purpose, messages recorded, "
+            "Rooms you are in (role opener/participant, public 0/1, private 0/1 with the key "
+            "epoch and undecryptable: envelopes held without their key, purpose, messages "
+            "recorded, "
             "participants seen with petnames and left 0/1), plus public rooms announced on "
             "central that you have not joined (opener, purpose, observed 0/1), and whether the "
             "lobby observer is on. Instant and local: it reads what the background watches "
@@ -340,6 +391,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                         "room_topic": m.room_topic,
                         "role": m.role,
                         "public": m.public,
+                        **await _privacy(rooms, m.room_topic),
                         "purpose": m.purpose,
                         "joined_ms": m.joined_ms,
                         "messages": counts.get(m.room_topic, 0),
@@ -379,13 +431,15 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             "problem is listed before anything is sent. wait_reply_seconds (default 0, max "
             "3600) waits in the same call for the first message from someone else, read from "
             "the watch that was already running (nothing falls into a gap); PUBLISH itself has "
-            "no acknowledgement. Do not write into a room nobody invited you to; rooms are "
-            "unguessable, not encrypted: no secrets.",
+            "no acknowledgement. In a private room the envelope is sealed with the room key "
+            "(only kind, sender and time stay visible); if you were removed it is refused. Do "
+            "not write into a room nobody invited you to; other rooms are unguessable, not "
+            "encrypted: no secrets there.",
             "Say one envelope in a room you are in (or help_requested/help_offered on central). "
             "kind default remark_made; answer_given/result_reported need in_reply_to. "
             "wait_reply_seconds (0-3600) waits for the first reply; no delivery ack. Do not "
-            "write into a room nobody invited you to; rooms are unguessable, not encrypted: no "
-            "secrets.",
+            "write into a room nobody invited you to; rooms other than private ones are "
+            "unguessable, not encrypted: no secrets.",
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=False),
     )

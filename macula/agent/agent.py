@@ -28,6 +28,7 @@ from macula.agent.contact_policy import trust, untrust
 from macula.agent.petnames import petname, resolve
 from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
+from macula.agent.room_keys import RoomKeys
 from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
 from macula.clock import Clock, now_ms
 from macula.config import macula_home
@@ -39,6 +40,7 @@ from macula.store import rings as ring_store
 from macula.store import transcript as transcript_store
 from macula.store.base import DAY_MS, Bounds, StorePaths, paths_from_env
 from macula.store.rings import Ring, RingStore
+from macula.store.room_keys import RoomKeyStore, room_keys_path
 from macula.store.roster import RosterStore
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 
@@ -142,6 +144,9 @@ class Agent:
                 await TranscriptStore.open(paths.transcript)
             )
             self._rings = await stack.enter_async_context(await RingStore.open(paths.rings))
+            room_keys = await stack.enter_async_context(
+                await RoomKeyStore.open(room_keys_path(paths.transcript))
+            )
             self._transcript.bounds = self.settings.transcript_bounds
             self._rings.bounds = self.settings.rings_bounds
             await self._transcript.prune(self.clock())
@@ -150,6 +155,7 @@ class Agent:
             self.rooms = Rooms(
                 self.node, self._transcript, self.clock, max_rooms=self.settings.max_rooms
             )
+            self.rooms.keys = RoomKeys(self.node.identity, room_keys, self.clock)
             self.rings = Rings(
                 self.node,
                 self._rings,

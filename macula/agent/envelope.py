@@ -7,6 +7,10 @@ Invariants:
 - ``validate`` never raises and lists *every* problem it finds, each as ``"<field>: <why>"``;
   ``build_envelope`` only ever returns an envelope ``validate`` accepts.
 - ``answer_given`` and ``result_reported`` carry ``in_reply_to``; talk kinds carry non-blank text.
+- Private rooms (``macula.agent.room_crypto``): a sealed envelope carries ``cipher`` and an
+  empty ``text`` and none of the other optional fields (they travel inside the box); the kind
+  rules apply to the opened envelope. A ``key_distributed`` envelope carries ``room_key`` and
+  nothing else optional. Only the shapes are checked here; the cryptography is room_crypto's.
 - ``thread`` computes over the whole set, so input order does not matter: a reply seen before
   its parent threads under it, a reply to an unknown message is a root that keeps its
   ``in_reply_to``, and a reply cycle (self-reply included) is cut at its earliest message
@@ -26,8 +30,9 @@ from macula.errors import MaculaError
 LOBBY_TOPIC: Final = "agents.lobby"
 ROOM_TOPIC_PREFIX: Final = "agents.room."
 
+KEY_KIND: Final = "key_distributed"  # a private room's key, sealed to each participant
 LIFECYCLE_KINDS: Final = frozenset(
-    {"room_opened", "participant_joined", "participant_left", "room_closed"}
+    {"room_opened", "participant_joined", "participant_left", "room_closed", KEY_KIND}
 )
 TALK_KINDS: Final = frozenset(
     {
@@ -49,14 +54,22 @@ MAX_REFS: Final = 32
 MAX_REF_CHARS: Final = 256
 MAX_PARTICIPANTS: Final = 256
 MAX_SENT_AT: Final = (1 << 53) - 1  # stays exact as a JSON number everywhere
+MAX_CIPHER_CHARS: Final = 96 * 1024  # base64 of a sealed body (16 KiB text + refs + ...)
+MAX_SEALED_KEYS: Final = 256  # recipients of one room key envelope
+MAX_EPOCH: Final = (1 << 31) - 1
 
 _ROOM_TOPIC: Final = re.compile(r"agents\.room\.[0-9a-f]{32}")
 _NODE_HEX: Final = re.compile(r"[0-9a-f]{64}")
+_HEX16: Final = re.compile(r"[0-9a-f]{16}")
+_HEX32: Final = re.compile(r"[0-9a-f]{32}")
+_SIG_HEX: Final = re.compile(r"[0-9a-f]{128}")
+_BASE64: Final = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 # message and ring ids: short, and free of the ':' '#' '.' that procedure strings use
 _ID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 _REQUIRED: Final = ("message_id", "room_topic", "sent_at", "from", "kind", "text")
-_OPTIONAL: Final = ("in_reply_to", "refs", "participants", "purpose")
+_OPTIONAL: Final = ("in_reply_to", "refs", "participants", "purpose", "cipher", "room_key")
+SEALABLE: Final = ("text", "in_reply_to", "refs", "participants", "purpose")  # inside the box
 _FIELDS: Final = _REQUIRED + _OPTIONAL
 _KEYS: Final = frozenset(_FIELDS)
 
@@ -75,6 +88,8 @@ Envelope = TypedDict(
         "refs": NotRequired[list[str]],
         "participants": NotRequired[list[str]],
         "purpose": NotRequired[str],
+        "cipher": NotRequired[dict[str, object]],
+        "room_key": NotRequired[dict[str, object]],
     },
 )
 
@@ -253,6 +268,10 @@ def _kind_rules(envelope: Mapping[object, object]) -> list[str]:
     if type(kind) is not str or kind not in KINDS:
         return []
     problems: list[str] = []
+    if "cipher" in envelope:
+        return _sealed_rules(envelope)
+    if (kind == KEY_KIND) != ("room_key" in envelope):
+        problems.append(f"room_key: carried by {KEY_KIND} envelopes only, and always by them")
     if kind in REPLY_REQUIRED_KINDS and "in_reply_to" not in envelope:
         problems.append(f"in_reply_to: required for {kind}")
     text = envelope.get("text")
@@ -262,6 +281,67 @@ def _kind_rules(envelope: Mapping[object, object]) -> list[str]:
     if reply_to is not None and reply_to == envelope.get("message_id"):
         problems.append("in_reply_to: a message cannot reply to itself")
     return problems
+
+
+def _sealed_rules(envelope: Mapping[object, object]) -> list[str]:
+    problems = [
+        f"{key}: travels inside cipher in a sealed envelope"
+        for key in SEALABLE[1:]
+        if key in envelope
+    ]
+    if envelope.get("text") != "":
+        problems.append("text: a sealed envelope's text is empty (it travels inside cipher)")
+    if envelope.get("kind") == KEY_KIND or "room_key" in envelope:
+        problems.append(f"cipher: a {KEY_KIND} envelope is not sealed")
+    return problems
+
+
+def _check_cipher(value: object) -> list[str]:
+    """``{epoch, key_id, box}``: the room key's epoch and id, and base64 of nonce + secretbox."""
+    if not isinstance(value, dict) or set(value) != {"epoch", "key_id", "box"}:
+        return ["cipher: expected exactly {epoch, key_id, box}"]
+    problems = bool_problems(value, "cipher")
+    if not _is_epoch(value["epoch"]):
+        problems.append(f"cipher.epoch: expected an integer 1..{MAX_EPOCH}")
+    if not _matches(_HEX16, value["key_id"]):
+        problems.append("cipher.key_id: expected 16 lowercase hex")
+    box = value["box"]
+    if not _matches(_BASE64, box) or len(box) > MAX_CIPHER_CHARS:
+        problems.append(f"cipher.box: expected base64 of at most {MAX_CIPHER_CHARS} characters")
+    return problems
+
+
+def _check_room_key(value: object) -> list[str]:
+    """``{epoch, key_id, salt, sealed: {node hex: base64}, signature}`` (see room_crypto)."""
+    keys = {"epoch", "key_id", "salt", "sealed", "signature"}
+    if not isinstance(value, dict) or set(value) != keys:
+        return ["room_key: expected exactly {epoch, key_id, salt, sealed, signature}"]
+    problems = bool_problems(value, "room_key")
+    if not _is_epoch(value["epoch"]):
+        problems.append(f"room_key.epoch: expected an integer 1..{MAX_EPOCH}")
+    if not _matches(_HEX16, value["key_id"]):
+        problems.append("room_key.key_id: expected 16 lowercase hex")
+    if not _matches(_HEX32, value["salt"]):
+        problems.append("room_key.salt: expected 32 lowercase hex")
+    if not _matches(_SIG_HEX, value["signature"]):
+        problems.append("room_key.signature: expected 128 lowercase hex")
+    sealed = value["sealed"]
+    if not isinstance(sealed, dict) or not 1 <= len(sealed) <= MAX_SEALED_KEYS:
+        problems.append(f"room_key.sealed: expected 1..{MAX_SEALED_KEYS} node id: base64 pairs")
+    else:
+        for node, box in sealed.items():
+            if not is_node_hex(node) or not _matches(_BASE64, box) or len(box) > 256:
+                problems.append("room_key.sealed: expected 64 hex node ids mapped to base64")
+                break
+    return problems
+
+
+def _is_epoch(value: object) -> bool:
+    return type(value) is int and 1 <= value <= MAX_EPOCH
+
+
+def _matches(pattern: re.Pattern[str], value: object) -> bool:
+    return type(value) is str and pattern.fullmatch(value) is not None
 
 
 _FIELD_CHECKS: Final[dict[str, _Check]] = {
@@ -275,6 +355,8 @@ _FIELD_CHECKS: Final[dict[str, _Check]] = {
     "refs": _check_refs,
     "participants": _check_participants,
     "purpose": _check_purpose,
+    "cipher": _check_cipher,
+    "room_key": _check_room_key,
 }
 
 

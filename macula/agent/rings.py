@@ -14,6 +14,11 @@ Caller side: an answer counts only if it comes from the callee (``from`` is the 
 ring endpoint, say) is refused with ``MaculaError`` and counted (``answers_foreign``,
 ``answers_unverified``).
 
+Private rooms: before ringing someone into a private room we opened, its key envelope (a new
+epoch when they are not yet keyed) is handed to them by a call to their ring endpoint
+(payload ``{"kind": "room_key", "envelope": ...}``), so they hold the key before they join;
+a callee takes such a key only when the room's opener signed it (``RoomKeys.accept``).
+
 Results are typed (``RingPlaced``, ``RingAnswered``, ``RingEvent``, the store's ``Ring``); the
 tools shape what a model sees.
 """
@@ -31,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from macula.agent.contact_policy import Answer, PolicyState, decide, load_policy
+from macula.agent.envelope import new_message_id
 from macula.agent.proof import (
     build_ring,
     build_ring_answer,
@@ -39,6 +45,7 @@ from macula.agent.proof import (
     validate_ring,
     validate_ring_answer,
 )
+from macula.agent.room_keys import ROOM_KEY_CALL
 from macula.agent.rooms import Rooms
 from macula.errors import CallTimeout, MaculaError, MeshError
 from macula.node import Node
@@ -139,7 +146,12 @@ class Rings:
             return await self._ring_received(call)
         if kind == "ring_answer":
             return await self._answer_received(call)
-        raise ValueError("expected a ring or a ring_answer payload")
+        if kind == ROOM_KEY_CALL and self.rooms.keys is not None:
+            accepted = await self.rooms.keys.accept(call.payload.get("envelope"), call.caller)
+            if accepted.outcome == "refused":
+                raise ValueError("room key refused: " + "; ".join(accepted.problems))
+            return {"outcome": accepted.outcome, "keyed": accepted.keyed}
+        raise ValueError("expected a ring, ring_answer or room_key payload")
 
     async def _ring_received(self, call: IncomingCall) -> dict[str, Any]:
         now = self.clock()
@@ -298,14 +310,35 @@ class Rings:
         *,
         room_topic: str | None = None,
         wait_join_seconds: float = 0,
+        private: int = 0,
     ) -> RingPlaced:
+        """Ring ``to`` into ``room_topic``, or into a fresh room (end-to-end encrypted with
+        ``private`` 1); into a private room, its key goes to ``to`` first."""
         if to == self.me:
             raise MaculaError("you cannot ring yourself")
-        room = room_topic or (await self.rooms.open(purpose[:280] or None)).room_topic
+        if room_topic is None:
+            keyed = [to] if private else []
+            opened = await self.rooms.open(
+                purpose[:280] or None, participants=keyed, private=private
+            )
+            room = opened.room_topic
+        else:
+            room = room_topic
+        invitation: dict[str, Any] | None = None
+        if self.rooms.keys is not None:
+            message_id = new_message_id(self.random(16))
+            invitation, rekeyed = await self.rooms.keys.invitation(room, to, message_id)
+            if invitation is not None and rekeyed:
+                await self.node.publish(ZERO_REALM, room, invitation)
         now = self.clock()
         ring_id = new_ring_id(self.random(16))
         payload = build_ring(self.node.identity, to, purpose, room, ring_id, now)
         try:
+            if invitation is not None:
+                key_call = {"kind": ROOM_KEY_CALL, "envelope": invitation}
+                await self.node.call(
+                    ZERO_REALM, ring_endpoint(to), key_call, timeout=RING_TIMEOUT_S
+                )
             reply = await self.node.call(
                 ZERO_REALM, ring_endpoint(to), dict(payload), timeout=RING_TIMEOUT_S
             )

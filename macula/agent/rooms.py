@@ -12,6 +12,9 @@ Invariants:
   ``refs[0]`` names the room), at most ``max_rooms``; what it drops is counted;
 - operations return typed results (the dataclasses below, or the store's rows); how a model
   sees them (dict keys, petnames, 0/1) is the tools' business;
+- private rooms (``keys``, see ``macula.agent.room_keys``): what we publish there is sealed,
+  what we hear there is opened before it is recorded (the transcript holds plaintext only);
+  a private room is never announced on central;
 - waiting never polls the station: it waits on the local transcript, which the taps fill;
   every new message bumps ``_generation`` under ``_changed``, and a waiter re-reads whenever
   the generation moved since its last read, so nothing recorded between a read and the wait
@@ -44,6 +47,7 @@ from macula.agent.envelope import (
     thread,
     validate,
 )
+from macula.agent.room_keys import Heard, RoomKeys
 from macula.errors import MaculaError
 from macula.node import Node
 from macula.store.transcript import TranscriptMessage, TranscriptStore
@@ -65,6 +69,7 @@ class RoomOpened:
     room_topic: str
     message_id: str  # of the room_opened envelope published in the room
     public: int  # 1 when also announced on central
+    private: int = 0  # 1 when end-to-end encrypted (never announced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +132,7 @@ class Rooms:
         self._generation = 0  # messages recorded so far (bumped under ``_changed``)
         self._group: asyncio.TaskGroup | None = None
         self.observing = False
+        self.keys: RoomKeys | None = None  # private rooms; set by the agent
 
     # -- taps ---------------------------------------------------------------------------------
 
@@ -201,10 +207,22 @@ class Rooms:
             return
         if not delivery.authenticated:
             self.stats["unauthenticated"] += 1  # no publisher_sig: nobody vouches for it
-        attested = delivery.authenticated and is_attested(envelope, delivery.publisher)
+        heard = [Heard(envelope, delivery.publisher, delivery.authenticated)]
+        if self.keys is not None and topic != LOBBY_TOPIC:
+            heard = await self.keys.receive(envelope, delivery.publisher, delivery.authenticated)
+        for item in heard:
+            await self._heard_one(topic, item)
+
+    async def _heard_one(self, topic: str, heard: Heard) -> None:
+        envelope = heard.envelope
+        attested = heard.authenticated and is_attested(envelope, heard.publisher)
         if not attested:
             self.stats["unattested"] += 1
-        new = await self._record(envelope, delivery.publisher, attested)
+        new = await self._record(envelope, heard.publisher, attested)
+        if new and attested and self.keys is not None and topic != LOBBY_TOPIC:
+            followup = await self.keys.followup(envelope)
+            if followup is not None:
+                await self.node.publish(ZERO_REALM, topic, followup)
         if new and attested and topic == LOBBY_TOPIC and envelope["kind"] == "room_opened":
             refs = envelope.get("refs") or []
             if refs and is_room_topic(refs[0]):
@@ -251,17 +269,38 @@ class Rooms:
             sent_at=self.clock(),
             **fields,
         )
+        wire = dict(envelope)
+        if self.keys is not None and topic != LOBBY_TOPIC:
+            wire = await self.keys.seal(wire)  # sealed in a private room, refused without a key
         # record first: the tap may deliver our own copy later (ignored as a duplicate)
         await self._record(envelope, self.node.identity.node_id, True)
-        await self.node.publish(ZERO_REALM, topic, dict(envelope))
+        await self.node.publish(ZERO_REALM, topic, wire)
         return envelope
 
     async def open(
-        self, purpose: str | None = None, *, public: int = 0, participants: Sequence[bytes] = ()
+        self,
+        purpose: str | None = None,
+        *,
+        public: int = 0,
+        participants: Sequence[bytes] = (),
+        private: int = 0,
     ) -> RoomOpened:
-        topic = new_room_topic(self.random(16))
+        """A fresh room; ``private`` 1 makes it end-to-end encrypted, keyed for
+        ``participants`` (who still have to be rung into it) and never announced."""
+        keyed: dict[str, Any] | None = None
+        if private:
+            if public:
+                raise RoomError("a private room is never announced on central: public must be 0")
+            if self.keys is None:
+                raise RoomError("private rooms need the agent's room key store")
+            keyed = await self.keys.create(participants, new_message_id(self.random(16)))
+            topic = keyed["room_topic"]
+        else:
+            topic = new_room_topic(self.random(16))
         await self.transcript.join_room(topic, "opener", public, purpose, self.clock())
         await self._tap(topic)
+        if keyed is not None:
+            await self.node.publish(ZERO_REALM, topic, keyed)
         opened = await self._publish(
             topic,
             "room_opened",
@@ -273,7 +312,7 @@ class Rooms:
             await self._publish(
                 LOBBY_TOPIC, "room_opened", purpose or "", purpose=purpose, refs=[topic]
             )
-        return RoomOpened(topic, opened["message_id"], int(bool(public)))
+        return RoomOpened(topic, opened["message_id"], int(bool(public)), int(bool(private)))
 
     async def join(self, topic: str) -> RoomJoined:
         if not is_room_topic(topic):
@@ -298,6 +337,16 @@ class Rooms:
         await self.transcript.leave_room(topic, self.clock())
         await self._untap(topic)
         return RoomLeft(topic, int(bool(close)))
+
+    async def remove(self, topic: str, who: Sequence[bytes]) -> int:
+        """Remove ``who`` from a private room we opened: a new key for the others, published on
+        the room; returns its epoch. ``who`` cannot read what is said from then on."""
+        if self.keys is None:
+            raise RoomError("private rooms need the agent's room key store")
+        keyed = await self.keys.remove(topic, who, new_message_id(self.random(16)))
+        await self.node.publish(ZERO_REALM, topic, keyed)
+        epoch: int = keyed["room_key"]["epoch"]
+        return epoch
 
     async def say(
         self,
