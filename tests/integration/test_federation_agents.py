@@ -148,8 +148,10 @@ async def test_the_agent_directory_lists_every_stations_agents_from_any(
             listed = [r["registered_ms"] for r in rows]
             assert listed == sorted(listed, reverse=True)  # newest first
             # the roster-and-directory view behind mesh_agents: everyone, from any station
-            seen = {row["node_id"] for row in await viewer.agents()}
-            assert set(where) <= seen
+            seen = {row["node_id"]: row for row in await viewer.agents()}
+            assert set(where) <= set(seen)
+            for node_hex, station in where.items():
+                assert seen[node_hex]["station"] == station.node_id.hex()
         raw = await alice.house.call(AGENTS_LIST, {"limit": 10})
         assert (raw["stations_asked"], raw["stations_answered"]) == (2, 2)
         await bob.goodbye()  # removes bob's entry at c, so from everywhere
@@ -173,8 +175,10 @@ async def test_alice_on_a_rings_bob_on_c_and_they_talk(mesh: Mesh, tmp_path: Pat
             lambda: a.core.gossip.serving((ZERO_REALM, endpoint), local_only=False) is not None,
             message="bob's ring endpoint never reached a",
         )
+        crossed = a.core.stats["calls_forwarded_to_station"]
         rung = await alice.rings.ring(bob.node.identity.node_id, "review the plan")
         assert (rung.answer, rung.joined, rung.unreachable) == (1, 1, 0)
+        assert a.core.stats["calls_forwarded_to_station"] == crossed + 1  # over the a-c link
         room = rung.room_topic
         asked = await alice.rooms.say(room, "question_asked", "does the plan hold?")
         heard = await bob.rooms.wait(room, 5, after_ms=0, kinds={"question_asked"})
@@ -276,3 +280,29 @@ async def test_a_hostile_linked_station_cannot_break_the_listing(
             else:
                 assert grew["linked_lists_invalid"] == 1
             assert grew["linked_agents_listed"] == 1  # bob's, from c
+
+
+async def test_a_deferred_ring_is_answered_later_across_stations(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    a, _, c = mesh
+    async with (
+        agent_in(a, tmp_path / "alice") as alice,
+        agent_in(c, tmp_path / "bob", "ask") as bob,
+    ):
+        await alice.hello()
+        await bob.hello()
+        for station, callee in ((a, bob), (c, alice)):  # each ring endpoint known across
+            endpoint = ring_endpoint(callee.node.identity.node_id)
+            await eventually(
+                lambda s=station, e=endpoint: s.core.gossip.serving(
+                    (ZERO_REALM, e), local_only=False
+                )
+            )
+        rung = await alice.rings.ring(bob.node.identity.node_id, "pair on a bug")
+        assert rung.answer == 3
+        [pending] = (await bob.inbox()).pending_rings
+        answered = await bob.rings.answer_ring(pending.ring_id, 1)
+        assert answered.caller_notified == 1  # bob on c reached alice's endpoint on a
+        ring = await eventually(lambda: alice.rings.store.get(rung.ring_id))
+        assert (ring.state, ring.answer) == ("accepted", 1)
