@@ -64,7 +64,7 @@ from relay.core import BUILTINS, RouterCore
 from relay.federation.content import peer_asker
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.links import LinkFailed, LinkManager, LinkTarget, StationLike
-from relay.house.mesh import LinkedReply, linked_asker
+from relay.house.mesh import linked_asker
 from relay.house.services import HouseConfig, HouseServices
 from relay.logbook import clip
 from relay.outcome import Outcome
@@ -247,7 +247,6 @@ class Station:
                 concurrency=config.house.mesh_concurrency,
                 timeout_s=config.house.mesh_timeout_ms / 1000,
             ),
-            ask_station=self._ask_house,
         )
         stack.push_async_callback(self._house.close)
         stack.push_async_callback(self._finish_tasks)
@@ -439,24 +438,21 @@ class Station:
 
         return noted
 
-    async def _ask_house(self, node_id: bytes, procedure: str, payload: object) -> LinkedReply:
-        """A house procedure at the linked station ``node_id``."""
-        timeout_s = self.config.house.mesh_timeout_ms / 1000
-        reply = await self.call_station(node_id, procedure, payload, timeout_s, realm=HOUSE_REALM)
-        return LinkedReply(node_id, reply.ok, reply.payload)
-
-    async def _house_linked(self, node_id: bytes, label: str | None) -> None:
+    def _house_learns(self, action: LinkUp | LinkDown, label: str | None) -> None:
+        """The station directory hears of the link: a dialled one's address, or its loss."""
+        if self._house is None:
+            return
+        if isinstance(action, LinkDown):
+            self._house.station_unlinked(action.node_id)
+            return
         host, _, port = (label or "").rpartition(":")
         dialled = (host, int(port)) if host and port.isdecimal() else None
-        if self._house is not None:
-            await self._house.station_linked(node_id, dialled)
+        self._house.station_linked(action.node_id, dialled)
 
     def _link_changed(self, action: LinkUp | LinkDown) -> None:
         label = self._link_labels.get(action.conn)
-        if self._house is not None and isinstance(action, LinkDown):
-            self._house.station_unlinked(action.node_id)
+        self._house_learns(action, label)
         if isinstance(action, LinkUp):
-            self._spawn(self._house_linked(action.node_id, label))
             where = label or action.host
             how = "dialled" if label else "accepted"
             log.info(

@@ -6,12 +6,15 @@ find them the way they find anything: resolve the realm in the DHT, then call.
 Across stations (``relay.house.mesh``): a client's ``macula.agents.list_v1`` merges this
 station's entries with every linked station's (``ask_linked``); a station peer's gets this
 station's only (``from_station``, told by the shell from the connection). The station
-directory learns linked stations from themselves (``station_linked``, ``ask_station``) and the
-mesh's live stations from discovery (``stations_discovered``). Shared memory stays per station.
+directory learns a dialled link's address when it comes up (``station_linked``), what each
+linked station says of itself when a client lists stations (asked with ``ask_linked``, one
+hop, like the agents), and the mesh's live stations from discovery (``stations_discovered``).
+Nothing is asked of a link merely because it came up. Shared memory stays per station.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -44,7 +47,6 @@ from relay.house.mesh import (
     DEFAULT_FANOUT,
     DEFAULT_TIMEOUT_MS,
     AskLinked,
-    LinkedReply,
     MeshAgentList,
     station_entry,
 )
@@ -52,8 +54,8 @@ from relay.house.stations import StationDirectory, StationEntry, StationInfo
 from relay.outcome import Outcome
 
 Handler = Callable[[str, object, bytes, int], Awaitable[Outcome]]
-# (station node id, procedure, payload) -> how that linked station answered
-AskStation = Callable[[bytes, str, object], Awaitable[LinkedReply]]
+
+log = logging.getLogger("macula.relay.house")
 
 BURST_FACTOR = 4.0  # a house rate's burst, in seconds of its rate
 
@@ -110,7 +112,7 @@ class HouseServices:
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self.station_directory: StationDirectory | None = None
         self.mesh_agents: MeshAgentList | None = None
-        self._ask_station: AskStation | None = None
+        self._ask_linked: AskLinked | None = None
 
     @classmethod
     async def open(
@@ -122,17 +124,17 @@ class HouseServices:
         port: int,
         *,
         ask_linked: AskLinked | None = None,
-        ask_station: AskStation | None = None,
     ) -> HouseServices:
-        """The services ``config`` turns on; ``ask_linked`` (every linked station) makes the
-        agent listing mesh-wide, ``ask_station`` (one) lets links describe themselves."""
+        """The services ``config`` turns on; ``ask_linked`` (the linked stations) makes the
+        directories mesh-wide (unless ``config.mesh_fanout`` is 0)."""
         house = cls()
-        house._ask_station = ask_station
+        if config.mesh_fanout > 0:
+            house._ask_linked = ask_linked
         try:
             await house._open(config, data_dir, station_id, host, port)
-            if ask_linked is not None and config.agent_directory and config.mesh_fanout > 0:
+            if house._ask_linked is not None and config.agent_directory:
                 local = house._handlers[AGENTS_LIST]
-                house.mesh_agents = MeshAgentList(station_id, local, ask_linked)
+                house.mesh_agents = MeshAgentList(station_id, local, house._ask_linked)
         except BaseException:
             await house.close()  # a store that failed to open must not leak the ones before it
             raise
@@ -203,30 +205,44 @@ class HouseServices:
             return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
         if procedure == AGENTS_LIST and self.mesh_agents is not None and not from_station:
             return await self.mesh_agents.list(payload, caller, now_ms)
+        if procedure == LIST_STATIONS and not from_station:
+            await self._describe_linked()
         return await handler(procedure, payload, caller, now_ms)
 
     # -- learning the mesh's stations --------------------------------------------------------
 
-    async def station_linked(self, node_id: bytes, dialled: tuple[str, int] | None) -> int:
-        """A link to ``node_id`` came up: ask it who it is (its own first directory entry)
-        and list it; failing that, list the address we dialled. 1 if it is listed now."""
+    def station_linked(self, node_id: bytes, dialled: tuple[str, int] | None) -> int:
+        """A link to ``node_id`` came up: list it at the address we dialled (an accepted link's
+        listening port is unknown: a listing or discovery tells it). 1 if listed now."""
         directory = self.station_directory
-        if directory is None:
+        if directory is None or dialled is None or directory.knows(node_id):
             return 0
-        entry = None
-        if self._ask_station is not None:
-            reply = await self._ask_station(node_id, LIST_STATIONS, {})
+        try:
+            entry = StationEntry(node_id, StationInfo(*dialled))
+        except ValueError:
+            return 0
+        return int(directory.linked(entry))
+
+    async def _describe_linked(self) -> None:
+        """Ask the linked stations who they are (their own first directory entry, over the
+        authenticated link); a station that cannot say keeps what is known of it."""
+        directory = self.station_directory
+        if directory is None or self._ask_linked is None:
+            return
+        try:
+            replies = await self._ask_linked(LIST_STATIONS, {})
+        except Exception:  # best effort: what is known is still listed
+            log.exception("asking the linked stations who they are failed")
+            return
+        for reply in replies:
             stations = reply.payload.get("stations") if isinstance(reply.payload, dict) else None
+            entry = None
             if reply.ok and isinstance(stations, list) and stations:
-                entry = station_entry(stations[0], node_id)
+                entry = station_entry(stations[0], reply.station)
             if entry is None:
                 directory.stats["linked_station_undescribed"] += 1
-        if entry is None and dialled is not None:
-            try:
-                entry = StationEntry(node_id, StationInfo(*dialled))
-            except ValueError:
-                entry = None
-        return int(entry is not None and directory.linked(entry))
+            else:
+                directory.linked(entry)
 
     def station_unlinked(self, node_id: bytes) -> None:
         if self.station_directory is not None:

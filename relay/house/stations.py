@@ -209,6 +209,10 @@ class StationDirectory:
         self._known[entry.node_id] = entry.info
         return True
 
+    def knows(self, node_id: bytes) -> bool:
+        """``node_id`` is this station or a learned one."""
+        return node_id == self.station_id or node_id in self._known
+
     def forget(self, node_id: bytes) -> bool:
         """Drop a learned station; True if it was known."""
         self._linked.discard(node_id)

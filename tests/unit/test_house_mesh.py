@@ -364,36 +364,45 @@ def test_discovery_skips_this_station_and_is_bounded() -> None:
     assert not directory.linked(StationEntry(HERE, StationInfo("me", 9)))
 
 
-def _house_with(tmp_path: Path, answer: LinkedReply | None) -> HouseServices:
-    async def ask_station(node_id: bytes, procedure: str, payload: object) -> LinkedReply:
-        assert (procedure, payload) == (PROCEDURE_LIST_STATIONS, {})
-        assert answer is not None
-        return answer
+def _house_with(tmp_path: Path, answer: LinkedReply | None) -> tuple[HouseServices, list[object]]:
+    asked: list[object] = []
 
-    return run(
+    async def ask_linked(procedure: str, payload: object) -> list[LinkedReply]:
+        assert procedure == PROCEDURE_LIST_STATIONS
+        asked.append(payload)
+        return [] if answer is None else [answer]
+
+    house = run(
         HouseServices.open(
             HouseConfig(memory=False, agent_directory=False),
             tmp_path,
             HERE,
             "here",
             1,
-            ask_station=ask_station if answer is not None else None,
+            ask_linked=ask_linked,
         )
     )
+    return house, asked
 
 
-def listed(house: HouseServices) -> list[tuple[str, str, int, str | None]]:
-    result = ok(run(house.handle(PROCEDURE_LIST_STATIONS, {}, B, NOW)))
+def listed(house: HouseServices, from_station: int = 0) -> list[tuple[str, str, int, str | None]]:
+    outcome = house.handle(PROCEDURE_LIST_STATIONS, {}, B, NOW, from_station=from_station)
+    result = ok(run(outcome))
     return [(s["node_id"], s["host"], s["port"], s["city"]) for s in result["stations"]]
 
 
 def test_a_linked_station_is_listed_as_it_describes_itself(tmp_path: Path) -> None:
     own_view = {"node_id": B.hex(), "host": "b.example", "port": 4433, "city": "Berlin"}
-    house = _house_with(tmp_path, LinkedReply(B, True, {"stations": [own_view, "more"]}))
-    assert run(house.station_linked(B, ("127.0.0.1", 5555))) == 1
+    house, asked = _house_with(tmp_path, LinkedReply(B, True, {"stations": [own_view, "more"]}))
+    assert house.station_linked(B, ("127.0.0.1", 5555)) == 1  # no call: the dialled address
+    assert asked == []
+    assert listed(house, from_station=1)[1] == (B.hex(), "127.0.0.1", 5555, None)
+    assert asked == []  # a station peer's listing asks nobody
     assert listed(house)[1] == (B.hex(), "b.example", 4433, "Berlin")
+    assert asked == [{}]
+    assert house.station_linked(B, ("127.0.0.1", 5555)) == 0  # known: kept as it said
     house.station_unlinked(B)
-    assert len(listed(house)) == 1
+    assert len(listed(house, from_station=1)) == 1
     run(house.close())
 
 
@@ -402,25 +411,26 @@ def test_a_linked_station_is_listed_as_it_describes_itself(tmp_path: Path) -> No
     [
         LinkedReply(B, False, "no reply in time"),
         LinkedReply(B, True, {"stations": [{"node_id": C.hex(), "host": "c", "port": 1}]}),
+        LinkedReply(B, True, {"stations": [{"node_id": B.hex(), "host": "b", "port": -1}]}),
         LinkedReply(B, True, {"stations": "all of them"}),
         LinkedReply(B, True, {"stations": []}),
         LinkedReply(B, True, None),
     ],
 )
-def test_a_link_that_cannot_describe_itself_falls_back_to_the_dialled_address(
+def test_a_link_that_cannot_describe_itself_keeps_its_dialled_address(
     tmp_path: Path, answer: LinkedReply
 ) -> None:
-    house = _house_with(tmp_path, answer)
-    assert run(house.station_linked(B, ("127.0.0.1", 5555))) == 1
-    assert listed(house)[1] == (B.hex(), "127.0.0.1", 5555, None)
-    assert run(house.station_linked(D, None)) == 0  # accepted, not dialled: DHT will tell
+    house, _ = _house_with(tmp_path, answer)
+    assert house.station_linked(B, ("127.0.0.1", 5555)) == 1
+    assert house.station_linked(D, None) == 0  # accepted, not dialled: a listing or the DHT
+    assert listed(house)[1:] == [(B.hex(), "127.0.0.1", 5555, None)]
     assert house.station_directory is not None
-    assert house.station_directory.stats["linked_station_undescribed"] == 2
+    assert house.station_directory.stats["linked_station_undescribed"] == 1
     run(house.close())
 
 
 def test_discovered_addresses_reach_the_station_directory(tmp_path: Path) -> None:
-    house = _house_with(tmp_path, None)
+    house, _ = _house_with(tmp_path, None)
     found = [
         StationAddress(B, "10.0.0.2", 4433, 4434),
         StationAddress(C, "", 4433, 0),  # not a host
@@ -434,6 +444,6 @@ def test_discovered_addresses_reach_the_station_directory(tmp_path: Path) -> Non
 
 
 def test_refusals_of_the_list_stay_local(tmp_path: Path) -> None:
-    house = _house_with(tmp_path, None)
+    house, _ = _house_with(tmp_path, None)
     refused(run(house.handle(PROCEDURE_LIST_STATIONS, {"city": 5}, B, NOW)), "bad_request")
     run(house.close())
