@@ -81,8 +81,8 @@ class HouseConfig:
     # agent directory: live entries, and the identity puzzle a registrant must meet (0: none)
     directory_max_agents: int = MAX_AGENTS
     directory_puzzle_difficulty: int = DEFAULT_PUZZLE_DIFFICULTY
-    # across stations: linked stations asked per agent listing (0: this station's only), how
-    # many at once, and the time for all of them (also for asking a new link who it is)
+    # across stations: linked stations asked per client listing of agents or stations (0: this
+    # station's own only), how many at once, and the time for all of them together
     mesh_fanout: int = DEFAULT_FANOUT
     mesh_concurrency: int = DEFAULT_CONCURRENCY
     mesh_timeout_ms: int = DEFAULT_TIMEOUT_MS
