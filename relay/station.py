@@ -30,6 +30,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
 from macula.clock import now_ms, now_us
+from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
 from macula.transport import (
     ALPN,
@@ -63,6 +64,7 @@ from relay.core import BUILTINS, RouterCore
 from relay.federation.content import peer_asker
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.links import LinkFailed, LinkManager, LinkTarget, StationLike
+from relay.house.mesh import linked_asker
 from relay.house.services import HouseConfig, HouseServices
 from relay.logbook import clip
 from relay.outcome import Outcome
@@ -231,7 +233,20 @@ class Station:
         self.port = int(sockname[1]) if sockname else config.port
         await self._start_dht(stack)
         self._house = await HouseServices.open(
-            config.house, data_dir, self.identity.node_id, config.host, self.port
+            config.house,
+            data_dir,
+            self.identity.node_id,
+            config.host,
+            self.port,
+            ask_linked=linked_asker(
+                lambda: self.core.linked_stations(),
+                lambda node_id, procedure, payload, timeout_s: self.call_station(
+                    node_id, procedure, payload, timeout_s, realm=HOUSE_REALM
+                ),
+                fanout=config.house.mesh_fanout,
+                concurrency=config.house.mesh_concurrency,
+                timeout_s=config.house.mesh_timeout_ms / 1000,
+            ),
         )
         stack.push_async_callback(self._house.close)
         stack.push_async_callback(self._finish_tasks)
@@ -241,7 +256,9 @@ class Station:
             run_link=self._run_link,
             has_link=self._has_link,
             peers=config.peers,
-            discover=config.discover if config.discover is not None else self._discover,
+            discover=self._noting(
+                config.discover if config.discover is not None else self._discover
+            ),
             max_links=config.max_links,
             discover_interval_s=config.discover_interval_s,
             backoff_base_s=config.link_backoff_s,
@@ -408,8 +425,33 @@ class Station:
         """The stations the DHT knows (FEDERATION.md): what the link manager dials."""
         return [] if self._dht is None else await self._dht.stations()
 
+    def _noting(
+        self, discover: Callable[[], Awaitable[Sequence[StationLike]]]
+    ) -> Callable[[], Awaitable[Sequence[StationLike]]]:
+        """``discover``, each round's stations also told to the station directory."""
+
+        async def noted() -> Sequence[StationLike]:
+            found = await discover()
+            if self._house is not None:
+                self._house.stations_discovered(found)
+            return found
+
+        return noted
+
+    def _house_learns(self, action: LinkUp | LinkDown, label: str | None) -> None:
+        """The station directory hears of the link: a dialled one's address, or its loss."""
+        if self._house is None:
+            return
+        if isinstance(action, LinkDown):
+            self._house.station_unlinked(action.node_id)
+            return
+        host, _, port = (label or "").rpartition(":")
+        dialled = (host, int(port)) if host and port.isdecimal() else None
+        self._house.station_linked(action.node_id, dialled)
+
     def _link_changed(self, action: LinkUp | LinkDown) -> None:
         label = self._link_labels.get(action.conn)
+        self._house_learns(action, label)
         if isinstance(action, LinkUp):
             where = label or action.host
             how = "dialled" if label else "accepted"
@@ -468,13 +510,20 @@ class Station:
             self._link_changed(action)
 
     async def call_station(
-        self, node_id: bytes, procedure: str, payload: Any, timeout_s: float
+        self,
+        node_id: bytes,
+        procedure: str,
+        payload: Any,
+        timeout_s: float,
+        *,
+        realm: bytes = bytes(32),
     ) -> StationReplied:
-        """CALL ``procedure`` at the linked station ``node_id``, signed by this station; how it
-        settled (``ok`` False: no such link, the link lost, no reply within ``timeout_s``)."""
+        """CALL ``procedure`` (in ``realm``) at the linked station ``node_id``, signed by this
+        station; how it settled (``ok`` False: no such link, the link lost, no reply within
+        ``timeout_s``)."""
         now = now_ms()
         call_id, actions = self.core.call_station(
-            node_id, procedure, payload, now + int(timeout_s * 1000), now
+            node_id, procedure, payload, now + int(timeout_s * 1000), now, realm=realm
         )
         future: asyncio.Future[StationReplied] = asyncio.get_running_loop().create_future()
         self._station_calls[call_id] = future
@@ -523,6 +572,8 @@ class Station:
         assert self._builtins is not None
         now = now_ms()
         call = action.call
+        peer = self.core.peers.get(action.conn)
+        from_station = int(peer is not None and peer.is_station)  # the link says, not the CALL
         if call.procedure in BUILTINS:
             outcome = await self._builtins.run(call.procedure, call.payload, now, now_us())
             if call.procedure == "_relay.ping" and isinstance(outcome.payload, dict):
@@ -532,7 +583,9 @@ class Station:
             outcome = Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)  # still starting
         else:
             try:
-                outcome = await self._house.handle(call.procedure, call.payload, call.caller, now)
+                outcome = await self._house.handle(
+                    call.procedure, call.payload, call.caller, now, from_station=from_station
+                )
             except Exception:
                 log.exception("house service %s failed", call.procedure)
                 outcome = Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)

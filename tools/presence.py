@@ -146,7 +146,9 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
             "connected_via, stale 0/1 (missed its heartbeats), first_seen_ms, last_seen_ms, "
             "is_me 0/1. A local read of the roster presence keeps; an agent that said hello "
             "before you started listening shows up at its next heartbeat (within about 60 s). "
-            "Entries unseen for 15 minutes drop out; a goodbye removes one at once.",
+            "Entries unseen for 15 minutes drop out; a goodbye removes one at once. Agents listed "
+            "in the agent directory of this or any linked station show up at once (source "
+            "directory or both; station: where they registered).",
             "Agents seen via agent.hello, newest first (limit<=200, offset): node_id, petname "
             "(label, can collide), self-reported operator_name/message/model, connected_via, "
             "stale 0/1, first/last seen, is_me. Others appear at their next heartbeat (~60 s).",

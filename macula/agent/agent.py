@@ -271,9 +271,10 @@ class Agent:
         return {"node_id": self.node.identity.node_id.hex(), "rooms_left": left, "present": 0}
 
     async def agents(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
-        """Who is present: the roster (heard hellos) merged with the station's agent directory,
-        so a fresh session sees registered agents before their next hello. ``source`` says
-        where each row came from: roster, directory or both."""
+        """Who is present: the roster (heard hellos) merged with the agent directory (the
+        station's, merged there with its linked stations'), so a fresh session sees registered
+        agents before their next hello. ``source`` says where each row came from: roster,
+        directory or both; ``station`` (directory rows) where the agent registered."""
         rows: dict[str, dict[str, Any]] = {}
         for heard in await self.presence.agents(500, 0):
             row = asdict(heard)
@@ -292,6 +293,7 @@ class Agent:
             if node in rows:
                 rows[node]["source"] = "both"
                 rows[node].setdefault("offers", entry.get("offers"))
+                rows[node].setdefault("station", entry.get("station"))
             else:
                 rows[node] = {
                     **entry,

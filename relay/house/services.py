@@ -2,25 +2,37 @@
 directory. Each is an ordinary realm-scoped procedure set (realm ``macula.house``) that the
 station serves itself and announces with signed procedure_advertisement records, so clients
 find them the way they find anything: resolve the realm in the DHT, then call.
+
+Across stations (``relay.house.mesh``): a client's ``macula.agents.list_v1`` merges this
+station's entries with every linked station's (``ask_linked``); a station peer's gets this
+station's only (``from_station``, told by the shell from the connection). The station
+directory learns a dialled link's address when it comes up (``station_linked``), what each
+linked station says of itself when a client lists stations (asked with ``ask_linked``, one
+hop, like the agents), and the mesh's live stations from discovery (``stations_discovered``).
+Nothing is asked of a link merely because it came up. Shared memory stays per station.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from macula.house import (
     AGENT_DIRECTORY_PROCEDURES,
+    AGENTS_LIST,
     HOUSE_REALM,
+    LIST_STATIONS,
     MEMORY_PROCEDURES,
     STATION_DIRECTORY_PROCEDURES,
 )
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
+from relay.federation.links import StationLike
 from relay.house.agents import MAX_AGENTS, AgentDirectory, AgentDirectoryStore
 from relay.house.memory import (
     DEFAULT_DEPOSIT_RATE,
@@ -30,10 +42,20 @@ from relay.house.memory import (
     MemoryService,
     MemoryStore,
 )
-from relay.house.stations import StationDirectory, StationInfo
+from relay.house.mesh import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_FANOUT,
+    DEFAULT_TIMEOUT_MS,
+    AskLinked,
+    MeshAgentList,
+    station_entry,
+)
+from relay.house.stations import StationDirectory, StationEntry, StationInfo
 from relay.outcome import Outcome
 
 Handler = Callable[[str, object, bytes, int], Awaitable[Outcome]]
+
+log = logging.getLogger("macula.relay.house")
 
 BURST_FACTOR = 4.0  # a house rate's burst, in seconds of its rate
 
@@ -59,9 +81,18 @@ class HouseConfig:
     # agent directory: live entries, and the identity puzzle a registrant must meet (0: none)
     directory_max_agents: int = MAX_AGENTS
     directory_puzzle_difficulty: int = DEFAULT_PUZZLE_DIFFICULTY
+    # across stations: linked stations asked per client listing of agents or stations (0: this
+    # station's own only), how many at once, and the time for all of them together
+    mesh_fanout: int = DEFAULT_FANOUT
+    mesh_concurrency: int = DEFAULT_CONCURRENCY
+    mesh_timeout_ms: int = DEFAULT_TIMEOUT_MS
 
     def __post_init__(self) -> None:
+        if type(self.mesh_fanout) is not int or self.mesh_fanout < 0:
+            raise ValueError(f"HouseConfig.mesh_fanout must be >= 0, got {self.mesh_fanout!r}")
         positive = {
+            "mesh_concurrency": self.mesh_concurrency,
+            "mesh_timeout_ms": self.mesh_timeout_ms,
             "memory_max_bytes": self.memory_max_bytes,
             "memory_max_chunks_per_node": self.memory_max_chunks_per_node,
             "memory_deposit_rate": self.memory_deposit_rate,
@@ -80,14 +111,30 @@ class HouseServices:
         self._handlers: dict[str, Handler] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self.station_directory: StationDirectory | None = None
+        self.mesh_agents: MeshAgentList | None = None
+        self._ask_linked: AskLinked | None = None
 
     @classmethod
     async def open(
-        cls, config: HouseConfig, data_dir: Path, station_id: bytes, host: str, port: int
+        cls,
+        config: HouseConfig,
+        data_dir: Path,
+        station_id: bytes,
+        host: str,
+        port: int,
+        *,
+        ask_linked: AskLinked | None = None,
     ) -> HouseServices:
+        """The services ``config`` turns on; ``ask_linked`` (the linked stations) makes the
+        directories mesh-wide (unless ``config.mesh_fanout`` is 0)."""
         house = cls()
+        if config.mesh_fanout > 0:
+            house._ask_linked = ask_linked
         try:
             await house._open(config, data_dir, station_id, host, port)
+            if house._ask_linked is not None and config.agent_directory:
+                local = house._handlers[AGENTS_LIST]
+                house.mesh_agents = MeshAgentList(station_id, local, house._ask_linked)
         except BaseException:
             await house.close()  # a store that failed to open must not leak the ones before it
             raise
@@ -148,11 +195,73 @@ class HouseServices:
             procedures |= AGENT_DIRECTORY_PROCEDURES
         return frozenset((HOUSE_REALM, procedure) for procedure in procedures)
 
-    async def handle(self, procedure: str, payload: Any, caller: bytes, now_ms: int) -> Outcome:
+    async def handle(
+        self, procedure: str, payload: Any, caller: bytes, now_ms: int, *, from_station: int = 0
+    ) -> Outcome:
+        """Answer one call; ``from_station`` 1 when it came over a station link (then an agent
+        listing is this station's own: it never fans out again)."""
         handler = self._handlers.get(procedure)
         if handler is None:
             return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
+        if procedure == AGENTS_LIST and self.mesh_agents is not None and not from_station:
+            return await self.mesh_agents.list(payload, caller, now_ms)
+        if procedure == LIST_STATIONS and not from_station:
+            await self._describe_linked()
         return await handler(procedure, payload, caller, now_ms)
+
+    # -- learning the mesh's stations --------------------------------------------------------
+
+    def station_linked(self, node_id: bytes, dialled: tuple[str, int] | None) -> int:
+        """A link to ``node_id`` came up: list it at the address we dialled (an accepted link's
+        listening port is unknown: a listing or discovery tells it). 1 if listed now."""
+        directory = self.station_directory
+        if directory is None or dialled is None or directory.knows(node_id):
+            return 0
+        try:
+            entry = StationEntry(node_id, StationInfo(*dialled))
+        except ValueError:
+            return 0
+        return int(directory.linked(entry))
+
+    async def _describe_linked(self) -> None:
+        """Ask the linked stations who they are (their own first directory entry, over the
+        authenticated link); a station that cannot say keeps what is known of it."""
+        directory = self.station_directory
+        if directory is None or self._ask_linked is None:
+            return
+        try:
+            replies = await self._ask_linked(LIST_STATIONS, {})
+        except Exception:  # best effort: what is known is still listed
+            log.exception("asking the linked stations who they are failed")
+            return
+        for reply in replies:
+            stations = reply.payload.get("stations") if isinstance(reply.payload, dict) else None
+            entry = None
+            if reply.ok and isinstance(stations, list) and stations:
+                entry = station_entry(stations[0], reply.station)
+            if entry is None:
+                directory.stats["linked_station_undescribed"] += 1
+            else:
+                directory.linked(entry)
+
+    def station_unlinked(self, node_id: bytes) -> None:
+        if self.station_directory is not None:
+            self.station_directory.unlinked(node_id)
+
+    def stations_discovered(self, found: Iterable[StationLike]) -> None:
+        """One discovery round (the DHT's live stations) for the station directory."""
+        directory = self.station_directory
+        if directory is None:
+            return
+        entries = []
+        for address in found:
+            try:
+                entries.append(
+                    StationEntry(address.node_id, StationInfo(address.host, address.quic_port))
+                )
+            except (TypeError, ValueError):
+                directory.stats["discovered_station_invalid"] += 1
+        directory.discovered(entries)
 
     def records(self, identity: Identity, now_ms: int) -> list[Record]:
         """Signed records announcing the services (and the station itself, for directories)."""

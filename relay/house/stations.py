@@ -7,7 +7,12 @@ Invariants:
 - Arguments are validated completely (``relay.arguments``) before anything is listed. A null
   argument, and a null optional key, count as absent; extra keys are ignored. Results carry no
   booleans.
-- This station is always listed first; at most ``MAX_KNOWN_STATIONS`` others are learned.
+- This station is always listed first; at most ``MAX_KNOWN_STATIONS`` others are learned
+  (a new one beyond that is refused and counted, ``stats["stations_over_limit"]``).
+- Others are learned from two sources: a link (``linked``: what the linked station said of
+  itself over the link; it wins over discovery, and goes with the link unless discovery still
+  names the station) and discovery (``discovered``: the DHT's live stations, each round
+  replacing the last, so a station gone from the DHT and not linked drops out).
 - Filters are case-insensitive exact matches; ``near`` keeps stations with a known position,
   nearest first (haversine), ties by node id.
 No clock: ``now_ms`` is an argument.
@@ -17,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -183,6 +189,9 @@ class StationDirectory:
     def __init__(self, station_id: bytes, info: StationInfo) -> None:
         self.own = StationEntry(station_id, info)
         self._known: dict[bytes, StationInfo] = {}
+        self._linked: set[bytes] = set()  # learned from a link (what it said of itself)
+        self._discovered: set[bytes] = set()  # named by the last discovery round
+        self.stats: Counter[str] = Counter()
         self._handlers: dict[str, _Handler] = {PROCEDURE_LIST_STATIONS: self._list_stations}
 
     @property
@@ -200,9 +209,56 @@ class StationDirectory:
         self._known[entry.node_id] = entry.info
         return True
 
+    def knows(self, node_id: bytes) -> bool:
+        """``node_id`` is this station or a learned one."""
+        return node_id == self.station_id or node_id in self._known
+
     def forget(self, node_id: bytes) -> bool:
         """Drop a learned station; True if it was known."""
+        self._linked.discard(node_id)
+        self._discovered.discard(node_id)
         return self._known.pop(node_id, None) is not None
+
+    def linked(self, entry: StationEntry) -> bool:
+        """A link to ``entry``'s station is up and it described itself; False if full."""
+        if entry.node_id == self.station_id:
+            return False
+        if not self._learn(entry):
+            return False
+        self._linked.add(entry.node_id)
+        return True
+
+    def unlinked(self, node_id: bytes) -> None:
+        """The link to ``node_id`` is gone: it stays listed only while discovery names it."""
+        self._linked.discard(node_id)
+        if node_id not in self._discovered:
+            self._known.pop(node_id, None)
+
+    def discovered(self, entries: Iterable[StationEntry]) -> int:
+        """One discovery round's live stations replace the last round's; how many are new.
+        A linked station keeps what it said of itself."""
+        seen: set[bytes] = set()
+        new = 0
+        for entry in entries:
+            if entry.node_id == self.station_id or entry.node_id in seen:
+                continue
+            if entry.node_id not in self._linked:
+                known = entry.node_id in self._known
+                if not self._learn(entry):
+                    continue
+                new += not known
+            seen.add(entry.node_id)
+        for gone in self._discovered - seen - self._linked:
+            self._known.pop(gone, None)
+        self._discovered = seen
+        return new
+
+    def _learn(self, entry: StationEntry) -> bool:
+        if entry.node_id not in self._known and len(self._known) >= MAX_KNOWN_STATIONS:
+            self.stats["stations_over_limit"] += 1
+            return False
+        self._known[entry.node_id] = entry.info
+        return True
 
     def entries(self) -> list[StationEntry]:
         """This station first, then the learned ones by node id."""
