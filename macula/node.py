@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,8 @@ from macula.wire.identity import Identity
 
 log = logging.getLogger("macula.node")
 
+# presents realm endorsements on a new connection; returns the realms it presented
+Presenter = Callable[["Node", Session], Awaitable[Iterable[bytes]]]
 SLOW_CONSUMER = "slow_consumer"  # the GOODBYE / close reason of a station we did not keep up with
 
 
@@ -81,6 +83,7 @@ class Node:
         dedup_window: int = 4096,
         known_stations: KnownStations | None = None,
         max_handlers: int = DEFAULT_MAX_IN_FLIGHT,
+        presenter: Presenter | None = None,
     ) -> None:
         if not stations:
             raise MaculaError("a Node needs at least one station address")
@@ -107,6 +110,7 @@ class Node:
         self._direct = DirectDialer(identity, self, self.dht, self.session, self._spawn_task)
         self._content = ContentClient(self.session)
         self._handlers: set[asyncio.Task[None]] = set()
+        self.presenter = presenter  # realm endorsements, presented after each handshake
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Node:
@@ -184,6 +188,8 @@ class Node:
                     session.sync_intent()
                     if self._announced and self._group is not None:
                         self._group.create_task(self._reannounce(session.station_key))
+                    if self.presenter is not None and self._group is not None:
+                        self._group.create_task(self._present(session))
                     attempt = 0
                     self._connected.set()
                     if not first.done():
@@ -240,6 +246,21 @@ class Node:
                 await self.dht.announce_procedure(realm, procedure, station_key)
             except MaculaError as exc:
                 log.warning("could not re-announce %s: %s", procedure, exc)
+
+    async def _present(self, session: Session) -> None:
+        """Present this identity's realm endorsements (``macula.realm.membership``), then
+        tell the station again the intent in the realms it presented: a station protecting a
+        realm refused what the replay after the HELLO said of it before the presentation."""
+        try:
+            realms = set(await self.presenter(self, session)) if self.presenter else set()
+            for realm, name in self._subscriptions:
+                if realm in realms:
+                    session.subscribe(realm, name)
+            for realm, name in self._served:
+                if realm in realms:
+                    session.advertise(realm, name)
+        except (MaculaError, OSError) as exc:
+            log.warning("could not present realm endorsements: %s", exc)
 
     # -- SessionOwner ------------------------------------------------------------------------
 

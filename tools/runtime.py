@@ -30,6 +30,7 @@ from macula.clock import now_ms
 from macula.config import identity_from_env, known_stations_from_env, macula_home
 from macula.errors import BrokenError, MaculaError
 from macula.node import Node
+from macula.realm.membership import MembershipStore, memberships_path
 from macula.stations import STATIONS_ENV, StationAddress, parse_station, parse_station_list
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
@@ -124,7 +125,14 @@ async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Ru
     receipts_path = macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3"
     async with (
         _stations(environ) as (stations, embedded),
-        Node(identity, stations, known_stations=known_stations_from_env(environ)) as node,
+        Node(
+            identity,
+            stations,
+            known_stations=known_stations_from_env(environ),
+            presenter=MembershipStore(
+                memberships_path(macula_home(environ), identity.node_id), identity
+            ).present_on,
+        ) as node,
         Agent(node, agent_settings(environ, identity)) as agent,
         await ReceiptStore.open(receipts_path) as receipts,
     ):
