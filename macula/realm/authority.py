@@ -154,8 +154,11 @@ class Realm:
             fd = os.open(self.state_path, os.O_WRONLY | os.O_CREAT, 0o600)
             os.close(fd)
         os.chmod(self.state_path, 0o600)
-        with self._db() as db:
+        db = sqlite3.connect(self.state_path, timeout=10.0)
+        try:
             db.executescript(_SCHEMA)
+        finally:
+            db.close()
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:

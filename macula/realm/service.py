@@ -61,7 +61,7 @@ class JoinService:
         self.realm = realm
         self.node = node
         self.clock = clock
-        self.replays = replays or ReplayCache()
+        self.replays = ReplayCache() if replays is None else replays
         self.publish_every_s = publish_every_s
         self.republish_every_ms = republish_every_ms
         self.procedure = join_procedure(realm.name)
