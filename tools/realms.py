@@ -119,6 +119,8 @@ LIST_FULL = (
     "key, role, joined_at, valid_until (Unix ms). Never a pending join, never a credential."
 )
 
+LIST_TERSE = "Confirmed realm memberships: name, realm, authority, role, joined_at, valid_until."
+
 
 def register(app: MCPServer, describe: Descriptions) -> None:
     @app.tool(
@@ -184,7 +186,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
 
     @app.tool(
         name="mesh_list_realms",
-        description=describe("mesh_list_realms", LIST_FULL, LIST_FULL),
+        description=describe("mesh_list_realms", LIST_FULL, LIST_TERSE),
         annotations=hints(read_only=True, destructive=False, idempotent=True, open_world=False),
     )
     async def mesh_list_realms(ctx: Context) -> CallToolResult:
