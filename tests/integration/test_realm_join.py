@@ -4,21 +4,30 @@ RealmJoiner, approve/deny/revoke through the realm's state file, records through
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import new_identity
+from meshkit import new_identity, station_config
 from waiting import eventually
 
+from macula.backoff import Backoff
+from macula.clock import now_ms
 from macula.node import Node
 from macula.realm.authority import Realm
 from macula.realm.join import ReplayCache, build_request
 from macula.realm.joiner import JoinError, RealmJoiner, Ticket
 from macula.realm.membership import MembershipStore, memberships_path
-from macula.realm.records import build_directory, join_procedure, read_member_record
+from macula.realm.records import (
+    build_directory,
+    build_endorsement,
+    check_endorsement,
+    join_procedure,
+    read_member_record,
+)
 from macula.realm.service import JoinService
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
@@ -163,3 +172,56 @@ async def test_a_lying_join_service_is_refused(station: Station, tmp_path: Path)
         with pytest.raises(JoinError) as excinfo:
             await joiner.start(NAME)
         assert excinfo.value.reason == "wrong_service"
+
+
+async def test_node_presents_after_each_handshake(tmp_path: Path) -> None:
+    """The hook runs on the first connection and again after a reconnect; the real store's
+    presentation to a station without ``_realm.present`` (0x01) is tolerated and counted."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    config = station_config(tmp_path / "station", port=port)
+    identity = new_identity()
+    authority = new_identity()
+    store = MembershipStore(memberships_path(tmp_path, identity.node_id), identity)
+    now = now_ms()
+    record = build_endorsement(
+        authority, NAME, identity.node_id, valid_until=now + 60_000, now_ms=now, random10=bytes(10)
+    )
+    store.put(
+        check_endorsement(
+            record,
+            realm=realm_tag(NAME),
+            authority=authority.node_id,
+            member=identity.node_id,
+            now_ms=now,
+        ),
+        now,
+    )
+    sessions: list[object] = []
+
+    async def presenter(node: Node, session: Any) -> list[bytes]:
+        sessions.append(session)
+        return await store.present_on(node, session)
+
+    async with Station(config) as first:
+        node = Node(
+            identity,
+            [first.endpoint],
+            presenter=presenter,
+            backoff=Backoff(initial_s=0.05, max_s=0.2, jitter=0.1),
+        )
+        await node.__aenter__()
+        try:
+            await eventually(lambda: store.stats.get("station_without_present") == 1)
+            assert len(sessions) == 1
+        except BaseException:
+            await node.__aexit__(None, None, None)
+            raise
+    try:
+        async with Station(config):
+            await eventually(lambda: len(sessions) == 2, timeout=10)
+            await eventually(lambda: store.stats.get("station_without_present") == 2)
+            assert sessions[0] is not sessions[1]
+    finally:
+        await node.__aexit__(None, None, None)
