@@ -51,6 +51,8 @@ from macula.wire.identity import Identity
 
 log = logging.getLogger("macula.node")
 
+# presents realm endorsements on a new connection; returns the realms it presented
+Presenter = Callable[["Node", Session], Awaitable[Iterable[bytes]]]
 SLOW_CONSUMER = "slow_consumer"  # the GOODBYE / close reason of a station we did not keep up with
 # a station that dies without a word (crash, network gone) is noticed by an unanswered ping:
 # a ``_relay.ping`` after each interval of silence, the connection lost after the timeout
@@ -101,6 +103,7 @@ class Node:
         probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        presenter: Presenter | None = None,
     ) -> None:
         self.identity = identity
         self.stations = station_list(stations)
@@ -134,6 +137,7 @@ class Node:
         self._direct = DirectDialer(identity, self, self.dht, self.session, self._spawn_task)
         self._content = ContentClient(self.session)
         self._handlers: set[asyncio.Task[None]] = set()
+        self.presenter = presenter  # realm endorsements, presented after each handshake
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **kwargs: Any) -> Node:
@@ -222,6 +226,8 @@ class Node:
                     self._arrived(StationInfo(session.station_key, address, index))
                     if self._announced and self._group is not None:
                         self._group.create_task(self._reannounce(session.station_key))
+                    if self.presenter is not None and self._group is not None:
+                        self._group.create_task(self._present(session))
                     self._connected.set()
                     if not first.done():
                         first.set_result(None)
@@ -337,6 +343,21 @@ class Node:
                 await self.dht.announce_procedure(realm, procedure, station_key)
             except MaculaError as exc:
                 log.warning("could not re-announce %s: %s", procedure, exc)
+
+    async def _present(self, session: Session) -> None:
+        """Present this identity's realm endorsements (``macula.realm.membership``), then
+        tell the station again the intent in the realms it presented: a station protecting a
+        realm refused what the replay after the HELLO said of it before the presentation."""
+        try:
+            realms = set(await self.presenter(self, session)) if self.presenter else set()
+            for realm, name in self._subscriptions:
+                if realm in realms:
+                    session.subscribe(realm, name)
+            for realm, name in self._served:
+                if realm in realms:
+                    session.advertise(realm, name)
+        except (MaculaError, OSError) as exc:
+            log.warning("could not present realm endorsements: %s", exc)
 
     # -- SessionOwner ------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         description=describe(
             "mesh_publish",
             "Publish a fact (any JSON value) on a topic for every current subscriber. Topics are "
-            "exact strings; realm is 64 hex (default: the all-zero realm). Fire-and-forget: "
+            "exact strings; realm is a name or 64 hex (default: all-zero). Fire-and-forget: "
             "PUBLISH has no acknowledgement, and nobody who is not subscribed right now will "
             "ever see it. Payloads are signed end to end (publisher_sig). No booleans: use 0/1.",
             "Publish a JSON fact on a topic (realm default all-zero). No ack; only current "
@@ -38,7 +38,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         topic: Annotated[str, Field(description="exact topic, e.g. org.example.news.published_v1")],
         fact: Annotated[Any, Field(description="the payload: any JSON value (no booleans)")],
         realm: Annotated[
-            str | None, Field(description="64 hex realm tag; default all-zero")
+            str | None, Field(description="realm name or 64 hex tag; default all-zero")
         ] = None,
         idempotency_key: Annotated[
             str | None, Field(description="1-120 chars; replays return the first receipt")
@@ -82,7 +82,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         ] = DEFAULT_WAIT_S,
         count: Annotated[int, Field(description="stop after this many events (1-500)")] = 10,
         realm: Annotated[
-            str | None, Field(description="64 hex realm tag; default all-zero")
+            str | None, Field(description="realm name or 64 hex tag; default all-zero")
         ] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)

@@ -1,24 +1,57 @@
-"""Argument parsing shared by tool groups: realms and hex ids."""
+"""Realms for tools: the shared realm argument (a name or a 64-hex tag), hex ids, and the
+tools ``mesh_join_realm`` and ``mesh_list_realms``.
+
+Invariants:
+- ``parse_realm`` is the one reading of a ``realm`` argument: absent -> the all-zero realm,
+  64 hex characters -> that tag, a realm name (``macula.realm.records.name_problem``) ->
+  ``realm_tag(name)``. A 64-hex name is read as a tag.
+- A join's code, link and QR code are in the result of the ``mesh_join_realm`` call that
+  started it and nowhere else (not in receipts: the tool takes no idempotency key; not in
+  ``mesh://identity``, presence or logs). Later calls report only the outcome.
+- ``mesh_list_realms`` and ``mesh://identity`` show confirmed memberships only: name, tag,
+  authority, role, joined_at, valid_until; never a pending join, never a record or signature.
+"""
 
 from __future__ import annotations
 
-from mcp_types import CallToolResult
+import base64
+import io
+import weakref
+from typing import Annotated, Any
 
-from macula.wire.identity import ZERO_REALM
-from tools.results import bad_argument
+import segno
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, ImageContent
+from pydantic import Field
+
+from macula.config import macula_home
+from macula.node import Node
+from macula.realm.joiner import JoinError, RealmJoiner, Ticket
+from macula.realm.membership import MembershipStore, memberships_path
+from macula.realm.records import name_problem
+from macula.wire.identity import ZERO_REALM, realm_tag
+from tools.context import Descriptions, hints, runtime_of
+from tools.results import bad_argument, fail
+from tools.runtime import Runtime, run_tool
+
+MAX_JOIN_WAIT_S = 600.0
+REALM_HELP = "realm name (e.g. org.example.team) or 64 hex tag; default all-zero"
 
 
 def parse_realm(realm: str | None) -> bytes | CallToolResult:
-    """64 hex characters (any case) or None for the all-zero realm."""
+    """A realm name or 64 hex characters (any case); None or "" for the all-zero realm."""
     if realm is None or realm == "":
         return ZERO_REALM
-    try:
-        tag = bytes.fromhex(realm)
-    except ValueError:
-        return bad_argument("realm", "must be 64 hex characters")
-    if len(tag) != 32:
-        return bad_argument("realm", "must be 64 hex characters (32 bytes)")
-    return tag
+    if len(realm) == 64:
+        try:
+            return bytes.fromhex(realm)
+        except ValueError:
+            pass
+    if name_problem(realm) is None:
+        return realm_tag(realm)
+    return bad_argument(
+        "realm", "must be a realm name (lowercase, digits, '.', '_', '-') or 64 hex characters"
+    )
 
 
 def parse_hex(name: str, value: str, size: int) -> bytes | CallToolResult:
@@ -29,3 +62,145 @@ def parse_hex(name: str, value: str, size: int) -> bytes | CallToolResult:
     if len(raw) != size:
         return bad_argument(name, f"must be {size * 2} hex characters ({size} bytes)")
     return raw
+
+
+def membership_store(runtime: Runtime) -> MembershipStore:
+    identity = runtime.node.identity
+    return MembershipStore(memberships_path(macula_home(runtime.env), identity.node_id), identity)
+
+
+_joiners: weakref.WeakKeyDictionary[Node, RealmJoiner] = weakref.WeakKeyDictionary()
+
+
+def _joiner(runtime: Runtime) -> RealmJoiner:
+    node = runtime.node
+    joiner = _joiners.get(node)
+    if joiner is None:
+        joiner = _joiners[node] = RealmJoiner(node, membership_store(runtime), node._spawn_task)
+    return joiner
+
+
+def _ticket_view(ticket: Ticket) -> tuple[dict[str, Any], bytes]:
+    qr = segno.make(ticket.link, error="m")
+    text = io.StringIO()
+    qr.terminal(out=text, compact=True)
+    png = io.BytesIO()
+    qr.save(png, kind="png", scale=6, border=2)
+    view = {
+        "realm": ticket.name,
+        "status": "pending",
+        "code": ticket.code,
+        "link": ticket.link,
+        "qr_text": text.getvalue(),
+        "expires_at": ticket.expires_at,
+        "authority": ticket.authority.hex(),
+        "next_action": f"show the person this code (or QR); they run: macula-realm --realm "
+        f"{ticket.name} approve {ticket.code}. Then call mesh_join_realm again with "
+        "wait_seconds to pick up the outcome. The code is shown only this once.",
+    }
+    return view, png.getvalue()
+
+
+JOIN_FULL = (
+    "Ask to join a realm: sends this identity's public key, with a proof that it holds the key, "
+    "to the realm's join service (run by its owner with macula-realm serve) and returns a short "
+    "code, a link, a QR code (text, and a PNG image) and status pending. Show the code to the "
+    "person who owns the realm; they approve with `macula-realm approve CODE` (or deny). The "
+    "node polls in the background and stores the endorsement (0600) once approved. Call again "
+    "with wait_seconds (0-600) to wait for and read the outcome: approved, denied, expired. The "
+    "code is returned only by the call that started the join."
+)
+JOIN_TERSE = (
+    "Join a realm: returns code, link, QR (text + PNG), status pending; the owner runs "
+    "macula-realm approve CODE. Call again with wait_seconds for the outcome."
+)
+LIST_FULL = (
+    "Every realm this identity holds a confirmed membership in: name, realm tag, authority "
+    "key, role, joined_at, valid_until (Unix ms). Never a pending join, never a credential."
+)
+
+LIST_TERSE = "Confirmed realm memberships: name, realm, authority, role, joined_at, valid_until."
+
+
+def register(app: MCPServer, describe: Descriptions) -> None:
+    @app.tool(
+        name="mesh_join_realm",
+        description=describe("mesh_join_realm", JOIN_FULL, JOIN_TERSE),
+        annotations=hints(read_only=False, destructive=False, idempotent=False),
+    )
+    async def mesh_join_realm(
+        ctx: Context,
+        realm: Annotated[str, Field(description="the realm's name, e.g. org.example.team")],
+        wait_seconds: Annotated[
+            float, Field(description="0-600: wait this long for the outcome of a pending join")
+        ] = 0.0,
+        authority: Annotated[
+            str | None, Field(description="64 hex: accept only this authority key (optional)")
+        ] = None,
+    ) -> CallToolResult:
+        runtime = runtime_of(ctx)
+        if problem := name_problem(realm):
+            return bad_argument("realm", problem)
+        if not 0 <= wait_seconds <= MAX_JOIN_WAIT_S:
+            return bad_argument("wait_seconds", f"must be 0-{MAX_JOIN_WAIT_S:g}")
+        pinned = None if authority is None else parse_hex("authority", authority, 32)
+        if isinstance(pinned, CallToolResult):
+            return pinned
+        joiner = _joiner(runtime)
+        png: list[bytes] = []
+        refused: list[JoinError] = []
+
+        async def work() -> dict[str, Any]:
+            if joiner.in_progress(realm):
+                return await joiner.wait(realm, wait_seconds)
+            earlier = joiner.outcome(realm)
+            if earlier["status"] != "none" and wait_seconds > 0:
+                return earlier  # finished since the call that started it
+            try:
+                started = await joiner.start(realm, pinned)
+            except JoinError as exc:
+                refused.append(exc)
+                return {}
+            if isinstance(started, dict):
+                return started
+            view, image = _ticket_view(started)
+            png.append(image)
+            return view
+
+        result = await run_tool(runtime, "mesh_join_realm", {"realm": realm}, work)
+        if refused:
+            exc = refused[0]
+            action = _JOIN_ACTIONS.get(
+                exc.reason, "read detail; check the realm name and that its owner runs serve"
+            )
+            return fail(
+                f"join_{exc.reason}",
+                exc.detail,
+                retryable=exc.retryable,
+                next_action="retry in a minute" if exc.retryable else action,
+            )
+        if png and not result.is_error:
+            data = base64.b64encode(png[0]).decode("ascii")
+            result.content.append(ImageContent(type="image", data=data, mime_type="image/png"))
+        return result
+
+    @app.tool(
+        name="mesh_list_realms",
+        description=describe("mesh_list_realms", LIST_FULL, LIST_TERSE),
+        annotations=hints(read_only=True, destructive=False, idempotent=True, open_world=False),
+    )
+    async def mesh_list_realms(ctx: Context) -> CallToolResult:
+        runtime = runtime_of(ctx)
+
+        async def work() -> dict[str, Any]:
+            views = [m.view() for m in membership_store(runtime).memberships()]
+            return {"realms": views, "count": len(views)}
+
+        return await run_tool(runtime, "mesh_list_realms", {}, work, mesh=False)
+
+
+_JOIN_ACTIONS = {
+    "in_progress": "call mesh_join_realm again with wait_seconds to wait for the outcome",
+    "replayed": "call again (a fresh proof is signed each time)",
+    "stale": "check this machine's clock, then call again",
+}

@@ -244,7 +244,7 @@ def process_scoped(key: str | None) -> str | None:
 CALL_FULL = (
     "Call a procedure some peer serves on the mesh and return its reply: {procedure, realm, "
     "result, duration_ms, direct}. args is any JSON value (sent as the call's payload; "
-    "booleans travel as 0/1). realm is 64 hex (default: the all-zero realm): a procedure "
+    "booleans travel as 0/1). realm is a name or 64 hex (default: all-zero): a procedure "
     "served under another realm is invisible, and a wrong realm looks exactly like a missing "
     "procedure (unknown_next_peer) — mesh_find_records_by_type with "
     "record_type=procedure_advertisement tells which realm it lives in. timeout_ms 1-600000 "
@@ -309,7 +309,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         procedure: Annotated[str, Field(description="procedure name, e.g. io.macula.echo")],
         args: Annotated[Any, Field(description="the payload: any JSON value (no booleans)")] = None,
         realm: Annotated[
-            str | None, Field(description="64 hex realm tag; default all-zero")
+            str | None, Field(description="realm name or 64 hex tag; default all-zero")
         ] = None,
         timeout_ms: Annotated[int, Field(description="1-600000 ms; default 5000")] = (
             DEFAULT_CALL_TIMEOUT_MS
@@ -357,7 +357,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             float, Field(description="per call, 0.1-60; default 10")
         ] = DEFAULT_EXEC_TIMEOUT_S,
         realm: Annotated[
-            str | None, Field(description="64 hex realm tag; default all-zero")
+            str | None, Field(description="realm name or 64 hex tag; default all-zero")
         ] = None,
         announce: Annotated[
             int, Field(description="1: store a procedure_advertisement in the DHT")
@@ -415,7 +415,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         ctx: Context,
         name: Annotated[str, Field(description="a procedure served with mesh_serve")],
         realm: Annotated[
-            str | None, Field(description="64 hex; default: the realm it is served in")
+            str | None, Field(description="name or 64 hex; default: the realm it is served in")
         ] = None,
         idempotency_key: Annotated[
             str | None, Field(description="1-120 chars; replays return the first receipt")

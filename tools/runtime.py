@@ -33,6 +33,7 @@ from macula.config import (
 )
 from macula.errors import BrokenError, MaculaError
 from macula.node import Node
+from macula.realm.membership import MembershipStore, memberships_path
 from macula.stations import StationAddress
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
@@ -105,7 +106,14 @@ async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Ru
     receipts_path = macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3"
     stations, embedded = await _stations(environ)
     async with (
-        Node(identity, stations, known_stations=known_stations_from_env(environ)) as node,
+        Node(
+            identity,
+            stations,
+            known_stations=known_stations_from_env(environ),
+            presenter=MembershipStore(
+                memberships_path(macula_home(environ), identity.node_id), identity
+            ).present_on,
+        ) as node,
         Agent(node, agent_settings(environ, identity)) as agent,
         await ReceiptStore.open(receipts_path) as receipts,
     ):

@@ -10,11 +10,11 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from tools import content, dht, memory, presence, pubsub, rings, rooms, rpc, surface
+from tools import content, dht, memory, presence, pubsub, realms, rings, rooms, rpc, surface
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime
 
-GROUPS = (rpc, pubsub, content, dht, presence, rooms, rings, memory, surface)
+GROUPS = (rpc, pubsub, content, dht, presence, rooms, rings, memory, realms, surface)
 
 INSTRUCTIONS = (
     "You are on the Macula mesh: other agents are present, reachable and talkative. "

@@ -12,6 +12,7 @@ from mcp.server.mcpserver import MCPServer
 import prompts
 from macula.errors import MaculaError
 from tools.context import current_runtime
+from tools.realms import membership_store
 
 ETIQUETTE = """Macula mesh etiquette (and why):
 - No booleans in payloads: write 0/1. Every SDK on the mesh agrees on integers; booleans do not
@@ -34,13 +35,15 @@ def register(app: MCPServer, describe: Any) -> None:
         "mesh://identity",
         name="identity",
         mime_type="application/json",
-        description="This agent: node id, petname, stations, presence and ring state (no keys).",
+        description="This agent: node id, petname, stations, presence, ring state and confirmed "
+        "realm memberships (no keys, no pending joins).",
     )
     async def identity() -> str:
         runtime = current_runtime(app)
         view = runtime.agent.identity_view()
         view["stations"] = [str(s) for s in runtime.stations]
         view["embedded_station"] = runtime.embedded_station
+        view["realms"] = [m.view() for m in membership_store(runtime).memberships()]
         return json.dumps(view)
 
     @app.resource(

@@ -37,6 +37,7 @@ from macula.wire.record_keys import (
     foundation_realm_trust_list_key,
     foundation_seed_list_key,
     is_domain_type,
+    member_endorsement_key,
     station_endpoint_key,
     storage_key_for_procedure,
 )
@@ -349,6 +350,10 @@ class Record:
             return content_announcement_key(mcid)
         if t == RecordType.STATION_ENDPOINT:
             return station_endpoint_key(self.key)
+        if t == RecordType.REALM_MEMBER_ENDORSEMENT:  # macula.realm puts both in the payload
+            realm, member = self.payload.get("realm"), self.payload.get("member_node")
+            if type(realm) is bytes and type(member) is bytes and len(realm) == len(member) == 32:
+                return member_endorsement_key(realm, member)
         if t == RecordType.FOUNDATION_SEED_LIST:
             return foundation_seed_list_key(self.key)
         if t == RecordType.FOUNDATION_REALM_TRUST_LIST:

@@ -213,6 +213,11 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     await ada.bad("mesh_trust_agent", node_id="not-a-node")
     await ada.good("mesh_untrust_agent", node_id=bob_id)
     await ada.bad("mesh_untrust_agent", node_id="")
+    # realms: a whole join (serve, approve) is tests/e2e/test_realm_e2e.py; here, no join service
+    assert (await ada.good("mesh_list_realms"))["realms"] == []
+    assert (await ada.bad("mesh_join_realm", realm="org.example.nobody"))["retryable"] in (0, 1)
+    await ada.bad("mesh_join_realm", realm="Not A Name")
+    ada.tools_called.add("mesh_join_realm")
     await ada.good("mesh_goodbye")
     await bob.good("mesh_goodbye")
     assert (await bob.bad("mesh_goodbye", idempotency_key=""))["code"] == "invalid_argument"

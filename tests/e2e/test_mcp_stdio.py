@@ -56,7 +56,7 @@ async def test_both_protocol_eras_complete_a_session(
         result = await client.call_tool("mesh_publish", {"topic": "e2e.t", "fact": {"n": 1}})
         assert not result.is_error and result.structured_content["published"] == 1
         bad = await client.call_tool(
-            "mesh_publish", {"topic": "e2e.t", "fact": 1, "realm": "nothex"}
+            "mesh_publish", {"topic": "e2e.t", "fact": 1, "realm": "not hex, not a name"}
         )
         assert bad.is_error
         assert set(bad.structured_content) == {"code", "detail", "retryable", "next_action"}

@@ -430,7 +430,7 @@ async def test_dht_finds_verified_records(agent: Callable[[str], Any], station: 
 
 BAD: list[tuple[str, dict[str, Any], str]] = [
     ("mesh_call", {"procedure": ""}, "procedure"),
-    ("mesh_call", {"procedure": "a.b", "realm": "xyz"}, "realm"),
+    ("mesh_call", {"procedure": "a.b", "realm": "Not A Realm"}, "realm"),
     ("mesh_call", {"procedure": "a.b", "timeout_ms": 0}, "timeout_ms"),
     ("mesh_call", {"procedure": "a.b", "timeout_ms": 600_001}, "timeout_ms"),
     ("mesh_call", {"procedure": "a.b", "direct": 2}, "direct"),
@@ -448,7 +448,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("mesh_serve", {"name": "a.b", "exec": DOUBLE, "rate_per_minute": 6001}, "rate_per_minute"),
     ("mesh_serve", {"name": "a.b", "exec": DOUBLE, "allow": "friends"}, "allow"),
     ("mesh_unserve", {"name": "never.served"}, "not served"),
-    ("mesh_unserve", {"name": "a.b", "realm": "00"}, "realm"),
+    ("mesh_unserve", {"name": "a.b", "realm": "0 0"}, "realm"),
     ("mesh_put", {"content": "not base64!"}, "content"),
     ("mesh_put", {"content": "aGVs\nbG8="}, "content"),
     ("mesh_put", {"content": "aGVsbG8"}, "content"),
