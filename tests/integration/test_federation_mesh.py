@@ -327,3 +327,48 @@ async def test_time_for_b_and_c_to_link_through_a(tmp_path: Path) -> None:
             times.append(time.monotonic() - started)
     print(f"mesh: three stations fully linked after start in p50 {statistics.median(times):.3f} s")
     assert max(times) < 15
+
+
+# --- a station rejoins from the peers it stored itself -------------------------------------
+
+
+async def test_a_station_restarted_without_peers_relinks_with_the_mesh_it_knew(
+    tmp_path: Path,
+) -> None:
+    async with AsyncExitStack() as stack:
+        a, b, c = await start_mesh(stack, tmp_path)
+        assert c.known_peers is not None
+        await eventually(
+            lambda: {t.node_id for t in c.known_peers.targets()} == {a.node_id, b.node_id}
+        )
+        await c.stop()
+        await eventually(lambda: c.node_id not in linked(a) | linked(b))
+        started = time.monotonic()
+        again = await stack.enter_async_context(Station(mesh_config(tmp_path / "c", [])))
+        assert again.node_id == c.node_id and again.config.peers == []
+        await eventually(
+            lambda: linked(again) == {a.node_id, b.node_id}, timeout=10, message="no rejoin"
+        )
+        assert again.core.stats["links_dialled"] >= 2  # it dialled them: nobody named it
+        print(f"rejoin: no --peer, relinked with A and B in {time.monotonic() - started:.3f} s")
+        async with (
+            Node(new_identity(), [a.endpoint]) as at_a,
+            Node(new_identity(), [again.endpoint]) as at_c,
+        ):
+            watch = await at_c.subscribe(REALM, "rejoined")
+            await at_c.flush()
+            await eventually(lambda: interest_at(a, again, "rejoined"))
+            await at_a.publish(REALM, "rejoined", "welcome back")
+            assert (await watch.next(5)).payload == "welcome back"
+
+
+async def test_a_corrupt_known_peers_file_is_logged_and_the_station_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data_dir = tmp_path / "s"
+    data_dir.mkdir(mode=0o700)
+    (data_dir / "known_peers.json").write_bytes(b"\x00{not json")
+    with caplog.at_level("WARNING", logger="macula.relay"):
+        async with Station(mesh_config(data_dir, [])) as station:
+            assert station.links is not None and station.links.targets == {}
+    assert "known_peers.json cannot be read" in caplog.text
