@@ -587,7 +587,7 @@ class RouterCore:
         # over a link the caller is whoever signed the CALL (admission verified it)
         if call.caller != peer.node_id and not peer.is_station:
             return ErrorCode.SIGNATURE_INVALID, "caller is not this connection's identity"
-        hops = hops_refusal(call.procedure, call.payload, from_station=False)
+        hops = hops_refusal(call.procedure, call.payload, from_station=peer.is_station)
         if hops is not None:
             self.stats["hops_refused"] += 1
             return ErrorCode.UNKNOWN_ERROR, hops
