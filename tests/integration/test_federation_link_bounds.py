@@ -6,7 +6,7 @@ station capability bit plays the peer (honest or hostile), a real Station is che
 - a link's EVENTs are paced by a token bucket: a flooding peer is slowed (its control stream
   paused), an honest client of the station is not starved, and nothing is lost;
 - links other stations open count toward ``max_inbound_links``: one over is refused with a
-  clear reason, and a real station's link manager keeps its links within ``max_links``.
+  clear reason; a client never counts, a linked station relinking is not refused.
 """
 
 from __future__ import annotations
