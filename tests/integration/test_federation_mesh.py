@@ -254,10 +254,11 @@ async def test_b_and_c_keep_talking_when_as_connections_are_cut_abruptly(
     async with AsyncExitStack() as stack:
         a, b, c = await start_mesh(stack, tmp_path)
         assert a.links is not None
-        a.links.halt()  # A redials nobody (B and C still redial A: they name it in peers)
+        a.links.halt()  # A redials nobody
         started = time.monotonic()
         for connection in list(a._connections.values()):
             connection.close_connection("crashed")  # no GOODBYE, no drain
+        a._close_server()  # and nothing answers B's and C's redials any more
         await eventually(lambda: a.node_id not in linked(b) | linked(c))
         assert c.node_id in linked(b) and b.node_id in linked(c)
         await _b_and_c_still_talk(b, c, 5)
