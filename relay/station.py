@@ -9,7 +9,8 @@ the start in reverse; every background task (the ticker, built-ins, the station_
 refresher) and every delayed close timer is owned by the station, and is cancelled (tasks also
 awaited) before ``stop`` returns; once stopping, nothing new is spawned or scheduled.
 Links to peer stations (``peers``, ``discover``) are QUIC *client* connections pinned to the
-peer's node id, kept by ``relay.federation.links.LinkManager``; their frames reach the core
+peer's node id, kept by ``relay.federation.links.LinkManager`` (which also dials, after a
+restart, the stations remembered in ``known_peers.json``); their frames reach the core
 through the same sink type, under the same connection numbering, as accepted connections.
 """
 
