@@ -8,12 +8,18 @@ against its expected signer (else the connection's node id) and was not seen bef
 rejected CALL always names its ``call_id`` so the router can answer it; the replay cache
 holds, per node, only ids that could still pass the skew check, and nothing for a node that
 has neither ids nor a connection.
+A link to a peer station carries frames signed by many clients, interleaved and out of
+``sent_at_ms`` order, so its window (``LinkReplayWindow``) keeps the link's frame ids in one
+bounded table but the floor that replaces forgotten ids *per signer*: one client's late frames
+are never refused because another client's clock runs ahead. Its memory is bounded whatever
+the peer sends: at most ``replay_cache_per_link`` ids and ``replay_signers_per_link`` floors
+(past that, the oldest floor becomes the link-wide floor: stricter, never looser).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +41,12 @@ from macula.wire.frames import (
     parse_frame,
 )
 from macula.wire.identity import puzzle_valid
+from relay.peers import Peer
 from relay.policy import PuzzleMode, ReplayWindow, StationPolicy
 
 log = logging.getLogger("macula.relay")
+
+NODE_ID_BYTES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +60,63 @@ class Rejected:
     detail: bytes = b""
 
 
+class LinkReplayWindow:
+    """Frame ids seen on one station link, with a replay floor per signer (see the top)."""
+
+    __slots__ = ("capacity", "floor_ms", "floors", "max_floors", "seen")
+
+    def __init__(self, capacity: int, max_floors: int) -> None:
+        self.capacity = capacity
+        self.max_floors = max_floors
+        self.seen: dict[bytes, int] = {}  # signer + frame_id -> sent_at_ms, in arrival order
+        self.floors: dict[bytes, int] = {}  # signer -> floor, least recently raised first
+        self.floor_ms = -1  # link-wide: raised only when a signer's floor had to be forgotten
+
+    def admit(self, signer: bytes, frame_id: bytes, sent_at_ms: int) -> bool:
+        if len(signer) != NODE_ID_BYTES:  # the wire makes every node id 32 bytes
+            raise ValueError("a signer is a 32-byte node id")
+        key = signer + frame_id
+        if sent_at_ms <= max(self.floor_ms, self.floors.get(signer, -1)) or key in self.seen:
+            return False
+        self.seen[key] = sent_at_ms
+        if len(self.seen) > self.capacity:
+            oldest = next(iter(self.seen))
+            forgotten_at = self.seen.pop(oldest)
+            owner = oldest[:NODE_ID_BYTES]
+            floor = max(self.floors.pop(owner, -1), forgotten_at)
+            self.floors[owner] = floor  # now the most recently raised
+            if len(self.floors) > self.max_floors:
+                first = next(iter(self.floors))
+                self.floor_ms = max(self.floor_ms, self.floors.pop(first))
+        return True
+
+    def forget_before(self, oldest_ms: int) -> None:
+        """Drop ids and floors below ``oldest_ms`` (the skew check refuses those anyway);
+        the table is in arrival order, so a scan stops at the first one still needed."""
+        for table in (self.seen, self.floors):
+            while table:
+                first = next(iter(table))
+                if table[first] >= oldest_ms:
+                    break
+                del table[first]
+        if self.floor_ms < oldest_ms:
+            self.floor_ms = -1
+
+    def __bool__(self) -> bool:
+        return bool(self.seen or self.floors)
+
+
 class FrameAdmission:
     def __init__(self, policy: StationPolicy) -> None:
         self.policy = policy
         self.seen_frames: dict[bytes, ReplayWindow] = {}
+        self.link_frames: dict[bytes, LinkReplayWindow] = {}  # per peer station's node id
 
-    def admit(self, frame_map: dict[str, Any], node_id: bytes, now_ms: int) -> Frame | Rejected:
-        """Parse and verify one frame from the connection of ``node_id``."""
+    def admit(
+        self, frame_map: dict[str, Any], node_id: bytes, now_ms: int, *, station: bool = False
+    ) -> Frame | Rejected:
+        """Parse and verify one frame from the connection of ``node_id`` (a peer station's
+        link when ``station``: its replay window is kept per signer)."""
         try:
             frame = parse_frame(frame_map)
         except UnknownFrameType:
@@ -81,7 +140,11 @@ class FrameAdmission:
         signer = frame.expected_signer() or node_id
         if not frame.verifies(signer):
             problem = "signature does not verify"
-        elif not self.fresh(frame, now_ms, node_id):
+        elif not (
+            self.fresh_on_link(frame, now_ms, node_id, signer)
+            if station
+            else self.fresh(frame, now_ms, node_id)
+        ):
             problem = "frame is replayed or sent_at_ms is outside the allowed clock skew"
         else:
             return frame
@@ -119,6 +182,18 @@ class FrameAdmission:
             log.warning("node %s fails the puzzle (log-only)", connect.node_id.hex()[:16])
         return None
 
+    def inbound_link_refusal(self, node_id: bytes, peers: Iterable[Peer]) -> tuple[int, str] | None:
+        """Why station ``node_id`` may not link in now: ``max_inbound_links`` other stations
+        already hold links they opened to this one (its own link, being replaced, does not
+        count), or None."""
+        limit = self.policy.max_inbound_links
+        inbound = sum(
+            1 for p in peers if p.is_station and p.linked and not p.dialled and p.node_id != node_id
+        )
+        if inbound < limit:
+            return None
+        return ErrorCode.UPSTREAM_CONGESTION, f"too many inbound links (max_inbound_links {limit})"
+
     def fresh(self, frame: Frame, now_ms: int, node_id: bytes | None = None) -> bool:
         """§13 #1: ``sent_at_ms`` within the skew bound and ``frame_id`` not seen before."""
         skew = self.policy.max_clock_skew_ms
@@ -132,6 +207,20 @@ class FrameAdmission:
             window = self.seen_frames[key] = ReplayWindow(self.policy.replay_cache_per_node)
         return window.admit(frame.frame_id, frame.sent_at_ms)
 
+    def fresh_on_link(self, frame: Frame, now_ms: int, link_id: bytes, signer: bytes) -> bool:
+        """``fresh`` for a frame a peer station ``link_id`` relayed, signed by ``signer``."""
+        policy = self.policy
+        if policy.max_clock_skew_ms <= 0:
+            return True
+        if abs(frame.sent_at_ms - now_ms) > policy.max_clock_skew_ms:
+            return False
+        window = self.link_frames.get(link_id)
+        if window is None:
+            window = self.link_frames[link_id] = LinkReplayWindow(
+                policy.replay_cache_per_link, policy.replay_signers_per_link
+            )
+        return window.admit(signer, frame.frame_id, frame.sent_at_ms)
+
     def prune(self, now_ms: int, connected: Container[bytes]) -> None:
         """Forget frame ids whose ``sent_at_ms`` now fails the skew check on its own."""
         oldest = now_ms - self.policy.max_clock_skew_ms
@@ -140,3 +229,8 @@ class FrameAdmission:
             window.forget_before(oldest)
             if not window.seen and node_id not in connected:
                 del self.seen_frames[node_id]
+        for link_id in list(self.link_frames):
+            link = self.link_frames[link_id]
+            link.forget_before(oldest)
+            if not link and link_id not in connected:
+                del self.link_frames[link_id]

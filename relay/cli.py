@@ -26,6 +26,8 @@ from pathlib import Path
 from macula.config import macula_home
 from macula.errors import ConfigError
 from macula.wire.framing import MAX_FRAME_SIZE
+from relay.federation.dht import DhtConfig
+from relay.federation.dht_storage import DhtLimits
 from relay.federation.links import LinkTarget, parse_peer
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
@@ -286,7 +288,71 @@ def build_parser() -> argparse.ArgumentParser:
         default=StationConfig.max_links,
         help="peer stations this station dials at most (default 64)",
     )
+    _federation_flags(parser, policy)
     return parser
+
+
+_DHT_CAPS = (  # (flag, DhtLimits field, help): what this station holds for the mesh's DHT
+    ("--dht-max-records", "records_total", "DHT records held for the mesh"),
+    ("--dht-max-bytes", "bytes_total", "bytes of those"),
+    ("--dht-max-records-per-signer", "records_per_signer", "of those, by one signer"),
+    ("--dht-max-bytes-per-signer", "bytes_per_signer", "bytes of one signer's"),
+)
+
+
+def _federation_flags(parser: argparse.ArgumentParser, policy: StationPolicy) -> None:
+    """The operator's federation knobs (docs/federation.md)."""
+    config = StationConfig(data_dir=Path())
+    parser.add_argument(
+        "--max-inbound-links",
+        type=_positive(int),
+        default=policy.max_inbound_links,
+        help=f"links other stations may open to this one (default {policy.max_inbound_links})",
+    )
+    parser.add_argument(
+        "--discover-interval",
+        type=_positive(float),
+        default=config.discover_interval_s,
+        help="seconds between looks at the DHT for stations to link with"
+        f" (default {config.discover_interval_s:g})",
+    )
+    parser.add_argument(
+        "--known-peers-max",
+        type=int,
+        default=config.known_peers_max,
+        help="stations remembered in the data dir and dialled after a restart, 0: none"
+        f" (default {config.known_peers_max})",
+    )
+    rate = policy.quotas.station_event_rate
+    parser.add_argument(
+        "--station-event-rate",
+        type=_positive(float),
+        default=rate,
+        help=f"EVENTs per second one peer station may send (burst: twice that; over it the"
+        f" link is paused) (default {rate:g})",
+    )
+    for flag, name, text in (
+        ("--replay-cache-per-link", "replay_cache_per_link", "frame ids remembered per link"),
+        (
+            "--replay-signers-per-link",
+            "replay_signers_per_link",
+            "signers whose replay floor a link's window remembers",
+        ),
+    ):
+        default = getattr(policy, name)
+        parser.add_argument(
+            flag, type=_positive(int), default=default, help=f"{text} (default {default})"
+        )
+    limits = DhtLimits()
+    for flag, name, text in _DHT_CAPS:
+        default = getattr(limits, name)
+        parser.add_argument(
+            flag,
+            dest=f"dht_{name}",
+            type=_positive(int),
+            default=default,
+            help=f"{text} (default {default})",
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> StationConfig:
@@ -312,6 +378,8 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         call_rate=args.call_rate,
         call_burst=args.call_rate * 2,
         max_outbound_bytes=args.max_outbound_bytes,
+        station_event_rate=args.station_event_rate,
+        station_event_burst=args.station_event_rate * 2,
     )
     policy = StationPolicy(
         puzzle_mode=PuzzleMode(args.puzzle),
@@ -319,8 +387,14 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         max_clock_skew_ms=args.max_clock_skew_ms,
         quotas=quotas,
         quic_retry=not args.no_quic_retry,
+        max_inbound_links=args.max_inbound_links,
+        replay_cache_per_link=args.replay_cache_per_link,
+        replay_signers_per_link=args.replay_signers_per_link,
         **{name: getattr(args, name) for _, name, _ in _BOUNDS},
     )
+    if args.known_peers_max < 0:
+        raise SystemExit("macula-relay: --known-peers-max must be >= 0")
+    dht_limits = DhtLimits(**{name: getattr(args, f"dht_{name}") for _, name, _ in _DHT_CAPS})
     if args.content_keep_ms < 0:
         raise SystemExit("macula-relay: --content-keep-ms must be >= 0")
     store_limits = StoreLimits(
@@ -371,6 +445,9 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         store_limits=store_limits,
         peers=args.peer,
         max_links=args.max_links,
+        discover_interval_s=args.discover_interval,
+        known_peers_max=args.known_peers_max,
+        dht=DhtConfig(limits=dht_limits),
     )
 
 

@@ -27,7 +27,8 @@ State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCa
   connection's summary (``relay.logbook.Refusals``: at most one line per ``log_summary_ms``,
   driven by ``tick``);
 - backpressure, not loss (``relay.pacing``): a PUBLISH over its connection's rate pauses that
-  control stream (``PauseReading``) instead of being dropped, and ``resume`` catches up; a
+  control stream (``PauseReading``) instead of being dropped, and ``resume`` catches up (an
+  EVENT over its link's ``station_event_rate`` pauses that link the same way); a
   connection with more than ``quotas.max_outbound_bytes`` unsent on its control stream
   (``outbound_full``) is a slow consumer: GOODBYE ``slow_consumer``, closed at once;
 - station links (docs/federation.md): a connection this station ``dial``s sends CONNECT with
@@ -50,6 +51,7 @@ from macula.rate import TokenBucket
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
+    CAP_STATION,
     Call,
     Connect,
     Error,
@@ -188,6 +190,8 @@ class RouterCore:
                 ),
                 drop=self._drop,
                 count=self._count,
+                event_rate=policy.quotas.station_event_rate,
+                event_burst=policy.quotas.station_event_burst,
             ),
         )
         self.linking = LinkHandshake(
@@ -259,6 +263,11 @@ class RouterCore:
                     peer.refusals.count("publish_slowed", "over the publish rate: paused")
                     until_ms = self.pacer.refilled_at(peer.publish_bucket, now_ms)
                     out.append(PauseReading(conn, stream, until_ms))
+                elif link := self.interest.federation.events_over_rate(peer, frame_map, now_ms):
+                    self.pacer.hold(conn, frame_map)  # a link's EVENTs: paused, not dropped
+                    self.stats["links_paused"] += 1
+                    peer.refusals.count("events_slowed", "over the link's EVENT rate: paused")
+                    out.append(PauseReading(conn, stream, self.pacer.refilled_at(link, now_ms)))
                 else:
                     self._control(peer, frame_map, now_ms, out)
             else:
@@ -452,6 +461,9 @@ class RouterCore:
         if refusal is None and self.stopping:
             # a client that reconnects while the station drains must not believe it is in
             refusal = (ErrorCode.TEMPORARY_RELAY_FAILURE, "station is shutting down")
+        if refusal is None and connect.capabilities & CAP_STATION:
+            refusal = self.admission.inbound_link_refusal(connect.node_id, self.peers.values())
+            self.stats["inbound_links_refused"] += refusal is not None
         if refusal is not None:
             code, why = refusal
             log.info("conn %d: refused %s: %s", peer.conn, connect.node_id.hex()[:16], clip(why))
@@ -524,7 +536,7 @@ class RouterCore:
         self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
     ) -> Frame | None:
         """The frame if admitted (§4.3, §13 #1, #10); else count it and answer a CALL."""
-        verdict = self.admission.admit(frame_map, peer.node_id, now_ms)
+        verdict = self.admission.admit(frame_map, peer.node_id, now_ms, station=peer.is_station)
         if not isinstance(verdict, Rejected):
             return verdict
         self._drop(peer, verdict.counter, verdict.why or verdict.counter)

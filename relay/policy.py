@@ -38,6 +38,10 @@ class Quotas:
     max_station_streams: int = 4_096
     # subscriptions a peer *station* may hold (the topics all its clients follow)
     max_station_subscriptions: int = 100_000
+    # EVENTs a peer station may send per second (burst: twice that), all its publishers'
+    # together; over it the link's control stream is paused (backpressure), not dropped
+    station_event_rate: float = 20_000.0
+    station_event_burst: float = 40_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,13 @@ class StationPolicy:
     # EVENTs from peer stations: (realm, publisher, seq) remembered this long, at most this many
     relayed_event_dedup_ms: int = 300_000
     max_relayed_event_ids: int = 200_000
+    # the replay window of one station link (frames of many signers): frame ids remembered,
+    # and signers whose replay floor is remembered (past that, one floor for the whole link)
+    replay_cache_per_link: int = 1_000_000
+    replay_signers_per_link: int = 100_000
+    # links other stations open to this one (those this one dials: ``max_links``); a CONNECT
+    # with the station bit over it is refused (HELLO "false", 0x08 upstream_congestion)
+    max_inbound_links: int = 64
 
 
 class ReplayWindow:

@@ -9,7 +9,8 @@ the start in reverse; every background task (the ticker, built-ins, the station_
 refresher) and every delayed close timer is owned by the station, and is cancelled (tasks also
 awaited) before ``stop`` returns; once stopping, nothing new is spawned or scheduled.
 Links to peer stations (``peers``, ``discover``) are QUIC *client* connections pinned to the
-peer's node id, kept by ``relay.federation.links.LinkManager``; their frames reach the core
+peer's node id, kept by ``relay.federation.links.LinkManager`` (which also dials, after a
+restart, the stations remembered in ``known_peers.json``); their frames reach the core
 through the same sink type, under the same connection numbering, as accepted connections.
 """
 
@@ -63,6 +64,8 @@ from relay.builtins import Builtins
 from relay.core import BUILTINS, RouterCore
 from relay.federation.content import peer_asker
 from relay.federation.dht import DhtConfig, StationDht
+from relay.federation.known_peers import FILE_NAME as KNOWN_PEERS_FILE
+from relay.federation.known_peers import KnownPeers
 from relay.federation.links import LinkFailed, LinkManager, LinkTarget, StationLike
 from relay.house.mesh import linked_asker
 from relay.house.services import HouseConfig, HouseServices
@@ -99,6 +102,9 @@ class StationConfig:
     link_backoff_s: float = 0.5  # first redial delay, doubling up to ``link_backoff_max_s``
     link_backoff_max_s: float = 30.0
     link_timeout_s: float = 10.0  # QUIC handshake with a peer station
+    # stations linked with or discovered, remembered in the data dir and dialled again after
+    # a restart (besides ``peers``); at most this many, 0: none remembered
+    known_peers_max: int = 256
 
 
 class _Sink:
@@ -151,6 +157,8 @@ class Station:
         self.links: LinkManager | None = None
         self._link_lost: dict[int, asyncio.Event] = {}
         self._link_labels: dict[int, str] = {}  # conn -> "host:port" of a dialled link
+        self._link_targets: dict[int, LinkTarget] = {}  # conn -> the station it dialled
+        self.known_peers: KnownPeers | None = None
         # called as (node_id, host, dht_port) when a link comes up (e.g. a DHT bootstrap)
         self.link_up_hook: Callable[[bytes, str, int], None] | None = None
 
@@ -251,11 +259,22 @@ class Station:
         stack.push_async_callback(self._house.close)
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
+        self.known_peers = KnownPeers(
+            data_dir / KNOWN_PEERS_FILE,
+            self.identity.node_id,
+            max_count=config.known_peers_max,
+            clock=now_ms,
+        )
+        named = {target.node_id for target in config.peers}
+        remembered = [t for t in self.known_peers.load() if t.node_id not in named]
+        if remembered:
+            log.info("dialling %d stations remembered from before", len(remembered))
         self.links = LinkManager(
             self.identity.node_id,
             run_link=self._run_link,
             has_link=self._has_link,
             peers=config.peers,
+            remembered=remembered,
             discover=self._noting(
                 config.discover if config.discover is not None else self._discover
             ),
@@ -405,6 +424,7 @@ class Station:
             conn = self._next_conn
             lost = self._link_lost[conn] = asyncio.Event()
             self._link_labels[conn] = address
+            self._link_targets[conn] = target
             connection.sink = _Sink(self, conn)
             self._connections[conn] = connection
             try:
@@ -415,6 +435,7 @@ class Station:
                     self._lost(conn, "link closed")
                 self._link_lost.pop(conn, None)
                 self._link_labels.pop(conn, None)
+                self._link_targets.pop(conn, None)
 
     def _has_link(self, node_id: bytes) -> bool:
         conn = self.core.node_conn.get(node_id)
@@ -422,8 +443,12 @@ class Station:
         return peer is not None and peer.linked
 
     async def _discover(self) -> Sequence[StationLike]:
-        """The stations the DHT knows (FEDERATION.md): what the link manager dials."""
-        return [] if self._dht is None else await self._dht.stations()
+        """The stations the DHT knows (FEDERATION.md): what the link manager dials; they
+        are remembered for a restart."""
+        found = [] if self._dht is None else await self._dht.stations()
+        if self.known_peers is not None:
+            self.known_peers.saw(found)
+        return found
 
     def _noting(
         self, discover: Callable[[], Awaitable[Sequence[StationLike]]]
@@ -462,6 +487,9 @@ class Station:
                 how,
                 action.dht_port,
             )
+            target = self._link_targets.get(action.conn)
+            if target is not None and self.known_peers is not None:
+                self.known_peers.saw([target])  # a station we reached: remembered
             if self.link_up_hook is not None:
                 self.link_up_hook(action.node_id, action.host, action.dht_port)
             if self._dht is not None and action.dht_port:

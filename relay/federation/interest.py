@@ -8,14 +8,20 @@ subscribers only, never to another station, so an event crosses at most one link
 Invariants: ``local[key]`` is the number of client (non-station) nodes subscribed to ``key``
 here, and holds no zero counts; an EVENT from a station reaches a client only if its
 ``publisher_sig`` verifies and its (realm, publisher, seq) was not delivered within the dedup
-window; every refusal is a counted drop on the link it came from.
+window; every refusal is a counted drop on the link it came from. A link's EVENTs take
+tokens from its own bucket (``station_event_rate``, station-sized): ``events_over_rate`` tells
+the core to pause that link's control stream (backpressure, ``relay.pacing``) when it is empty,
+so a flooding peer is slowed and its frames wait in QUIC's window, not in this station; the
+buckets are only those of current connections.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from typing import Any
 
+from macula.rate import TokenBucket
 from macula.wire.frames import Event, publisher_sig_valid
 from relay.actions import Action, Send
 from relay.federation.dedup import RelayedEventDedup
@@ -37,6 +43,8 @@ class StationInterest:
         dedup: RelayedEventDedup,
         drop: Callable[[Peer, str, str], None],
         count: Callable[[str], None],
+        event_rate: float = 20_000.0,
+        event_burst: float = 40_000.0,
     ) -> None:
         self._peers = peers
         self._node_conn = node_conn
@@ -46,6 +54,9 @@ class StationInterest:
         self._drop = drop
         self._count = count
         self.local: Counter[TopicKey] = Counter()
+        self.event_rate = event_rate
+        self.event_burst = event_burst
+        self._event_buckets: dict[int, TokenBucket] = {}  # link conn -> its EVENT bucket
 
     def links(self) -> list[Peer]:
         """The peer stations this station is linked with (CONNECTED, LinkUp emitted)."""
@@ -101,8 +112,29 @@ class StationInterest:
 
     # --- EVENTs from peer stations -----------------------------------------------------------
 
+    def event_bucket(self, peer: Peer, now_ms: int) -> TokenBucket:
+        bucket = self._event_buckets.get(peer.conn)
+        if bucket is None:
+            if len(self._event_buckets) >= len(self._peers):  # forget closed connections'
+                for conn in [c for c in self._event_buckets if c not in self._peers]:
+                    del self._event_buckets[conn]
+            bucket = TokenBucket(self.event_rate, self.event_burst, now_ms)
+            self._event_buckets[peer.conn] = bucket
+        return bucket
+
+    def events_over_rate(
+        self, peer: Peer, frame_map: dict[str, Any], now_ms: int
+    ) -> TokenBucket | None:
+        """The link's EVENT bucket if ``frame_map`` is an EVENT from a linked station that
+        finds it empty (the link must wait for it to refill), else None."""
+        if not peer.linked or frame_map.get("frame_type") != "event" or self.event_rate <= 0:
+            return None
+        bucket = self.event_bucket(peer, now_ms)
+        return bucket if bucket.tokens(now_ms) < 1.0 else None
+
     def relayed_event(self, peer: Peer, event: Event, now_ms: int) -> list[Action]:
         """An EVENT a linked station sent (the frame already verified against it)."""
+        self.event_bucket(peer, now_ms).take(now_ms)
         if event.publisher_sig is None:
             self._drop(peer, "unsigned_relayed_event", "EVENT from a station without publisher_sig")
             return []

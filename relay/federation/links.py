@@ -3,10 +3,13 @@
 ``LinkManager`` keeps one task per target station: it runs the injected ``run_link`` (dial,
 pin, handshake, then wait until the link is lost) and, when that returns or fails, waits a
 capped exponential backoff with jitter before dialling again. Targets are the ``--peer``
-entries and what the injected ``discover`` returns (the DHT's ``stations()``; none by default).
+entries, the stations ``remembered`` from before a restart (``relay.federation.known_peers``)
+and what the injected ``discover`` returns (the DHT's ``stations()``; none by default).
 Invariants: at most ``max_links`` targets at once; never itself, never a station it already has
 a link with (``has_link``: e.g. one that dialled this station), never two tasks for one
 station; a discovered target that discovery no longer names is dropped while it is not linked;
+a remembered one likewise, but only once discovery has named another station (until then the
+DHT knows nobody, and the remembered stations are how this one finds the mesh again);
 after ``halt`` nothing new is dialled; ``stop`` cancels and awaits every task it started.
 Time and sleep are injected (``clock``, ``sleep``, ``jitter``), so tests step them.
 """
@@ -84,6 +87,7 @@ class LinkManager:
         run_link: Callable[[LinkTarget], Awaitable[None]],
         has_link: Callable[[bytes], bool],
         peers: Sequence[LinkTarget] = (),
+        remembered: Sequence[LinkTarget] = (),
         discover: Callable[[], Awaitable[Sequence[StationLike]]] | None = None,
         max_links: int = 64,
         discover_interval_s: float = 30.0,
@@ -98,6 +102,7 @@ class LinkManager:
         self._run_link = run_link
         self._has_link = has_link
         self._peers = list(peers)
+        self._remembered_targets = list(remembered)
         self._discover = discover
         self.max_links = max_links
         self.discover_interval_s = discover_interval_s
@@ -109,6 +114,7 @@ class LinkManager:
         self._jitter = jitter
         self.targets: dict[bytes, LinkTarget] = {}
         self._pinned: set[bytes] = set()  # ``--peer`` entries: never dropped
+        self._remembered: set[bytes] = set()  # kept until discovery names another station
         self._tasks: dict[bytes, asyncio.Task[None]] = {}
         self._discovery: asyncio.Task[None] | None = None
         self.halted = False
@@ -118,6 +124,9 @@ class LinkManager:
         for target in self._peers:
             if self._add(target):
                 self._pinned.add(target.node_id)
+        for target in self._remembered_targets:
+            if self._add(target):
+                self._remembered.add(target.node_id)
         if self._discover is not None:
             self._discovery = asyncio.get_running_loop().create_task(self._discovering())
 
@@ -191,6 +200,8 @@ class LinkManager:
                 log.warning("station discovery failed", exc_info=True)
                 found = []
             named = {station.node_id for station in found}
+            if named - {self.own_id}:
+                self._remembered.clear()  # the DHT knows the mesh: it decides from now on
             for station in found:
                 if len(self._tasks) >= self.max_links:
                     break
@@ -200,6 +211,7 @@ class LinkManager:
                 if (
                     node_id not in named
                     and node_id not in self._pinned
+                    and node_id not in self._remembered
                     and not self._has_link(node_id)
                 ):
                     self._tasks[node_id].cancel()  # discovery no longer knows it
