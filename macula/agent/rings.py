@@ -117,6 +117,7 @@ class Rings:
         self._incoming_count = 0
         self._latest: RingEvent | None = None
         self.serving = False
+        self.observers: list[Callable[[RingEvent], None]] = []  # told of every RingEvent
 
     def policy(self) -> PolicyState:
         return load_policy(self.policy_file, self.policy_override)
@@ -237,6 +238,11 @@ class Rings:
             self._incoming_count += 1
             self._latest = event
             self._incoming.notify_all()
+        for observer in list(self.observers):  # must not block: they queue, never await
+            try:
+                observer(event)
+            except Exception:
+                log.exception("a ring observer failed")
 
     async def wait_ring(
         self, wait_seconds: float, *, started: Callable[[], Awaitable[None]] | None = None

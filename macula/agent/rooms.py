@@ -61,6 +61,16 @@ class RoomError(MaculaError):
 
 
 @dataclass(frozen=True, slots=True)
+class Heard:
+    """A valid envelope heard on a tap for the first time (observers are told of it)."""
+
+    topic: str
+    envelope: dict[str, Any]
+    publisher: bytes
+    attested: int  # 1: authenticated delivery, publisher == from
+
+
+@dataclass(frozen=True, slots=True)
 class RoomOpened:
     room_topic: str
     message_id: str  # of the room_opened envelope published in the room
@@ -127,6 +137,7 @@ class Rooms:
         self._generation = 0  # messages recorded so far (bumped under ``_changed``)
         self._group: asyncio.TaskGroup | None = None
         self.observing = False
+        self.observers: list[Callable[[Heard], None]] = []  # told of every new envelope heard
 
     # -- taps ---------------------------------------------------------------------------------
 
@@ -205,6 +216,8 @@ class Rooms:
         if not attested:
             self.stats["unattested"] += 1
         new = await self._record(envelope, delivery.publisher, attested)
+        if new:
+            self._tell(Heard(topic, dict(envelope), delivery.publisher, int(attested)))
         if new and attested and topic == LOBBY_TOPIC and envelope["kind"] == "room_opened":
             refs = envelope.get("refs") or []
             if refs and is_room_topic(refs[0]):
@@ -213,6 +226,13 @@ class Rooms:
                 )
                 if self.observing:
                     await self._observe(refs[0])
+
+    def _tell(self, heard: Heard) -> None:
+        for observer in list(self.observers):  # must not block: they queue, never await
+            try:
+                observer(heard)
+            except Exception:
+                log.exception("a room observer failed")
 
     async def _record(
         self, envelope: Envelope | dict[str, Any], publisher: bytes, attested: bool
