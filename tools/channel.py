@@ -47,6 +47,7 @@ from macula.agent.petnames import petname
 from macula.agent.rings import RingEvent
 from macula.agent.rooms import Heard
 from macula.errors import ConfigError
+from macula.rate import TokenBucket
 
 log = logging.getLogger("macula.tools.channel")
 
@@ -107,23 +108,8 @@ def _number(
     return value
 
 
-class TokenBucket:
-    """``burst`` tokens, refilled at ``per_second``; times are arguments (no clock inside)."""
-
-    def __init__(self, per_second: float, burst: int, now: float) -> None:
-        self.per_second = per_second
-        self.burst = burst
-        self.tokens = float(burst)
-        self.stamp = now
-
-    def take(self, now: float) -> bool:
-        elapsed = max(0.0, now - self.stamp)
-        self.tokens = min(float(self.burst), self.tokens + elapsed * self.per_second)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return True
-        return False
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 # -- the gate (pure) ----------------------------------------------------------------------------
@@ -227,7 +213,7 @@ class ChannelHub:
 
     agent: Agent
     settings: ChannelSettings
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], int] = monotonic_ms
     peers: list[Peer] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
     held_back: int = 0
@@ -235,7 +221,7 @@ class ChannelHub:
 
     def __post_init__(self) -> None:
         per_second = self.settings.per_minute / 60.0
-        self.bucket = TokenBucket(per_second, self.settings.burst, self.clock())
+        self.bucket = TokenBucket(per_second, self.settings.burst, self.clock())  # one per agent
         self.queue: asyncio.Queue[RingEvent | Heard | Candidate] = asyncio.Queue(
             self.settings.queue
         )

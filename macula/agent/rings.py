@@ -14,6 +14,9 @@ Caller side: an answer counts only if it comes from the callee (``from`` is the 
 ring endpoint, say) is refused with ``MaculaError`` and counted (``answers_foreign``,
 ``answers_unverified``).
 
+``observers`` are told (synchronously) of every ``RingEvent`` after waiters are woken; they
+must not block, and one failing is logged, never fatal.
+
 Results are typed (``RingPlaced``, ``RingAnswered``, ``RingEvent``, the store's ``Ring``); the
 tools shape what a model sees.
 """

@@ -8,6 +8,8 @@ Invariants:
   unauthenticated one is recorded with ``attested`` 0 and counted (``unauthenticated``);
   invalid envelopes are counted, never recorded;
 - only attested messages count as someone joining or replying;
+- ``observers`` are told (synchronously, ``Heard``) of every valid envelope recorded for the first
+  time from a tap; they must not block (they queue), and one failing is logged, never fatal;
 - the observer also taps PUBLIC rooms announced on central (a ``room_opened`` on central whose
   ``refs[0]`` names the room), at most ``max_rooms``; what it drops is counted;
 - operations return typed results (the dataclasses below, or the store's rows); how a model

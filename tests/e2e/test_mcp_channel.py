@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -166,6 +169,53 @@ async def test_a_ring_under_ask_is_pushed_and_a_strangers_lobby_message_is_not(
         # nothing from carol, nothing for the remark that did not address ada
         assert all(p.meta["from_id"] != carol_id for p in ada.pushed)
         assert len(ada.pushed) == 3
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A short MACULA_HOME (its daemon socket must fit AF_UNIX); its daemon stopped after."""
+    folder = Path(tempfile.mkdtemp(prefix="mch-", dir="/tmp"))
+    yield folder
+    subprocess.run(
+        [*server_command(), "daemon", "stop", "--wait", "20"],
+        env=dict(os.environ, MACULA_HOME=str(folder)),
+        capture_output=True,
+        timeout=40,
+        check=False,
+    )
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_every_attached_session_of_the_agent_is_pushed_to(
+    station: Station, home: Path, tmp_path: Path
+) -> None:
+    command = [*server_command(), "attach"]
+    env = dict(
+        os.environ,
+        MACULA_HOME=str(home),
+        MACULA_MESH_STATIONS=station.endpoint,
+        MACULA_MCP_AGENT="ada",
+        MACULA_MCP_CONTACT_POLICY="ask",
+    )
+    attach = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    async with (
+        listening(attach) as first,
+        listening(attach) as second,
+        Client(params(tmp_path / "bob", station)) as bob,
+    ):
+        assert second.init.capabilities.experimental == {CAPABILITY: {}}
+        ada_id, _ = await hello(first.session)
+        await hello(bob)
+        rung = await good(bob, "mesh_ring", to=ada_id, purpose="pair?")
+        [one] = await first.next_push(1)
+        [two] = await second.next_push(1)
+        assert one == two and one.meta["ring_id"] == rung["ring_id"]
+    # both closed; the agent stays in the daemon, and its next session is pushed to
+    async with listening(attach) as third, Client(params(tmp_path / "carol", station)) as carol:
+        await hello(carol)
+        rung = await good(carol, "mesh_ring", to=ada_id, purpose="review?")
+        [pushed] = await third.next_push(1)
+        assert pushed.meta["ring_id"] == rung["ring_id"]
 
 
 async def test_channel_off_declares_nothing_and_sends_nothing(
