@@ -437,6 +437,18 @@ async def _release(hub: ChannelHub) -> None:
         await hub.stop()
 
 
+def status(agent: Agent) -> dict[str, int]:
+    """For ``mesh://status``: sessions pushed to, and what the hub did (counts by outcome)."""
+    hub = _hubs.get(id(agent))
+    if hub is None or hub.agent is not agent:
+        return {"sessions": 0}
+    return {
+        "sessions": len(hub.peers),
+        "held_back": hub.held_back,
+        **dict(sorted(hub.stats.items())),
+    }
+
+
 # -- the MCP side -------------------------------------------------------------------------------
 
 

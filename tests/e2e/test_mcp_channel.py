@@ -169,6 +169,10 @@ async def test_a_ring_under_ask_is_pushed_and_a_strangers_lobby_message_is_not(
         # nothing from carol, nothing for the remark that did not address ada
         assert all(p.meta["from_id"] != carol_id for p in ada.pushed)
         assert len(ada.pushed) == 3
+        status = await ada.session.read_resource("mesh://status")
+        channel = json.loads(status.contents[0].text)["channel"]  # type: ignore[union-attr]
+        assert channel["sessions"] == 1 and channel["sent"] == 3
+        assert channel["judged_stranger"] == 1 and channel["judged_not_addressed"] == 1
 
 
 @pytest.fixture

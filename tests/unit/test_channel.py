@@ -315,3 +315,14 @@ def test_the_capability_is_declared_unless_the_channel_is_off() -> None:
     assert experimental({"MACULA_MCP_CHANNEL": "0"}) is None
     with pytest.raises(ConfigError, match="MACULA_MCP_CHANNEL"):
         build_server({"MACULA_MCP_CHANNEL": "on"})
+
+
+def test_the_channel_switch_is_per_session_in_the_daemon_and_its_limits_per_agent() -> None:
+    from tools.daemon_hosts import differing
+    from tools.daemon_server import _shape
+
+    base = {"MACULA_MCP_AGENT": "ada"}
+    assert differing(base, base | {"MACULA_MCP_CHANNEL": "0"}) == []
+    assert differing(base, base | {"MACULA_MCP_CHANNEL_BURST": "1"}) == ["MACULA_MCP_CHANNEL_BURST"]
+    on, off = base | {"MACULA_MCP_CHANNEL": "1"}, base | {"MACULA_MCP_CHANNEL": "0"}
+    assert _shape(base) == _shape(on) != _shape(off)  # a spare server is built per switch
