@@ -11,7 +11,8 @@ Invariants:
 - off with ``MACULA_MCP_CHANNEL=0``: the capability is not declared and nothing is sent; a
   client that does not know the notification drops it (the SDK does, at debug level);
 - one ``ChannelHub`` per agent (runtime), alive while at least one session is attached; it
-  pushes to every attached session that finished the handshake, in arrival order;
+  pushes to every attached session once it is ready (it said ``notifications/initialized``, or,
+  in the 2026 era without a handshake, made a request), in arrival order;
 - observers (``Rooms.observers``, ``Rings.observers``) only queue (bounded: past
   ``MACULA_MCP_CHANNEL_QUEUE`` events are dropped and counted); one worker judges and sends, so
   a slow client never slows the agent's taps;
@@ -236,24 +237,16 @@ class ChannelHub:
     def on_heard(self, heard: Heard) -> None:
         self._enqueue(heard)
 
-    def task_handed(self, sender: bytes, task_id: str, title: str, *, proven: int = 1) -> None:
-        """Hook for ``macula.agent.tasks``: a task handed to us by ``sender`` over its RPC."""
-        self._enqueue(
-            Candidate(
-                "task",
-                sender,
-                None,
-                {"task_id": task_id},
-                f"{sender_label(sender)} handed you a task ({task_id}).",
-                title,
-                proven,
-                proven,
-                1,
-                0,
-                0,
-                hint=f"See it with mesh_task_get task_id={task_id}.",
-            )
-        )
+    def task_handed(self, sender: bytes, task_id: str, title: str) -> None:
+        """The hook for ``macula.agent.tasks`` (wired where a peer's new task is stored): a task
+        handed to us over its signed RPC. Pushed like a ring: its title only from the known."""
+        task_id = one_line(task_id, 64)
+        task = Candidate(
+            "task", sender, None, {"task_id": task_id},
+            f"{sender_label(sender)} handed you a task ({task_id}).", title,
+            1, 1, 1, 0, 0, f"See it with mesh_task_get task_id={task_id}.",
+        )  # fmt: skip
+        self._enqueue(task)
 
     def _enqueue(self, item: RingEvent | Heard | Candidate) -> None:
         try:
@@ -477,9 +470,14 @@ class ChannelBinding:
         self.peer: SessionPeer | None = None
 
     async def __call__(self, ctx: Any, call_next: Any) -> Any:
-        """Server middleware: after the handshake, this session is one to push to."""
-        result = await call_next(ctx)
-        if ctx.method == "notifications/initialized" and self.hub and self.peer is None:
+        """Server middleware: once the client is ready (it said ``notifications/initialized``,
+        or a request other than ``initialize`` was served: the 2026 era has no handshake), this
+        session is one to push to, on the connection's standalone stream."""
+        result = await call_next(ctx)  # a refused request raises: nothing is bound
+        ready = ctx.method == "notifications/initialized" or (
+            ctx.request_id is not None and ctx.method != "initialize"
+        )
+        if ready and self.hub is not None and self.peer is None:
             self.peer = SessionPeer(ctx.session)
             self.hub.peers.append(self.peer)
         return result

@@ -202,9 +202,15 @@ async def test_every_attached_session_of_the_agent_is_pushed_to(
         MACULA_MCP_CONTACT_POLICY="ask",
     )
     attach = StdioServerParameters(command=command[0], args=command[1:], env=env)
+    surfaced: list[Any] = []  # what a client without the binding is handed: nothing, no error
+
+    async def record(message: Any) -> None:
+        surfaced.append(message)
+
     async with (
         listening(attach) as first,
         listening(attach) as second,
+        Client(attach, message_handler=record) as unaware,
         Client(params(tmp_path / "bob", station)) as bob,
     ):
         assert second.init.capabilities.experimental == {CAPABILITY: {}}
@@ -214,6 +220,11 @@ async def test_every_attached_session_of_the_agent_is_pushed_to(
         [one] = await first.next_push(1)
         [two] = await second.next_push(1)
         assert one == two and one.meta["ring_id"] == rung["ring_id"]
+        inbox = await good(unaware, "mesh_read_inbox")  # pushed to as well; unaffected
+        assert [r["ring_id"] for r in inbox["rings"]["pending"]] == [rung["ring_id"]]
+        status = await unaware.read_resource("mesh://status")
+        channel = json.loads(status.contents[0].text)["channel"]  # type: ignore[union-attr]
+        assert channel["sessions"] == 3 and channel["sent"] == 3 and surfaced == []
     # both closed; the agent stays in the daemon, and its next session is pushed to
     async with listening(attach) as third, Client(params(tmp_path / "carol", station)) as carol:
         await hello(carol)
