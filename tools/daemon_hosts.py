@@ -26,12 +26,13 @@ from typing import Any, Final
 
 from macula.config import AGENT_ENV, IDENTITY_ENV
 from macula.errors import ConfigError
+from tools.channel import ENABLED_ENV as CHANNEL_ENV
 from tools.runtime import Runtime, open_runtime, preflight
 
 log = logging.getLogger("macula.daemon")
 
 SESSION_ONLY: Final = frozenset(
-    {IDENTITY_ENV, AGENT_ENV, "MACULA_MCP_TERSE_TOOLS", "MACULA_MCP_LOG_LEVEL"}
+    {IDENTITY_ENV, AGENT_ENV, "MACULA_MCP_TERSE_TOOLS", "MACULA_MCP_LOG_LEVEL", CHANNEL_ENV}
 )
 SESSION_ONLY_PREFIXES: Final = ("MACULA_MCP_DAEMON_", "MACULA_MCP_SOCKET")
 

@@ -31,6 +31,7 @@ from typing import Any, cast
 from macula.config import AGENT_ENV, IDENTITY_ENV, SESSION_ENV, identity_path
 from macula.errors import ConfigError, MaculaError
 from tools import daemon_protocol as protocol
+from tools.channel import ENABLED_ENV as CHANNEL_ENV
 from tools.daemon import MAX_LINE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_hosts import Hosted, Hosts, IdleClock
 from tools.daemon_socket import (
@@ -238,7 +239,8 @@ class Daemon:
 
 def _shape(env: Mapping[str, str]) -> str:
     """What makes two sessions' servers differ (the rest of their settings must agree)."""
-    return env.get("MACULA_MCP_TERSE_TOOLS", "0")
+    channel = env.get(CHANNEL_ENV, "1").strip() or "1"  # pushes into this session, or not
+    return f"{env.get('MACULA_MCP_TERSE_TOOLS', '0')}/{channel}"
 
 
 def _server(hosted: Hosted, env: dict[str, str]) -> Any:

@@ -38,6 +38,7 @@ from macula.stations import StationAddress
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
 from tools import local_station
+from tools.channel import ChannelSettings
 from tools.receipts import ReceiptStore, args_digest
 from tools.results import InvalidArgument, bad_argument, fail, from_error, ok
 
@@ -95,6 +96,7 @@ def preflight(env: Mapping[str, str]) -> Identity:
     if not configured_stations(env):
         local_station.settings(env)
     agent_settings(env, identity)
+    ChannelSettings.from_env(env)
     return identity
 
 

@@ -10,7 +10,19 @@ from typing import Any
 
 from mcp.server.mcpserver import MCPServer
 
-from tools import content, dht, memory, presence, pubsub, realms, rings, rooms, rpc, surface
+from tools import (
+    channel,
+    content,
+    dht,
+    memory,
+    presence,
+    pubsub,
+    realms,
+    rings,
+    rooms,
+    rpc,
+    surface,
+)
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime
 
@@ -33,19 +45,22 @@ def build_server(
     (the daemon's, shared by every session of one agent)."""
     environ = dict(os.environ if env is None else env)
     describe = Descriptions(terse=environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1")
+    binding: channel.ChannelBinding | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(server: MCPServer[Any]) -> AsyncIterator[Runtime]:
         async with runtime() if runtime else open_runtime(environ) as opened:
             server.runtime = opened  # type: ignore[attr-defined]
             try:
-                yield opened
+                async with channel.attached(binding, opened.agent):  # push into this session
+                    yield opened
             finally:
                 server.runtime = None  # type: ignore[attr-defined]
 
     app: MCPServer[Any] = MCPServer(
         name="macula-mcp", instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0"
     )
+    binding = channel.install(app, environ)  # None with MACULA_MCP_CHANNEL=0
     for group in GROUPS:
         group.register(app, describe)
     app.descriptions = describe  # type: ignore[attr-defined]

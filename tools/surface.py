@@ -11,6 +11,7 @@ from mcp.server.mcpserver import MCPServer
 
 import prompts
 from macula.errors import MaculaError
+from tools import channel
 from tools.context import current_runtime
 from tools.realms import membership_store
 
@@ -60,7 +61,8 @@ def register(app: MCPServer, describe: Any) -> None:
         name="status",
         mime_type="application/json",
         description="Connection, station, reconnects and counters (station_refused: what the "
-        "station refused on this connection without telling us in-band, by reason).",
+        "station refused on this connection without telling us in-band, by reason; channel: "
+        "the pushes into sessions, by outcome).",
     )
     async def status() -> str:
         runtime = current_runtime(app)
@@ -81,6 +83,7 @@ def register(app: MCPServer, describe: Any) -> None:
                 "dht_dropped": dict(node.dht.stats),
                 "slow_consumer_closes": node.stats.slow_consumer,
                 "station_refused": dict(node.stats.refused),
+                "channel": channel.status(runtime.agent),
             }
         )
 

@@ -19,6 +19,9 @@ epoch when they are not yet keyed) is handed to them by a call to their ring end
 (payload ``{"kind": "room_key", "envelope": ...}``), so they hold the key before they join;
 a callee takes such a key only when the room's opener signed it (``RoomKeys.accept``).
 
+``observers`` are told (synchronously) of every ``RingEvent`` after waiters are woken; they
+must not block, and one failing is logged, never fatal.
+
 Results are typed (``RingPlaced``, ``RingAnswered``, ``RingEvent``, the store's ``Ring``); the
 tools shape what a model sees.
 """
@@ -124,6 +127,7 @@ class Rings:
         self._incoming_count = 0
         self._latest: RingEvent | None = None
         self.serving = False
+        self.observers: list[Callable[[RingEvent], None]] = []  # told of every RingEvent
 
     def policy(self) -> PolicyState:
         return load_policy(self.policy_file, self.policy_override)
@@ -249,6 +253,11 @@ class Rings:
             self._incoming_count += 1
             self._latest = event
             self._incoming.notify_all()
+        for observer in list(self.observers):  # must not block: they queue, never await
+            try:
+                observer(event)
+            except Exception:
+                log.exception("a ring observer failed")
 
     async def wait_ring(
         self, wait_seconds: float, *, started: Callable[[], Awaitable[None]] | None = None

@@ -8,6 +8,9 @@ Invariants:
   unauthenticated one is recorded with ``attested`` 0 and counted (``unauthenticated``);
   invalid envelopes are counted, never recorded;
 - only attested messages count as someone joining or replying;
+- ``observers`` are told (synchronously, ``EnvelopeHeard``) of every valid envelope recorded
+  for the first time from a tap; they must not block (they queue), and one failing is logged,
+  never fatal;
 - the observer also taps PUBLIC rooms announced on central (a ``room_opened`` on central whose
   ``refs[0]`` names the room), at most ``max_rooms``; what it drops is counted;
 - operations return typed results (the dataclasses below, or the store's rows); how a model
@@ -62,6 +65,16 @@ DEFAULT_MAX_ROOMS = 20
 
 class RoomError(MaculaError):
     """A room operation that cannot be done; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeHeard:
+    """A valid envelope heard on a tap for the first time (observers are told of it)."""
+
+    topic: str
+    envelope: dict[str, Any]
+    publisher: bytes
+    attested: int  # 1: authenticated delivery, publisher == from
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +146,7 @@ class Rooms:
         self._group: asyncio.TaskGroup | None = None
         self.observing = False
         self.keys: RoomKeys | None = None  # private rooms; set by the agent
+        self.observers: list[Callable[[EnvelopeHeard], None]] = []  # told of each new envelope
 
     # -- taps ---------------------------------------------------------------------------------
 
@@ -219,6 +233,8 @@ class Rooms:
         if not attested:
             self.stats["unattested"] += 1
         new = await self._record(envelope, heard.publisher, attested)
+        if new:
+            self._tell(EnvelopeHeard(topic, dict(envelope), heard.publisher, int(attested)))
         if new and attested and self.keys is not None and topic != LOBBY_TOPIC:
             followup = await self.keys.followup(envelope)
             if followup is not None:
@@ -231,6 +247,13 @@ class Rooms:
                 )
                 if self.observing:
                     await self._observe(refs[0])
+
+    def _tell(self, heard: EnvelopeHeard) -> None:
+        for observer in list(self.observers):  # must not block: they queue, never await
+            try:
+                observer(heard)
+            except Exception:
+                log.exception("a room observer failed")
 
     async def _record(
         self, envelope: Envelope | dict[str, Any], publisher: bytes, attested: bool
