@@ -18,6 +18,7 @@ from pathlib import Path
 from macula.config import macula_home
 from macula.errors import ConfigError
 from macula.wire.framing import MAX_FRAME_SIZE
+from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.station import Station, StationConfig
@@ -239,7 +240,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=house.directory_puzzle_difficulty,
         help="agent directory: identity puzzle bits a registrant must meet, 0..64 (0: none)",
     )
+    _history_flags(parser, house)
     return parser
+
+
+def _history_flags(parser: argparse.ArgumentParser, house: HouseConfig) -> None:
+    """The room history's switch and bounds (relay.house.history.HistoryBounds)."""
+    bounds = house.history_bounds
+    parser.add_argument(
+        "--no-history", action="store_true", help="do not keep room history for catch-up"
+    )
+    for flag, default, text in (
+        ("--history-max-per-room", bounds.max_per_room, "room history: events kept per room"),
+        ("--history-max-events", bounds.max_events, "room history: events kept in all"),
+        (
+            "--history-max-age-s",
+            bounds.max_age_ms // 1000,
+            "room history: seconds an event is kept",
+        ),
+        (
+            "--history-max-expired",
+            bounds.max_expired,
+            "room history: marks of expired events kept (they report gaps)",
+        ),
+    ):
+        parser.add_argument(
+            flag, type=_positive(int), default=default, help=f"{text} (default {default})"
+        )
 
 
 def config_from_args(args: argparse.Namespace) -> StationConfig:
@@ -308,6 +335,13 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         memory_query_rate=args.memory_query_rate,
         directory_max_agents=args.directory_max_agents,
         directory_puzzle_difficulty=args.directory_puzzle_difficulty,
+        history=not args.no_history,
+        history_bounds=HistoryBounds(
+            max_per_room=args.history_max_per_room,
+            max_events=args.history_max_events,
+            max_age_ms=args.history_max_age_s * 1000,
+            max_expired=args.history_max_expired,
+        ),
     )
     try:
         data_dir = args.data_dir or macula_home() / "station"

@@ -203,6 +203,7 @@ class Station:
             config.house, data_dir, self.identity.node_id, config.host, self.port
         )
         stack.push_async_callback(self._house.close)
+        self._core.interest.published = self._house.note_publish  # the room history's feed
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
         stack.push_async_callback(self._drain)

@@ -1,27 +1,31 @@
 """The station's house services, wired together: shared memory, station directory, agent
-directory. Each is an ordinary realm-scoped procedure set (realm ``macula.house``) that the
-station serves itself and announces with signed procedure_advertisement records, so clients
-find them the way they find anything: resolve the realm in the DHT, then call.
+directory, room history (fed by ``note_publish``, the station's publish hook). Each is an
+ordinary realm-scoped procedure set (realm ``macula.house``) that the station serves itself
+and announces with signed procedure_advertisement records, so clients find them the way they
+find anything: resolve the realm in the DHT, then call.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from macula.house import (
     AGENT_DIRECTORY_PROCEDURES,
+    HISTORY_PROCEDURES,
     HOUSE_REALM,
     MEMORY_PROCEDURES,
     STATION_DIRECTORY_PROCEDURES,
 )
 from macula.wire.codes import ErrorCode
+from macula.wire.frames import Publish
 from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.house.agents import MAX_AGENTS, AgentDirectory, AgentDirectoryStore
+from relay.house.history import HistoryBounds, HistoryService, HistoryStore
 from relay.house.memory import (
     DEFAULT_DEPOSIT_RATE,
     DEFAULT_MAX_CHUNKS_PER_DEPOSITOR,
@@ -59,6 +63,9 @@ class HouseConfig:
     # agent directory: live entries, and the identity puzzle a registrant must meet (0: none)
     directory_max_agents: int = MAX_AGENTS
     directory_puzzle_difficulty: int = DEFAULT_PUZZLE_DIFFICULTY
+    # room history: signed room and central EVENTs kept for catch-up (relay.house.history)
+    history: bool = True
+    history_bounds: HistoryBounds = field(default_factory=HistoryBounds)
 
     def __post_init__(self) -> None:
         positive = {
@@ -80,6 +87,7 @@ class HouseServices:
         self._handlers: dict[str, Handler] = {}
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self.station_directory: StationDirectory | None = None
+        self.history: HistoryService | None = None
 
     @classmethod
     async def open(
@@ -131,6 +139,20 @@ class HouseServices:
                 puzzle_difficulty=config.directory_puzzle_difficulty,
             )
             house._serve(AGENT_DIRECTORY_PROCEDURES, agents.handle)
+        if config.history:
+            await house._open_history(config, data_dir)
+
+    async def _open_history(self, config: HouseConfig, data_dir: Path) -> None:
+        store = await HistoryStore.open(data_dir / "history.sqlite3")
+        self._closers.append(store.close)
+        self.history = HistoryService(store, config.history_bounds)
+        self._closers.append(self.history.close)
+        self._serve(HISTORY_PROCEDURES, self.history.handle)
+
+    def note_publish(self, frame: Publish, now_ms: int) -> None:
+        """The station's publish hook: a PUBLISH it accepted, for the room history."""
+        if self.history is not None:
+            self.history.note(frame, now_ms)
 
     def _serve(self, procedures: frozenset[str], handler: Handler) -> None:
         for procedure in procedures:
@@ -146,6 +168,8 @@ class HouseServices:
             procedures |= STATION_DIRECTORY_PROCEDURES
         if config.agent_directory:
             procedures |= AGENT_DIRECTORY_PROCEDURES
+        if config.history:
+            procedures |= HISTORY_PROCEDURES
         return frozenset((HOUSE_REALM, procedure) for procedure in procedures)
 
     async def handle(self, procedure: str, payload: Any, caller: bytes, now_ms: int) -> Outcome:
