@@ -27,10 +27,11 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from macula.agent.catchup import CatchUp, HistorySource
 from macula.agent.envelope import (
     LOBBY_TOPIC,
     TALK_KINDS,
@@ -46,6 +47,7 @@ from macula.agent.envelope import (
 )
 from macula.errors import MaculaError
 from macula.node import Node
+from macula.services import HouseClient
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM
@@ -96,12 +98,15 @@ class RoomThread:
     room_topic: str
     messages: list[dict[str, Any]]
     poll_hint: str | None
+    unread: int = 0  # unread messages from others before this read
+    lost: int = 0  # messages catch-up found missed for good (history expired)
 
 
 @dataclass(frozen=True, slots=True)
 class RoomsInbox:
     rooms: list[RoomThread]
     central_help: list[TranscriptMessage]  # recent help broadcasts on central
+    central_lost: int = 0
 
 
 class Rooms:
@@ -113,6 +118,7 @@ class Rooms:
         *,
         max_rooms: int = DEFAULT_MAX_ROOMS,
         random_bytes: Callable[[int], bytes] = os.urandom,
+        history: HistorySource | None = None,
     ) -> None:
         self.node = node
         self.transcript = transcript
@@ -127,6 +133,9 @@ class Rooms:
         self._generation = 0  # messages recorded so far (bumped under ``_changed``)
         self._group: asyncio.TaskGroup | None = None
         self.observing = False
+        self.catch_up: CatchUp | None = None
+        self._history = history
+        self._catching: asyncio.Task[int] | None = None
 
     # -- taps ---------------------------------------------------------------------------------
 
@@ -140,8 +149,51 @@ class Rooms:
         if observe:
             for room in (await self.transcript.seen_rooms())[: self.max_rooms]:
                 await self._observe(room.room_topic)
+        self._start_catch_up()
+
+    # -- catch-up (macula.agent.catchup) --------------------------------------------------------
+
+    def _start_catch_up(self) -> None:
+        """Catch up now (the taps are live: nothing falls between) and after every reconnect."""
+        if self.catch_up is None:
+            history = self._history
+            if history is None and isinstance(self.node, Node):
+                history = HouseClient(self.node, self.node.dht, self.node.identity)
+            if history is None:
+                return
+            self.catch_up = CatchUp(self, history, self._station_key)
+            self.node.on_state(self._state_changed)
+        self.catch_up_soon()
+
+    async def _station_key(self) -> bytes:
+        return (await self.node.session(timeout=10)).station_key
+
+    def _state_changed(self, state: str) -> None:
+        if state == "reconnected":
+            self.catch_up_soon()
+
+    def catch_up_soon(self) -> None:
+        """Run a catch-up in the background (one at a time; a later call queues behind)."""
+        if self.catch_up is not None and self._group is not None:
+            self._catching = self._group.create_task(self._catch_up_logged(self.catch_up))
+
+    @staticmethod
+    async def _catch_up_logged(catch_up: CatchUp) -> int:
+        try:
+            return await catch_up.run()
+        except Exception:  # a background task must not take the agent's task group down
+            log.exception("catch-up failed")
+            catch_up.stats["crashed"] += 1
+            return 0
+
+    @property
+    def generation(self) -> int:
+        """How many new messages were recorded so far."""
+        return self._generation
 
     async def stop(self) -> None:
+        if self._catching is not None:
+            self._catching.cancel()
         for topic in list(self._taps):
             await self._untap(topic)
         self._observed.clear()
@@ -204,7 +256,7 @@ class Rooms:
         attested = delivery.authenticated and is_attested(envelope, delivery.publisher)
         if not attested:
             self.stats["unattested"] += 1
-        new = await self._record(envelope, delivery.publisher, attested)
+        new = await self._record(envelope, delivery.publisher, attested, delivery.seq)
         if new and attested and topic == LOBBY_TOPIC and envelope["kind"] == "room_opened":
             refs = envelope.get("refs") or []
             if refs and is_room_topic(refs[0]):
@@ -215,7 +267,11 @@ class Rooms:
                     await self._observe(refs[0])
 
     async def _record(
-        self, envelope: Envelope | dict[str, Any], publisher: bytes, attested: bool
+        self,
+        envelope: Envelope | dict[str, Any],
+        publisher: bytes,
+        attested: bool,
+        event_seq: int | None = None,
     ) -> bool:
         new = await self.transcript.record(
             room_topic=envelope["room_topic"],
@@ -232,6 +288,7 @@ class Rooms:
             purpose=envelope.get("purpose"),
             publisher=publisher,
             attested=int(attested),
+            event_seq=event_seq,
         )
         if new:
             async with self._changed:
@@ -322,7 +379,9 @@ class Rooms:
         )
         if wait_reply_seconds <= 0:
             return Said(topic, envelope["message_id"], 0)
-        reply = await self.wait(topic, wait_reply_seconds, after_ms=envelope["sent_at"])
+        reply = await self.wait_unread(
+            topic, wait_reply_seconds, after_message_id=envelope["message_id"]
+        )
         return Said(topic, envelope["message_id"], 1, reply)
 
     async def wait(
@@ -336,8 +395,6 @@ class Rooms:
     ) -> TranscriptMessage | None:
         """The first attested message in ``topic`` from someone else received after now."""
         since = self.clock() if after_ms is None else after_ms
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, wait_seconds)
 
         async def found() -> TranscriptMessage | None:
             for message in await self.transcript.messages(topic, since_ms=since, limit=200):
@@ -350,6 +407,43 @@ class Rooms:
                     return message
             return None
 
+        return await self._wait_until(found, wait_seconds)
+
+    async def wait_unread(
+        self, topic: str, wait_seconds: float, *, after_message_id: str | None = None
+    ) -> TranscriptMessage | None:
+        """The oldest unread attested message in ``topic`` from someone else, at once if there
+        is one, else the first to arrive within ``wait_seconds``; marked read. With
+        ``after_message_id``: the first from someone else that arrived after that envelope,
+        read or not (``RoomError`` if it is not recorded in ``topic``)."""
+        after_seq = None
+        if after_message_id is not None:
+            anchor = await self.transcript.message(topic, after_message_id)
+            if anchor is None:
+                raise RoomError(
+                    f"after_message_id {after_message_id!r} is not a message recorded in "
+                    f"{topic}: pass a message_id from mesh_read_inbox or mesh_say"
+                )
+            after_seq = anchor.seq
+
+        async def found() -> TranscriptMessage | None:
+            while True:
+                hit = await self.transcript.first_unread(topic, self.me, after_seq=after_seq)
+                if hit is None:
+                    return None
+                taken = await self.transcript.mark_read(topic, [hit.seq], self.clock())
+                if taken or after_seq is not None:
+                    return hit
+                # another waiter marked it read between our read and our mark: look again
+
+        return await self._wait_until(found, wait_seconds)
+
+    async def _wait_until(
+        self, found: Callable[[], Awaitable[TranscriptMessage | None]], wait_seconds: float
+    ) -> TranscriptMessage | None:
+        """``found()`` now, and again whenever a message is recorded, for ``wait_seconds``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait_seconds)
         while True:
             generation = self._generation  # read before looking: a later record moves it
             hit = await found()
@@ -370,14 +464,28 @@ class Rooms:
         """The public rooms tapped by the observer only (not joined), sorted."""
         return sorted(self._observed)
 
-    async def inbox(self, limit: int = 100) -> RoomsInbox:
+    async def inbox(self, limit: int = 100, *, peek: int = 0) -> RoomsInbox:
+        """Each joined room's newest ``limit`` messages threaded, and central's recent help;
+        what is returned is marked read unless ``peek``. ``unread`` counts what was unread
+        before this read; ``lost`` what catch-up found missed for good."""
+        unread = await self.transcript.unread_counts(self.me)
+        lost = await self.transcript.gaps()
         rooms = []
+        now = self.clock()
         for membership in await self.transcript.joined_rooms():
-            messages = await self.transcript.messages(membership.room_topic, limit=limit)
+            topic = membership.room_topic
+            messages = await self.transcript.messages(topic, limit=limit)
             raw = [json.loads(m.envelope) | {"attested": m.attested} for m in messages]
             threaded = [
                 {**t.message, "thread_root": t.thread_root, "depth": t.depth} for t in thread(raw)
             ]
-            rooms.append(RoomThread(membership.room_topic, threaded, poll_hint(raw, self.me)))
+            hint = poll_hint(raw, self.me)
+            rooms.append(
+                RoomThread(topic, threaded, hint, unread.get(topic, 0), lost.get(topic, 0))
+            )
+            if not peek:
+                await self.transcript.mark_read(topic, [m.seq for m in messages], now)
         help_broadcasts = await self.transcript.recent(HELP_KINDS, LOBBY_TOPIC, None, 20)
-        return RoomsInbox(rooms, help_broadcasts)
+        if not peek:
+            await self.transcript.mark_read(LOBBY_TOPIC, [m.seq for m in help_broadcasts], now)
+        return RoomsInbox(rooms, help_broadcasts, lost.get(LOBBY_TOPIC, 0))

@@ -17,7 +17,8 @@ Invariants:
   ``max_events``, none older than ``max_age_ms``; the earliest go first. An event that goes
   leaves an ``expired`` mark (id, topic, publisher, seq, received_ms), so a reader can tell
   what it can no longer fetch; marks are bounded too (``max_expired``, age ``4 * max_age_ms``),
-  and a mark that goes is added to its topic's ``forgotten`` count.
+  and a mark that goes is added to its topic's ``forgotten`` count (reported to a reader whose
+  ``after_id`` is below the highest id forgotten, with that id, ``forgotten_through_id``).
 - ``handle`` never raises (cancellation aside): refusals are 0x0F ``bad_request``, 0x08
   ``rate_limited`` (per caller), via ``relay.outcome.answer``. Results carry no booleans.
 - No clock inside: ``now_ms`` is an argument.
@@ -112,6 +113,7 @@ _HISTORY_V1: Final[Migration] = (
     CREATE TABLE forgotten (
         topic      TEXT PRIMARY KEY,
         through_id INTEGER NOT NULL,       -- the highest id of a mark forgotten
+        through_ms INTEGER NOT NULL,       -- the latest received_ms of a mark forgotten
         marks      INTEGER NOT NULL        -- how many marks of the topic were forgotten
     ) WITHOUT ROWID
     """,
@@ -201,7 +203,9 @@ class HistoryStore(SqliteStore):
                 size += payload_size
             next_id = item_id
         forgotten = await self._fetchone(
-            "SELECT marks FROM forgotten WHERE topic = ? AND through_id > ?", (topic, after_id)
+            "SELECT marks, through_id FROM forgotten"
+            " WHERE topic = ? AND through_id > ? AND through_ms >= ?",
+            (topic, after_id, since_ms),
         )
         return {
             "events": taken_events,
@@ -209,6 +213,7 @@ class HistoryStore(SqliteStore):
             "next_after_id": next_id,
             "more": more,
             "forgotten": int(forgotten[0]) if forgotten is not None else 0,
+            "forgotten_through_id": int(forgotten[1]) if forgotten is not None else 0,
         }
 
     async def count(self, topic: str | None = None) -> int:
@@ -270,10 +275,11 @@ async def _prune(
     params = (now_ms - bounds.max_age_ms * EXPIRED_AGE_FACTOR, bounds.max_expired)
     await execute(
         db,
-        "INSERT INTO forgotten (topic, through_id, marks)"
-        f" SELECT topic, max(id), count(*) FROM expired WHERE {where} GROUP BY topic"
-        " ON CONFLICT (topic) DO UPDATE SET"
-        " through_id = max(through_id, excluded.through_id), marks = marks + excluded.marks",
+        "INSERT INTO forgotten (topic, through_id, through_ms, marks)"
+        f" SELECT topic, max(id), max(received_ms), count(*) FROM expired WHERE {where}"
+        " GROUP BY topic ON CONFLICT (topic) DO UPDATE SET"
+        " through_id = max(through_id, excluded.through_id),"
+        " through_ms = max(through_ms, excluded.through_ms), marks = marks + excluded.marks",
         params,
     )
     await execute(db, f"DELETE FROM expired WHERE {where}", params)
