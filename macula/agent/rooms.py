@@ -341,6 +341,7 @@ class Rooms:
         message_id = None
         if newly:
             message_id = (await self._publish(topic, "participant_joined"))["message_id"]
+            self.catch_up_soon()  # what was said just before we came (room_opened, ...)
         return RoomJoined(topic, int(not newly), message_id)
 
     async def leave(self, topic: str, *, close: int = 0) -> RoomLeft:
