@@ -20,8 +20,10 @@ Invariants:
   ``prune_every`` new messages (with their ``received_ms`` as now), so a flood grows a room by
   at most ``prune_every`` rows past its bound.
 - The store holds what it is given: envelope validation and attestation are the agent layer's.
-- Read marks, catch-up marks and gaps: ``macula.store.unread`` (schema step 2). ``first_unread``
-  and ``first_after`` order by ``seq`` (arrival here): a sender's clock cannot reorder them.
+- Read marks, catch-up marks and gaps: ``macula.store.unread`` (schema step 2). The oldest
+  unread message is the first in transcript order (a message caught up late still comes in
+  its place); "the first after an envelope" is by ``seq`` (arrival here), so a sender's slow
+  clock cannot hide a reply.
 """
 
 from __future__ import annotations
@@ -268,15 +270,18 @@ class TranscriptStore(UnreadMarks):
     async def first_unread(
         self, room_topic: str, me_hex: str, *, after_seq: int | None = None
     ) -> TranscriptMessage | None:
-        """The earliest arrived attested message of ``room_topic`` from someone other than
-        ``me_hex``: unread, or (``after_seq``) arrived after that ``seq``, read or not."""
+        """The first attested message of ``room_topic`` from someone other than ``me_hex``:
+        the oldest unread in transcript order, or (``after_seq``) the first to arrive after
+        that ``seq``, read or not."""
         where = "room_topic = :room AND attested = 1 AND from_hex != :me"
         if after_seq is None:
             where += " AND read_ms IS NULL"
+            order = "sent_at, received_ms, seq"  # transcript order: what was said first
         else:
             where += " AND seq > :after"
+            order = "seq"  # arrived after it here: a sender's clock cannot hide a reply
         rows = await self._fetchall(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY seq LIMIT 1",
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY {order} LIMIT 1",
             {"room": room_topic, "me": me_hex, "after": after_seq},
         )
         return _message(rows[0], self.path) if rows else None
