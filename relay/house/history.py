@@ -153,11 +153,14 @@ class HistoryStore(SqliteStore):
 
     async def keep(self, events: list[Kept], bounds: HistoryBounds, now_ms: int) -> int:
         """Store ``events`` (repeats ignored) and apply ``bounds``; how many were new."""
-        stored = 0
+        rows = [
+            (e.topic, e.realm, e.publisher, e.seq, e.payload, e.publisher_sig, e.received_ms)
+            for e in events
+        ]
         async with self._transaction() as db:
-            for e in events:
-                row = (e.topic, e.realm, e.publisher, e.seq, e.payload, e.publisher_sig)
-                stored += await execute(db, _INSERT, (*row, e.received_ms))
+            before = db.total_changes
+            await db.executemany(_INSERT, rows)
+            stored = db.total_changes - before
             self._keeps += 1
             marks = self._keeps % self.MARKS_PRUNE_EVERY == 0
             await _prune(db, bounds, {e.topic for e in events}, now_ms, marks=marks)
@@ -285,15 +288,16 @@ async def _prune(
     await execute(db, f"DELETE FROM expired WHERE {where}", params)
 
 
-def keepable(frame: Publish, now_ms: int) -> Kept | str:
-    """The PUBLISH as kept, or the name of the reason it is not (a ``stats`` counter)."""
+def keepable(frame: Publish, now_ms: int, *, sig_checked: bool = False) -> Kept | str:
+    """The PUBLISH as kept, or the name of the reason it is not (a ``stats`` counter).
+    ``sig_checked``: the caller already verified a present ``publisher_sig``."""
     if not is_envelope_topic(frame.topic):
         return "not_a_room"
     if frame.publisher_sig is None:
         return "unsigned"
     if not 0 <= frame.seq <= MAX_INT64:
         return "seq_out_of_range"
-    if not publisher_sig_valid(frame):
+    if not sig_checked and not publisher_sig_valid(frame):
         return "bad_publisher_sig"
     try:
         payload = cbor.encode(frame.payload)
@@ -338,11 +342,13 @@ class HistoryService:
 
     # -- recording ---------------------------------------------------------------------------
 
-    def note(self, frame: Publish, now_ms: int) -> None:
-        """Queue one PUBLISH the station accepted, if it belongs in the history."""
+    def note(self, frame: Publish, now_ms: int, *, sig_checked: bool = False) -> None:
+        """Queue one PUBLISH the station accepted, if it belongs in the history.
+        ``sig_checked``: a present ``publisher_sig`` was verified already (the station's
+        router drops a PUBLISH whose signature does not verify before the hook sees it)."""
         if not is_envelope_topic(frame.topic):
             return  # most traffic: not counted, not checked
-        kept = keepable(frame, now_ms)
+        kept = keepable(frame, now_ms, sig_checked=sig_checked)
         if isinstance(kept, str):
             self.stats[kept] += 1
             return

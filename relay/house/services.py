@@ -151,8 +151,8 @@ class HouseServices:
 
     def note_publish(self, frame: Publish, now_ms: int) -> None:
         """The station's publish hook: a PUBLISH it accepted, for the room history."""
-        if self.history is not None:
-            self.history.note(frame, now_ms)
+        if self.history is not None:  # relay.interest verified a present publisher_sig
+            self.history.note(frame, now_ms, sig_checked=True)
 
     def _serve(self, procedures: frozenset[str], handler: Handler) -> None:
         for procedure in procedures:
