@@ -15,7 +15,12 @@ Invariants:
 - waiting never polls the station: it waits on the local transcript, which the taps fill;
   every new message bumps ``_generation`` under ``_changed``, and a waiter re-reads whenever
   the generation moved since its last read, so nothing recorded between a read and the wait
-  is missed.
+  is missed;
+- unread marks (``wait_unread``, ``inbox``): the oldest unread message from someone else is
+  returned at once, else the first to be recorded; what is returned is marked read, and a
+  message marked read by one waiter is never returned to another;
+- catch-up (``macula.agent.catchup``) runs at start, after every reconnect and on joining a
+  room; what it fetches goes through ``_heard`` like a live delivery.
 """
 
 from __future__ import annotations
