@@ -96,7 +96,7 @@ class CatchUp:
         for _ in range(self.max_pages):
             args = {"topic": topic, "after_id": after, "since_ms": since, "limit": self.page}
             page = await self.source.call(HISTORY_FETCH, args)
-            if not _page_ok(page):
+            if not _page_ok(page, self.page):
                 self.stats["bad_pages"] += 1
                 break
             for event in page["events"]:
@@ -144,10 +144,13 @@ class CatchUp:
         return 0 if held else 1
 
 
-def _page_ok(page: object) -> bool:
+def _page_ok(page: object, limit: int) -> bool:
+    """A page shaped as ``macula.history.fetch_v1`` answers, with at most ``limit`` items."""
     if not isinstance(page, Mapping):
         return False
     lists = all(isinstance(page.get(key), list) for key in ("events", "expired"))
+    if lists and len(page["events"]) + len(page["expired"]) > limit:
+        return False
     ints = all(
         type(page.get(key)) is int and page[key] >= 0
         for key in ("next_after_id", "more", "forgotten", "forgotten_through_id")

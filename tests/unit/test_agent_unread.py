@@ -349,6 +349,15 @@ def test_catch_up_survives_a_source_that_fails_or_answers_nonsense(tmp_path: Pat
         assert await broken.run() == 0 and broken.stats["failed"] == 1
         nonsense = CatchUp(rooms, Nonsense(), station)
         assert await nonsense.run() == 0 and nonsense.stats["bad_pages"] == 1
+
+        class Flood(FakeHistory):  # more items than asked for: refused whole
+            async def call(self, procedure: str, payload: Any) -> Any:
+                marks = [{"publisher": BOB.node_id, "seq": n} for n in range(5)]
+                return await super().call(procedure, payload) | {"expired": marks}
+
+        flood = CatchUp(rooms, Flood(LOBBY_TOPIC), station, page=2)
+        assert await flood.run() == 0 and flood.stats["bad_pages"] == 1
+        assert await transcript.gaps() == {}
         assert await transcript.catchup_mark(LOBBY_TOPIC, STATION) is None
 
     run_in(tmp_path, body)
