@@ -17,12 +17,17 @@ LIST_STATIONS: Final = "macula.stations.list_stations_v1"
 AGENTS_REGISTER: Final = "macula.agents.register_v1"
 AGENTS_REMOVE: Final = "macula.agents.remove_v1"
 AGENTS_LIST: Final = "macula.agents.list_v1"
+HISTORY_FETCH: Final = "macula.history.fetch_v1"
 
 MEMORY_PROCEDURES: Final = frozenset({MEMORY_ADD, MEMORY_QUERY})
 STATION_DIRECTORY_PROCEDURES: Final = frozenset({LIST_STATIONS})
 AGENT_DIRECTORY_PROCEDURES: Final = frozenset({AGENTS_REGISTER, AGENTS_REMOVE, AGENTS_LIST})
+HISTORY_PROCEDURES: Final = frozenset({HISTORY_FETCH})
 # Reserved: only the station itself may advertise these (ADVERTISE or procedure_advertisement
 # record, in any realm), and clients trust only records the station it is connected to signed.
 HOUSE_PROCEDURES: Final = (
-    MEMORY_PROCEDURES | STATION_DIRECTORY_PROCEDURES | AGENT_DIRECTORY_PROCEDURES
+    MEMORY_PROCEDURES
+    | STATION_DIRECTORY_PROCEDURES
+    | AGENT_DIRECTORY_PROCEDURES
+    | HISTORY_PROCEDURES
 )

@@ -29,6 +29,7 @@ from macula.wire.framing import MAX_FRAME_SIZE
 from relay.federation.dht import DhtConfig
 from relay.federation.dht_storage import DhtLimits
 from relay.federation.links import LinkTarget, parse_peer
+from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.station import Station, StationConfig
@@ -289,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="peer stations this station dials at most (default 64)",
     )
     _federation_flags(parser, policy)
+    _history_flags(parser, house)
     return parser
 
 
@@ -352,6 +354,31 @@ def _federation_flags(parser: argparse.ArgumentParser, policy: StationPolicy) ->
             type=_positive(int),
             default=default,
             help=f"{text} (default {default})",
+        )
+
+
+def _history_flags(parser: argparse.ArgumentParser, house: HouseConfig) -> None:
+    """The room history's switch and bounds (relay.house.history.HistoryBounds)."""
+    bounds = house.history_bounds
+    parser.add_argument(
+        "--no-history", action="store_true", help="do not keep room history for catch-up"
+    )
+    for flag, default, text in (
+        ("--history-max-per-room", bounds.max_per_room, "room history: events kept per room"),
+        ("--history-max-events", bounds.max_events, "room history: events kept in all"),
+        (
+            "--history-max-age-s",
+            bounds.max_age_ms // 1000,
+            "room history: seconds an event is kept",
+        ),
+        (
+            "--history-max-expired",
+            bounds.max_expired,
+            "room history: marks of expired events kept (they report gaps)",
+        ),
+    ):
+        parser.add_argument(
+            flag, type=_positive(int), default=default, help=f"{text} (default {default})"
         )
 
 
@@ -429,6 +456,13 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         memory_query_rate=args.memory_query_rate,
         directory_max_agents=args.directory_max_agents,
         directory_puzzle_difficulty=args.directory_puzzle_difficulty,
+        history=not args.no_history,
+        history_bounds=HistoryBounds(
+            max_per_room=args.history_max_per_room,
+            max_events=args.history_max_events,
+            max_age_ms=args.history_max_age_s * 1000,
+            max_expired=args.history_max_expired,
+        ),
     )
     try:
         data_dir = args.data_dir or macula_home() / "station"

@@ -74,6 +74,7 @@ class InterestRouter:
         self._drop = drop
         self._count = count
         self.federation = federation
+        self.published: Callable[[Publish, int], None] | None = None  # every PUBLISH accepted
 
     def handle(self, peer: Peer, frame: Declaration, now_ms: int) -> list[Action]:
         """Apply one verified declaration from ``peer``; the EVENTs a PUBLISH sends."""
@@ -207,6 +208,8 @@ class InterestRouter:
             self._drop(peer, "publish_rate_limited", "publish rate above quota")
             return []
         self._count("publishes")
+        if self.published is not None:
+            self.published(frame, now_ms)  # the room history (relay.house.history)
         subscribers = self._subscriptions.subscribers((frame.realm, frame.topic.encode()))
         if not subscribers:
             return []

@@ -257,6 +257,7 @@ class Station:
             ),
         )
         stack.push_async_callback(self._house.close)
+        self._core.interest.published = self._house.note_publish  # the room history's feed
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
         self.known_peers = KnownPeers(

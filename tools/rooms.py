@@ -11,7 +11,10 @@ Invariants:
 - waits never poll the station: they wait on the transcript the background taps fill, for at
   most 3600 s; rings made by ``mesh_open_room`` run concurrently, so one slow callee does not
   delay the others;
-- every message shown carries ``from`` (64 hex) and ``from_petname`` (a label, never a proof).
+- every message shown carries ``from`` (64 hex) and ``from_petname`` (a label, never a proof);
+- unread marks: ``mesh_wait_room`` returns the oldest unread message from someone else at once,
+  else waits, and marks what it returns read; ``mesh_read_inbox`` marks what it shows read
+  unless ``peek`` is 1; ``lost`` counts what catch-up found missed for good.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from macula.agent.envelope import (
     LOBBY_TOPIC,
     MAX_PURPOSE_CHARS,
     TALK_KINDS,
+    is_id,
     poll_hint,
     validate,
 )
@@ -358,13 +362,13 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             "mesh_rooms",
             "Rooms you are in (role opener/participant, public 0/1, private 0/1 with the key "
             "epoch and undecryptable: envelopes held without their key, purpose, messages "
-            "recorded, "
-            "participants seen with petnames and left 0/1), plus public rooms announced on "
-            "central that you have not joined (opener, purpose, observed 0/1), and whether the "
-            "lobby observer is on. Instant and local: it reads what the background watches "
-            "recorded, never the network.",
-            "Your rooms (role, public, purpose, message count, participants seen) and public "
-            "rooms announced on central you have not joined. Instant, local.",
+            "recorded, unread from others, lost: messages missed for good because the station's "
+            "history expired before catch-up, participants seen with petnames and left 0/1), plus"
+            " public rooms announced on central that you have not joined (opener, purpose, "
+            "observed 0/1), and whether the lobby observer is on. Instant and local: it reads "
+            "what the background watches recorded, never the network.",
+            "Your rooms (role, public, private, purpose, messages, unread, lost, participants "
+            "seen) and public rooms announced on central you have not joined. Instant, local.",
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
@@ -375,6 +379,8 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             rooms = runtime.agent.rooms
             transcript = rooms.transcript
             counts = {a.room_topic: a.messages for a in await transcript.rooms()}
+            unread = await transcript.unread_counts(rooms.me)
+            lost = await transcript.gaps()
             observed = set(rooms.observed())
             joined = []
             for m in await transcript.joined_rooms():
@@ -395,6 +401,8 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                         "purpose": m.purpose,
                         "joined_ms": m.joined_ms,
                         "messages": counts.get(m.room_topic, 0),
+                        "unread": unread.get(m.room_topic, 0),
+                        "lost": lost.get(m.room_topic, 0),
                         "participants_seen": people,
                     }
                 )
@@ -429,9 +437,10 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             "(default); answer_given and result_reported need in_reply_to (a message_id). text "
             "is non-blank, <= 16 KiB (share larger content by content id in refs). Every "
             "problem is listed before anything is sent. wait_reply_seconds (default 0, max "
-            "3600) waits in the same call for the first message from someone else, read from "
-            "the watch that was already running (nothing falls into a gap); PUBLISH itself has "
-            "no acknowledgement. In a private room the envelope is sealed with the room key "
+            "3600) waits in the same call for the first message from someone else after yours "
+            "(marked read, like mesh_wait_room with after_message_id), read from the watch "
+            "that was already running (nothing falls into a gap); PUBLISH itself has no "
+            "acknowledgement. In a private room the envelope is sealed with the room key "
             "(only kind, sender and time stay visible); if you were removed it is refused. Do "
             "not write into a room nobody invited you to; other rooms are unguessable, not "
             "encrypted: no secrets there.",
@@ -496,17 +505,21 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_wait_room",
         description=describe(
             "mesh_wait_room",
-            "Block for up to wait_seconds (default 30, max 3600) for the next message from "
-            "someone else in a room you are in (or on central, or a public room you observe), "
-            "without saying anything first: the passive counterpart to mesh_say's "
-            "wait_reply_seconds. Returns message (null if none came) and timed_out 0/1. Only "
-            "messages arriving after the call starts count; what came earlier is in "
-            "mesh_read_inbox. Use this instead of sleeping and re-reading the inbox.",
-            "Block up to wait_seconds (default 30, max 3600) for the next message from someone "
-            "else in a room you are in (or central); message or null, timed_out 0/1. Earlier "
-            "messages: mesh_read_inbox.",
+            "The next unread message from someone else in a room you are in (or on central, or "
+            "a public room you observe): returned at once if one is already waiting (an answer "
+            "that came before you called is not lost), else waits up to wait_seconds (default "
+            "30, max 3600) for one. Each room keeps your read marks: what this returns, and what "
+            "mesh_read_inbox shows, is marked read, so calling again gives the next one. "
+            "after_message_id instead returns the first message from someone else that arrived "
+            "after that envelope (read or not), e.g. the reply to your question. Returns "
+            "message (null if none came) and timed_out 0/1. Use this instead of sleeping and "
+            "re-reading the inbox.",
+            "The oldest unread message from someone else in a room you are in (or central): at "
+            "once if one waits, else up to wait_seconds (default 30, max 3600); marked read. "
+            "after_message_id: the first message after that envelope. message or null, "
+            "timed_out 0/1.",
         ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_wait_room(
         ctx: Context,
@@ -514,10 +527,16 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
         wait_seconds: Annotated[
             float, Field(description="how long to wait, (0, 3600]")
         ] = DEFAULT_WAIT_S,
+        after_message_id: Annotated[
+            str | None,
+            Field(description="wait for what follows this envelope (a message_id in the room)"),
+        ] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = room_problems("room_topic", room_topic, central_ok=True)
         problems += check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
+        if after_message_id is not None and not is_id(after_message_id):
+            problems.append("after_message_id: expected 1..64 characters of A-Z a-z 0-9 _ -")
         if problems:
             return invalid(problems)
 
@@ -528,14 +547,20 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
                 raise RoomError(
                     f"not in {room_topic}: nothing would arrive; join it first (mesh_join_room)"
                 )
-            message = await rooms.wait(room_topic, wait_seconds)
+            message = await rooms.wait_unread(
+                room_topic, wait_seconds, after_message_id=after_message_id
+            )
             return {
                 "room_topic": room_topic,
                 "message": optional_message_view(message),
                 "timed_out": int(message is None),
             }
 
-        args = {"room_topic": room_topic, "wait_seconds": wait_seconds}
+        args = {
+            "room_topic": room_topic,
+            "wait_seconds": wait_seconds,
+            "after_message_id": after_message_id,
+        }
         return await run_agent_tool(runtime, "mesh_wait_room", args, work)
 
     @app.tool(
@@ -546,40 +571,55 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             "in_reply_to chain; attested 1 when the station vouches the sender is from), the "
             "recent help_requested / help_offered broadcasts on central, and rings.pending: "
             "rings your contact policy deferred to you (answer them with mesh_answer_ring). "
-            "Instant and local, never blocks; only what arrived while you were present. "
-            "poll_hint appears when you spoke last and nobody answered: then wait with "
-            "mesh_wait_room instead of re-reading.",
-            "Your rooms' messages threaded (thread_root, depth), central help broadcasts, "
-            "rings.pending (answer with mesh_answer_ring), poll_hint. Instant, local, not "
-            "retroactive.",
+            "Instant and local, never blocks. What it shows is marked read (mesh_wait_room then "
+            "waits for what is new); peek 1 leaves the read marks alone. Per room, unread is "
+            "how many were unread before this call. What was said while you were away or "
+            "disconnected is fetched from the station's room history when you come back "
+            "(catch-up, every envelope verified and kept once); lost counts messages that "
+            "expired there before you could fetch them. poll_hint appears when you spoke last "
+            "and nobody answered: then wait with mesh_wait_room instead of re-reading.",
+            "Your rooms' messages threaded (thread_root, depth; unread, lost per room), central "
+            "help broadcasts, rings.pending (answer with mesh_answer_ring), poll_hint. Marks "
+            "what it shows read unless peek 1. Missed messages are caught up from the station.",
         ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
+        annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
-    async def mesh_read_inbox(ctx: Context) -> CallToolResult:
+    async def mesh_read_inbox(
+        ctx: Context,
+        peek: Annotated[int, Field(description="1 leaves the read marks alone; 0 or 1")] = 0,
+    ) -> CallToolResult:
         runtime = runtime_of(ctx)
+        problems = check_flag("peek", peek)
+        if problems:
+            return invalid(problems)
 
         async def work() -> dict[str, Any]:
             agent = runtime.agent
-            inbox = await agent.inbox()
+            inbox = await agent.rooms.inbox(peek=peek)
+            pending_rings = await agent.rings.pending()
             everything: list[dict[str, Any]] = []
             rooms: list[dict[str, Any]] = []
             for thread in inbox.rooms:
                 messages = [with_petname(m) for m in thread.messages]
                 everything.extend(messages)
-                entry: dict[str, Any] = {"room_topic": thread.room_topic, "messages": messages}
+                entry: dict[str, Any] = {
+                    "room_topic": thread.room_topic,
+                    "messages": messages,
+                    "unread": thread.unread,
+                    "lost": thread.lost,
+                }
                 if thread.poll_hint:
                     entry["poll_hint"] = thread.poll_hint
                 rooms.append(entry)
-            pending = [
-                ring_view(r) | {"peer_petname": label(r.peer.hex())} for r in inbox.pending_rings
-            ]
+            pending = [ring_view(r) | {"peer_petname": label(r.peer.hex())} for r in pending_rings]
             me = agent.node.identity.node_id.hex()
             return {
                 "rooms": rooms,
                 "central_help": [message_view(m) for m in inbox.central_help],
+                "central_lost": inbox.central_lost,
                 "rings": {"pending": pending},
                 "me": me,
                 "poll_hint": poll_hint(everything, me),
             }
 
-        return await run_agent_tool(runtime, "mesh_read_inbox", {}, work)
+        return await run_agent_tool(runtime, "mesh_read_inbox", {"peek": peek}, work)

@@ -21,7 +21,12 @@ Invariants:
 - waiting never polls the station: it waits on the local transcript, which the taps fill;
   every new message bumps ``_generation`` under ``_changed``, and a waiter re-reads whenever
   the generation moved since its last read, so nothing recorded between a read and the wait
-  is missed.
+  is missed;
+- unread marks (``wait_unread``, ``inbox``): the oldest unread message from someone else is
+  returned at once, else the first to be recorded; what is returned is marked read, and a
+  message marked read by one waiter is never returned to another;
+- catch-up (``macula.agent.catchup``) runs at start, after every reconnect and on joining a
+  room; what it fetches goes through ``_heard`` like a live delivery.
 """
 
 from __future__ import annotations
@@ -33,10 +38,11 @@ import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from macula.agent.catchup import CatchUp, HistorySource
 from macula.agent.envelope import (
     LOBBY_TOPIC,
     TALK_KINDS,
@@ -53,6 +59,7 @@ from macula.agent.envelope import (
 from macula.agent.room_keys import Heard, RoomKeys
 from macula.errors import MaculaError
 from macula.node import Node
+from macula.services import HouseClient
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM
@@ -114,12 +121,15 @@ class RoomThread:
     room_topic: str
     messages: list[dict[str, Any]]
     poll_hint: str | None
+    unread: int = 0  # unread messages from others before this read
+    lost: int = 0  # messages catch-up found missed for good (history expired)
 
 
 @dataclass(frozen=True, slots=True)
 class RoomsInbox:
     rooms: list[RoomThread]
     central_help: list[TranscriptMessage]  # recent help broadcasts on central
+    central_lost: int = 0
 
 
 class Rooms:
@@ -131,6 +141,7 @@ class Rooms:
         *,
         max_rooms: int = DEFAULT_MAX_ROOMS,
         random_bytes: Callable[[int], bytes] = os.urandom,
+        history: HistorySource | None = None,
     ) -> None:
         self.node = node
         self.transcript = transcript
@@ -147,6 +158,9 @@ class Rooms:
         self.observing = False
         self.keys: RoomKeys | None = None  # private rooms; set by the agent
         self.observers: list[Callable[[EnvelopeHeard], None]] = []  # told of each new envelope
+        self.catch_up: CatchUp | None = None
+        self._history = history
+        self._catching: asyncio.Task[int] | None = None
 
     # -- taps ---------------------------------------------------------------------------------
 
@@ -160,8 +174,51 @@ class Rooms:
         if observe:
             for room in (await self.transcript.seen_rooms())[: self.max_rooms]:
                 await self._observe(room.room_topic)
+        self._start_catch_up()
+
+    # -- catch-up (macula.agent.catchup) --------------------------------------------------------
+
+    def _start_catch_up(self) -> None:
+        """Catch up now (the taps are live: nothing falls between) and after every reconnect."""
+        if self.catch_up is None:
+            history = self._history
+            if history is None and isinstance(self.node, Node):
+                history = HouseClient(self.node, self.node.dht, self.node.identity)
+            if history is None:
+                return
+            self.catch_up = CatchUp(self, history, self._station_key)
+            self.node.on_state(self._state_changed)
+        self.catch_up_soon()
+
+    async def _station_key(self) -> bytes:
+        return (await self.node.session(timeout=10)).station_key
+
+    def _state_changed(self, state: str) -> None:
+        if state == "reconnected":
+            self.catch_up_soon()
+
+    def catch_up_soon(self) -> None:
+        """Run a catch-up in the background (one at a time; a later call queues behind)."""
+        if self.catch_up is not None and self._group is not None:
+            self._catching = self._group.create_task(self._catch_up_logged(self.catch_up))
+
+    @staticmethod
+    async def _catch_up_logged(catch_up: CatchUp) -> int:
+        try:
+            return await catch_up.run()
+        except Exception:  # a background task must not take the agent's task group down
+            log.exception("catch-up failed")
+            catch_up.stats["crashed"] += 1
+            return 0
+
+    @property
+    def generation(self) -> int:
+        """How many new messages were recorded so far."""
+        return self._generation
 
     async def stop(self) -> None:
+        if self._catching is not None:
+            self._catching.cancel()
         for topic in list(self._taps):
             await self._untap(topic)
         self._observed.clear()
@@ -224,15 +281,19 @@ class Rooms:
         heard = [Heard(envelope, delivery.publisher, delivery.authenticated)]
         if self.keys is not None and topic != LOBBY_TOPIC:
             heard = await self.keys.receive(envelope, delivery.publisher, delivery.authenticated)
+        # the event's seq belongs to the envelope it carried (a key envelope releases others')
+        seq = None if envelope.get("kind") == "key_distributed" else delivery.seq
         for item in heard:
-            await self._heard_one(topic, item)
+            await self._heard_one(
+                topic, item, seq if item.publisher == delivery.publisher else None
+            )
 
-    async def _heard_one(self, topic: str, heard: Heard) -> None:
+    async def _heard_one(self, topic: str, heard: Heard, event_seq: int | None = None) -> None:
         envelope = heard.envelope
         attested = heard.authenticated and is_attested(envelope, heard.publisher)
         if not attested:
             self.stats["unattested"] += 1
-        new = await self._record(envelope, heard.publisher, attested)
+        new = await self._record(envelope, heard.publisher, attested, event_seq)
         if new:
             self._tell(EnvelopeHeard(topic, dict(envelope), heard.publisher, int(attested)))
         if new and attested and self.keys is not None and topic != LOBBY_TOPIC:
@@ -256,7 +317,11 @@ class Rooms:
                 log.exception("a room observer failed")
 
     async def _record(
-        self, envelope: Envelope | dict[str, Any], publisher: bytes, attested: bool
+        self,
+        envelope: Envelope | dict[str, Any],
+        publisher: bytes,
+        attested: bool,
+        event_seq: int | None = None,
     ) -> bool:
         new = await self.transcript.record(
             room_topic=envelope["room_topic"],
@@ -273,6 +338,7 @@ class Rooms:
             purpose=envelope.get("purpose"),
             publisher=publisher,
             attested=int(attested),
+            event_seq=event_seq,
         )
         if new:
             async with self._changed:
@@ -346,6 +412,7 @@ class Rooms:
         message_id = None
         if newly:
             message_id = (await self._publish(topic, "participant_joined"))["message_id"]
+            self.catch_up_soon()  # what was said just before we came (room_opened, ...)
         return RoomJoined(topic, int(not newly), message_id)
 
     async def leave(self, topic: str, *, close: int = 0) -> RoomLeft:
@@ -394,7 +461,9 @@ class Rooms:
         )
         if wait_reply_seconds <= 0:
             return Said(topic, envelope["message_id"], 0)
-        reply = await self.wait(topic, wait_reply_seconds, after_ms=envelope["sent_at"])
+        reply = await self.wait_unread(
+            topic, wait_reply_seconds, after_message_id=envelope["message_id"]
+        )
         return Said(topic, envelope["message_id"], 1, reply)
 
     async def wait(
@@ -408,8 +477,6 @@ class Rooms:
     ) -> TranscriptMessage | None:
         """The first attested message in ``topic`` from someone else received after now."""
         since = self.clock() if after_ms is None else after_ms
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, wait_seconds)
 
         async def found() -> TranscriptMessage | None:
             for message in await self.transcript.messages(topic, since_ms=since, limit=200):
@@ -422,6 +489,43 @@ class Rooms:
                     return message
             return None
 
+        return await self._wait_until(found, wait_seconds)
+
+    async def wait_unread(
+        self, topic: str, wait_seconds: float, *, after_message_id: str | None = None
+    ) -> TranscriptMessage | None:
+        """The oldest unread attested message in ``topic`` from someone else, at once if there
+        is one, else the first to arrive within ``wait_seconds``; marked read. With
+        ``after_message_id``: the first from someone else that arrived after that envelope,
+        read or not (``RoomError`` if it is not recorded in ``topic``)."""
+        after_seq = None
+        if after_message_id is not None:
+            anchor = await self.transcript.message(topic, after_message_id)
+            if anchor is None:
+                raise RoomError(
+                    f"after_message_id {after_message_id!r} is not a message recorded in "
+                    f"{topic}: pass a message_id from mesh_read_inbox or mesh_say"
+                )
+            after_seq = anchor.seq
+
+        async def found() -> TranscriptMessage | None:
+            while True:
+                hit = await self.transcript.first_unread(topic, self.me, after_seq=after_seq)
+                if hit is None:
+                    return None
+                taken = await self.transcript.mark_read(topic, [hit.seq], self.clock())
+                if taken or after_seq is not None:
+                    return hit
+                # another waiter marked it read between our read and our mark: look again
+
+        return await self._wait_until(found, wait_seconds)
+
+    async def _wait_until(
+        self, found: Callable[[], Awaitable[TranscriptMessage | None]], wait_seconds: float
+    ) -> TranscriptMessage | None:
+        """``found()`` now, and again whenever a message is recorded, for ``wait_seconds``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait_seconds)
         while True:
             generation = self._generation  # read before looking: a later record moves it
             hit = await found()
@@ -442,14 +546,28 @@ class Rooms:
         """The public rooms tapped by the observer only (not joined), sorted."""
         return sorted(self._observed)
 
-    async def inbox(self, limit: int = 100) -> RoomsInbox:
+    async def inbox(self, limit: int = 100, *, peek: int = 0) -> RoomsInbox:
+        """Each joined room's newest ``limit`` messages threaded, and central's recent help;
+        what is returned is marked read unless ``peek``. ``unread`` counts what was unread
+        before this read; ``lost`` what catch-up found missed for good."""
+        unread = await self.transcript.unread_counts(self.me)
+        lost = await self.transcript.gaps()
         rooms = []
+        now = self.clock()
         for membership in await self.transcript.joined_rooms():
-            messages = await self.transcript.messages(membership.room_topic, limit=limit)
+            topic = membership.room_topic
+            messages = await self.transcript.messages(topic, limit=limit)
             raw = [json.loads(m.envelope) | {"attested": m.attested} for m in messages]
             threaded = [
                 {**t.message, "thread_root": t.thread_root, "depth": t.depth} for t in thread(raw)
             ]
-            rooms.append(RoomThread(membership.room_topic, threaded, poll_hint(raw, self.me)))
+            hint = poll_hint(raw, self.me)
+            rooms.append(
+                RoomThread(topic, threaded, hint, unread.get(topic, 0), lost.get(topic, 0))
+            )
+            if not peek:
+                await self.transcript.mark_read(topic, [m.seq for m in messages], now)
         help_broadcasts = await self.transcript.recent(HELP_KINDS, LOBBY_TOPIC, None, 20)
-        return RoomsInbox(rooms, help_broadcasts)
+        if not peek:
+            await self.transcript.mark_read(LOBBY_TOPIC, [m.seq for m in help_broadcasts], now)
+        return RoomsInbox(rooms, help_broadcasts, lost.get(LOBBY_TOPIC, 0))

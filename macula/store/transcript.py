@@ -20,6 +20,10 @@ Invariants:
   ``prune_every`` new messages (with their ``received_ms`` as now), so a flood grows a room by
   at most ``prune_every`` rows past its bound.
 - The store holds what it is given: envelope validation and attestation are the agent layer's.
+- Read marks, catch-up marks and gaps: ``macula.store.unread`` (schema step 2). The oldest
+  unread message is the first in transcript order (a message caught up late still comes in
+  its place); "the first after an envelope" is by ``seq`` (arrival here), so a sender's slow
+  clock cannot hide a reply.
 """
 
 from __future__ import annotations
@@ -39,7 +43,6 @@ from macula.store.base import (
     Migration,
     Params,
     Row,
-    SqliteStore,
     check_flag,
     check_limit,
     execute,
@@ -47,6 +50,7 @@ from macula.store.base import (
     opt_int,
     opt_text,
 )
+from macula.store.unread import TRANSCRIPT_V2, UnreadMarks
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -117,9 +121,11 @@ _MESSAGE_COLUMNS: Final = (
 
 _INSERT_MESSAGE: Final = """
 INSERT INTO messages (room_topic, message_id, from_hex, kind, text, in_reply_to, refs,
-                      participants, purpose, sent_at, received_ms, publisher, attested, envelope)
+                      participants, purpose, sent_at, received_ms, publisher, attested, envelope,
+                      event_seq)
 VALUES (:room_topic, :message_id, :from_hex, :kind, :text, :in_reply_to, :refs,
-        :participants, :purpose, :sent_at, :received_ms, :publisher, :attested, :envelope)
+        :participants, :purpose, :sent_at, :received_ms, :publisher, :attested, :envelope,
+        :event_seq)
 ON CONFLICT (room_topic, message_id) DO NOTHING
 """
 
@@ -173,10 +179,10 @@ class PublicRoom:
     last_seen_ms: int
 
 
-class TranscriptStore(SqliteStore):
+class TranscriptStore(UnreadMarks):
     """Messages of central and of rooms, the rooms joined, and public rooms seen on central."""
 
-    MIGRATIONS = (_TRANSCRIPT_V1,)
+    MIGRATIONS = (_TRANSCRIPT_V1, TRANSCRIPT_V2)
 
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         super().__init__(db, path)
@@ -202,6 +208,7 @@ class TranscriptStore(SqliteStore):
         purpose: str | None = None,
         publisher: bytes | None = None,
         attested: int = 0,
+        event_seq: int | None = None,
     ) -> bool:
         """Store one envelope; True if new, False if ``(room_topic, message_id)`` was known."""
         for name, value in (
@@ -229,6 +236,7 @@ class TranscriptStore(SqliteStore):
             "publisher": publisher,
             "attested": check_flag(attested, "attested"),
             "envelope": envelope,
+            "event_seq": None if event_seq is None else _check_int(event_seq, "event_seq"),
         }
         new = await self._execute(_INSERT_MESSAGE, params) > 0
         if new:
@@ -258,6 +266,33 @@ class TranscriptStore(SqliteStore):
         """The newest message of ``room_topic`` in transcript order, if any."""
         found = await self._select([], {}, room_topic, None, 1)
         return found[0] if found else None
+
+    async def first_unread(
+        self, room_topic: str, me_hex: str, *, after_seq: int | None = None
+    ) -> TranscriptMessage | None:
+        """The first attested message of ``room_topic`` from someone other than ``me_hex``:
+        the oldest unread in transcript order, or (``after_seq``) the first to arrive after
+        that ``seq``, read or not."""
+        where = "room_topic = :room AND attested = 1 AND from_hex != :me"
+        if after_seq is None:
+            where += " AND read_ms IS NULL"
+            order = "sent_at, received_ms, seq"  # transcript order: what was said first
+        else:
+            where += " AND seq > :after"
+            order = "seq"  # arrived after it here: a sender's clock cannot hide a reply
+        rows = await self._fetchall(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY {order} LIMIT 1",
+            {"room": room_topic, "me": me_hex, "after": after_seq},
+        )
+        return _message(rows[0], self.path) if rows else None
+
+    async def message(self, room_topic: str, message_id: str) -> TranscriptMessage | None:
+        """One message by its id, if recorded."""
+        rows = await self._fetchall(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE room_topic = ? AND message_id = ?",
+            (room_topic, message_id),
+        )
+        return _message(rows[0], self.path) if rows else None
 
     async def rooms(self) -> list[RoomActivity]:
         """Every topic with recorded messages, most recently active (by our clock) first."""
@@ -311,6 +346,8 @@ class TranscriptStore(SqliteStore):
                 "DELETE FROM memberships WHERE left_ms IS NOT NULL AND left_ms < ?",
                 (cutoff,),
             )
+            await execute(db, "DELETE FROM catchup_marks WHERE caught_ms < ?", (cutoff,))
+            await execute(db, "DELETE FROM gaps WHERE noted_ms < ?", (cutoff,))
         return removed
 
     async def _select(

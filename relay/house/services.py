@@ -1,7 +1,8 @@
 """The station's house services, wired together: shared memory, station directory, agent
-directory. Each is an ordinary realm-scoped procedure set (realm ``macula.house``) that the
-station serves itself and announces with signed procedure_advertisement records, so clients
-find them the way they find anything: resolve the realm in the DHT, then call.
+directory, room history (fed by ``note_publish``, the station's publish hook). Each is an
+ordinary realm-scoped procedure set (realm ``macula.house``) that the station serves itself
+and announces with signed procedure_advertisement records, so clients find them the way they
+find anything: resolve the realm in the DHT, then call.
 
 Across stations (``relay.house.mesh``): a client's ``macula.agents.list_v1`` merges this
 station's entries with every linked station's (``ask_linked``); a station peer's gets this
@@ -9,7 +10,8 @@ station's only (``from_station``, told by the shell from the connection). The st
 directory learns a dialled link's address when it comes up (``station_linked``), what each
 linked station says of itself when a client lists stations (asked with ``ask_linked``, one
 hop, like the agents), and the mesh's live stations from discovery (``stations_discovered``).
-Nothing is asked of a link merely because it came up. Shared memory stays per station.
+Nothing is asked of a link merely because it came up. Shared memory and room history stay per
+station.
 """
 
 from __future__ import annotations
@@ -17,23 +19,26 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from macula.house import (
     AGENT_DIRECTORY_PROCEDURES,
     AGENTS_LIST,
+    HISTORY_PROCEDURES,
     HOUSE_REALM,
     LIST_STATIONS,
     MEMORY_PROCEDURES,
     STATION_DIRECTORY_PROCEDURES,
 )
 from macula.wire.codes import ErrorCode
+from macula.wire.frames import Publish
 from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.federation.links import StationLike
 from relay.house.agents import MAX_AGENTS, AgentDirectory, AgentDirectoryStore
+from relay.house.history import HistoryBounds, HistoryService, HistoryStore
 from relay.house.memory import (
     DEFAULT_DEPOSIT_RATE,
     DEFAULT_MAX_CHUNKS_PER_DEPOSITOR,
@@ -86,6 +91,9 @@ class HouseConfig:
     mesh_fanout: int = DEFAULT_FANOUT
     mesh_concurrency: int = DEFAULT_CONCURRENCY
     mesh_timeout_ms: int = DEFAULT_TIMEOUT_MS
+    # room history: signed room and central EVENTs kept for catch-up (relay.house.history)
+    history: bool = True
+    history_bounds: HistoryBounds = field(default_factory=HistoryBounds)
 
     def __post_init__(self) -> None:
         if type(self.mesh_fanout) is not int or self.mesh_fanout < 0:
@@ -113,6 +121,7 @@ class HouseServices:
         self.station_directory: StationDirectory | None = None
         self.mesh_agents: MeshAgentList | None = None
         self._ask_linked: AskLinked | None = None
+        self.history: HistoryService | None = None
 
     @classmethod
     async def open(
@@ -178,6 +187,20 @@ class HouseServices:
                 puzzle_difficulty=config.directory_puzzle_difficulty,
             )
             house._serve(AGENT_DIRECTORY_PROCEDURES, agents.handle)
+        if config.history:
+            await house._open_history(config, data_dir)
+
+    async def _open_history(self, config: HouseConfig, data_dir: Path) -> None:
+        store = await HistoryStore.open(data_dir / "history.sqlite3")
+        self._closers.append(store.close)
+        self.history = HistoryService(store, config.history_bounds)
+        self._closers.append(self.history.close)
+        self._serve(HISTORY_PROCEDURES, self.history.handle)
+
+    def note_publish(self, frame: Publish, now_ms: int) -> None:
+        """The station's publish hook: a PUBLISH it accepted, for the room history."""
+        if self.history is not None:  # relay.interest verified a present publisher_sig
+            self.history.note(frame, now_ms, sig_checked=True)
 
     def _serve(self, procedures: frozenset[str], handler: Handler) -> None:
         for procedure in procedures:
@@ -193,6 +216,8 @@ class HouseServices:
             procedures |= STATION_DIRECTORY_PROCEDURES
         if config.agent_directory:
             procedures |= AGENT_DIRECTORY_PROCEDURES
+        if config.history:
+            procedures |= HISTORY_PROCEDURES
         return frozenset((HOUSE_REALM, procedure) for procedure in procedures)
 
     async def handle(

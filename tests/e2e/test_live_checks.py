@@ -20,6 +20,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
         "content-two-process-check.py",
         "ring-two-process-check.py",
         "realm-two-process-check.py",
+        "conversation-two-process-check.py",
     ],
 )
 def test_live_check_passes(script: str) -> None:

@@ -211,7 +211,9 @@ async def test_two_agents_meet_ring_and_talk(station: Station, tmp_path: Path) -
         assert said["reply"]["from_petname"] == bob_view["petname"]
 
         waiting = await entered(
-            Rooms, "wait", call(bob, "mesh_wait_room", {"room_topic": room, "wait_seconds": 10})
+            Rooms,
+            "wait_unread",
+            call(bob, "mesh_wait_room", {"room_topic": room, "wait_seconds": 10}),
         )
         await call(alice, "mesh_say", {"room_topic": room, "text": "thanks"})
         heard = await waiting

@@ -1,0 +1,174 @@
+"""Catch-up: fetch from the station's room history what was said while we were away.
+
+Invariants:
+- It runs at start and after every reconnect, for central and every room we are in, one run
+  at a time; a failure (no history service, a refusal, a broken connection) is logged and
+  counted in ``stats``, never raised, and the next run tries again from the same mark.
+- Each fetched event is checked exactly like a live one: its ``publisher_sig`` must verify
+  over (topic, realm, publisher, seq, payload), its realm must be the zero realm and its topic
+  the room asked for; then it goes through the same path as a live delivery (``Rooms._heard``:
+  validation, attestation, the transcript's duplicate check by ``message_id``), so the inbox
+  holds every envelope once, whichever way it came. Anything else is counted, never recorded.
+- Marks: per (room, station key), the history id read through, saved after every page; with no
+  mark for this station a room is read from its ``joined_ms`` (central from now) less
+  ``MARGIN_MS`` for clock skew.
+- Gaps: an expired mark ``(publisher, seq)`` of someone else that we do not hold, and the
+  marks the station forgot, are counted per room (``TranscriptStore.add_gap``), not hidden.
+- Bounded: at most ``max_pages`` pages of at most ``page`` events per room per run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+from macula.agent.envelope import LOBBY_TOPIC
+from macula.errors import MaculaError
+from macula.house import HISTORY_FETCH
+from macula.subscriptions import Delivery
+from macula.wire.frames import publication_signable
+from macula.wire.identity import ZERO_REALM, verify
+
+if TYPE_CHECKING:
+    from macula.agent.rooms import Rooms
+
+log = logging.getLogger("macula.agent.catchup")
+
+MARGIN_MS: Final = 5 * 60 * 1000
+DEFAULT_PAGE: Final = 100
+DEFAULT_MAX_PAGES: Final = 50
+
+
+class HistorySource(Protocol):
+    """Where history comes from: a house-service caller (``macula.services.HouseClient``)."""
+
+    async def call(self, procedure: str, payload: Any) -> Any: ...
+
+
+class CatchUp:
+    def __init__(
+        self,
+        rooms: Rooms,
+        source: HistorySource,
+        station_key: Callable[[], Any],
+        *,
+        page: int = DEFAULT_PAGE,
+        max_pages: int = DEFAULT_MAX_PAGES,
+    ) -> None:
+        self.rooms = rooms
+        self.source = source
+        self.station_key = station_key  # async () -> bytes: the key of the station we are on
+        self.page = page
+        self.max_pages = max_pages
+        self.stats: Counter[str] = Counter()
+        self.runs = 0  # completed runs (tests wait on it)
+        self._lock = asyncio.Lock()
+
+    async def run(self) -> int:
+        """Catch up central and every joined room; how many new messages were recorded."""
+        async with self._lock:
+            recorded = 0
+            try:
+                station: bytes = await self.station_key()
+                transcript = self.rooms.transcript
+                topics = {LOBBY_TOPIC: self.rooms.clock()}
+                for membership in await transcript.joined_rooms():
+                    topics[membership.room_topic] = membership.joined_ms
+                for topic, since in topics.items():
+                    recorded += await self._room(topic, station, since)
+            except MaculaError as exc:
+                self.stats["failed"] += 1
+                log.info("catch-up stopped: %s", exc)
+            self.runs += 1
+            self.stats["recorded"] += recorded
+            return recorded
+
+    async def _room(self, topic: str, station: bytes, joined_ms: int) -> int:
+        transcript = self.rooms.transcript
+        mark = await transcript.catchup_mark(topic, station)
+        after = mark or 0
+        since = 0 if mark is not None else max(0, joined_ms - MARGIN_MS)
+        recorded = lost = 0
+        forgotten_through = 0
+        for _ in range(self.max_pages):
+            args = {"topic": topic, "after_id": after, "since_ms": since, "limit": self.page}
+            page = await self.source.call(HISTORY_FETCH, args)
+            if not _page_ok(page, self.page):
+                self.stats["bad_pages"] += 1
+                break
+            for event in page["events"]:
+                recorded += await self._event(topic, event)
+            for expired in page["expired"]:
+                lost += await self._expired(topic, expired)
+            if page["forgotten"] and not forgotten_through:
+                lost += page["forgotten"]  # once per run: the count repeats on every page
+                forgotten_through = page["forgotten_through_id"]
+            after = max(after, page["next_after_id"])
+            if not page["more"]:
+                after = max(after, forgotten_through)  # all after ``after`` was read
+                await transcript.set_catchup_mark(topic, station, after, self.rooms.clock())
+                break
+            await transcript.set_catchup_mark(topic, station, after, self.rooms.clock())
+        await transcript.add_gap(topic, lost, self.rooms.clock())
+        self.stats["lost"] += lost
+        return recorded
+
+    async def _event(self, topic: str, event: object) -> int:
+        if not isinstance(event, Mapping) or not _event_ok(event, topic):
+            self.stats["rejected_events"] += 1
+            return 0
+        delivery = Delivery(
+            realm=event["realm"],
+            topic=topic,
+            publisher=event["publisher"],
+            seq=event["seq"],
+            payload=event["payload"],
+            authenticated=True,
+        )
+        before = self.rooms.generation
+        await self.rooms._heard(topic, delivery)
+        return int(self.rooms.generation != before)
+
+    async def _expired(self, topic: str, mark: object) -> int:
+        if not isinstance(mark, Mapping):
+            return 0
+        publisher, seq = mark.get("publisher"), mark.get("seq")
+        if type(publisher) is not bytes or len(publisher) != 32 or type(seq) is not int:
+            return 0
+        if publisher == self.rooms.node.identity.node_id:
+            return 0  # what we said is in our transcript already
+        held = await self.rooms.transcript.has_event(topic, publisher, seq)
+        return 0 if held else 1
+
+
+def _page_ok(page: object, limit: int) -> bool:
+    """A page shaped as ``macula.history.fetch_v1`` answers, with at most ``limit`` items."""
+    if not isinstance(page, Mapping):
+        return False
+    lists = all(isinstance(page.get(key), list) for key in ("events", "expired"))
+    if lists and len(page["events"]) + len(page["expired"]) > limit:
+        return False
+    ints = all(
+        type(page.get(key)) is int and page[key] >= 0
+        for key in ("next_after_id", "more", "forgotten", "forgotten_through_id")
+    )
+    return lists and ints
+
+
+def _event_ok(event: Mapping[Any, Any], topic: str) -> bool:
+    """The same end-to-end check a live EVENT gets (§4.4), plus: the zero realm, this topic."""
+    publisher, seq, sig = event.get("publisher"), event.get("seq"), event.get("publisher_sig")
+    if event.get("topic") != topic or event.get("realm") != ZERO_REALM:
+        return False
+    if type(publisher) is not bytes or len(publisher) != 32 or type(seq) is not int or seq < 0:
+        return False
+    if type(sig) is not bytes:
+        return False
+    try:
+        signable = publication_signable(topic, ZERO_REALM, publisher, seq, event.get("payload"))
+    except (ValueError, TypeError, MaculaError):
+        return False
+    return verify(publisher, signable, sig)

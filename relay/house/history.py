@@ -1,0 +1,425 @@
+"""Room history at the station: the signed EVENTs published on central and on rooms, kept
+bounded, so an agent that was away fetches what it missed (``macula.history.fetch_v1``).
+
+Invariants:
+- Only a PUBLISH on ``agents.lobby`` or ``agents.room.<32 hex>`` whose ``publisher_sig`` is
+  present and verifies is kept, with every field needed to verify it again end to end (topic,
+  realm, publisher, seq, payload as canonical CBOR, publisher_sig). Anything else is counted
+  (``stats``), never stored. A repeat of ``(topic, realm, publisher, seq)`` is stored once.
+- ``note`` is synchronous and cheap enough for the publish path: it checks and queues (at most
+  ``max_pending``; beyond that it counts ``dropped_pending``) and starts a writer task if none
+  runs; ``write_pending`` stores the queue in one transaction, run by that task and by every
+  fetch first, so a fetch sees every PUBLISH the station handled before it; ``close`` stores
+  what is left.
+- Every kept event gets an ``id`` from one AUTOINCREMENT sequence: ids never repeat, even after
+  deletions or a restart; a reader pages by ``after_id``.
+- Bounded (``HistoryBounds``): per topic at most ``max_per_room`` events, in all at most
+  ``max_events``, none older than ``max_age_ms``; the earliest go first. An event that goes
+  leaves an ``expired`` mark (id, topic, publisher, seq, received_ms), so a reader can tell
+  what it can no longer fetch; marks are bounded too (``max_expired``, age ``4 * max_age_ms``),
+  and a mark that goes is added to its topic's ``forgotten`` count (reported to a reader whose
+  ``after_id`` is below the highest id forgotten, with that id, ``forgotten_through_id``).
+- ``handle`` never raises (cancellation aside): refusals are 0x0F ``bad_request``, 0x08
+  ``rate_limited`` (per caller), via ``relay.outcome.answer``. Results carry no booleans.
+- No clock inside: ``now_ms`` is an argument.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from macula.agent.envelope import is_envelope_topic
+from macula.house import HISTORY_FETCH
+from macula.store.base import DAY_MS, Migration, Row, SqliteStore, execute
+from macula.wire import cbor
+from macula.wire.codes import ErrorCode
+from macula.wire.errors import ProtocolError
+from macula.wire.frames import Publish, publisher_sig_valid
+from relay.arguments import arguments, caller_id, handler_for, integer, required, text
+from relay.house.buckets import TokenBuckets
+from relay.outcome import Outcome, Refused, answer
+
+__all__ = [
+    "DEFAULT_FETCH_RATE",
+    "DEFAULT_PAGE",
+    "MAX_PAGE",
+    "HistoryBounds",
+    "HistoryService",
+    "HistoryStore",
+]
+
+logger = logging.getLogger("macula.relay.house.history")
+
+DEFAULT_PAGE: Final = 100
+MAX_PAGE: Final = 500
+MAX_REPLY_BYTES: Final = 512 * 1024  # payload bytes in one page (at least one event is sent)
+MAX_EVENT_BYTES: Final = 64 * 1024  # a larger payload is not kept (envelopes hold <= 16 KiB)
+DEFAULT_FETCH_RATE: Final = 20.0  # per second per caller, burst 4x
+MAX_INT64: Final = 2**63 - 1
+EXPIRED_AGE_FACTOR: Final = 4
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryBounds:
+    """What the history keeps (each a ``macula-relay`` flag)."""
+
+    max_per_room: int = 1_000
+    max_events: int = 100_000
+    max_age_ms: int = 7 * DAY_MS
+    max_expired: int = 400_000
+    max_pending: int = 10_000
+
+    def __post_init__(self) -> None:
+        for name in ("max_per_room", "max_events", "max_age_ms", "max_expired", "max_pending"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"HistoryBounds.{name} must be a positive integer, not {value!r}")
+
+
+_HISTORY_V1: Final[Migration] = (
+    """
+    CREATE TABLE events (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        topic         TEXT NOT NULL,
+        realm         BLOB NOT NULL,
+        publisher     BLOB NOT NULL,
+        seq           INTEGER NOT NULL,
+        payload       BLOB NOT NULL,       -- canonical CBOR, as signed
+        publisher_sig BLOB NOT NULL,
+        received_ms   INTEGER NOT NULL,
+        UNIQUE (topic, realm, publisher, seq)
+    )
+    """,
+    "CREATE INDEX events_by_topic ON events (topic, id)",
+    "CREATE INDEX events_by_received ON events (received_ms)",
+    """
+    CREATE TABLE expired (
+        id          INTEGER PRIMARY KEY,   -- the id the event had
+        topic       TEXT NOT NULL,
+        publisher   BLOB NOT NULL,
+        seq         INTEGER NOT NULL,
+        received_ms INTEGER NOT NULL,
+        expired_ms  INTEGER NOT NULL
+    )
+    """,
+    "CREATE INDEX expired_by_topic ON expired (topic, id)",
+    "CREATE INDEX expired_by_time ON expired (expired_ms)",
+    """
+    CREATE TABLE forgotten (
+        topic      TEXT PRIMARY KEY,
+        through_id INTEGER NOT NULL,       -- the highest id of a mark forgotten
+        through_ms INTEGER NOT NULL,       -- the latest received_ms of a mark forgotten
+        marks      INTEGER NOT NULL        -- how many marks of the topic were forgotten
+    ) WITHOUT ROWID
+    """,
+)
+
+_INSERT: Final = """
+INSERT OR IGNORE INTO events (topic, realm, publisher, seq, payload, publisher_sig, received_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+"""
+
+_EXPIRE: Final = """
+INSERT OR IGNORE INTO expired (id, topic, publisher, seq, received_ms, expired_ms)
+SELECT id, topic, publisher, seq, received_ms, ? FROM events WHERE {where}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """One PUBLISH to keep, already checked."""
+
+    topic: str
+    realm: bytes
+    publisher: bytes
+    seq: int
+    payload: bytes
+    publisher_sig: bytes
+    received_ms: int
+
+
+class HistoryStore(SqliteStore):
+    """The events kept, the marks of those that expired, and per topic the marks forgotten."""
+
+    MIGRATIONS = (_HISTORY_V1,)
+    MARKS_PRUNE_EVERY: ClassVar[int] = 64  # keeps between two prunes of the expired marks
+
+    _keeps = 0
+
+    async def keep(self, events: list[Kept], bounds: HistoryBounds, now_ms: int) -> int:
+        """Store ``events`` (repeats ignored) and apply ``bounds``; how many were new."""
+        rows = [
+            (e.topic, e.realm, e.publisher, e.seq, e.payload, e.publisher_sig, e.received_ms)
+            for e in events
+        ]
+        async with self._transaction() as db:
+            before = db.total_changes
+            await db.executemany(_INSERT, rows)
+            stored = db.total_changes - before
+            self._keeps += 1
+            marks = self._keeps % self.MARKS_PRUNE_EVERY == 0
+            await _prune(db, bounds, {e.topic for e in events}, now_ms, marks=marks)
+        return stored
+
+    async def prune(self, bounds: HistoryBounds, now_ms: int) -> None:
+        async with self._transaction() as db:
+            await _prune(db, bounds, set(), now_ms, marks=True)
+
+    async def page(
+        self, topic: str, after_id: int, since_ms: int, limit: int, max_bytes: int
+    ) -> dict[str, Any]:
+        """Events and expired marks of ``topic`` with ``id > after_id`` received at or after
+        ``since_ms``, in id order: at most ``limit`` items and ``max_bytes`` of payload."""
+        params = {"topic": topic, "after": after_id, "since": since_ms, "n": limit + 1}
+        where = "topic = :topic AND id > :after AND received_ms >= :since"
+        events = await self._fetchall(
+            "SELECT id, topic, realm, publisher, seq, payload, publisher_sig, received_ms"
+            f" FROM events WHERE {where} ORDER BY id LIMIT :n",
+            params,
+        )
+        marks = await self._fetchall(
+            f"SELECT id, publisher, seq FROM expired WHERE {where} ORDER BY id LIMIT :n", params
+        )
+        items: list[tuple[int, Row, int]] = sorted(
+            [(int(r[0]), r, 0) for r in events] + [(int(r[0]), r, 1) for r in marks],
+            key=lambda item: item[0],
+        )
+        taken_events: list[dict[str, Any]] = []
+        taken_marks: list[dict[str, Any]] = []
+        size = 0
+        next_id = after_id
+        more = 0
+        for count, (item_id, row, is_mark) in enumerate(items):
+            payload_size = 0 if is_mark else len(bytes(row[5]))
+            if count >= limit or (taken_events and size + payload_size > max_bytes):
+                more = 1
+                break
+            if is_mark:
+                taken_marks.append({"id": item_id, "publisher": bytes(row[1]), "seq": int(row[2])})
+            else:
+                taken_events.append(_event(row))
+                size += payload_size
+            next_id = item_id
+        forgotten = await self._fetchone(
+            "SELECT marks, through_id FROM forgotten"
+            " WHERE topic = ? AND through_id > ? AND through_ms >= ?",
+            (topic, after_id, since_ms),
+        )
+        return {
+            "events": taken_events,
+            "expired": taken_marks,
+            "next_after_id": next_id,
+            "more": more,
+            "forgotten": int(forgotten[0]) if forgotten is not None else 0,
+            "forgotten_through_id": int(forgotten[1]) if forgotten is not None else 0,
+        }
+
+    async def count(self, topic: str | None = None) -> int:
+        if topic is None:
+            row = await self._fetchone("SELECT count(*) FROM events")
+        else:
+            row = await self._fetchone("SELECT count(*) FROM events WHERE topic = ?", (topic,))
+        return int(row[0]) if row is not None else 0
+
+    async def expired_count(self, topic: str | None = None) -> int:
+        if topic is None:
+            row = await self._fetchone("SELECT count(*) FROM expired")
+        else:
+            row = await self._fetchone("SELECT count(*) FROM expired WHERE topic = ?", (topic,))
+        return int(row[0]) if row is not None else 0
+
+
+def _event(row: Row) -> dict[str, Any]:
+    return {
+        "id": int(row[0]),
+        "topic": str(row[1]),
+        "realm": bytes(row[2]),
+        "publisher": bytes(row[3]),
+        "seq": int(row[4]),
+        "payload": cbor.decode(bytes(row[5])),
+        "publisher_sig": bytes(row[6]),
+        "received_ms": int(row[7]),
+    }
+
+
+async def _expire(db: Any, where: str, params: tuple[object, ...], now_ms: int) -> None:
+    """Move the events matching ``where`` to the expired marks."""
+    await execute(db, _EXPIRE.format(where=where), (now_ms, *params))
+    await execute(db, f"DELETE FROM events WHERE {where}", params)
+
+
+async def _prune(
+    db: Any, bounds: HistoryBounds, topics: set[str], now_ms: int, *, marks: bool
+) -> None:
+    """Age, then each touched topic's cap, then the global cap; then (``marks``) the bounds of
+    the expired marks."""
+    await _expire(db, "received_ms < ?", (now_ms - bounds.max_age_ms,), now_ms)
+    for topic in sorted(topics):
+        await _expire(
+            db,
+            "id IN (SELECT id FROM events WHERE topic = ? ORDER BY id DESC LIMIT -1 OFFSET ?)",
+            (topic, bounds.max_per_room),
+            now_ms,
+        )
+    await _expire(
+        db,
+        "id IN (SELECT id FROM events ORDER BY id DESC LIMIT -1 OFFSET ?)",
+        (bounds.max_events,),
+        now_ms,
+    )
+    if not marks:
+        return
+    where = "expired_ms < ? OR id IN (SELECT id FROM expired ORDER BY id DESC LIMIT -1 OFFSET ?)"
+    params = (now_ms - bounds.max_age_ms * EXPIRED_AGE_FACTOR, bounds.max_expired)
+    await execute(
+        db,
+        "INSERT INTO forgotten (topic, through_id, through_ms, marks)"
+        f" SELECT topic, max(id), max(received_ms), count(*) FROM expired WHERE {where}"
+        " GROUP BY topic ON CONFLICT (topic) DO UPDATE SET"
+        " through_id = max(through_id, excluded.through_id),"
+        " through_ms = max(through_ms, excluded.through_ms), marks = marks + excluded.marks",
+        params,
+    )
+    await execute(db, f"DELETE FROM expired WHERE {where}", params)
+
+
+def keepable(frame: Publish, now_ms: int, *, sig_checked: bool = False) -> Kept | str:
+    """The PUBLISH as kept, or the name of the reason it is not (a ``stats`` counter).
+    ``sig_checked``: the caller already verified a present ``publisher_sig``."""
+    if not is_envelope_topic(frame.topic):
+        return "not_a_room"
+    if frame.publisher_sig is None:
+        return "unsigned"
+    if not 0 <= frame.seq <= MAX_INT64:
+        return "seq_out_of_range"
+    if not sig_checked and not publisher_sig_valid(frame):
+        return "bad_publisher_sig"
+    try:
+        payload = cbor.encode(frame.payload)
+    except (ProtocolError, ValueError, TypeError):
+        return "bad_payload"
+    if len(payload) > MAX_EVENT_BYTES:
+        return "too_large"
+    return Kept(
+        frame.topic,
+        frame.realm,
+        frame.publisher,
+        frame.seq,
+        payload,
+        frame.publisher_sig,
+        now_ms,
+    )
+
+
+class HistoryService:
+    """``macula.history.fetch_v1`` over a ``HistoryStore``, fed by ``note`` (the station's
+    publish hook)."""
+
+    def __init__(
+        self,
+        store: HistoryStore,
+        bounds: HistoryBounds | None = None,
+        *,
+        fetch_rate: float = DEFAULT_FETCH_RATE,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.store = store
+        self.bounds = bounds or HistoryBounds()
+        self.max_reply_bytes = max_reply_bytes
+        self.buckets = TokenBuckets(fetch_rate, fetch_rate * 4)
+        self.stats: Counter[str] = Counter()
+        self._clock = clock
+        self._pending: list[Kept] = []
+        self._writer: asyncio.Task[None] | None = None  # stores the queue, then ends
+        self._writing = asyncio.Lock()
+        self._handlers = {HISTORY_FETCH: self._fetch}
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def note(self, frame: Publish, now_ms: int, *, sig_checked: bool = False) -> None:
+        """Queue one PUBLISH the station accepted, if it belongs in the history.
+        ``sig_checked``: a present ``publisher_sig`` was verified already (the station's
+        router drops a PUBLISH whose signature does not verify before the hook sees it)."""
+        if not is_envelope_topic(frame.topic):
+            return  # most traffic: not counted, not checked
+        kept = keepable(frame, now_ms, sig_checked=sig_checked)
+        if isinstance(kept, str):
+            self.stats[kept] += 1
+            return
+        if len(self._pending) >= self.bounds.max_pending:
+            self.stats["dropped_pending"] += 1
+            return
+        self._pending.append(kept)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def write_pending(self, now_ms: int | None = None) -> int:
+        """Store what ``note`` queued; how many were new."""
+        async with self._writing:
+            batch, self._pending = self._pending, []
+            if not batch:
+                return 0
+            now = now_ms if now_ms is not None else max(k.received_ms for k in batch)
+            try:
+                stored = await self.store.keep(batch, self.bounds, now)
+            except Exception:
+                self.stats["write_failed"] += len(batch)
+                raise
+            self.stats["stored"] += stored
+            return stored
+
+    async def _drain(self) -> None:
+        while self._pending:
+            try:
+                await self.write_pending()
+            except Exception:
+                logger.exception("history: could not store %d events", len(self._pending))
+                return
+
+    async def close(self) -> None:
+        """Store what is still queued (the store itself is closed by its owner)."""
+        writer, self._writer = self._writer, None
+        if writer is not None and not writer.done():
+            await writer
+        await self.write_pending()
+
+    # -- fetching ----------------------------------------------------------------------------
+
+    async def handle(self, procedure: str, payload: object, caller: bytes, now_ms: int) -> Outcome:
+        """Answer one call of ``procedure`` by ``caller``. Never raises."""
+        if type(procedure) is not str or procedure not in self._handlers:
+            return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
+
+        async def work() -> object:
+            return await handler_for(self._handlers, procedure)(payload, caller, now_ms)
+
+        return await answer(procedure, work, logger)
+
+    async def _fetch(self, payload: object, caller: bytes, now_ms: int) -> object:
+        args = arguments(payload)
+        topic = text(required(args, "topic"), "topic", high=128)
+        if not is_envelope_topic(topic):
+            raise Refused(
+                ErrorCode.UNKNOWN_ERROR,
+                "bad_request",
+                "'topic' must be 'agents.lobby' or 'agents.room.<32 lowercase hex>'",
+            )
+        after_id = integer(args, "after_id", 0, MAX_INT64, default=0)
+        since_ms = integer(args, "since_ms", 0, MAX_INT64, default=0)
+        limit = integer(args, "limit", 1, MAX_PAGE, default=DEFAULT_PAGE)
+        asker = caller_id(caller, "bad_request")
+        wait_ms = self.buckets.take(asker, now_ms)
+        if wait_ms:
+            raise Refused(
+                ErrorCode.UPSTREAM_CONGESTION,
+                "rate_limited",
+                f"too many history fetches from this node; retry in {wait_ms} ms",
+            )
+        await self.write_pending(now_ms)
+        return await self.store.page(topic, after_id, since_ms, limit, self.max_reply_bytes)

@@ -1,0 +1,157 @@
+"""Catch-up over a real station: what was said while an agent was away reaches its inbox once,
+in order, verified; what the station's history let expire is reported per room."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from meshkit import new_identity, settings, station_config
+from waiting import eventually
+
+from macula.agent.agent import Agent
+from macula.backoff import Backoff
+from macula.node import Node
+from macula.wire.identity import Identity
+from relay.house.history import HistoryBounds
+from relay.house.services import HouseConfig
+from relay.station import Station
+
+pytestmark = pytest.mark.anyio
+
+FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
+HELD_OFF = Backoff(initial_s=120, max_s=120, jitter=0.0)  # reconnects only when woken
+
+
+@asynccontextmanager
+async def member(
+    station: Station, identity: Identity, home: Path, backoff: Backoff = FAST
+) -> AsyncIterator[Agent]:
+    async with (
+        Node(identity, [station.endpoint], backoff=backoff) as node,
+        Agent(node, settings(home, "open")) as agent,
+    ):
+        await agent.hello()
+        yield agent
+
+
+async def crash(agent: Agent) -> None:
+    """Leave as a killed process would: no goodbye, no participant_left."""
+
+    async def no_goodbye() -> dict[str, object]:
+        return {}
+
+    agent.goodbye = no_goodbye  # type: ignore[method-assign]
+
+
+async def conversation(alice: Agent, bob: Agent) -> str:
+    """alice opens a room, bob joins it, alice has heard him join; the room topic."""
+    opened = await alice.rooms.open("catch-up test")
+    await bob.rooms.join(opened.room_topic)
+    joined = await alice.rooms.wait(opened.room_topic, 5, after_ms=0, kinds={"participant_joined"})
+    assert joined is not None
+    return opened.room_topic
+
+
+async def caught_up(agent: Agent, runs: int) -> None:
+    def done() -> bool:
+        catch_up = agent.rooms.catch_up
+        return catch_up is not None and catch_up.runs >= runs
+
+    catch_up = agent.rooms.catch_up
+    stats = None if catch_up is None else (catch_up.runs, dict(catch_up.stats))
+    await eventually(done, message=f"catch-up {runs} not done: {stats}")
+
+
+async def texts_from(agent: Agent, room: str, sender: Agent) -> list[str]:
+    me = sender.node.identity.node_id.hex()
+    return [
+        m.text or m.kind for m in await agent.rooms.transcript.messages(room) if m.from_hex == me
+    ]
+
+
+async def test_an_agent_restarted_with_its_home_catches_up_and_sees_expired_gaps(
+    tmp_path: Path,
+) -> None:
+    config = dataclasses.replace(
+        station_config(tmp_path / "station"),
+        house=HouseConfig(history_bounds=HistoryBounds(max_per_room=4)),
+    )
+    bob_id, bob_home = new_identity(), tmp_path / "bob"
+    async with (
+        Station(config) as station,
+        member(station, new_identity(), tmp_path / "alice") as alice,
+    ):
+        async with member(station, bob_id, bob_home) as bob:
+            room = await conversation(alice, bob)
+            await caught_up(bob, 2)  # at hello, then on joining: room_opened came that way
+            assert await texts_from(bob, room, alice) == ["catch-up test"]
+            await crash(bob)
+        for n in range(1, 7):
+            await alice.rooms.say(room, "remark_made", f"m{n}")
+        await alice.node.flush()
+        # the room's history keeps 4: m3..m6; room_opened, bob's join, m1, m2 expired
+        async with member(station, bob_id, bob_home) as bob:
+            await caught_up(bob, 1)
+            assert await texts_from(bob, room, alice) == ["catch-up test", "m3", "m4", "m5", "m6"]
+            assert await bob.rooms.transcript.gaps() == {room: 2}  # m1 and m2, for good
+            inbox = await bob.rooms.inbox(peek=1)
+            [thread] = [t for t in inbox.rooms if t.room_topic == room]
+            assert thread.lost == 2 and thread.unread == 5  # what bob never read
+            order = [await bob.rooms.wait_unread(room, 1) for _ in range(5)]
+            assert [m.text for m in order if m] == ["catch-up test", "m3", "m4", "m5", "m6"]
+            for message in order:
+                assert message is not None and message.attested == 1
+            bob.rooms.catch_up_soon()  # again: nothing new, nothing counted twice
+            await caught_up(bob, 2)
+            assert await bob.rooms.transcript.gaps() == {room: 2}
+            assert await texts_from(bob, room, alice) == ["catch-up test", "m3", "m4", "m5", "m6"]
+
+
+async def test_after_a_reconnect_the_inbox_holds_every_message_exactly_once(
+    station: Station, tmp_path: Path
+) -> None:
+    async with (
+        member(station, new_identity(), tmp_path / "alice") as alice,
+        member(station, new_identity(), tmp_path / "bob", HELD_OFF) as bob,
+    ):
+        room = await conversation(alice, bob)
+        await caught_up(bob, 1)
+        await alice.rooms.say(room, "remark_made", "before")
+        await eventually(lambda: texts_from(bob, room, alice))
+        states: list[str] = []
+        bob.node.on_state(states.append)
+        (await bob.node.session()).close()  # the connection drops; bob stays away until woken
+        await eventually(lambda: "disconnected" in states)  # the supervisor is backing off
+        for n in range(3):
+            await alice.rooms.say(room, "remark_made", f"while away {n}")
+        await alice.node.flush()
+        assert "while away 0" not in await texts_from(bob, room, alice)
+        bob.node.wake()
+        await caught_up(bob, 2)
+        await alice.rooms.say(room, "remark_made", "after")
+        expected = [
+            "catch-up test",
+            "before",
+            "while away 0",
+            "while away 1",
+            "while away 2",
+            "after",
+        ]
+        await eventually(lambda: _equal(texts_from(bob, room, alice), expected))
+        assert await bob.rooms.transcript.gaps() == {}
+        with contextlib.suppress(AssertionError):
+            await eventually(lambda: _longer(texts_from(bob, room, alice), 6), timeout=0.5)
+        assert await texts_from(bob, room, alice) == expected  # and nothing twice
+
+
+async def _equal(texts: Awaitable[list[str]], expected: list[str]) -> bool:
+    return await texts == expected
+
+
+async def _longer(texts: Awaitable[list[str]], length: int) -> bool:
+    return len(await texts) > length

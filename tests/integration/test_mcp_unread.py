@@ -1,0 +1,83 @@
+"""Unread marks through the MCP tools over a real station: an answer that arrives before
+``mesh_wait_room`` is called is returned at once; after_message_id, read marks and peek."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+from test_mcp_agent_tools import call, mcp_agent, meet, refused
+from waiting import eventually
+
+from relay.station import Station
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_an_answer_that_arrived_before_the_wait_is_returned_at_once(
+    station: Station, tmp_path: Path
+) -> None:
+    async with (
+        mcp_agent(station, tmp_path, "alice") as alice,
+        mcp_agent(station, tmp_path, "bob") as bob,
+    ):
+        _, bob_view = await meet(alice, bob)
+        rung = await call(alice, "mesh_ring", {"to": bob_view["petname"], "purpose": "a sum"})
+        room = rung["room_topic"]
+        first = await call(alice, "mesh_wait_room", {"room_topic": room, "wait_seconds": 10})
+        assert first["message"]["kind"] == "participant_joined"  # bob joined: unread till now
+        asked = await call(
+            alice, "mesh_say", {"room_topic": room, "kind": "question_asked", "text": "2+2?"}
+        )
+        question = asked["message_id"]
+        heard = await call(bob, "mesh_wait_room", {"room_topic": room, "wait_seconds": 10})
+        assert heard["message"]["message_id"] == question
+        answer = {"kind": "answer_given", "text": "4", "in_reply_to": question}
+        answered = await call(bob, "mesh_say", {"room_topic": room, **answer})
+
+        async def recorded() -> bool:  # the answer is in alice's transcript before she waits
+            inbox = await call(alice, "mesh_read_inbox", {"peek": 1})
+            [entry] = [r for r in inbox["rooms"] if r["room_topic"] == room]
+            return any(m["message_id"] == answered["message_id"] for m in entry["messages"])
+
+        await eventually(recorded)
+        started = time.monotonic()
+        got = await call(alice, "mesh_wait_room", {"room_topic": room, "wait_seconds": 30})
+        assert time.monotonic() - started < 5  # at once, not after the 30 s
+        assert got["timed_out"] == 0 and got["message"]["message_id"] == answered["message_id"]
+        assert got["message"]["in_reply_to"] == question
+
+        after = {"room_topic": room, "wait_seconds": 5, "after_message_id": question}
+        again = await call(alice, "mesh_wait_room", after)  # what follows: read or not
+        assert again["message"]["message_id"] == answered["message_id"]
+        nothing = await call(alice, "mesh_wait_room", {"room_topic": room, "wait_seconds": 0.2})
+        assert nothing["timed_out"] == 1 and nothing["message"] is None
+
+        await call(bob, "mesh_say", {"room_topic": room, "text": "anything else?"})
+        await eventually(lambda: _unread(alice, room, 1))
+        peeked = await call(alice, "mesh_read_inbox", {"peek": 1})
+        assert _entry(peeked, room)["unread"] == 1 and _entry(peeked, room)["lost"] == 0
+        read = await call(alice, "mesh_read_inbox")
+        assert _entry(read, room)["unread"] == 1
+        assert _entry(await call(alice, "mesh_read_inbox"), room)["unread"] == 0
+        [mine] = (await call(alice, "mesh_rooms"))["joined"]
+        assert (mine["unread"], mine["lost"]) == (0, 0)
+
+        bad = await refused(alice, "mesh_wait_room", {**after, "after_message_id": "no such!"})
+        assert "after_message_id" in bad["detail"]
+        unknown = await refused(alice, "mesh_wait_room", {**after, "after_message_id": "nosuch"})
+        assert "not a message recorded" in unknown["detail"]
+        assert "peek" in (await refused(alice, "mesh_read_inbox", {"peek": 2}))["detail"]
+
+
+def _entry(inbox: dict[str, Any], room: str) -> dict[str, Any]:
+    [entry] = [r for r in inbox["rooms"] if r["room_topic"] == room]
+    return entry
+
+
+async def _unread(client: Client, room: str, count: int) -> bool:
+    [mine] = (await call(client, "mesh_rooms"))["joined"]
+    return bool(mine["room_topic"] == room and mine["unread"] == count)
