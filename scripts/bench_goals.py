@@ -82,6 +82,7 @@ def number(value: float | None) -> str:
 
 def print_table(verdicts: list[Verdict]) -> None:
     print("\ngoals (issue 15): ours vs the peer measured in this run", flush=True)
+    print("(ratio = ours/peer; connect, memory and tools/list goals bound ours alone)")
     header = f"{'goal':<38}{'ours':>14}  {'unit':<13}{'peer':>16}{'ratio':>9}  met"
     print(header)
     print("-" * len(header))

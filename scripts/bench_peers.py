@@ -219,7 +219,7 @@ async def serve_amqtt(port: int, seconds: float) -> None:
     """Child-process mode: an amqtt broker on 127.0.0.1:port, anonymous, without $SYS or logs."""
     from amqtt.broker import Broker  # type: ignore[import-not-found,unused-ignore]
 
-    logging.getLogger("amqtt").setLevel(logging.ERROR)
+    logging.getLogger("amqtt").setLevel(logging.CRITICAL)  # a client gone: ERROR lines
     config = {
         "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{port}"}},
         "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},

@@ -349,7 +349,11 @@ WORKLOADS: dict[str, Workload] = {
     "connect": connect_times,
     "publish→deliver": latency,
 }
-SELECTIONS = {"all": list(WORKLOADS), "client": ["RPC", "publish→deliver"]}
+SELECTIONS = {
+    "all": list(WORKLOADS),
+    "client": ["RPC", "publish→deliver"],
+    "pubsub": ["pub/sub 1:1", "fan-out"],  # what the profile in docs/performance.md ran
+}
 
 
 async def run_all(broker: Broker, names: list[str], limits: Limits) -> tuple[list[Figure], bool]:
