@@ -80,8 +80,11 @@ def number(value: float | None) -> str:
     return f"{value:,.1f}" if abs(value) < 100 else f"{value:,.0f}"
 
 
-def print_table(verdicts: list[Verdict]) -> None:
+def print_table(verdicts: list[Verdict], quick: bool) -> None:
     print("\ngoals (issue 15): ours vs the peer measured in this run", flush=True)
+    if quick:
+        print("QUICK RUN: smaller counts than the goals name (fan-out, content, idle connections);")
+        print("the verdicts below are a smoke check, not a measurement of the goals")
     print("(ratio = ours/peer; connect, memory and tools/list goals bound ours alone)")
     header = f"{'goal':<38}{'ours':>14}  {'unit':<13}{'peer':>16}{'ratio':>9}  met"
     print(header)

@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aioquic.asyncio import QuicConnectionProtocol, connect, serve
+from aioquic.asyncio.client import connect
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import serve
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from bench_common import (
@@ -115,6 +117,7 @@ async def serve_raw_quic(seconds: float) -> None:
         server = await serve(
             "127.0.0.1", 0, configuration=configuration, create_protocol=BulkServer
         )
+        assert server._transport is not None
         port = server._transport.get_extra_info("sockname")[1]
         print(f"listening 127.0.0.1:{port}", flush=True)
         try:

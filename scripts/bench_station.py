@@ -519,7 +519,7 @@ async def run(args: argparse.Namespace) -> int:
     print_ratios(result)
     verdicts = bench_goals.judge(result.figures)
     if args.only == "all":
-        bench_goals.print_table(verdicts)
+        bench_goals.print_table(verdicts, args.quick)
     if args.json is not None:
         mode = "quick" if args.quick else "full"
         bench_goals.write_json(args.json, mode, result.figures, result.skipped, verdicts, started)
