@@ -1,18 +1,27 @@
-"""Station benchmark: pub/sub, fan-out, RPC, connect and publish→deliver latency over real QUIC.
+"""Station benchmark: ours vs nats-server + nats-py vs the amqtt broker, and issue 15's goals.
 
-Run: ``uv run python scripts/bench_station.py [--quick] [--station NODE_ID@HOST:PORT]``.
-Without ``--station`` a station starts on 127.0.0.1:0 with a temporary data dir, in this process
-(or in a child process with ``--station-process``, so it gets a core of its own as
-``nats-server`` does); its per-connection publish and call quotas are lifted, because the
-benchmark measures throughput, not the rate limiter. When ``nats-server`` is on PATH and
-``nats`` (nats-py) is importable, the same workloads run through a local ``nats-server`` and the
-ratios ours/theirs are printed: ``uv run --with nats-py python scripts/bench_station.py``.
+Run: ``uv run --with nats-py --with amqtt python scripts/bench_station.py --station-process``
+(``--quick`` for a smoke run, ``--json PATH`` for every figure and goal as one JSON object,
+``--idle N`` idle connections for the memory figure, ``--station NODE_ID@HOST:PORT`` for an
+external station, ``--no-peers`` to measure ours alone). Without ``--station`` our station
+starts on 127.0.0.1:0 with a temporary data dir, in this process or (``--station-process``) in
+a child process, so it gets a core of its own as ``nats-server`` and the amqtt broker (always a
+child process) do; its per-connection quotas and per-address connection cap are lifted, because
+the benchmark measures throughput, not the limiters. A peer whose program or package is missing
+is skipped with one line saying what to install (nats-server is a Debian package).
 
-Prints one line per figure. Every loop is bounded in count and in time, only loopback addresses
-are used, and subscriptions buffer 100 000 events so slow consumption is measured, not dropped
-(drops are reported). Both systems run through the same adapter (``Broker``/``Client``/
-``Inbox``): publishers yield to the loop every ``YIELD_EVERY`` messages, subscribers consume
-with ``async for``, readiness is probed, never slept for.
+Workloads (module): pub/sub 1:1 and fan-out 1→N of 128-byte payloads, RPC latency and calls/s,
+connect time, publish→deliver latency (here; every system through the ``Broker``/``Client``/
+``Inbox`` adapter of bench_common); content put+get vs one raw aioquic stream, station memory per
+idle connection, ``tools/list`` size of a real ``macula-mcp`` (bench_resources); the peers
+(bench_peers); the goals table and JSON (bench_goals).
+
+Every loop is bounded in count and in time, only loopback addresses are used, subscriptions
+buffer 100 000 events so slow consumption is measured, not dropped (drops are reported).
+Publishers yield to the loop every ``YIELD_EVERY`` messages, subscribers consume with ``async
+for``, readiness is probed, never slept for. Our benchmark nodes run without the liveness probe
+(``probe_interval_s=0``): on a loaded machine a ping unanswered for 1.5 s made a node fail over
+mid-run and lose the messages in flight, which measured the load, not the path.
 """
 
 from __future__ import annotations
@@ -20,20 +29,46 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.util
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_goals
+import bench_peers
+import bench_resources
+from bench_common import (
+    CALL_TIMEOUT,
+    FULL,
+    IN_FLIGHT,
+    PAYLOAD_SIZE,
+    PROBE,
+    PROCEDURE,
+    QUICK,
+    SUB_BUFFER,
+    YIELD_EVERY,
+    BenchError,
+    Broker,
+    Client,
+    Figure,
+    Inbox,
+    Limits,
+    child_process,
+    elapsed_since,
+    percentile,
+    serve_until_stdin_closes,
+    show,
+)
 
 from macula.node import Node
 from macula.serving import IncomingCall
@@ -43,61 +78,10 @@ from relay.policy import Quotas, StationPolicy
 from relay.station import Station, StationConfig
 
 REALM = realm_tag("org.example.bench")
-PROCEDURE = "org.example.bench_echo_v1"
-PAYLOAD_SIZE = 128
-PROBE = b"?"  # readiness probes; every measured payload is PAYLOAD_SIZE bytes long
-YIELD_EVERY = 100
-SUB_BUFFER = 100_000
-IN_FLIGHT = 50
-CALL_TIMEOUT = 10.0
 LIFTED = Quotas(publish_rate=1e9, publish_burst=1e9, call_rate=1e9, call_burst=1e9)
+MAX_CONNECTIONS = 100_000  # the idle-memory workload opens thousands from one address
 
-
-class BenchError(Exception):
-    """A workload could not be set up (subscriptions or procedure never became active)."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    messages: int  # pub/sub 1:1
-    fanout_subscribers: int
-    fanout_messages: int  # per subscriber
-    calls: int  # sequential, 1 in flight
-    parallel_calls: int  # IN_FLIGHT in flight
-    connects: int
-    latency_samples: int
-    phase_seconds: float  # upper bound on each measured phase
-
-
-FULL = Limits(20_000, 50, 2_000, 2_000, 10_000, 50, 2_000, 60.0)
-QUICK = Limits(2_000, 10, 100, 200, 1_000, 5, 200, 15.0)
-
-# -- the adapter both systems are driven through --------------------------------------------
-
-
-class Inbox(Protocol):
-    @property
-    def dropped(self) -> int: ...
-
-    def __aiter__(self) -> AsyncIterator[bytes]: ...
-
-    async def next(self, timeout: float) -> bytes: ...
-
-
-class Client(Protocol):
-    async def publish(self, topic: str, payload: bytes) -> None: ...
-
-    async def subscribe(self, topic: str) -> Inbox: ...
-
-    async def call(self, payload: bytes, timeout: float) -> bytes: ...
-
-    async def serve(self) -> None: ...
-
-
-class Broker(Protocol):
-    name: str
-
-    def connect(self) -> contextlib.AbstractAsyncContextManager[Client]: ...
+# -- our client through the adapter ---------------------------------------------------------
 
 
 class MaculaInbox:
@@ -146,96 +130,9 @@ class MaculaBroker:
 
     @contextlib.asynccontextmanager
     async def connect(self) -> AsyncIterator[Client]:
-        async with Node(Identity.generate(os.urandom), [self.endpoint]) as node:
+        node = Node(Identity.generate(os.urandom), [self.endpoint], probe_interval_s=0)
+        async with node:
             yield MaculaClient(node)
-
-
-class NatsInbox:
-    def __init__(self, sub: Any, slow: Counter[str]) -> None:
-        self.sub = sub
-        self.slow = slow
-
-    @property
-    def dropped(self) -> int:
-        return self.slow["slow_consumer"]
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for msg in self.sub.messages:
-            yield bytes(msg.data)
-
-    async def next(self, timeout: float) -> bytes:
-        return bytes((await self.sub.next_msg(timeout=timeout)).data)
-
-
-class NatsClient:
-    def __init__(self, nc: Any, slow: Counter[str]) -> None:
-        self.nc = nc
-        self.slow = slow
-
-    async def publish(self, topic: str, payload: bytes) -> None:
-        await self.nc.publish(topic, payload)
-
-    async def subscribe(self, topic: str) -> Inbox:
-        sub = await self.nc.subscribe(topic, pending_msgs_limit=SUB_BUFFER)
-        await self.nc.flush()
-        return NatsInbox(sub, self.slow)
-
-    async def call(self, payload: bytes, timeout: float) -> bytes:
-        return bytes((await self.nc.request(PROCEDURE, payload, timeout=timeout)).data)
-
-    async def serve(self) -> None:
-        async def respond(msg: Any) -> None:
-            await msg.respond(msg.data)
-
-        await self.nc.subscribe(PROCEDURE, cb=respond)
-        await self.nc.flush()
-
-
-@dataclass
-class NatsBroker:
-    url: str
-    name: str = "nats"
-
-    @contextlib.asynccontextmanager
-    async def connect(self) -> AsyncIterator[Client]:
-        import nats  # type: ignore[import-not-found,unused-ignore]
-
-        slow: Counter[str] = Counter()
-
-        async def on_error(exc: Exception) -> None:
-            slow["slow_consumer" if type(exc).__name__ == "SlowConsumerError" else "other"] += 1
-
-        nc = await nats.connect(self.url, error_cb=on_error, allow_reconnect=False)
-        try:
-            yield NatsClient(nc, slow)
-        finally:
-            await nc.close()
-
-
-# -- figures --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Figure:
-    key: str  # same key for both systems: the ratio pairs them up
-    label: str
-    value: float
-    unit: str  # a rate ("…/s") is better higher, a time better lower
-    note: str = ""
-
-
-def show(system: str, figure: Figure) -> None:
-    value = f"{figure.value:>12,.1f}" if figure.value < 100 else f"{figure.value:>12,.0f}"
-    print(f"{system:<7}{figure.label:<38} {value} {figure.unit:<13} {figure.note}", flush=True)
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
-def elapsed_since(start: float) -> float:
-    return time.perf_counter() - start
 
 
 # -- workloads (each bounded in count and in time) ------------------------------------------
@@ -452,7 +349,11 @@ WORKLOADS: dict[str, Workload] = {
     "connect": connect_times,
     "publish→deliver": latency,
 }
-SELECTIONS = {"all": list(WORKLOADS), "client": ["RPC", "publish→deliver"]}
+SELECTIONS = {
+    "all": list(WORKLOADS),
+    "client": ["RPC", "publish→deliver"],
+    "pubsub": ["pub/sub 1:1", "fan-out"],  # what the profile in docs/performance.md ran
+}
 
 
 async def run_all(broker: Broker, names: list[str], limits: Limits) -> tuple[list[Figure], bool]:
@@ -460,11 +361,15 @@ async def run_all(broker: Broker, names: list[str], limits: Limits) -> tuple[lis
     figures: list[Figure] = []
     ok = True
     for name in names:
+        if name == "RPC" and broker.name == "amqtt":
+            note = "(not applicable: MQTT has no request/reply)"
+            print(f"{broker.name:<8}{'RPC':<38} {'—':>12}  {note}", flush=True)
+            continue
         try:
             results = await WORKLOADS[name](broker, limits)
         except Exception as exc:
             ok = False
-            print(f"{broker.name:<7}{name:<38} FAILED: {type(exc).__name__}: {exc}", flush=True)
+            print(f"{broker.name:<8}{name:<38} FAILED: {type(exc).__name__}: {exc}", flush=True)
             traceback.print_exc()
             continue
         for figure in results:
@@ -473,11 +378,31 @@ async def run_all(broker: Broker, names: list[str], limits: Limits) -> tuple[lis
     return figures, ok
 
 
+async def guarded(
+    system: str, what: str, work: Awaitable[list[Figure]]
+) -> tuple[list[Figure], bool]:
+    """One extra workload: its figures shown, or its failure reported (the others still run)."""
+    try:
+        results = await work
+    except Exception as exc:
+        print(f"{system:<8}{what:<38} FAILED: {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc()
+        return [], False
+    for figure in results:
+        show(system, figure)
+    return results, True
+
+
 # -- the systems under test -----------------------------------------------------------------
 
 
 def bench_station_config(data_dir: Path) -> StationConfig:
-    return StationConfig(data_dir=data_dir, port=0, policy=StationPolicy(quotas=LIFTED))
+    policy = StationPolicy(
+        quotas=LIFTED,
+        max_connections=MAX_CONNECTIONS,
+        max_connections_per_address=MAX_CONNECTIONS,
+    )
+    return StationConfig(data_dir=data_dir, port=0, policy=policy)
 
 
 @contextlib.asynccontextmanager
@@ -486,110 +411,22 @@ async def our_station(args: argparse.Namespace) -> AsyncIterator[tuple[str, Stat
         print(f"station: {args.station} (external; its own quotas apply)", flush=True)
         yield args.station, None
     elif args.station_process:
-        async with station_process() as endpoint:
-            print(f"station: {endpoint} (child process, quotas lifted)", flush=True)
-            yield endpoint, None
+        async with child_process("serve-station", "1800", ready="endpoint") as child:
+            print(f"station: {child.said} (child process {child.pid}, limits lifted)", flush=True)
+            yield child.said, None
     else:
         with tempfile.TemporaryDirectory(prefix="bench-station-") as tmp:
             async with Station(bench_station_config(Path(tmp))) as station:
-                print(f"station: {station.endpoint} (in this process, quotas lifted)", flush=True)
+                print(f"station: {station.endpoint} (in this process, limits lifted)", flush=True)
                 yield station.endpoint, station
-
-
-@contextlib.asynccontextmanager
-async def station_process() -> AsyncIterator[str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        __file__,
-        "--serve-station",
-        "1800",
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        line = await asyncio.wait_for(proc.stdout.readline(), 30.0)
-        if not line.startswith(b"endpoint "):
-            raise BenchError(f"station process said {line!r}")
-        yield line.split()[1].decode()
-    finally:
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 10.0)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
 
 
 async def serve_station(seconds: float) -> None:
     """Child-process mode: serve until stdin closes or ``seconds`` pass."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     with tempfile.TemporaryDirectory(prefix="bench-station-") as tmp:
         async with Station(bench_station_config(Path(tmp))) as station:
             print(f"endpoint {station.endpoint}", flush=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(reader.read(), seconds)
-
-
-def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.asynccontextmanager
-async def nats_server(executable: str) -> AsyncIterator[str]:
-    port = free_tcp_port()
-    proc = await asyncio.create_subprocess_exec(
-        executable,
-        "-a",
-        "127.0.0.1",
-        "-p",
-        str(port),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.perf_counter() + 10.0
-        while True:
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            except OSError:
-                if time.perf_counter() > deadline or proc.returncode is not None:
-                    raise BenchError("nats-server did not start listening within 10 s") from None
-                await asyncio.sleep(0.05)
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 5.0)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
-
-def nats_missing() -> str | None:
-    missing = []
-    if shutil.which("nats-server") is None:
-        missing.append("nats-server (apt-get install nats-server)")
-    if importlib.util.find_spec("nats") is None:
-        missing.append("nats-py (uv run --with nats-py python scripts/bench_station.py)")
-    return ", ".join(missing) or None
-
-
-def print_ratios(ours: list[Figure], theirs: list[Figure]) -> None:
-    peer = {figure.key: figure for figure in theirs}
-    print("ratios ours/nats (throughput: >1 means we are faster; latency: >1 means we are slower)")
-    for figure in ours:
-        other = peer.get(figure.key)
-        if other is None or not other.value:
-            continue
-        print(f"ratio  {figure.label:<38} {figure.value / other.value:>12.3f}", flush=True)
+            await serve_until_stdin_closes(seconds)
 
 
 def station_counters(station: Station) -> None:
@@ -598,30 +435,95 @@ def station_counters(station: Station) -> None:
     print(f"station counters: {shown}", flush=True)
 
 
-async def run(args: argparse.Namespace) -> int:
-    limits = QUICK if args.quick else FULL
-    names = SELECTIONS[args.only]
-    print(
-        f"macula station benchmark ({'quick' if args.quick else 'full'}), "
-        f"{PAYLOAD_SIZE}-byte payloads, {os.cpu_count()} CPUs",
-        flush=True,
-    )
+@dataclass
+class Run:
+    figures: dict[str, dict[str, Figure]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    ok: bool = True
+
+    def add(self, system: str, results: tuple[list[Figure], bool]) -> None:
+        figures, ok = results
+        self.figures.setdefault(system, {}).update({f.key: f for f in figures})
+        self.ok = self.ok and ok
+
+    def skip(self, system: str, reason: str) -> None:
+        self.skipped[system] = reason
+        print(f"{system:<8}skipped: {reason}", flush=True)
+
+
+async def run_ours(args: argparse.Namespace, limits: Limits, names: list[str], run: Run) -> None:
     async with our_station(args) as (endpoint, station):
-        ours, ok = await run_all(MaculaBroker(endpoint), names, limits)
+        run.add("macula", await run_all(MaculaBroker(endpoint), names, limits))
+        if args.only == "all":
+            content = bench_resources.content(endpoint, limits)
+            run.add("macula", await guarded("macula", "content", content))
+            tools = bench_resources.tools_list(endpoint)
+            run.add("macula", await guarded("macula", "tools/list", tools))
         if station is not None:
             station_counters(station)
-    if args.no_nats:
-        return 0 if ok else 1
-    missing = nats_missing()
+    if args.only == "all":
+        idle = bench_resources.idle_memory(limits)
+        run.add("macula", await guarded("macula", "idle connections", idle))
+        raw = bench_resources.raw_quic(limits)
+        run.add("aioquic", await guarded("aioquic", "raw stream", raw))
+
+
+async def run_peers(args: argparse.Namespace, limits: Limits, names: list[str], run: Run) -> None:
+    missing = bench_peers.missing_nats()
     executable = shutil.which("nats-server")
     if missing is not None or executable is None:
-        print(f"NATS comparison not run: missing {missing}", flush=True)
-        return 0 if ok else 1
-    async with nats_server(executable) as url:
-        print(f"nats-server: {url} (child process, plain TCP without TLS)", flush=True)
-        theirs, nats_ok = await run_all(NatsBroker(url), names, limits)
-    print_ratios(ours, theirs)
-    return 0 if ok and nats_ok else 1
+        run.skip("nats", f"NATS comparison not run: missing {missing}")
+    else:
+        async with bench_peers.nats_server(executable) as url:
+            print(f"nats-server: {url} (child process, plain TCP without TLS)", flush=True)
+            run.add("nats", await run_all(bench_peers.NatsBroker(url), names, limits))
+    missing = bench_peers.missing_amqtt()
+    if missing is not None:
+        run.skip("amqtt", f"amqtt comparison not run: missing {missing}")
+        return
+    async with bench_peers.amqtt_broker() as port:
+        print(f"amqtt broker: 127.0.0.1:{port} (child process, QoS 0, plain TCP)", flush=True)
+        run.add("amqtt", await run_all(bench_peers.AmqttBroker(port), names, limits))
+
+
+def print_ratios(run: Run) -> None:
+    ours = run.figures.get("macula", {})
+    for peer in ("nats", "amqtt", "aioquic"):
+        theirs = run.figures.get(peer, {})
+        pairs = [(f, theirs[k]) for k, f in ours.items() if k in theirs and theirs[k].value]
+        if not pairs:
+            continue
+        print(f"ratios ours/{peer} (rates: >1 means we are faster; times: >1 means slower)")
+        for mine, other in pairs:
+            print(f"ratio   {mine.label:<38} {mine.value / other.value:>12.3f}", flush=True)
+
+
+async def run(args: argparse.Namespace) -> int:
+    limits = QUICK if args.quick else FULL
+    if args.idle is not None:
+        limits = replace(limits, idle_connections=args.idle)
+    names = SELECTIONS[args.only]
+    started = bench_goals.machine()
+    print(
+        f"macula station benchmark ({'quick' if args.quick else 'full'}), "
+        f"{PAYLOAD_SIZE}-byte payloads, {os.cpu_count()} CPUs, {started['uptime']}",
+        flush=True,
+    )
+    result = Run()
+    await run_ours(args, limits, names, result)
+    if args.no_peers:
+        for peer in ("nats", "amqtt"):
+            result.skip(peer, "--no-peers")
+    else:
+        await run_peers(args, limits, names, result)
+    print_ratios(result)
+    verdicts = bench_goals.judge(result.figures)
+    if args.only == "all":
+        bench_goals.print_table(verdicts, args.quick)
+    if args.json is not None:
+        mode = "quick" if args.quick else "full"
+        bench_goals.write_json(args.json, mode, result.figures, result.skipped, verdicts, started)
+    return 0 if result.ok else 1
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -632,12 +534,24 @@ def main(argv: list[str] | None = None) -> None:
         "--station-process", action="store_true", help="run our station in a child process"
     )
     parser.add_argument("--only", choices=sorted(SELECTIONS), default="all")
-    parser.add_argument("--no-nats", action="store_true", help="skip the NATS comparison")
+    parser.add_argument("--no-peers", "--no-nats", action="store_true", help="skip NATS and amqtt")
+    parser.add_argument("--idle", type=int, help="idle connections for the memory figure")
+    parser.add_argument("--json", type=Path, help="write every figure and goal to this file")
     parser.add_argument("--serve-station", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-amqtt", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-raw-quic", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.idle is not None and args.idle < 1:
+        parser.error("--idle must be at least 1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.serve_station is not None:
         asyncio.run(serve_station(args.serve_station))
+        return
+    if args.serve_amqtt is not None:
+        asyncio.run(bench_peers.serve_amqtt(args.serve_amqtt, 1800.0))
+        return
+    if args.serve_raw_quic is not None:
+        asyncio.run(bench_resources.serve_raw_quic(args.serve_raw_quic))
         return
     sys.exit(asyncio.run(run(args)))
 
