@@ -86,6 +86,13 @@ class StationPolicy:
     # EVENTs from peer stations: (realm, publisher, seq) remembered this long, at most this many
     relayed_event_dedup_ms: int = 300_000
     max_relayed_event_ids: int = 200_000
+    # --- protected realms (relay.realms, issue 13) ---
+    # memberships are re-checked (expiry, revocations in the record store) at least this often
+    realm_sweep_ms: int = 60_000
+    # endorsements one _realm.present call (or one CONNECT) may carry
+    max_presented_endorsements: int = 16
+    # revocations remembered (the soonest to expire is forgotten first past this)
+    max_realm_revocations: int = 100_000
 
 
 class ReplayWindow:
