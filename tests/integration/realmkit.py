@@ -115,19 +115,21 @@ def subscribe(raw: RawClient, topic: str, realm: bytes = PRIVATE) -> None:
     raw.send(Subscribe(**stamp(), topic=topic, realm=realm, subscriber=raw.node_id))
 
 
-def publish(raw: RawClient, topic: str, seq: int, payload: Any, realm: bytes = PRIVATE) -> None:
+def publish(
+    raw: RawClient, topic: str, seq: int, payload: Any, realm: bytes = PRIVATE, *, e2e: bool = False
+) -> None:
+    """PUBLISH; with ``e2e`` also the ``publisher_sig`` a station needs to relay it (§4.4)."""
     at = now_ms()
-    raw.send(
-        Publish(
-            **stamp(),
-            topic=topic,
-            realm=realm,
-            publisher=raw.node_id,
-            seq=seq,
-            payload=payload,
-            published_at_ms=at,
-        )
+    frame = Publish(
+        **stamp(),
+        topic=topic,
+        realm=realm,
+        publisher=raw.node_id,
+        seq=seq,
+        payload=payload,
+        published_at_ms=at,
     )
+    raw.send(frame.with_publisher_sig(raw.identity) if e2e else frame)
 
 
 def advertise(raw: RawClient, procedure: str, realm: bytes = PRIVATE) -> None:
