@@ -61,6 +61,7 @@ from macula.wire.frames import (
     Ping,
     Publish,
     Result,
+    StreamOpen,
     Subscribe,
     parse_frame,
 )
@@ -743,6 +744,14 @@ class RouterCore:
             kind = frame_map.get("frame_type")
             if kind == "stream_open":
                 opened = self._accept(peer, stream, frame_map, now_ms, out)
+                if isinstance(opened, StreamOpen) and not self.realms.allows(
+                    peer.conn, peer.is_station, opened.realm, now_ms
+                ):  # stream RPC in a protected realm: members only, as CALL
+                    self._drop(peer, "realm_refused", "stream_open in a protected realm")
+                    msg = b"not a member of this protected realm"
+                    code = b"target_realm_refused"
+                    out += self.streams.refuse(peer, stream, frame_map, code, msg, now_ms)
+                    return
                 out += self.streams.open_route(peer, stream, opened, frame_map, now_ms)
                 return
             if kind != "call":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from meshkit import REALM, station_config
-from rawclient import now_ms, raw_client
+from rawclient import now_ms, raw_client, stamp
 from realmkit import (
     PRIVATE,
     REALM_NAME,
@@ -33,6 +33,7 @@ from realmkit import (
 from waiting import eventually
 
 from macula.wire.codes import ErrorCode
+from macula.wire.frames import StreamOpen
 from macula.wire.identity import Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import RecordType
@@ -85,7 +86,24 @@ async def test_a_non_member_gets_nothing_until_it_presents_an_endorsement(
         assert (reply["frame_type"], reply["code"]) == ("error", ErrorCode.TARGET_REALM_REFUSED)
         reply = await call(eve, "org.example.eve_v1", {}, realm=PRIVATE)
         assert reply["code"] == ErrorCode.TARGET_REALM_REFUSED
-        assert (await refused(eve))["realm_refused"] == 3  # subscribe, advertise, publish
+        # stream RPC too: STREAM_ERROR target_realm_refused, then FIN
+        stream = eve.new_stream()
+        opening = StreamOpen(
+            **stamp(),
+            stream_id=os.urandom(16),
+            procedure=ECHO,
+            realm=PRIVATE,
+            mode="bidi",
+            args=None,
+            deadline_ms=now_ms() + 30_000,
+            caller=eve.node_id,
+        )
+        eve.send(opening, stream=stream)
+        await eve.wait_fin(stream)
+        [error] = eve.frames("stream_error", stream=stream)
+        assert error["code"] in ("target_realm_refused", b"target_realm_refused"), error
+        # subscribe, advertise, publish, stream_open
+        assert (await refused(eve))["realm_refused"] == 4
         assert station.core.stats["realm_calls_refused"] == 2
         # a member calls the provider: it works
         start = len(bob.received)
