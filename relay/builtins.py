@@ -68,6 +68,7 @@ from relay.core import BUILTINS
 from relay.federation.content import HOPS_REMAINING, AskPeers
 from relay.federation.dht_storage import newest_per_signer
 from relay.outcome import Outcome, Refused, answer
+from relay.realms import RealmGate, endorsement_key, record_storage_key
 from relay.store import Found, RecordStore
 from relay.store_limits import QuotaExceeded, StoreLimits
 
@@ -82,7 +83,8 @@ __all__ = [
 
 logger = logging.getLogger("macula.relay.builtins")
 
-BUILTIN_PROCEDURES: Final = BUILTINS
+# the nine of §6.6 that ``run`` answers; ``_realm.present`` needs the connection (``present``)
+BUILTIN_PROCEDURES: Final = BUILTINS - {"_realm.present"}
 
 MAX_RECORD_BYTES: Final = 64 * 1024
 MAX_BLOCK_BYTES: Final = 4 * 1024 * 1024
@@ -148,6 +150,19 @@ class RecordMesh(Protocol):
     async def find(self, storage_key: bytes) -> list[Record]: ...
 
 
+def _endorsement_key_of(raw: object) -> bytes | None:
+    """Where revocations of the endorsement ``raw`` (RPC form, unchecked) are stored."""
+    payload = raw.get("payload") if isinstance(raw, Mapping) else None
+    if not isinstance(payload, Mapping):
+        return None
+    realm, member = payload.get("realm"), payload.get("member_node")
+    if type(realm) is not bytes or type(member) is not bytes:
+        return None
+    if len(realm) != KEY_SIZE or len(member) != KEY_SIZE:
+        return None
+    return endorsement_key(realm, member)
+
+
 def _within(records: list[Record], max_bytes: int, truncated: int) -> Found:
     """The newest ``records`` whose RPC forms fit a CBOR array of ``max_bytes``."""
     kept: list[Record] = []
@@ -179,6 +194,7 @@ class Builtins:
         dht: RecordMesh | None = None,
         mesh_wait_s: float = DEFAULT_MESH_WAIT_S,
         ask_peers: AskPeers | None = None,
+        on_stored: Callable[[Record, int], object] | None = None,
     ) -> None:
         if type(station_id) is not bytes or len(station_id) != KEY_SIZE:
             raise ValueError("station_id is the station's 32-byte node id")
@@ -191,6 +207,7 @@ class Builtins:
         self.mesh_wait_s = mesh_wait_s
         self.stats: Counter[str] = Counter()
         self.ask_peers = ask_peers  # linked stations, asked on a content miss
+        self.on_stored = on_stored  # told every record a put stored
         self._handlers: dict[str, _Handler] = {
             "_dht.put_record": self._put_record,
             "_dht.find_record": self._find_record,
@@ -220,7 +237,7 @@ class Builtins:
             size = len(cbor.encode(record.to_rpc()))
             if size > MAX_RECORD_BYTES:
                 raise too_large("the record", size, MAX_RECORD_BYTES)
-            storage_key = record.storage_key()
+            storage_key = record_storage_key(record)  # 0x05: from its realm and member_node
             validate_payload(record.type, record.payload)
             record.verify(now_ms)
         except RecordInvalid as exc:
@@ -243,6 +260,8 @@ class Builtins:
             raise _quota(exc) from None
         if stored == "stale":
             raise refusal("stale", "this signer already stored a newer record under this key")
+        if self.on_stored is not None:
+            self.on_stored(record, now_ms)  # e.g. a realm revocation, honoured at once
         await self._mesh_put(record)
         return OK
 
@@ -418,6 +437,39 @@ class Builtins:
                 self.stats["peer_content_not_cached"] += 1
             return manifest
         return None
+
+    # -- _realm.* (relay.realms, issue 13) --
+
+    async def present(
+        self, gate: RealmGate, conn: int, caller: bytes, payload: object, now_ms: int
+    ) -> Outcome:
+        """``_realm.present``: the connection ``conn`` of ``caller`` presents endorsements
+        (``{"endorsements": [record, ...]}``, RPC form); revocations of them in the record
+        store (and the mesh) are looked up first. Never raises."""
+
+        async def work() -> object:
+            raw = required(arguments(payload), "endorsements")
+            if not isinstance(raw, list):
+                raise bad_request(f"'endorsements' must be an array, got {kind(raw)}")
+            if len(raw) > gate.max_presented:
+                raise bad_request(f"at most {gate.max_presented} endorsements at once")
+            keys = {key for item in raw if (key := _endorsement_key_of(item)) is not None}
+            if gate.realms:
+                keys |= {realm.authority for realm in gate.realms.values()}
+            await self.learn_revocations(gate, keys, now_ms)
+            self.stats["realm_presentations"] += 1
+            return gate.present(conn, caller, raw, now_ms)
+
+        return await answer("_realm.present", work, logger)
+
+    async def learn_revocations(self, gate: RealmGate, keys: set[bytes], now_ms: int) -> int:
+        """Tell ``gate`` the revocations stored under ``keys`` (here and in the mesh)."""
+
+        async def under(key: bytes) -> list[Record]:
+            return await self._with_mesh(key, await self.records.find(key, now_ms), now_ms)
+
+        found = await asyncio.gather(*(under(key) for key in keys))  # the mesh waits overlap
+        return sum(gate.learn(record, now_ms) for records in found for record in records)
 
     # -- _relay.* --
 

@@ -32,6 +32,8 @@ from relay.federation.links import LinkTarget, parse_peer
 from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
+from relay.realm_admission import AdmissionMode, Allowlist, AllowlistError
+from relay.realms import ProtectedRealm, parse_realm_flag
 from relay.station import Station, StationConfig
 from relay.store import StoreLimits
 
@@ -63,6 +65,13 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
         return value
 
     return parse
+
+
+def _realm(text: str) -> ProtectedRealm:
+    try:
+        return parse_realm_flag(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _peer(text: str) -> LinkTarget:
@@ -291,6 +300,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _federation_flags(parser, policy)
     _history_flags(parser, house)
+    parser.add_argument(
+        "--realm",
+        type=_realm,
+        action="append",
+        default=[],
+        metavar="NAME=AUTHORITY_KEY",
+        help="protect this realm: only holders of an endorsement signed by AUTHORITY_KEY "
+        "(64 hex) may subscribe, publish, advertise or call in it; repeatable",
+    )
+    parser.add_argument(
+        "--admission",
+        choices=[m.value for m in AdmissionMode],
+        default=AdmissionMode.OPEN.value,
+        help="who may connect: open (default), allowlist (--allowlist), members (an "
+        "endorsement of a --realm in the CONNECT)",
+    )
+    parser.add_argument(
+        "--allowlist",
+        type=Path,
+        help="node ids allowed to connect, 64 hex one a line (re-read when it changes)",
+    )
+    parser.add_argument(
+        "--realm-sweep-ms",
+        type=_positive(int),
+        default=policy.realm_sweep_ms,
+        help="re-check realm memberships for revocation and expiry this often (default 60000)",
+    )
     return parser
 
 
@@ -417,11 +453,25 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         max_inbound_links=args.max_inbound_links,
         replay_cache_per_link=args.replay_cache_per_link,
         replay_signers_per_link=args.replay_signers_per_link,
+        realm_sweep_ms=args.realm_sweep_ms,
         **{name: getattr(args, name) for _, name, _ in _BOUNDS},
     )
     if args.known_peers_max < 0:
         raise SystemExit("macula-relay: --known-peers-max must be >= 0")
     dht_limits = DhtLimits(**{name: getattr(args, f"dht_{name}") for _, name, _ in _DHT_CAPS})
+    admission = AdmissionMode(args.admission)
+    if admission is AdmissionMode.ALLOWLIST and args.allowlist is None:
+        raise SystemExit("macula-relay: --admission allowlist needs --allowlist FILE")
+    if args.allowlist is not None:
+        try:
+            Allowlist.load(args.allowlist)  # a bad file fails here, naming its line
+        except AllowlistError as exc:
+            raise SystemExit(f"macula-relay: --allowlist {exc}") from None
+    if admission is AdmissionMode.MEMBERS and not args.realm:
+        raise SystemExit("macula-relay: --admission members needs at least one --realm")
+    names = [realm.name for realm in args.realm]
+    if len(set(names)) != len(names):
+        raise SystemExit("macula-relay: a --realm is named twice")
     if args.content_keep_ms < 0:
         raise SystemExit("macula-relay: --content-keep-ms must be >= 0")
     store_limits = StoreLimits(
@@ -482,6 +532,9 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         discover_interval_s=args.discover_interval,
         known_peers_max=args.known_peers_max,
         dht=DhtConfig(limits=dht_limits),
+        realms=args.realm,
+        admission=admission,
+        allowlist=args.allowlist,
     )
 
 

@@ -52,6 +52,7 @@ from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
     CAP_STATION,
+    Advertise,
     Call,
     Connect,
     Error,
@@ -59,7 +60,10 @@ from macula.wire.frames import (
     Frame,
     Goodbye,
     Ping,
+    Publish,
     Result,
+    StreamOpen,
+    Subscribe,
     parse_frame,
 )
 from macula.wire.identity import Identity
@@ -90,6 +94,8 @@ from relay.pacing import PublishPacer
 from relay.peers import Peer, PeerState
 from relay.pending import ORIGIN, PendingCalls
 from relay.policy import StationPolicy
+from relay.realm_admission import ConnectRule
+from relay.realms import RealmGate
 from relay.routes import RouteTable
 from relay.station_frames import StationFrames, dht_port_of
 from relay.stream_relay import StreamRelay
@@ -108,6 +114,7 @@ BUILTINS = frozenset(
         "_content.put_manifest",
         "_content.get_manifest",
         "_relay.ping",
+        "_realm.present",
     }
 )
 
@@ -123,6 +130,8 @@ class RouterCore:
         open_stream: Callable[[int], int],
         random_bytes: Callable[[int], bytes],
         services: frozenset[tuple[bytes, str]] = frozenset(),
+        realms: RealmGate | None = None,
+        connect_rule: ConnectRule | None = None,
     ) -> None:
         self.identity = identity
         self.services = services  # (realm, procedure) served by the station itself
@@ -136,6 +145,9 @@ class RouterCore:
         self.pending = PendingCalls()
         self.routes = RouteTable()
         self.admission = FrameAdmission(policy)
+        self.realms = RealmGate() if realms is None else realms  # protected realms (issue 13)
+        self.connect_rule = ConnectRule() if connect_rule is None else connect_rule
+        self.frames.realms = self.realms.tags  # peer stations learn what this one protects
         self.stats: Counter[str] = Counter()
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
         self.pacer = PublishPacer()
@@ -252,6 +264,8 @@ class RouterCore:
                 break
             if peer.state is PeerState.HANDSHAKING and peer.dialled:
                 self.linking.hello(peer, stream, frame_map, now_ms, out)
+                if peer.linked:  # its verified HELLO names the realms it protects
+                    self.realms.declare_station(conn, frame_map.get("realms"))
             elif peer.state is PeerState.HANDSHAKING:
                 self._handshake(peer, stream, frame_map, now_ms, out)
             elif stream == peer.control:
@@ -421,6 +435,47 @@ class RouterCore:
         out += self.streams.expire(now_ms)
         self.admission.prune(now_ms, self.node_conn)
         self.adverts.expire(now_ms)
+        if self.realms.sweep_due(now_ms):
+            out += self.sweep_realms(now_ms)
+        return out
+
+    # --- protected realms (relay.realms, issue 13) ------------------------------------------
+
+    def _realm_refused(self, peer: Peer, frame: Frame, now_ms: int) -> bool:
+        """SUBSCRIBE, PUBLISH, ADVERTISE (and a relayed EVENT) in a protected realm from a
+        connection that may not act there: a counted drop."""
+        if not isinstance(frame, (Subscribe, Publish, Advertise, Event)):
+            return False
+        if self.realms.allows(peer.conn, peer.is_station, frame.realm, now_ms):
+            return False
+        self._drop(peer, "realm_refused", f"{frame.FRAME_TYPE} in a protected realm")
+        return True
+
+    def _members_only(self, realm: bytes, actions: list[Action], now_ms: int) -> list[Action]:
+        """What a declaration or an EVENT makes the station send in a protected realm goes
+        only to connections allowed there (members, stations protecting it too)."""
+        if not self.realms.protects(realm):
+            return actions
+        kept: list[Action] = []
+        for action in actions:
+            target = self.peers.get(action.conn) if isinstance(action, Send) else None
+            if target is not None and not self.realms.allows(
+                target.conn, target.is_station, realm, now_ms
+            ):
+                self.stats["realm_sends_withheld"] += 1
+                continue
+            kept.append(action)
+        return kept
+
+    def sweep_realms(self, now_ms: int) -> list[Action]:
+        """End expired and revoked memberships; their advertisements in that realm go."""
+        out: list[Action] = []
+        for conn, realm in self.realms.sweep(now_ms):
+            self.stats["realm_memberships_ended"] += 1
+            for key in self.adverts.keys_for(conn):
+                if key[0] == realm:
+                    self.adverts.remove(key, now_ms + self.policy.advertise_tombstone_ms)
+                    out += self.gossip.local_removed(key, now_ms)
         return out
 
     def shutdown(self, now_ms: int) -> list[Action]:
@@ -458,6 +513,8 @@ class RouterCore:
             return
         assert isinstance(connect, Connect)
         refusal = self.admission.connect_refusal(connect, now_ms)
+        if refusal is None:  # who may connect at all (relay.realm_admission)
+            refusal = self._connect_refusal(peer, connect, now_ms)
         if refusal is None and self.stopping:
             # a client that reconnects while the station drains must not believe it is in
             refusal = (ErrorCode.TEMPORARY_RELAY_FAILURE, "station is shutting down")
@@ -471,12 +528,14 @@ class RouterCore:
             out.append(Send(peer.conn, stream, self.frames.hello(False, code, now_ms)))
             out.append(Close(peer.conn, f"handshake refused: {why}", after_ms=200))
             peer.state = PeerState.DRAINING
+            self.realms.forget(peer.conn)
             return
         peer.node_id = connect.node_id
         peer.capabilities = connect.capabilities
         peer.state = PeerState.CONNECTED
         self.stats["handshakes"] += 1
         if peer.is_station:
+            self.realms.declare_station(peer.conn, connect.realms)
             peer.dht_port = dht_port_of(connect.addresses)
             hello = self.frames.hello(True, None, now_ms, dht_port=self.dht_port)
             out.append(Send(peer.conn, stream, hello))
@@ -487,6 +546,14 @@ class RouterCore:
         self.node_conn[peer.node_id] = peer.conn
         if older is not None and older in self.peers:
             out += self._replace(self.peers[older], now_ms)
+
+    def _connect_refusal(self, peer: Peer, connect: Connect, now_ms: int) -> tuple[int, str] | None:
+        """Who may connect at all (``--admission``); a client's CONNECT ``endorsements``
+        make it a member of the realms they endorse (relay.realms)."""
+        members = 0
+        if not connect.capabilities & CAP_STATION:
+            members = self.realms.connect_members(peer.conn, connect, now_ms)
+        return self.connect_rule.refusal(connect, members)
 
     def _station_linked(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
         """The one place that runs when a link comes up, on either side: the peer station
@@ -519,12 +586,19 @@ class RouterCore:
         elif isinstance(frame, (Result, Error)):
             out += self.calls.reply(peer, frame)
         elif isinstance(frame, DECLARATIONS):
-            out += self.interest.handle(peer, frame, now_ms)
+            if self._realm_refused(peer, frame, now_ms):
+                return
+            out += self._members_only(
+                frame.realm, self.interest.handle(peer, frame, now_ms), now_ms
+            )
         elif isinstance(frame, Ping):
             out.append(Send(peer.conn, peer.control or 0, self.frames.pong(frame.nonce, now_ms)))
         elif isinstance(frame, Event):
             if peer.is_station and peer.linked:
-                out += self.interest.relayed_event(peer, frame, now_ms)
+                if self._realm_refused(peer, frame, now_ms):
+                    return
+                relayed = self.interest.relayed_event(peer, frame, now_ms)
+                out += self._members_only(frame.realm, relayed, now_ms)
             else:
                 self._drop(peer, "event_from_client", "EVENT from a peer without the station bit")
         elif isinstance(frame, Goodbye):
@@ -602,6 +676,11 @@ class RouterCore:
             return ErrorCode.UPSTREAM_CONGESTION, (
                 f"more than {limit} calls in flight on this connection"
             )
+        if call.procedure not in BUILTINS and not self.realms.allows(
+            peer.conn, peer.is_station, call.realm, now_ms
+        ):
+            self.stats["realm_calls_refused"] += 1
+            return ErrorCode.TARGET_REALM_REFUSED, "not a member of this protected realm"
         return None
 
     # --- federation: this station's own CALLs and its adverts on a new link ------------------
@@ -676,6 +755,14 @@ class RouterCore:
             kind = frame_map.get("frame_type")
             if kind == "stream_open":
                 opened = self._accept(peer, stream, frame_map, now_ms, out)
+                if isinstance(opened, StreamOpen) and not self.realms.allows(
+                    peer.conn, peer.is_station, opened.realm, now_ms
+                ):  # stream RPC in a protected realm: members only, as CALL
+                    self._drop(peer, "realm_refused", "stream_open in a protected realm")
+                    msg = b"not a member of this protected realm"
+                    code = b"target_realm_refused"
+                    out += self.streams.refuse(peer, stream, frame_map, code, msg, now_ms)
+                    return
                 out += self.streams.open_route(peer, stream, opened, frame_map, now_ms)
                 return
             if kind != "call":
@@ -698,6 +785,7 @@ class RouterCore:
         out += self.calls.forget_conn(peer.conn, now_ms)
         out += self.streams.forget_conn(peer.conn, now_ms)
         self.pacer.forget(peer.conn)
+        self.realms.forget(peer.conn)
         if peer.node_id and self.node_conn.get(peer.node_id) == peer.conn:
             del self.node_conn[peer.node_id]
             out += self.interest.purge_subscriptions(peer, now_ms)

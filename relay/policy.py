@@ -97,6 +97,13 @@ class StationPolicy:
     # links other stations open to this one (those this one dials: ``max_links``); a CONNECT
     # with the station bit over it is refused (HELLO "false", 0x08 upstream_congestion)
     max_inbound_links: int = 64
+    # --- protected realms (relay.realms, issue 13) ---
+    # memberships are re-checked (expiry, revocations in the record store) at least this often
+    realm_sweep_ms: int = 60_000
+    # endorsements one _realm.present call (or one CONNECT) may carry
+    max_presented_endorsements: int = 16
+    # revocations remembered (the soonest to expire is forgotten first past this)
+    max_realm_revocations: int = 100_000
 
 
 class ReplayWindow:

@@ -72,6 +72,8 @@ from relay.house.services import HouseConfig, HouseServices
 from relay.logbook import clip
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
+from relay.realm_admission import AdmissionMode, Allowlist, ConnectRule
+from relay.realms import ProtectedRealm, RealmGate
 from relay.store import ContentStore, RecordStore, StoreLimits
 from relay.tls import ensure_certificate
 
@@ -105,6 +107,10 @@ class StationConfig:
     # stations linked with or discovered, remembered in the data dir and dialled again after
     # a restart (besides ``peers``); at most this many, 0: none remembered
     known_peers_max: int = 256
+    # --- protected realms and admission (relay.realms, relay.realm_admission; issue 13) ---
+    realms: list[ProtectedRealm] = field(default_factory=list)  # ``--realm NAME=KEY``
+    admission: AdmissionMode = AdmissionMode.OPEN
+    allowlist: Path | None = None  # node ids, one a line; re-read when it changes
 
 
 class _Sink:
@@ -161,6 +167,8 @@ class Station:
         self.known_peers: KnownPeers | None = None
         # called as (node_id, host, dht_port) when a link comes up (e.g. a DHT bootstrap)
         self.link_up_hook: Callable[[bytes, str, int], None] | None = None
+        self.allowlist: Allowlist | None = None
+        self._revocations_checked_ms = 0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -194,6 +202,7 @@ class Station:
         self.identity = load_or_create_identity(data_dir / "station.key")
         hosts = list(dict.fromkeys([*config.advertised_hosts, config.host, "localhost"]))
         cert_path, key_path = ensure_certificate(data_dir, self.identity, hosts)
+        realms, connect_rule = self._realm_rules()
         self._records = await RecordStore.open(data_dir / "records.sqlite3")
         stack.push_async_callback(self._records.close)
         self._content = await ContentStore.open(data_dir / "content.sqlite3")
@@ -210,6 +219,7 @@ class Station:
                 fanout=config.policy.content_fanout,
                 timeout_s=config.policy.content_fetch_timeout_ms / 1000,
             ),
+            on_stored=lambda record, now: self.core.realms.learn(record, now),
         )
         self._core = RouterCore(
             self.identity,
@@ -217,6 +227,8 @@ class Station:
             open_stream=self._open_stream,
             random_bytes=os.urandom,
             services=HouseServices.keys_for(config.house),
+            realms=realms,
+            connect_rule=connect_rule,
         )
         quic = QuicConfiguration(
             is_client=False,
@@ -292,6 +304,36 @@ class Station:
         log.info(
             "station %s listening on %s:%d", self.identity.node_id.hex(), config.host, self.port
         )
+
+    def _realm_rules(self) -> tuple[RealmGate, ConnectRule]:
+        """The realms this station protects and who may connect (``ValueError`` if the
+        admission mode lacks what it needs; ``AllowlistError`` for a bad allowlist file)."""
+        config, policy = self.config, self.config.policy
+        mode = config.admission
+        if mode is AdmissionMode.ALLOWLIST and config.allowlist is None:
+            raise ValueError("admission 'allowlist' needs an allowlist file")
+        if mode is AdmissionMode.MEMBERS and not config.realms:
+            raise ValueError("admission 'members' needs at least one protected realm")
+        gate = RealmGate.protecting(
+            config.realms,
+            sweep_ms=policy.realm_sweep_ms,
+            max_presented=policy.max_presented_endorsements,
+            max_revocations=policy.max_realm_revocations,
+        )
+        self.allowlist = None if config.allowlist is None else Allowlist.load(config.allowlist)
+        stations = frozenset(target.node_id for target in config.peers)
+        return gate, ConnectRule(mode, self.allowlist, stations)
+
+    async def sweep_revocations(self, now: int) -> int:
+        """Look up revocations of the current memberships (record store and mesh), then end
+        the revoked and expired ones; how many revocations were new. The ticker runs it every
+        ``policy.realm_sweep_ms``."""
+        assert self._builtins is not None
+        self._revocations_checked_ms = now
+        gate = self.core.realms
+        learned = await self._builtins.learn_revocations(gate, gate.lookup_keys(), now)
+        self._run(self.core.sweep_realms(now))
+        return learned
 
     async def _start_dht(self, stack: contextlib.AsyncExitStack) -> None:
         config, port = self.config, self.config.dht_port
@@ -603,7 +645,12 @@ class Station:
         call = action.call
         peer = self.core.peers.get(action.conn)
         from_station = int(peer is not None and peer.is_station)  # the link says, not the CALL
-        if call.procedure in BUILTINS:
+        if call.procedure == "_realm.present":
+            realms = self.core.realms
+            outcome = await self._builtins.present(
+                realms, action.conn, call.caller, call.payload, now
+            )
+        elif call.procedure in BUILTINS:
             outcome = await self._builtins.run(call.procedure, call.payload, now, now_us())
             if call.procedure == "_relay.ping" and isinstance(outcome.payload, dict):
                 # the refusals this connection was not told in-band (counted by the core)
@@ -636,7 +683,20 @@ class Station:
     async def _ticker(self) -> None:
         while True:
             await asyncio.sleep(self.config.tick_interval_s)
-            self._run(self.core.tick(now_ms()))
+            now = now_ms()
+            self._run(self.core.tick(now))
+            if self.allowlist is not None:
+                self.allowlist.reload()  # a changed file is re-read (mtime and size)
+            due = now - self._revocations_checked_ms >= self.config.policy.realm_sweep_ms
+            if self.core.realms.realms and due:
+                self._revocations_checked_ms = now
+                self._spawn(self._sweep_quietly(now))
+
+    async def _sweep_quietly(self, now: int) -> None:
+        try:
+            await self.sweep_revocations(now)
+        except Exception:
+            log.exception("could not look up realm revocations")
 
     async def _endpoint_refresher(self) -> None:
         """Keep this station's own ``station_endpoint`` record fresh (§10.6, TTL 5 min)."""

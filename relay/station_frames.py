@@ -59,6 +59,7 @@ class StationFrames:
     def __init__(self, identity: Identity, random_bytes: Callable[[int], bytes]) -> None:
         self.identity = identity
         self._random = random_bytes
+        self.realms: list[bytes] = []  # the realms this station protects, told in CONNECT/HELLO
 
     def stamp(self, now_ms: int) -> dict[str, Any]:
         return {"frame_id": new_frame_id(now_ms, self._random(10)), "sent_at_ms": now_ms}
@@ -79,6 +80,7 @@ class StationFrames:
             node_id=self.identity.node_id,
             station_id=self.identity.node_id,
             puzzle_evidence=self.identity.puzzle_evidence,
+            realms=self.realms,
             addresses=dht_addresses(dht_port),
         )
         return self.sign(connect)
@@ -94,6 +96,7 @@ class StationFrames:
             accepted=accepted,
             negotiated_capabilities=CAP_STATION,
             refusal_code=refusal,
+            realms=self.realms,
             addresses=dht_addresses(dht_port),
         )
         return self.sign(hello)
