@@ -200,7 +200,9 @@ class MembershipStore:
         if not records:
             return None
         try:
-            answer = await station.builtin(PRESENT_PROCEDURE, records, PRESENT_TIMEOUT_S)
+            answer = await station.builtin(
+                PRESENT_PROCEDURE, {"endorsements": records}, PRESENT_TIMEOUT_S
+            )
         except MeshError as exc:
             if exc.code == ErrorCode.UNKNOWN_NEXT_PEER:
                 self._count("station_without_present")
@@ -210,9 +212,20 @@ class MembershipStore:
         return answer
 
     async def present_on(self, node: NodeLike, session: Builtins) -> list[bytes]:
-        """``Node``'s presenter: present on ``session``; the realms presented (none if the
-        station does not know ``_realm.present``)."""
+        """``Node``'s presenter: present on ``session``; the realms the station accepted (none
+        if it does not know ``_realm.present``; a realm it does not protect is refused, counted
+        ``refused_by_station``)."""
         answer = await self.present(session, node.dht)
-        if answer is None:
+        if not isinstance(answer, dict):
             return []
-        return [m.endorsement.realm for m in self.memberships()]
+        refused = answer.get("refused")
+        if isinstance(refused, list) and refused:
+            self._count("refused_by_station")  # e.g. a realm this station does not protect
+        accepted = answer.get("accepted")
+        if not isinstance(accepted, list):
+            return []
+        return [
+            entry["realm"]
+            for entry in accepted
+            if isinstance(entry, dict) and type(entry.get("realm")) is bytes
+        ]
