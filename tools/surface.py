@@ -11,6 +11,7 @@ from mcp.server.mcpserver import MCPServer
 
 import prompts
 from macula.errors import MaculaError
+from tools import tasks
 from tools.context import current_runtime
 
 ETIQUETTE = """Macula mesh etiquette (and why):
@@ -101,6 +102,7 @@ def register(app: MCPServer, describe: Any) -> None:
             }
         )
 
+    tasks.register(app, describe)
     for name in prompts.NAMES:
         _register_prompt(app, name)
 
