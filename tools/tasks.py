@@ -301,10 +301,15 @@ def _register_reading(app: MCPServer, describe: Descriptions) -> None:
             task = await tasks.get(task_id)
             history = await tasks.store.history(tasks.me, task_id)
             rows = [
-                {"state_seq": h.state_seq, "state": h.state, "note": h.note, "by": h.by,
-                 "at_ms": h.at_ms}
+                {
+                    "state_seq": h.state_seq,
+                    "state": h.state,
+                    "note": h.note,
+                    "by": h.by,
+                    "at_ms": h.at_ms,
+                }
                 for h in history
-            ]  # fmt: skip
+            ]
             return task_view(task) | {"history": rows}
 
         return await _run(runtime, "mesh_task_get", {"task_id": task_id}, work)

@@ -38,8 +38,8 @@ from macula.store import rings as ring_store
 from macula.store import transcript as transcript_store
 from macula.store.base import DAY_MS, Bounds, StorePaths, paths_from_env
 from macula.store.rings import Ring, RingStore
-from macula.store.tasks import TaskStore
 from macula.store.roster import RosterStore
+from macula.store.tasks import TaskStore
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 
 

@@ -150,10 +150,7 @@ class Tasks:
             )
         self._check(title=title, input=input)
         task_id = self.random(16).hex()
-        task = Task(
-            task_id, "requester", to, title, input, "submitted", 1,
-            None, None, None, None, 0, 0, 0, 0,
-        )  # fmt: skip
+        task = Task.new(task_id, "requester", to, title, input)
         body = {"kind": "task_sent", "task_id": task_id, "title": title, "input": input}
         stored = await self.store.create(
             self.me,
@@ -185,8 +182,12 @@ class Tasks:
                 "mesh_task_wait until it is input_required; mesh_task_get shows the outcome",
                 task=task,
             )
-        body = {"kind": "task_input_given", "task_id": task_id, "input": input,
-                "key": self._message_key(key)}  # fmt: skip
+        body = {
+            "kind": "task_input_given",
+            "task_id": task_id,
+            "input": input,
+            "key": self._message_key(key),
+        }
         await self.store.set_flags(
             self.me, task_id, self.clock(), key=key, key_digest=key_digest, outbox=body
         )
@@ -211,12 +212,21 @@ class Tasks:
                 "read the outcome with mesh_task_get",
                 task=task,
             )
-        body = {"kind": "task_cancel_requested", "task_id": task_id, "reason": reason,
-                "key": self._message_key(key)}  # fmt: skip
+        body = {
+            "kind": "task_cancel_requested",
+            "task_id": task_id,
+            "reason": reason,
+            "key": self._message_key(key),
+        }
         await self.store.set_flags(
-            self.me, task_id, self.clock(), cancel_requested=1, key=key,
-            key_digest=key_digest, outbox=body,
-        )  # fmt: skip
+            self.me,
+            task_id,
+            self.clock(),
+            cancel_requested=1,
+            key=key,
+            key_digest=key_digest,
+            outbox=body,
+        )
         await self._changed()
         return await self._refusal_or(task_id, await self._flush_peer(task.peer))
 
@@ -297,8 +307,7 @@ class Tasks:
             outbox=update_body,
         )
         await self._changed()
-        if not changed.replayed:
-            await self._flush_peer(changed.peer)
+        self._kick.set()  # the outbox delivers it: a tool call never waits for an absent peer
         return changed
 
     # -- reading and waiting --------------------------------------------------------------------
@@ -412,23 +421,8 @@ class Tasks:
         if decision.answer == Answer.DECLINED:
             self._count("tasks_refused_by_policy")
             return refused(task_id, "contact_refused", decision.reason or "declined", 0)
-        task = Task(
-            task_id,
-            "assignee",
-            sender,
-            title,
-            text,
-            "submitted",
-            1,
-            None,
-            None,
-            None,
-            int(decision.answer),
-            1,
-            0,
-            0,
-            0,
-        )
+        contact = int(decision.answer)
+        task = Task.new(task_id, "assignee", sender, title, text, contact=contact, delivered=1)
         try:
             stored = await self.store.create(
                 self.me, task, self.clock(), max_open_per_peer=self.limits.max_open_per_peer

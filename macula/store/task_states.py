@@ -75,6 +75,37 @@ class Task:
     updated_ms: int
     replayed: int = 0  # 1 when an idempotency key returned this first outcome again
 
+    @classmethod
+    def new(
+        cls,
+        task_id: str,
+        role: Role,
+        peer: bytes,
+        title: str,
+        input: str,
+        *,
+        contact: int | None = None,
+        delivered: int = 0,
+    ) -> Task:
+        """A task as it is submitted (``state_seq`` 1); the store sets its times."""
+        return cls(
+            task_id,
+            role,
+            peer,
+            title,
+            input,
+            "submitted",
+            1,
+            None,
+            None,
+            None,
+            contact,
+            delivered,
+            0,
+            0,
+            0,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
