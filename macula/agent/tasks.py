@@ -494,8 +494,9 @@ class Tasks:
                 if self._retry_all:
                     self._retry_all = False
                     await self.store.retry_now(self.me, self.clock())
-                for entry in await self.store.due(self.me, self.clock()):
-                    await self._flush_peer(entry.peer)
+                # peers side by side: one slow or absent peer does not hold up the others
+                peers = {entry.peer for entry in await self.store.due(self.me, self.clock())}
+                await asyncio.gather(*(self._flush_peer(peer) for peer in peers))
                 due = await self.store.next_due_ms(self.me)
             except Exception:  # never let the outbox take the agent's task group down
                 log.exception("task outbox failed; retrying")
@@ -582,7 +583,8 @@ class Tasks:
         )
 
     async def _peer_spoke(self, peer: bytes) -> None:
-        """A verified message from ``peer``: it is back, so what we owe it goes now."""
+        """A verified message from ``peer``: it is back (and maybe we reconnected), so what
+        we owe anyone goes now instead of at its backoff time."""
         if await self.store.pending_outbox(self.me):
             await self.store.retry_now(self.me, self.clock())
             self._kick.set()
