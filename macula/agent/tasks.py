@@ -106,7 +106,7 @@ class Tasks:
         self._peer_locks: dict[bytes, asyncio.Lock] = {}
         self._pump: asyncio.Task[None] | None = None
         self._retry_all = False
-        node.on_state(self._state_changed)
+        self._listening = False
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -114,6 +114,9 @@ class Tasks:
         """Serve ``agent.<me>.task``, re-announce our open assigned tasks, start the outbox."""
         await self.node.advertise(ZERO_REALM, task_endpoint(self.me), self._handle)
         self.serving = True
+        if not self._listening:  # a reconnect makes every queued message due at once
+            self.node.on_state(self._state_changed)
+            self._listening = True
         now = self.clock()
         for task in await self.store.list_tasks(
             self.me, role="assignee", open_only=1, limit=10_000
