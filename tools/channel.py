@@ -260,6 +260,7 @@ class ChannelHub:
         if self._worker is None:
             self.agent.rings.observers.append(self.on_ring)
             self.agent.rooms.observers.append(self.on_heard)
+            self.agent.tasks.observers.append(self.task_handed)
             self._worker = asyncio.get_running_loop().create_task(self._run(), name="channel")
 
     async def stop(self) -> None:
@@ -267,6 +268,8 @@ class ChannelHub:
             self.agent.rings.observers.remove(self.on_ring)
         with contextlib.suppress(ValueError):
             self.agent.rooms.observers.remove(self.on_heard)
+        with contextlib.suppress(ValueError):
+            self.agent.tasks.observers.remove(self.task_handed)
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.cancel()

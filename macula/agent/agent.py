@@ -30,8 +30,10 @@ from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
 from macula.agent.room_keys import RoomKeys
 from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
+from macula.agent.task_messages import TaskLimits
+from macula.agent.tasks import Tasks
 from macula.clock import Clock, now_ms
-from macula.config import macula_home
+from macula.config import macula_home, path_setting
 from macula.errors import ConfigError, MaculaError
 from macula.node import Node
 from macula.services import DIRECTORY_RENEW_S, HouseClient
@@ -42,6 +44,7 @@ from macula.store.base import DAY_MS, Bounds, StorePaths, paths_from_env
 from macula.store.rings import Ring, RingStore
 from macula.store.room_keys import RoomKeyStore, room_keys_path
 from macula.store.roster import RosterStore
+from macula.store.tasks import TaskStore
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 
 
@@ -56,6 +59,8 @@ class AgentSettings:
     citizenship: bool = True  # register in the station's agent directory while present
     transcript_bounds: Bounds = transcript_store.DEFAULT_BOUNDS  # rows per room, age
     rings_bounds: Bounds = ring_store.DEFAULT_BOUNDS
+    tasks_db: Path | None = None  # MACULA_MCP_TASKS_DB; default tasks.sqlite3 beside rings
+    task_limits: TaskLimits = field(default_factory=TaskLimits)  # MACULA_MCP_TASKS_*
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
@@ -88,6 +93,8 @@ class AgentSettings:
             citizenship=no_citizenship != "1",
             transcript_bounds=_bounds_from_env(env, "TRANSCRIPT", transcript_store.DEFAULT_BOUNDS),
             rings_bounds=_bounds_from_env(env, "RINGS", ring_store.DEFAULT_BOUNDS),
+            tasks_db=path_setting(env, "MACULA_MCP_TASKS_DB", "a database file path"),
+            task_limits=TaskLimits.from_env(env),
         )
 
 
@@ -130,6 +137,7 @@ class Agent:
         self.presence: Presence
         self.rooms: Rooms
         self.rings: Rings
+        self.tasks: Tasks
         self._lock = asyncio.Lock()
         self.house = HouseClient(node, node.dht, node.identity)
         self._citizen: asyncio.Task[None] | None = None
@@ -164,6 +172,16 @@ class Agent:
                 policy_file=self.settings.policy_file,
                 policy_override=self.settings.policy_override,
             )
+            tasks_db = self.settings.tasks_db or paths.rings.with_name("tasks.sqlite3")
+            task_store = await stack.enter_async_context(await TaskStore.open(tasks_db))
+            await task_store.prune(self.node.identity.node_id, self.clock())
+            self.tasks = Tasks(
+                self.node,
+                task_store,
+                self.clock,
+                policy=self.rings.policy,
+                limits=self.settings.task_limits,
+            )
             self._group = await stack.enter_async_context(asyncio.TaskGroup())
             stack.push_async_callback(self._wind_down)
             self._stack = stack.pop_all()
@@ -184,6 +202,7 @@ class Agent:
             self._citizen = None
         await self.presence.stop_tasks()
         await self.rooms.stop()
+        await self.tasks.stop()
         self._group = None
 
     def _moved(self, info: StationInfo) -> None:
@@ -222,6 +241,8 @@ class Agent:
             await self.rooms.start(self.group)
             if self.settings.serve_rings and not self.rings.serving:
                 await self.rings.serve()
+            if not self.tasks.serving:
+                await self.tasks.serve(self.group)
             if self.settings.citizenship and self._citizen is None:
                 self._citizen = self.group.create_task(self._citizenship())
             with contextlib.suppress(MaculaError):  # on return we are reachable: rings, taps
@@ -268,6 +289,8 @@ class Agent:
         await self.rooms.stop()
         if self.rings.serving:
             await self.rings.unserve()
+        if self.tasks.serving:
+            await self.tasks.unserve()
         return {"node_id": self.node.identity.node_id.hex(), "rooms_left": left, "present": 0}
 
     async def agents(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:

@@ -219,9 +219,34 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     assert (await ada.bad("mesh_join_realm", realm="org.example.nobody"))["retryable"] in (0, 1)
     await ada.bad("mesh_join_realm", realm="Not A Name")
     ada.tools_called.add("mesh_join_realm")
+    await exercise_tasks(ada, bob, bob_id)
     await ada.good("mesh_goodbye")
     await bob.good("mesh_goodbye")
     assert (await bob.bad("mesh_goodbye", idempotency_key=""))["code"] == "invalid_argument"
+
+
+async def exercise_tasks(ada: Agent, bob: Agent, bob_id: str) -> None:
+    """The task tools: ada hands bob a task, bob asks, ada answers, bob completes once."""
+    sent = await ada.good("mesh_task_send", to=bob_id, title="check", input="is 2+2 4?")
+    await ada.bad("mesh_task_send", to=bob_id, title="", input="x")
+    task_id = sent["task_id"]
+    await bob.good("mesh_task_update", task_id=task_id, state="input_required", note="base?")
+    await bob.bad("mesh_task_update", task_id=task_id, state="done")
+    asked = await ada.good("mesh_task_wait", task_id=task_id, wait_seconds=10, after_state_seq=1)
+    assert asked["task"]["state"] == "input_required"
+    await ada.bad("mesh_task_wait", task_id=task_id, wait_seconds=0)
+    await ada.good("mesh_task_send", task_id=task_id, input="base 10")
+    assert (await bob.good("mesh_task_get", task_id=task_id))["state"] == "working"
+    await bob.bad("mesh_task_get", task_id="no such id!")
+    await bob.good("mesh_task_complete", task_id=task_id, result="yes")
+    assert (await bob.bad("mesh_task_complete", task_id=task_id, result="no"))[
+        "code"
+    ] == "already_terminal"
+    assert (await ada.good("mesh_task_list", role="requester"))["count"] >= 1
+    await ada.bad("mesh_task_list", role="boss")
+    other = await ada.good("mesh_task_send", to=bob_id, title="second", input="x")
+    await ada.good("mesh_task_cancel", task_id=other["task_id"])
+    await ada.bad("mesh_task_cancel", task_id=task_id)
 
 
 async def until(check: Callable[[], Awaitable[object]], timeout: float = 10.0) -> None:

@@ -166,6 +166,7 @@ def agent(transcript: Transcript) -> Agent:
             node=SimpleNamespace(identity=SimpleNamespace(node_id=ME)),
             rings=SimpleNamespace(policy=lambda: policy, observers=[]),
             rooms=SimpleNamespace(transcript=transcript, observers=[]),
+            tasks=SimpleNamespace(observers=[]),
         ),
     )
 
@@ -297,8 +298,10 @@ def test_observers_only_queue_and_a_full_queue_drops_and_counts() -> None:
         channel.start()
         rooms = cast(Any, channel.agent.rooms)
         assert rooms.observers == [channel.on_heard]
+        assert channel.agent.tasks.observers == [channel.task_handed]
         await channel.stop()
         assert rooms.observers == [] and channel.agent.rings.observers == []
+        assert channel.agent.tasks.observers == []
 
     asyncio.run(scenario())
 
