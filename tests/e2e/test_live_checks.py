@@ -19,6 +19,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
         "rpc-two-process-check.py",
         "content-two-process-check.py",
         "ring-two-process-check.py",
+        "federation-two-process-check.py",
     ],
 )
 def test_live_check_passes(script: str) -> None:
