@@ -475,6 +475,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--deadline", type=float, default=300.0, help="seconds per phase (300)")
     p.add_argument("--total-deadline", type=float, default=1500.0, help="seconds in all (1500)")
+    p.add_argument("--log-file", type=Path, help="the stations' logs (INFO) go here")
     p.add_argument("--json", action="store_true", help="print one JSON object only")
     return p
 
@@ -489,7 +490,10 @@ def main() -> None:
         args.clients = 2 * args.stations
     if args.clients < 1:
         raise SystemExit("sim_federation: --clients >= 1")
-    logging.basicConfig(level=logging.CRITICAL)  # the stations' own logs would drown the figures
+    if args.log_file is not None:  # the stations' own logs, for a run that went wrong
+        logging.basicConfig(level=logging.INFO, filename=args.log_file)
+    else:
+        logging.basicConfig(level=logging.CRITICAL)  # they would drown the figures
 
     async def bounded() -> Sim | None:
         try:
