@@ -430,7 +430,7 @@ async def simulate(args: argparse.Namespace) -> Sim:
         stack = AsyncExitStack()
         try:
             await sim.start(stack, Path(tmp))
-            await sim.connect_clients(stack)
+            await asyncio.wait_for(sim.connect_clients(stack), args.deadline)
             origin = sim.stations[-1]
             publisher = Node(new_identity(), [origin.endpoint])
             await stack.enter_async_context(publisher)
@@ -443,6 +443,8 @@ async def simulate(args: argparse.Namespace) -> Sim:
             sim.resources(started_cpu, started)
         except TimeoutError:
             sim.fail("a step ran past its deadline")
+        except Exception as exc:  # e.g. a client that reached no station: a failed run
+            sim.fail(f"{type(exc).__name__}: {exc}")
         finally:
             try:
                 await asyncio.wait_for(stack.aclose(), args.deadline)
