@@ -21,6 +21,7 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
         "ring-two-process-check.py",
         "realm-two-process-check.py",
         "conversation-two-process-check.py",
+        "federation-two-process-check.py",
     ],
 )
 def test_live_check_passes(script: str) -> None:
