@@ -55,11 +55,17 @@ class Said(list[str]):
 
 
 def process_gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie its parent (this test process, which started it)
+    has not reaped yet."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 async def test_started_once_reused_then_stopped(home: Path) -> None:
