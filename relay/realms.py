@@ -59,13 +59,9 @@ _REASON_OF: Final = {
 }
 
 
-class EndorsementRefused(Exception):
-    """Why an endorsement is not accepted: ``reason`` (a code) and ``detail`` (for a person)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class EndorsementRefused(RealmRecordError):
+    """Why a station does not accept an endorsement: ``reason`` is one of ``STATION_REASONS``,
+    ``detail`` is for a person."""
 
 
 @dataclass(frozen=True, slots=True)
