@@ -46,8 +46,9 @@ class RoomRealms(UnreadMarks):
         """The realm of the room we are in, else the realm a ring invited us to it in, else
         None (unknown: the all-zero realm unless told otherwise)."""
         row = await self._fetchone(
-            "SELECT realm FROM memberships WHERE room_topic = ? AND left_ms IS NULL"
-            " UNION ALL SELECT realm FROM invited_realms WHERE room_topic = ? LIMIT 1",
+            "SELECT realm, 0 AS rank FROM memberships WHERE room_topic = ? AND left_ms IS NULL"
+            " UNION ALL SELECT realm, 1 FROM invited_realms WHERE room_topic = ?"
+            " ORDER BY rank LIMIT 1",
             (room_topic, room_topic),
         )
         return None if row is None else bytes(row[0])
