@@ -214,6 +214,12 @@ async def test_a_realm_only_room(tmp_path: Path) -> None:
             denied = await refused(eve, "mesh_join_room", {"room_topic": room, "realm": NAME})
             assert denied["code"] == "realm_refused" and "mesh_join_realm" in denied["next_action"]
             assert (await call(eve, "mesh_rooms"))["joined"] == []
+            # a realm this station does not protect: allowed, with the hint that she holds no
+            # membership of it; a realm argument that is neither a name nor 64 hex: refused
+            elsewhere = await call(eve, "mesh_open_room", {"realm": "org.example.open"})
+            assert elsewhere["realm_member"] == 0 and "silent" in elsewhere["realm_hint"]
+            bad = await refused(eve, "mesh_open_room", {"realm": "Not A Realm"})
+            assert bad["code"] == "invalid_argument"
             # on the wire she hears nothing of the room while bob does
             watch = {"topic": room, "realm": NAME, "count": 1}
             eve_watch = asyncio.create_task(
