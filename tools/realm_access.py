@@ -15,15 +15,21 @@ Invariants:
   membership); otherwise the result gains ``realm`` (64 hex) and ``realm_member`` 0/1, and,
   without a membership, a ``realm_hint`` saying that refusals there are silent and that
   anyone the station lets in can read (mesh_list_realms lists the memberships we hold);
+- a room the station refused us (``left_if_refused``) is left again, locally: what we would
+  publish there reaches nobody, and nothing half-made remains;
 - nothing here holds a credential in a result: only tags, 0/1 and reasons.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from macula.agent.agent import Agent
+from macula.errors import MaculaError
 from macula.realm.membership import Membership
 from macula.session import Session
 from macula.wire.identity import ZERO_REALM
@@ -115,3 +121,15 @@ async def check(runtime: Runtime, realm_guard: RealmGuard | None) -> dict[str, A
     if not held:
         view["realm_hint"] = UNHELD_HINT
     return view
+
+
+async def left_if_refused(
+    agent: Agent, room: str, checked: Awaitable[dict[str, Any]]
+) -> dict[str, Any]:
+    """``checked`` (a ``check``); on ``realm_refused`` the room is left again, then re-raised."""
+    try:
+        return await checked
+    except ArgumentProblems:
+        with contextlib.suppress(MaculaError):
+            await agent.rooms.leave(room)
+        raise

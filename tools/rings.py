@@ -10,7 +10,6 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -22,11 +21,9 @@ from macula.agent.petnames import petname
 from macula.agent.proof import MAX_REASON_CHARS
 from macula.agent.rings import RingEvent, RingPlaced, Rings
 from macula.agent.rooms import RoomError
-from macula.errors import MaculaError
 from macula.wire.identity import ZERO_REALM
 from tools.agent_arguments import (
     KEY_FIELD,
-    ArgumentProblems,
     check_flag,
     check_text,
     check_wait,
@@ -36,7 +33,7 @@ from tools.agent_arguments import (
 )
 from tools.agent_views import label
 from tools.context import Descriptions, hints, runtime_of
-from tools.realm_access import check, guard
+from tools.realm_access import check, guard, left_if_refused
 from tools.realms import REALM_HELP, parse_realm
 from tools.runtime import Runtime
 
@@ -211,13 +208,10 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
                 private=private,
                 realm=tag,
             )
-            try:
-                in_realm = await check(runtime, before)
-            except ArgumentProblems:
-                if room_topic is None:  # the fresh room the station refused us: left again
-                    with contextlib.suppress(MaculaError):
-                        await agent.rooms.leave(rung.room_topic)
-                raise
+            checked = check(runtime, before)
+            if room_topic is None:  # a fresh room the station refused us is left again
+                checked = left_if_refused(agent, rung.room_topic, checked)
+            in_realm = await checked
             return (
                 _placed_view(rung)
                 | in_realm

@@ -18,14 +18,12 @@ Invariants:
 - realms: a room opened with ``realm`` (a name or 64 hex) lives in that realm (stored with the
   membership; joins, rings and catch-up follow it); acting there goes through
   ``tools.realm_access`` (``realm_refused`` when the station refuses; a hint when we hold no
-  membership); a room the station refused us is left again, so nothing half-made remains.
+  membership; a room the station refused us is left again).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -64,7 +62,7 @@ from tools.agent_views import (
     with_petname,
 )
 from tools.context import Descriptions, hints, runtime_of
-from tools.realm_access import check, guard
+from tools.realm_access import check, guard, left_if_refused
 from tools.realms import REALM_HELP, parse_realm
 
 MAX_WAIT_S = 3600.0
@@ -103,17 +101,6 @@ def _say_problems(
     if refs is not None:
         trial["refs"] = refs
     return problems + validate(trial)
-
-
-async def _checked(agent: Agent, room: str, checked: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    """``checked`` (``tools.realm_access.check``); a room the station refused us is left
-    again (locally: what we publish there reaches nobody), then the refusal is raised."""
-    try:
-        return await checked
-    except ArgumentProblems:
-        with contextlib.suppress(MaculaError):
-            await agent.rooms.leave(room)
-        raise
 
 
 async def _member_topics(agent: Agent) -> set[str]:
@@ -260,7 +247,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                 purpose, public=public, participants=ids, private=private, realm=tag
             )
             room = opened.room_topic
-            in_realm = await _checked(agent, room, check(runtime, before))
+            in_realm = await left_if_refused(agent, room, check(runtime, before))
             rings = list(
                 await asyncio.gather(
                     *(_ring_one(agent, to, purpose or "", room, wait_join_seconds) for to in ids)
@@ -332,7 +319,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                 "joined": 1,
                 "already_member": joined.already_member,
                 "message_id": joined.message_id,
-                **await _checked(runtime.agent, room_topic, check(runtime, before)),
+                **await left_if_refused(runtime.agent, room_topic, check(runtime, before)),
             }
 
         return await run_agent_tool(

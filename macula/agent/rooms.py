@@ -27,12 +27,10 @@ Invariants:
   message marked read by one waiter is never returned to another;
 - catch-up (``macula.agent.catchup``) runs at start, after every reconnect and on joining a
   room; what it fetches goes through ``_heard`` like a live delivery;
-- realms (issue 13): a room lives in one realm, stored with its membership (the all-zero
-  realm unless opened or joined in another); everything of the room is tapped and published
-  in that realm's tag, so a station protecting the realm lets only its members join or read
-  it. A delivery in another realm than its room's is counted (``wrong_realm``), never
-  recorded. Central, and public rooms announced there, are in the all-zero realm: a room in
-  another realm is never announced on central.
+- realms (issue 13): a room lives in one realm, stored with its membership (default all-zero);
+  it is tapped and published only there, so a station protecting the realm lets only members
+  join or read it; a delivery from another realm is counted (``wrong_realm``), not recorded.
+  Central is in the all-zero realm, and never announces a room of another realm.
 """
 
 from __future__ import annotations
@@ -432,8 +430,7 @@ class Rooms:
         return RoomOpened(topic, opened["message_id"], *flags, realm)
 
     async def join(self, topic: str, realm: bytes | None = None) -> RoomJoined:
-        """Join ``topic`` in ``realm``; None: the realm we know it in (we are in it, or a ring
-        invited us to it in a realm), else the all-zero realm."""
+        """Join ``topic`` in ``realm``; None: the realm we know it in (a membership, a ring)."""
         if not is_room_topic(topic):
             raise RoomError(f"{topic!r} is not a room topic (agents.room.<32 lowercase hex>)")
         known = await self.transcript.room_realm(topic)

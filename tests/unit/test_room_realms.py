@@ -232,3 +232,48 @@ def test_the_station_history_keeps_the_zero_realm_only() -> None:
 
     assert keepable(publish(REALM), NOW_MS) == "not_zero_realm"
     assert not isinstance(keepable(publish(ZERO_REALM), NOW_MS), str)
+
+
+def test_presence_moves_to_a_realms_lobby(tmp_path: Path) -> None:
+    from macula.agent.presence import GOODBYE_TOPIC, HELLO_TOPIC, Presence, Profile
+    from macula.store.roster import RosterStore
+
+    class Sub:
+        closed = 0
+
+        async def close(self) -> None:
+            Sub.closed += 1
+
+        def __aiter__(self) -> Sub:
+            return self
+
+        async def __anext__(self) -> Delivery:
+            await asyncio.Event().wait()  # nothing arrives
+            raise StopAsyncIteration
+
+    node = FakeNode()
+
+    async def subscribe(realm: bytes, topic: str, buffer: int = 0) -> Sub:
+        node.subscribed.append((realm, topic))
+        return Sub()
+
+    node.subscribe = subscribe  # type: ignore[method-assign, assignment]
+
+    async def scenario() -> None:
+        async with await RosterStore.open(tmp_path / "roster.sqlite3") as roster:
+            presence = Presence(cast(Node, node), roster, Profile(), lambda: NOW_MS)
+            async with asyncio.TaskGroup() as group:
+                await presence.start(group)
+                await presence.beat()
+                assert node.subscribed == [(ZERO_REALM, HELLO_TOPIC), (ZERO_REALM, GOODBYE_TOPIC)]
+                await presence.start(group, realm=REALM)
+                assert Sub.closed == 2  # the zero realm's feeds ended
+                assert node.subscribed[2:] == [(REALM, HELLO_TOPIC), (REALM, GOODBYE_TOPIC)]
+                await presence.beat()
+                assert node.published[-1][:2] == (REALM, HELLO_TOPIC)
+                await presence.start(group)  # no realm given: stays where it is
+                assert len(node.subscribed) == 4 and presence.realm == REALM
+                await presence.goodbye()
+                assert node.published[-1][:2] == (REALM, GOODBYE_TOPIC)
+
+    asyncio.run(scenario())
