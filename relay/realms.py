@@ -1,19 +1,17 @@
-"""Realms a station protects (issue 13): endorsements, revocations, and who may act in a realm.
+"""Realms a station protects (issue 13): who may act in a realm, from endorsements and revocations.
 
 Sans-I/O, time is always an argument. A protected realm is its tag (``realm_tag(name)``) and
-its authority's Ed25519 key. An endorsement is a record 0x05 realm_member_endorsement
-(PROTOCOL.md §10) signed by that authority, payload ``member_node`` bytes(32), ``realm``
-bytes(32), ``role`` text, ``valid_until`` uint (Unix ms); it is stored under
-SHA-256("member_endorsement" ‖ realm ‖ member_node) (``endorsement_key``). A revocation is
-either a newer 0x05 under the same key with role ``"revoked"``, or a tombstone 0x0C with
-``superseded_type`` 0x05 and ``superseded_key`` that storage key; both signed by the realm's
-authority. (The realm helper's ``macula/realm/`` is to replace the record checks at merge.)
+its authority's Ed25519 key. The record rules (what an endorsement and a revocation are, how
+each is checked) are ``macula.realm.records``, the same ones the client and the realm's join
+service use; this module only maps their refusals to the reasons a station reports and keeps
+the station's state. A revocation is a newer 0x05 under the endorsement's storage key with
+role ``"revoked"`` (records.py says why not a tombstone).
 
 Invariants:
-- ``check_endorsement`` accepts a record only if it parses, is a 0x05 with that payload,
-  names a realm protected here and the presenting node, is signed by that realm's authority
-  and by nothing else, is neither expired (record) nor past ``valid_until``, nor revoked;
-  every refusal is an ``EndorsementRefused`` with a reason code and a readable detail.
+- ``check_endorsement`` accepts a record only if it parses, is a 0x05, names a realm
+  protected here, passes ``records.check_endorsement`` for that realm's authority and the
+  presenting node, and no known revocation is newer; every refusal is an
+  ``EndorsementRefused`` whose reason is one of ``STATION_REASONS`` with a readable detail.
 - ``RealmGate`` holds memberships per connection (a reconnect presents again), never per node
   id; a membership ends when its connection goes, its ``valid_until`` passes, or a revocation
   for it is learned (checked on every ``allows``, so delivery stops at once; ``sweep`` also
@@ -30,25 +28,40 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from macula.realm import records as rules
+from macula.realm.records import REVOKED_ROLE, Endorsement, RealmRecordError
 from macula.wire.errors import RecordInvalid
 from macula.wire.frames import Connect
 from macula.wire.identity import realm_tag
 from macula.wire.record_keys import member_endorsement_key
-from macula.wire.records import Record, RecordType
+from macula.wire.records import Record, RecordType, is_newer
 
-REVOKED_ROLE: Final = "revoked"
 DEFAULT_SWEEP_MS: Final = 60_000
 DEFAULT_MAX_PRESENTED: Final = 16
 DEFAULT_MAX_REVOCATIONS: Final = 100_000
 
+# The reasons a station reports (``_realm.present``), and the record rules' reasons they map.
+STATION_REASONS: Final = (
+    "bad_record",  # not a record at all
+    "not_an_endorsement",  # a record, not a 0x05
+    "bad_payload",  # a 0x05 whose payload is not an endorsement's (or whose name and tag differ)
+    "realm_not_protected",
+    "wrong_authority",
+    "bad_signature",
+    "other_node",
+    "expired",
+    "revoked",
+)
+_REASON_OF: Final = {
+    "malformed": "bad_payload",
+    "wrong_realm": "bad_payload",  # its realm_name does not hash to its realm
+    "wrong_member": "other_node",
+}
 
-class EndorsementRefused(Exception):
-    """Why an endorsement is not accepted: ``reason`` (a code) and ``detail`` (for a person)."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class EndorsementRefused(RealmRecordError):
+    """Why a station does not accept an endorsement: ``reason`` is one of ``STATION_REASONS``,
+    ``detail`` is for a person."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +77,8 @@ def parse_realm_flag(text: str) -> ProtectedRealm:
     name = name.strip()
     if not sep or not name:
         raise ValueError(f"{text!r}: expected NAME=AUTHORITY_KEY (64 hex digits)")
+    if problem := rules.name_problem(name):
+        raise ValueError(f"{text!r}: {problem}")
     try:
         authority = bytes.fromhex(key_hex.strip())
     except ValueError:
@@ -84,74 +99,34 @@ def record_storage_key(record: Record) -> bytes:
     if record.type != RecordType.REALM_MEMBER_ENDORSEMENT:
         return record.storage_key()
     realm, member = record.payload.get("realm"), record.payload.get("member_node")
-    if (
-        type(realm) is not bytes
-        or type(member) is not bytes
-        or len(realm) != 32
-        or len(member) != 32
-    ):
+    if not _id32(realm) or not _id32(member):
         raise RecordInvalid("bad_payload", "an endorsement needs realm and member_node bytes(32)")
+    assert isinstance(realm, bytes) and isinstance(member, bytes)
     return endorsement_key(realm, member)
 
 
 @dataclass(frozen=True, slots=True)
-class Endorsement:
-    realm: bytes
-    member_node: bytes
-    role: str
-    valid_until: int
+class Revocation:
+    """A checked revocation (``records.read_member_record`` with role ``revoked``)."""
+
+    key: bytes  # the storage key of the endorsement it revokes
+    signer: bytes
     record: Record
 
     @property
-    def key(self) -> bytes:
-        return endorsement_key(self.realm, self.member_node)
+    def expires_at(self) -> int:
+        return self.record.expires_at
 
-
-@dataclass(frozen=True, slots=True)
-class Revocation:
-    key: bytes  # the storage key of the endorsement it revokes
-    signer: bytes
-    created_at: int
-    version: bytes
-    expires_at: int
-
-    def revokes(self, endorsement: Endorsement, authority: bytes) -> bool:
-        record = endorsement.record
+    def revokes(self, endorsement: Endorsement) -> bool:
         return (
-            self.key == endorsement.key
-            and self.signer == authority
-            and (self.created_at, self.version) > (record.created_at, record.version)
+            self.key == endorsement.storage_key
+            and self.signer == endorsement.authority
+            and is_newer(self.record, endorsement.record)
         )
 
 
 def _id32(value: object) -> bool:
     return type(value) is bytes and len(value) == 32
-
-
-def _uint(value: object) -> bool:
-    return type(value) is int and value >= 0
-
-
-def endorsement_fields(record: Record) -> tuple[bytes, bytes, str, int]:
-    """(realm, member_node, role, valid_until) of a 0x05, or ``EndorsementRefused``."""
-    if record.type != RecordType.REALM_MEMBER_ENDORSEMENT:
-        raise EndorsementRefused(
-            "not_an_endorsement", f"record type 0x{record.type:02x}, expected 0x05"
-        )
-    p = record.payload
-    problems = [
-        f"{name} must be {kind}"
-        for name, kind, ok in (
-            ("member_node", "bytes(32)", _id32(p.get("member_node"))),
-            ("realm", "bytes(32)", _id32(p.get("realm"))),
-            ("role", "text", isinstance(p.get("role"), str)),
-            ("valid_until", "a uint (Unix ms)", _uint(p.get("valid_until"))),
-        )
-        if not ok
-    ]
-    if problems:
-        raise EndorsementRefused("bad_payload", "; ".join(problems))
-    return p["realm"], p["member_node"], p["role"], p["valid_until"]
 
 
 def check_endorsement(
@@ -167,58 +142,44 @@ def check_endorsement(
         record = Record.from_rpc(raw)
     except RecordInvalid as exc:
         raise EndorsementRefused("bad_record", exc.detail) from None
-    realm, member, role, valid_until = endorsement_fields(record)
-    protected = realms.get(realm)
+    if record.type != RecordType.REALM_MEMBER_ENDORSEMENT:
+        raise EndorsementRefused(
+            "not_an_endorsement", f"record type 0x{record.type:02x}, expected 0x05"
+        )
+    realm = record.payload.get("realm")
+    if not _id32(realm):
+        raise EndorsementRefused("bad_payload", "payload realm must be 32 bytes")
+    protected = realms.get(realm) if isinstance(realm, bytes) else None
     if protected is None:
         raise EndorsementRefused("realm_not_protected", "this station does not protect that realm")
-    if record.key != protected.authority:
-        raise EndorsementRefused(
-            "wrong_authority", f"signed by {record.key.hex()[:16]}, not the realm's authority"
-        )
     try:
-        record.verify(now_ms)
-    except RecordInvalid as exc:
-        reason = "expired" if exc.reason == "expired" else "bad_signature"
-        raise EndorsementRefused(reason, exc.detail) from None
-    if member != node_id:
-        raise EndorsementRefused(
-            "other_node", f"endorses {member.hex()[:16]}, not this connection's node"
+        endorsement = rules.check_endorsement(
+            record,
+            realm=protected.tag,
+            authority=protected.authority,
+            member=node_id,
+            now_ms=now_ms,
         )
-    if role == REVOKED_ROLE:
-        raise EndorsementRefused("revoked", "this record is a revocation")
-    if valid_until <= now_ms:
-        raise EndorsementRefused("expired", f"valid_until {valid_until} <= now {now_ms}")
-    endorsement = Endorsement(realm, member, role, valid_until, record)
-    revocation = revocations.get(endorsement.key)
-    if revocation is not None and revocation.revokes(endorsement, protected.authority):
+    except RealmRecordError as exc:
+        raise EndorsementRefused(_REASON_OF.get(exc.reason, exc.reason), exc.detail) from None
+    revocation = revocations.get(endorsement.storage_key)
+    if revocation is not None and revocation.revokes(endorsement):
         raise EndorsementRefused("revoked", "the realm's authority revoked this membership")
     return endorsement
 
 
 def revocation_of(record: Record, authorities: Iterable[bytes], now_ms: int) -> Revocation | None:
-    """The revocation ``record`` carries (signed by one of ``authorities``), else None."""
-    if record.key not in set(authorities):
-        return None
-    p = record.payload
-    if record.type == RecordType.REALM_MEMBER_ENDORSEMENT:
-        if p.get("role") != REVOKED_ROLE or not _id32(p.get("realm")):
-            return None
-        if not _id32(p.get("member_node")):
-            return None
-        key = endorsement_key(p["realm"], p["member_node"])
-    elif record.type == RecordType.TOMBSTONE:
-        if p.get("superseded_type") != RecordType.REALM_MEMBER_ENDORSEMENT:
-            return None
-        if not _id32(p.get("superseded_key")):
-            return None
-        key = p["superseded_key"]
-    else:
+    """The revocation ``record`` is (a 0x05 with role ``revoked`` signed by one of
+    ``authorities``, not expired), else None."""
+    if record.key not in set(authorities) or record.expires_at <= now_ms:
         return None
     try:
-        record.verify(now_ms)
-    except RecordInvalid:
+        found = rules.read_member_record(record, authority=record.key)
+    except RealmRecordError:
         return None
-    return Revocation(key, record.key, record.created_at, record.version, record.expires_at)
+    if found.role != REVOKED_ROLE:
+        return None
+    return Revocation(found.storage_key, found.authority, record)
 
 
 @dataclass(slots=True)
@@ -250,19 +211,18 @@ class RealmGate:
 
     def allows(self, conn: int, is_station: bool, realm: bytes, now_ms: int) -> bool:
         """May connection ``conn`` subscribe, publish, advertise, call, receive in ``realm``?"""
-        protected = self.realms.get(realm)
-        if protected is None:
+        if realm not in self.realms:
             return True
         if is_station:
             return realm in self.station_realms.get(conn, frozenset())
         endorsement = self.members.get(conn, {}).get(realm)
-        return endorsement is not None and self._valid(endorsement, protected, now_ms)
+        return endorsement is not None and self._valid(endorsement, now_ms)
 
-    def _valid(self, endorsement: Endorsement, protected: ProtectedRealm, now_ms: int) -> bool:
+    def _valid(self, endorsement: Endorsement, now_ms: int) -> bool:
         if endorsement.valid_until <= now_ms or endorsement.record.is_expired(now_ms):
             return False
-        revocation = self.revocations.get(endorsement.key)
-        return revocation is None or not revocation.revokes(endorsement, protected.authority)
+        revocation = self.revocations.get(endorsement.storage_key)
+        return revocation is None or not revocation.revokes(endorsement)
 
     def present(
         self, conn: int, node_id: bytes, endorsements: list[object], now_ms: int
@@ -323,10 +283,7 @@ class RealmGate:
         if revocation is None:
             return False
         known = self.revocations.get(revocation.key)
-        if known is not None and (known.created_at, known.version) >= (
-            revocation.created_at,
-            revocation.version,
-        ):
+        if known is not None and not is_newer(revocation.record, known.record):
             return False
         self.revocations[revocation.key] = revocation
         if len(self.revocations) > self.max_revocations:
@@ -337,9 +294,8 @@ class RealmGate:
 
     def lookup_keys(self) -> set[bytes]:
         """Storage keys where a revocation of a current member may be stored: each
-        endorsement's key (a newer 0x05) and each authority's (its tombstones)."""
-        keys = {e.key for held in self.members.values() for e in held.values()}
-        return keys | {r.authority for r in self.realms.values()} if keys else keys
+        endorsement's key (a revocation is a newer 0x05 under it)."""
+        return {e.storage_key for held in self.members.values() for e in held.values()}
 
     def sweep_due(self, now_ms: int) -> bool:
         return bool(self.realms) and now_ms - self.last_sweep_ms >= self.sweep_ms
@@ -350,7 +306,7 @@ class RealmGate:
         ended: list[tuple[int, bytes]] = []
         for conn, held in self.members.items():
             for realm, endorsement in list(held.items()):
-                if not self._valid(endorsement, self.realms[realm], now_ms):
+                if not self._valid(endorsement, now_ms):
                     del held[realm]
                     ended.append((conn, realm))
         for key, revocation in list(self.revocations.items()):

@@ -26,6 +26,8 @@ from tools.agent_arguments import (
 )
 from tools.agent_views import label
 from tools.context import Descriptions, hints, runtime_of
+from tools.realm_access import check, guard
+from tools.realms import REALM_HELP, parse_realm
 
 DEFAULT_AGENTS = 50
 MAX_AGENTS = 200
@@ -101,9 +103,16 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
         session_name: Annotated[
             str | None, Field(description="a name for this session (<= 280)")
         ] = None,
+        realm: Annotated[
+            str | None,
+            Field(description=REALM_HELP + "; hello in that realm's lobby (default: all-zero)"),
+        ] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
+        tag = None if realm is None else parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
         fields = {
             "operator_name": operator_name,
             "message": message,
@@ -117,20 +126,27 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
 
         async def work() -> dict[str, Any]:
             agent = runtime.agent
-            view = await agent.hello(**fields, connected_via=via)
+            before = await guard(runtime, agent.presence.realm if tag is None else tag)
+            view = await agent.hello(tag, **fields, connected_via=via)
             node_id = agent.node.identity.node_id
-            return view | {
-                "topics": {
-                    "hello": HELLO_TOPIC,
-                    "central": LOBBY_TOPIC,
-                    "ring_endpoint": ring_endpoint(node_id),
-                },
-                "heartbeat_seconds": agent.presence.profile.interval_seconds,
-                "observing": int(agent.rooms.observing),
-                "stations": [str(s) for s in runtime.stations],
-            }
+            return (
+                view
+                | await check(runtime, before)
+                | {
+                    "topics": {
+                        "hello": HELLO_TOPIC,
+                        "central": LOBBY_TOPIC,
+                        "ring_endpoint": ring_endpoint(node_id),
+                    },
+                    "heartbeat_seconds": agent.presence.profile.interval_seconds,
+                    "observing": int(agent.rooms.observing),
+                    "stations": [str(s) for s in runtime.stations],
+                }
+            )
 
         args = {k: v for k, v in fields.items() if v is not None}
+        if realm is not None:
+            args["realm"] = realm
         return await run_agent_tool(
             runtime, "mesh_hello", args, work, idempotency_key=idempotency_key, mesh=False
         )

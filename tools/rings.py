@@ -21,6 +21,7 @@ from macula.agent.petnames import petname
 from macula.agent.proof import MAX_REASON_CHARS
 from macula.agent.rings import RingEvent, RingPlaced, Rings
 from macula.agent.rooms import RoomError
+from macula.wire.identity import ZERO_REALM
 from tools.agent_arguments import (
     KEY_FIELD,
     check_flag,
@@ -32,6 +33,8 @@ from tools.agent_arguments import (
 )
 from tools.agent_views import label
 from tools.context import Descriptions, hints, runtime_of
+from tools.realm_access import check, guard, left_if_refused
+from tools.realms import REALM_HELP, parse_realm
 from tools.runtime import Runtime
 
 MAX_WAIT_S = 3600.0
@@ -163,9 +166,16 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
         private: Annotated[
             int, Field(description="1: the fresh room is end-to-end encrypted; 0 or 1")
         ] = 0,
+        realm: Annotated[
+            str | None,
+            Field(description=REALM_HELP + "; for a fresh room (a room you are in keeps its own)"),
+        ] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
+        tag = None if realm is None else parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
         problems = _peer_problems("to", to) + check_text("purpose", purpose, MAX_PURPOSE_CHARS)
         problems += check_flag("private", private)
         if private == 1 and room_topic is not None:
@@ -188,18 +198,31 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
                         f"not in {room_topic}: ring into a fresh room (omit room_topic) or one "
                         "you are in"
                     )
+            in_room = None if room_topic is None else agent.rooms.realm_of(room_topic)
+            before = await guard(runtime, in_room or tag or ZERO_REALM)
             rung = await agent.rings.ring(
                 callee,
                 purpose,
                 room_topic=room_topic,
                 wait_join_seconds=wait_join_seconds,
                 private=private,
+                realm=tag,
             )
-            return _placed_view(rung) | {
-                "petname": petname(callee),
-                "joined": rung.joined or 0,
-                "next": _NEXT.get(rung.answer or 0, "they are not reachable now; try again later"),
-            }
+            checked = check(runtime, before)
+            if room_topic is None:  # a fresh room the station refused us is left again
+                checked = left_if_refused(agent, rung.room_topic, checked)
+            in_realm = await checked
+            return (
+                _placed_view(rung)
+                | in_realm
+                | {
+                    "petname": petname(callee),
+                    "joined": rung.joined or 0,
+                    "next": _NEXT.get(
+                        rung.answer or 0, "they are not reachable now; try again later"
+                    ),
+                }
+            )
 
         args = {
             "to": to,
@@ -207,6 +230,7 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             "room_topic": room_topic,
             "wait_join_seconds": wait_join_seconds,
             "private": private,
+            "realm": realm,
         }
         return await run_agent_tool(
             runtime, "mesh_ring", args, work, idempotency_key=idempotency_key

@@ -14,7 +14,11 @@ Invariants:
 - every message shown carries ``from`` (64 hex) and ``from_petname`` (a label, never a proof);
 - unread marks: ``mesh_wait_room`` returns the oldest unread message from someone else at once,
   else waits, and marks what it returns read; ``mesh_read_inbox`` marks what it shows read
-  unless ``peek`` is 1; ``lost`` counts what catch-up found missed for good.
+  unless ``peek`` is 1; ``lost`` counts what catch-up found missed for good;
+- realms: a room opened with ``realm`` (a name or 64 hex) lives in that realm (stored with the
+  membership; joins, rings and catch-up follow it); acting there goes through
+  ``tools.realm_access`` (``realm_refused`` when the station refuses; a hint when we hold no
+  membership; a room the station refused us is left again).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from macula.agent.envelope import (
 from macula.agent.petnames import petname
 from macula.agent.rooms import HELP_KINDS, RoomError, Rooms
 from macula.errors import MaculaError
+from macula.wire.identity import ZERO_REALM
 from tools.agent_arguments import (
     KEY_FIELD,
     ArgumentProblems,
@@ -57,6 +62,8 @@ from tools.agent_views import (
     with_petname,
 )
 from tools.context import Descriptions, hints, runtime_of
+from tools.realm_access import check, guard, left_if_refused
+from tools.realms import REALM_HELP, parse_realm
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
@@ -205,14 +212,20 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
         wait_join_seconds: Annotated[
             float, Field(description="per accepted ring, wait this long for the join (0-3600)")
         ] = DEFAULT_JOIN_WAIT_S,
+        realm: Annotated[str | None, Field(description=REALM_HELP)] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         names = list(participants or [])
+        tag = parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
         problems = check_text("purpose", purpose, MAX_PURPOSE_CHARS) + check_flag("public", public)
         problems += check_flag("private", private)
         if private == 1 and public == 1:
             problems.append("public: a private room is never announced on central; use 0")
+        if public == 1 and any(tag):
+            problems.append("public: a room in a realm is never announced on central; use 0")
         problems += check_wait(
             "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
         )
@@ -229,10 +242,12 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                 raise ArgumentProblems(
                     [f"participants[{ids.index(me)}]: that is you; list the others only"]
                 )
+            before = await guard(runtime, tag)
             opened = await agent.rooms.open(
-                purpose, public=public, participants=ids, private=private
+                purpose, public=public, participants=ids, private=private, realm=tag
             )
             room = opened.room_topic
+            in_realm = await left_if_refused(agent, room, check(runtime, before))
             rings = list(
                 await asyncio.gather(
                     *(_ring_one(agent, to, purpose or "", room, wait_join_seconds) for to in ids)
@@ -246,6 +261,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                 "purpose": purpose,
                 "rings": rings,
                 **_outcomes(rings),
+                **in_realm,
             }
 
         args = {
@@ -254,6 +270,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
             "private": private,
             "participants": names,
             "wait_join_seconds": wait_join_seconds,
+            "realm": realm,
         }
         return await run_agent_tool(
             runtime, "mesh_open_room", args, work, idempotency_key=idempotency_key
@@ -278,26 +295,37 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_join_room(
         ctx: Context,
         room_topic: Annotated[str, Field(description="agents.room.<32 lowercase hex>")],
+        realm: Annotated[
+            str | None,
+            Field(description=REALM_HELP + "; omit: the realm you were rung into it in"),
+        ] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = room_problems("room_topic", room_topic, central_ok=False)
         if problems:
             return invalid(problems)
+        tag = None if realm is None else parse_realm(realm)
+        if isinstance(tag, CallToolResult):
+            return tag
 
         async def work() -> dict[str, Any]:
-            joined = await runtime.agent.rooms.join(room_topic)
+            rooms = runtime.agent.rooms
+            known = await rooms.transcript.room_realm(room_topic)
+            before = await guard(runtime, tag or known or ZERO_REALM)
+            joined = await rooms.join(room_topic, tag)
             return {
                 "room_topic": joined.room_topic,
                 "joined": 1,
                 "already_member": joined.already_member,
                 "message_id": joined.message_id,
+                **await left_if_refused(runtime.agent, room_topic, check(runtime, before)),
             }
 
         return await run_agent_tool(
             runtime,
             "mesh_join_room",
-            {"room_topic": room_topic},
+            {"room_topic": room_topic, "realm": realm},
             work,
             idempotency_key=idempotency_key,
         )
@@ -395,6 +423,7 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
                 joined.append(
                     {
                         "room_topic": m.room_topic,
+                        "realm": m.realm.hex(),
                         "role": m.role,
                         "public": m.public,
                         **await _privacy(rooms, m.room_topic),
@@ -475,6 +504,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
             return invalid(problems)
 
         async def work() -> dict[str, Any]:
+            before = await guard(runtime, runtime.agent.rooms.realm_of(room_topic))
             said = await runtime.agent.rooms.say(
                 room_topic,
                 kind,
@@ -484,6 +514,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
                 wait_reply_seconds=wait_reply_seconds,
             )
             result: dict[str, Any] = {"room_topic": said.room_topic, "message_id": said.message_id}
+            result |= await check(runtime, before)
             if said.waited:
                 result["reply"] = optional_message_view(said.reply)
                 result["timed_out"] = int(said.reply is None)
@@ -604,6 +635,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
                 everything.extend(messages)
                 entry: dict[str, Any] = {
                     "room_topic": thread.room_topic,
+                    "realm": agent.rooms.realm_of(thread.room_topic).hex(),
                     "messages": messages,
                     "unread": thread.unread,
                     "lost": thread.lost,

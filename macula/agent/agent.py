@@ -229,15 +229,16 @@ class Agent:
             return
         await self.hello()
 
-    async def hello(self, **profile_changes: Any) -> dict[str, Any]:
+    async def hello(self, realm: bytes | None = None, **profile_changes: Any) -> dict[str, Any]:
         """Announce this agent (or re-announce with new fields) and start everything presence
-        brings: heartbeat, roster feed, taps on central and our rooms, the ring endpoint."""
+        brings: heartbeat, roster feed, taps on central and our rooms, the ring endpoint.
+        ``realm``: say hello in that realm's lobby from now on (default: where we are)."""
         async with self._lock:
             profile = self.presence.with_profile(**profile_changes)
             if not self._watching_station:  # once present, a failover re-announces us
                 self.node.on_station(self._moved)
                 self._watching_station = True
-            await self.presence.start(self.group, profile)
+            await self.presence.start(self.group, profile, realm)
             await self.rooms.start(self.group)
             if self.settings.serve_rings and not self.rings.serving:
                 await self.rings.serve()

@@ -5,9 +5,10 @@ Invariants:
   at a time; a failure (no history service, a refusal, a broken connection) is logged and
   counted in ``stats``, never raised, and the next run tries again from the same mark.
 - Each fetched event is checked exactly like a live one: its ``publisher_sig`` must verify
-  over (topic, realm, publisher, seq, payload), its realm must be the zero realm and its topic
-  the room asked for; then it goes through the same path as a live delivery (``Rooms._heard``:
-  validation, attestation, the transcript's duplicate check by ``message_id``), so the inbox
+  over (topic, realm, publisher, seq, payload), its realm must be the room's (the zero realm
+  for central; a room's is stored with its membership) and its topic the room asked for; then
+  it goes through the same path as a live delivery (``Rooms._heard``: validation,
+  attestation, the transcript's duplicate check by ``message_id``), so the inbox
   holds every envelope once, whichever way it came. Anything else is counted, never recorded.
 - Marks: per (room, station key), the history id read through, saved after every page; with no
   mark for this station a room is read from its ``joined_ms`` (central from now) less
@@ -74,11 +75,11 @@ class CatchUp:
             try:
                 station: bytes = await self.station_key()
                 transcript = self.rooms.transcript
-                topics = {LOBBY_TOPIC: self.rooms.clock()}
+                topics = {LOBBY_TOPIC: (self.rooms.clock(), ZERO_REALM)}
                 for membership in await transcript.joined_rooms():
-                    topics[membership.room_topic] = membership.joined_ms
-                for topic, since in topics.items():
-                    recorded += await self._room(topic, station, since)
+                    topics[membership.room_topic] = membership.joined_ms, membership.realm
+                for topic, (since, realm) in topics.items():
+                    recorded += await self._room(topic, station, since, realm)
             except MaculaError as exc:
                 self.stats["failed"] += 1
                 log.info("catch-up stopped: %s", exc)
@@ -86,7 +87,7 @@ class CatchUp:
             self.stats["recorded"] += recorded
             return recorded
 
-    async def _room(self, topic: str, station: bytes, joined_ms: int) -> int:
+    async def _room(self, topic: str, station: bytes, joined_ms: int, realm: bytes) -> int:
         transcript = self.rooms.transcript
         mark = await transcript.catchup_mark(topic, station)
         after = mark or 0
@@ -100,7 +101,7 @@ class CatchUp:
                 self.stats["bad_pages"] += 1
                 break
             for event in page["events"]:
-                recorded += await self._event(topic, event)
+                recorded += await self._event(topic, event, realm)
             for expired in page["expired"]:
                 lost += await self._expired(topic, expired)
             if page["forgotten"] and not forgotten_through:
@@ -116,8 +117,8 @@ class CatchUp:
         self.stats["lost"] += lost
         return recorded
 
-    async def _event(self, topic: str, event: object) -> int:
-        if not isinstance(event, Mapping) or not _event_ok(event, topic):
+    async def _event(self, topic: str, event: object, realm: bytes = ZERO_REALM) -> int:
+        if not isinstance(event, Mapping) or not _event_ok(event, topic, realm):
             self.stats["rejected_events"] += 1
             return 0
         delivery = Delivery(
@@ -158,17 +159,17 @@ def _page_ok(page: object, limit: int) -> bool:
     return lists and ints
 
 
-def _event_ok(event: Mapping[Any, Any], topic: str) -> bool:
-    """The same end-to-end check a live EVENT gets (§4.4), plus: the zero realm, this topic."""
+def _event_ok(event: Mapping[Any, Any], topic: str, realm: bytes = ZERO_REALM) -> bool:
+    """The same end-to-end check a live EVENT gets (§4.4), plus: the room's realm, this topic."""
     publisher, seq, sig = event.get("publisher"), event.get("seq"), event.get("publisher_sig")
-    if event.get("topic") != topic or event.get("realm") != ZERO_REALM:
+    if event.get("topic") != topic or event.get("realm") != realm:
         return False
     if type(publisher) is not bytes or len(publisher) != 32 or type(seq) is not int or seq < 0:
         return False
     if type(sig) is not bytes:
         return False
     try:
-        signable = publication_signable(topic, ZERO_REALM, publisher, seq, event.get("payload"))
+        signable = publication_signable(topic, realm, publisher, seq, event.get("payload"))
     except (ValueError, TypeError, MaculaError):
         return False
     return verify(publisher, signable, sig)

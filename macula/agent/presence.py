@@ -8,6 +8,8 @@ Invariants:
   a failed beat is logged, never raised, and the next tick tries again;
 - after ``goodbye`` nothing restarts presence except an explicit ``hello``;
 - all timing is through the injected ``clock`` (Unix ms) and ``asyncio.sleep``;
+- hellos and goodbyes go and are heard in one realm's lobby (``realm``: the all-zero realm
+  unless ``start`` is given another; a new realm ends the feeds of the old one first);
 - stopping waits for the tasks but never swallows the caller's own cancellation.
 """
 
@@ -104,16 +106,22 @@ class Presence:
         self._subscriptions: list[Subscription] = []
         self.last_beat_ms: int | None = None
         self.last_error: str | None = None
+        self.realm = ZERO_REALM  # whose lobby the hellos go to and come from
 
-    async def start(self, group: asyncio.TaskGroup, profile: Profile | None = None) -> None:
+    async def start(
+        self, group: asyncio.TaskGroup, profile: Profile | None = None, realm: bytes | None = None
+    ) -> None:
         """Start the roster feed and the heartbeat; on a restart (a new profile) only the
         heartbeat starts over: the feed keeps its subscriptions and what they hold, so no hello
-        that arrived meanwhile is lost."""
+        that arrived meanwhile is lost. A ``realm`` other than the current one moves both there."""
         if profile is not None:
             self.profile = profile.checked()
+        if realm is not None and realm != self.realm:
+            await self.stop_tasks()
+            self.realm = realm
         if not self._subscriptions:
-            hellos = await self.node.subscribe(ZERO_REALM, HELLO_TOPIC, buffer=4096)
-            goodbyes = await self.node.subscribe(ZERO_REALM, GOODBYE_TOPIC, buffer=4096)
+            hellos = await self.node.subscribe(self.realm, HELLO_TOPIC, buffer=4096)
+            goodbyes = await self.node.subscribe(self.realm, GOODBYE_TOPIC, buffer=4096)
             self._subscriptions = [hellos, goodbyes]
             self._tasks = [
                 group.create_task(self._feed(hellos, self._heard_hello)),
@@ -136,7 +144,7 @@ class Presence:
         if self.present:
             with contextlib.suppress(MaculaError):
                 payload = {"node_id": self.node.identity.node_id.hex(), "at": self.clock()}
-                await self.node.publish(ZERO_REALM, GOODBYE_TOPIC, payload, timeout=5)
+                await self.node.publish(self.realm, GOODBYE_TOPIC, payload, timeout=5)
         self.present, self.said_goodbye = False, True
         await self.stop_tasks()
 
@@ -162,7 +170,7 @@ class Presence:
     async def beat(self) -> None:
         now = self.clock()
         payload = hello_payload(self.node.identity.node_id, self.profile, now)
-        await self.node.publish(ZERO_REALM, HELLO_TOPIC, payload, timeout=10)
+        await self.node.publish(self.realm, HELLO_TOPIC, payload, timeout=10)
         self.last_beat_ms = now
 
     async def _heartbeat(self) -> None:

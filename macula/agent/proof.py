@@ -64,6 +64,7 @@ RingPayload = TypedDict(
         "room_topic": str,
         "sent_at": int,
         "proof": Proof,
+        "realm": NotRequired[str],  # 64 hex: the room's realm, absent for the all-zero realm
     },
 )
 
@@ -199,8 +200,10 @@ def build_ring(
     room_topic: str,
     ring_id: str,
     now_ms: int,
+    realm: bytes | None = None,
 ) -> RingPayload:
-    """A proven ring from ``identity`` to ``to``, inviting it into ``room_topic``."""
+    """A proven ring from ``identity`` to ``to``, inviting it into ``room_topic`` (in
+    ``realm``, when that is not the all-zero realm)."""
     payload: RingPayload = {
         "kind": RING_KIND,
         "ring_id": ring_id,
@@ -211,6 +214,8 @@ def build_ring(
         "sent_at": now_ms,
         "proof": _proof_or_placeholder(identity, to, ring_id, now_ms, ring_procedure),
     }
+    if realm is not None and any(realm):
+        payload["realm"] = realm.hex()
     problems = validate_ring(payload, to, now_ms)
     if problems:
         raise RingError(problems)
@@ -267,7 +272,7 @@ _Procedure = Callable[[bytes, str], str]
 _Fields = tuple[frozenset[str], frozenset[str]]
 _RING_FIELDS: Final[_Fields] = (
     frozenset({"kind", "ring_id", "from", "to", "purpose", "room_topic", "sent_at", "proof"}),
-    frozenset(),
+    frozenset({"realm"}),
 )
 _ANSWER_FIELDS: Final[_Fields] = (
     frozenset({"kind", "ring_id", "from", "to", "answer", "room_topic", "sent_at", "proof"}),
@@ -282,6 +287,7 @@ _FIELD_ORDER: Final = (
     "reason",
     "purpose",
     "room_topic",
+    "realm",
     "sent_at",
     "proof",
 )
@@ -330,6 +336,7 @@ def _field_problems(payload: dict[object, object], kind: str, me: bytes) -> list
     }
     if kind == RING_KIND:
         checks["purpose"] = [(_text_within(MAX_PURPOSE_CHARS), _at_most(MAX_PURPOSE_CHARS))]
+        checks["realm"] = [(is_node_hex, "expected a 64 lowercase hex realm tag")]
     else:
         checks["answer"] = [(lambda v: type(v) is int and v in ANSWERS, "expected 1, 2 or 3")]
         checks["reason"] = [(_text_within(MAX_REASON_CHARS), _at_most(MAX_REASON_CHARS))]

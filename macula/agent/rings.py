@@ -22,6 +22,11 @@ a callee takes such a key only when the room's opener signed it (``RoomKeys.acce
 ``observers`` are told (synchronously) of every ``RingEvent`` after waiters are woken; they
 must not block, and one failing is logged, never fatal.
 
+Realms (issue 13): a ring into a room that lives in a realm names the realm (``realm``, 64
+hex); the callee notes it for the room (first ring wins, ``TranscriptStore.note_invited_realm``)
+before it joins, now or when it answers a deferred ring, so it joins in that realm. Ring
+endpoints themselves stay in the all-zero realm (a non-member can still be rung).
+
 Results are typed (``RingPlaced``, ``RingAnswered``, ``RingEvent``, the store's ``Ring``); the
 tools shape what a model sees.
 """
@@ -165,6 +170,7 @@ class Rings:
             problems = ["from is not the attested caller of this ring"]
         ring_id = _text(payload.get("ring_id"))
         room = _text(payload.get("room_topic"))
+        realm = bytes.fromhex(payload["realm"]) if not problems and "realm" in payload else None
         if problems:
             self.stats["rings_unverified"] += 1
             return self._answer(
@@ -187,6 +193,8 @@ class Rings:
                 Answer.DECLINED,
                 f"too many pending rings from you (max {MAX_PENDING_PER_CALLER})",
             )
+        if realm is not None and answer != Answer.DECLINED:
+            await self.rooms.transcript.note_invited_realm(room, realm, now)
         if answer == Answer.ACCEPTED:
             await self.rooms.join(room)  # two-sided before the caller hears "accepted"
         outcome = await self.store.add(
@@ -320,28 +328,39 @@ class Rings:
         room_topic: str | None = None,
         wait_join_seconds: float = 0,
         private: int = 0,
+        realm: bytes | None = None,
     ) -> RingPlaced:
-        """Ring ``to`` into ``room_topic``, or into a fresh room (end-to-end encrypted with
-        ``private`` 1); into a private room, its key goes to ``to`` first."""
+        """Ring ``to`` into ``room_topic`` (in the realm we know it in), or into a fresh room in
+        ``realm`` (end-to-end encrypted with ``private`` 1); into a private room, its key goes
+        to ``to`` first."""
         if to == self.me:
             raise MaculaError("you cannot ring yourself")
         if room_topic is None:
             keyed = [to] if private else []
             opened = await self.rooms.open(
-                purpose[:280] or None, participants=keyed, private=private
+                purpose[:280] or None,
+                participants=keyed,
+                private=private,
+                realm=ZERO_REALM if realm is None else realm,
             )
-            room = opened.room_topic
+            room, realm = opened.room_topic, opened.realm
         else:
             room = room_topic
+            known = await self.rooms.transcript.room_realm(room)
+            if realm is not None and known is not None and realm != known:
+                raise MaculaError(
+                    f"{room} is in realm {known.hex()}, not {realm.hex()}: omit realm"
+                )
+            realm = known or realm or ZERO_REALM
         invitation: dict[str, Any] | None = None
         if self.rooms.keys is not None:
             message_id = new_message_id(self.random(16))
             invitation, rekeyed = await self.rooms.keys.invitation(room, to, message_id)
             if invitation is not None and rekeyed:
-                await self.node.publish(ZERO_REALM, room, invitation)
+                await self.node.publish(realm, room, invitation)
         now = self.clock()
         ring_id = new_ring_id(self.random(16))
-        payload = build_ring(self.node.identity, to, purpose, room, ring_id, now)
+        payload = build_ring(self.node.identity, to, purpose, room, ring_id, now, realm)
         try:
             if invitation is not None:
                 key_call = {"kind": ROOM_KEY_CALL, "envelope": invitation}

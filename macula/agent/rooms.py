@@ -26,7 +26,11 @@ Invariants:
   returned at once, else the first to be recorded; what is returned is marked read, and a
   message marked read by one waiter is never returned to another;
 - catch-up (``macula.agent.catchup``) runs at start, after every reconnect and on joining a
-  room; what it fetches goes through ``_heard`` like a live delivery.
+  room; what it fetches goes through ``_heard`` like a live delivery;
+- realms (issue 13): a room lives in one realm, stored with its membership (default all-zero);
+  it is tapped and published only there, so a station protecting the realm lets only members
+  join or read it; a delivery from another realm is counted (``wrong_realm``), not recorded.
+  Central is in the all-zero realm, and never announces a room of another realm.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ class RoomOpened:
     message_id: str  # of the room_opened envelope published in the room
     public: int  # 1 when also announced on central
     private: int = 0  # 1 when end-to-end encrypted (never announced)
+    realm: bytes = ZERO_REALM
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,7 @@ class RoomJoined:
     room_topic: str
     already_member: int  # 1 when we were in it already (nothing published)
     message_id: str | None  # of our participant_joined, None when already a member
+    realm: bytes = ZERO_REALM
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +157,7 @@ class Rooms:
         self.me = node.identity.node_id.hex()
         self.stats: Counter[str] = Counter()
         self._taps: dict[str, tuple[Subscription, asyncio.Task[None]]] = {}
+        self._realms: dict[str, bytes] = {}  # the realm of each tapped topic (absent: zero)
         self._observed: set[str] = set()  # public rooms tapped by the observer only
         self._changed = asyncio.Condition()
         self._generation = 0  # messages recorded so far (bumped under ``_changed``)
@@ -169,7 +176,7 @@ class Rooms:
         self._group = group
         await self._tap(LOBBY_TOPIC)
         for membership in await self.transcript.joined_rooms():
-            await self._tap(membership.room_topic)
+            await self._tap(membership.room_topic, membership.realm)
         self.observing = observe
         if observe:
             for room in (await self.transcript.seen_rooms())[: self.max_rooms]:
@@ -237,17 +244,26 @@ class Rooms:
             await self._observe(room.room_topic)
         return len(self._observed)
 
-    async def _tap(self, topic: str) -> None:
+    def realm_of(self, topic: str) -> bytes:
+        """The realm ``topic`` is tapped and published in (the all-zero realm if not tapped)."""
+        return self._realms.get(topic, ZERO_REALM)
+
+    async def _tap(self, topic: str, realm: bytes = ZERO_REALM) -> None:
+        if topic in self._taps and self.realm_of(topic) != realm:
+            await self._untap(topic)  # observed on central, now joined in its realm
         if topic in self._taps or self._group is None:
             return
-        sub = await self.node.subscribe(ZERO_REALM, topic, buffer=4096)
+        sub = await self.node.subscribe(realm, topic, buffer=4096)
         task = self._group.create_task(self._pump(topic, sub))
         self._taps[topic] = (sub, task)
+        if realm != ZERO_REALM:
+            self._realms[topic] = realm
         with contextlib.suppress(MaculaError):  # the tap hears what is said from now on
             await self.node.flush(timeout=5)
 
     async def _untap(self, topic: str) -> None:
         tap = self._taps.pop(topic, None)
+        self._realms.pop(topic, None)
         if tap is not None:
             sub, task = tap
             task.cancel()
@@ -276,6 +292,9 @@ class Rooms:
             self.stats["invalid_envelopes"] += 1
             log.info("ignored an invalid envelope on %s: %s", topic, "; ".join(problems))
             return
+        if delivery.realm != self.realm_of(topic):
+            self.stats["wrong_realm"] += 1  # the room lives in another realm: not its envelope
+            return
         if not delivery.authenticated:
             self.stats["unauthenticated"] += 1  # no publisher_sig: nobody vouches for it
         heard = [Heard(envelope, delivery.publisher, delivery.authenticated)]
@@ -299,7 +318,7 @@ class Rooms:
         if new and attested and self.keys is not None and topic != LOBBY_TOPIC:
             followup = await self.keys.followup(envelope)
             if followup is not None:
-                await self.node.publish(ZERO_REALM, topic, followup)
+                await self.node.publish(self.realm_of(topic), topic, followup)
         if new and attested and topic == LOBBY_TOPIC and envelope["kind"] == "room_opened":
             refs = envelope.get("refs") or []
             if refs and is_room_topic(refs[0]):
@@ -363,7 +382,7 @@ class Rooms:
             wire = await self.keys.seal(wire)  # sealed in a private room, refused without a key
         # record first: the tap may deliver our own copy later (ignored as a duplicate)
         await self._record(envelope, self.node.identity.node_id, True)
-        await self.node.publish(ZERO_REALM, topic, wire)
+        await self.node.publish(self.realm_of(topic), topic, wire)
         return envelope
 
     async def open(
@@ -373,10 +392,16 @@ class Rooms:
         public: int = 0,
         participants: Sequence[bytes] = (),
         private: int = 0,
+        realm: bytes = ZERO_REALM,
     ) -> RoomOpened:
-        """A fresh room; ``private`` 1 makes it end-to-end encrypted, keyed for
+        """A fresh room in ``realm``; ``private`` 1 makes it end-to-end encrypted, keyed for
         ``participants`` (who still have to be rung into it) and never announced."""
         keyed: dict[str, Any] | None = None
+        if public and realm != ZERO_REALM:
+            raise RoomError(
+                "a room in a realm is never announced on central (the all-zero realm, where "
+                "non-members would see it): public must be 0"
+            )
         if private:
             if public:
                 raise RoomError("a private room is never announced on central: public must be 0")
@@ -386,10 +411,10 @@ class Rooms:
             topic = keyed["room_topic"]
         else:
             topic = new_room_topic(self.random(16))
-        await self.transcript.join_room(topic, "opener", public, purpose, self.clock())
-        await self._tap(topic)
+        await self.transcript.join_room(topic, "opener", public, purpose, self.clock(), realm)
+        await self._tap(topic, realm)
         if keyed is not None:
-            await self.node.publish(ZERO_REALM, topic, keyed)
+            await self.node.publish(realm, topic, keyed)
         opened = await self._publish(
             topic,
             "room_opened",
@@ -401,19 +426,30 @@ class Rooms:
             await self._publish(
                 LOBBY_TOPIC, "room_opened", purpose or "", purpose=purpose, refs=[topic]
             )
-        return RoomOpened(topic, opened["message_id"], int(bool(public)), int(bool(private)))
+        flags = int(bool(public)), int(bool(private))
+        return RoomOpened(topic, opened["message_id"], *flags, realm)
 
-    async def join(self, topic: str) -> RoomJoined:
+    async def join(self, topic: str, realm: bytes | None = None) -> RoomJoined:
+        """Join ``topic`` in ``realm``; None: the realm we know it in (a membership, a ring)."""
         if not is_room_topic(topic):
             raise RoomError(f"{topic!r} is not a room topic (agents.room.<32 lowercase hex>)")
-        newly = await self.transcript.join_room(topic, "participant", 0, None, self.clock())
-        await self._tap(topic)
+        known = await self.transcript.room_realm(topic)
+        if realm is None:
+            realm = ZERO_REALM if known is None else known
+        member = {m.room_topic: m for m in await self.transcript.joined_rooms()}.get(topic)
+        if member is not None and member.realm != realm:
+            raise RoomError(
+                f"you are in {topic} in realm {member.realm.hex()}, not {realm.hex()}: leave "
+                "it first or omit realm"
+            )
+        newly = await self.transcript.join_room(topic, "participant", 0, None, self.clock(), realm)
+        await self._tap(topic, realm)
         self._observed.discard(topic)
         message_id = None
         if newly:
             message_id = (await self._publish(topic, "participant_joined"))["message_id"]
             self.catch_up_soon()  # what was said just before we came (room_opened, ...)
-        return RoomJoined(topic, int(not newly), message_id)
+        return RoomJoined(topic, int(not newly), message_id, realm)
 
     async def leave(self, topic: str, *, close: int = 0) -> RoomLeft:
         membership = {m.room_topic: m for m in await self.transcript.joined_rooms()}.get(topic)
@@ -434,7 +470,7 @@ class Rooms:
         if self.keys is None:
             raise RoomError("private rooms need the agent's room key store")
         keyed = await self.keys.remove(topic, who, new_message_id(self.random(16)))
-        await self.node.publish(ZERO_REALM, topic, keyed)
+        await self.node.publish(self.realm_of(topic), topic, keyed)
         epoch: int = keyed["room_key"]["epoch"]
         return epoch
 

@@ -20,7 +20,8 @@ Invariants:
   ``prune_every`` new messages (with their ``received_ms`` as now), so a flood grows a room by
   at most ``prune_every`` rows past its bound.
 - The store holds what it is given: envelope validation and attestation are the agent layer's.
-- Read marks, catch-up marks and gaps: ``macula.store.unread`` (schema step 2). The oldest
+- Read marks, catch-up marks and gaps: ``macula.store.unread`` (schema step 2); the realm of
+  each room: ``macula.store.room_realms`` (step 3). The oldest
   unread message is the first in transcript order (a message caught up late still comes in
   its place); "the first after an envelope" is by ``seq`` (arrival here), so a sender's slow
   clock cannot hide a reply.
@@ -50,7 +51,9 @@ from macula.store.base import (
     opt_int,
     opt_text,
 )
-from macula.store.unread import TRANSCRIPT_V2, UnreadMarks
+from macula.store.room_realms import TRANSCRIPT_V3, RoomRealms, check_realm
+from macula.store.unread import TRANSCRIPT_V2
+from macula.wire.identity import ZERO_REALM
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -129,7 +132,7 @@ VALUES (:room_topic, :message_id, :from_hex, :kind, :text, :in_reply_to, :refs,
 ON CONFLICT (room_topic, message_id) DO NOTHING
 """
 
-_MEMBERSHIP_COLUMNS: Final = "room_topic, role, public, purpose, joined_ms, left_ms"
+_MEMBERSHIP_COLUMNS: Final = "room_topic, role, public, purpose, joined_ms, left_ms, realm"
 _PUBLIC_ROOM_COLUMNS: Final = "room_topic, opener_hex, purpose, first_seen_ms, last_seen_ms"
 
 
@@ -168,6 +171,7 @@ class RoomMembership:
     purpose: str | None
     joined_ms: int
     left_ms: int | None
+    realm: bytes = ZERO_REALM  # the realm its envelopes are published and tapped in
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +183,10 @@ class PublicRoom:
     last_seen_ms: int
 
 
-class TranscriptStore(UnreadMarks):
+class TranscriptStore(RoomRealms):
     """Messages of central and of rooms, the rooms joined, and public rooms seen on central."""
 
-    MIGRATIONS = (_TRANSCRIPT_V1, TRANSCRIPT_V2)
+    MIGRATIONS = (_TRANSCRIPT_V1, TRANSCRIPT_V2, TRANSCRIPT_V3)
 
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         super().__init__(db, path)
@@ -348,6 +352,7 @@ class TranscriptStore(UnreadMarks):
             )
             await execute(db, "DELETE FROM catchup_marks WHERE caught_ms < ?", (cutoff,))
             await execute(db, "DELETE FROM gaps WHERE noted_ms < ?", (cutoff,))
+            await execute(db, "DELETE FROM invited_realms WHERE noted_ms < ?", (cutoff,))
         return removed
 
     async def _select(
@@ -378,9 +383,16 @@ class TranscriptStore(UnreadMarks):
     # -- memberships ---------------------------------------------------------------------------
 
     async def join_room(
-        self, topic: str, role: RoomRole, public: int, purpose: str | None, now_ms: int
+        self,
+        topic: str,
+        role: RoomRole,
+        public: int,
+        purpose: str | None,
+        now_ms: int,
+        realm: bytes = ZERO_REALM,
     ) -> bool:
-        """Note that we are in ``topic``; True if newly joined (not already a member)."""
+        """Note that we are in ``topic`` (in ``realm``); True if newly joined (not already a
+        member: then the membership, its realm included, is kept)."""
         _check_text(topic, "topic")
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
@@ -390,6 +402,7 @@ class TranscriptStore(UnreadMarks):
             "public": check_flag(public, "public"),
             "purpose": _opt_text_arg(purpose, "purpose"),
             "now": now_ms,
+            "realm": check_realm(realm),
         }
         async with self._transaction() as db:
             rows = await fetchall(
@@ -407,7 +420,7 @@ class TranscriptStore(UnreadMarks):
             await execute(
                 db,
                 f"INSERT OR REPLACE INTO memberships ({_MEMBERSHIP_COLUMNS})"
-                " VALUES (:topic, :role, :public, :purpose, :now, NULL)",
+                " VALUES (:topic, :role, :public, :purpose, :now, NULL, :realm)",
                 params,
             )
             return True
@@ -555,4 +568,5 @@ def _membership(row: Row) -> RoomMembership:
         purpose=opt_text(row[3]),
         joined_ms=int(row[4]),
         left_ms=opt_int(row[5]),
+        realm=bytes(row[6]),
     )

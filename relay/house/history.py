@@ -2,9 +2,11 @@
 bounded, so an agent that was away fetches what it missed (``macula.history.fetch_v1``).
 
 Invariants:
-- Only a PUBLISH on ``agents.lobby`` or ``agents.room.<32 hex>`` whose ``publisher_sig`` is
-  present and verifies is kept, with every field needed to verify it again end to end (topic,
-  realm, publisher, seq, payload as canonical CBOR, publisher_sig). Anything else is counted
+- Only a PUBLISH on ``agents.lobby`` or ``agents.room.<32 hex>`` in the all-zero realm whose
+  ``publisher_sig`` is present and verifies is kept (a fetch names no realm and is open to any
+  caller, so a room in a realm, which a station may protect, is never kept here), with every
+  field needed to verify it again end to end (topic, realm, publisher, seq, payload as
+  canonical CBOR, publisher_sig). Anything else is counted
   (``stats``), never stored. A repeat of ``(topic, realm, publisher, seq)`` is stored once.
 - ``note`` is synchronous and cheap enough for the publish path: it checks and queues (at most
   ``max_pending``; beyond that it counts ``dropped_pending``) and starts a writer task if none
@@ -40,6 +42,7 @@ from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import ProtocolError
 from macula.wire.frames import Publish, publisher_sig_valid
+from macula.wire.identity import ZERO_REALM
 from relay.arguments import arguments, caller_id, handler_for, integer, required, text
 from relay.house.buckets import TokenBuckets
 from relay.outcome import Outcome, Refused, answer
@@ -293,6 +296,8 @@ def keepable(frame: Publish, now_ms: int, *, sig_checked: bool = False) -> Kept 
     ``sig_checked``: the caller already verified a present ``publisher_sig``."""
     if not is_envelope_topic(frame.topic):
         return "not_a_room"
+    if frame.realm != ZERO_REALM:
+        return "not_zero_realm"
     if frame.publisher_sig is None:
         return "unsigned"
     if not 0 <= frame.seq <= MAX_INT64:

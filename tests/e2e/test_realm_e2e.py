@@ -1,8 +1,18 @@
-"""A realm end to end: the ``macula-realm`` CLI and a real ``macula-mcp`` as subprocesses.
+"""A realm end to end: the ``macula-realm`` CLI and real ``macula-mcp`` as subprocesses.
 
 create -> serve -> mesh_join_realm (code, link, QR text, PNG block) -> approve (a wrong code
 first, exit 1) -> mesh_join_realm wait -> approved -> mesh_list_realms / mesh://identity ->
 members -> revoke; and a realm name works as the realm argument of mesh_publish.
+
+``test_a_realm_only_room_end_to_end``: every part a real process: a ``macula-relay``
+protecting the realm (``--realm NAME=AUTHORITY_KEY``, a short ``--realm-sweep-ms``), the
+owner's ``macula-realm`` (create, serve, approve, revoke), three ``macula-mcp``. ada and bob
+join (code and QR returned), the owner approves both, both list the realm; ada rings bob into
+a fresh room in the realm, they talk there. eve, who holds no membership, cannot join the room
+(``realm_refused``), hears nothing of it on the wire while bob does, and what she publishes on
+the room's topic reaches nobody. The owner revokes bob: within the sweep the station refuses
+him, and he hears nothing more. No fixed sleeps: every wait is a poll with a deadline, or a
+tool's own bounded wait.
 """
 
 from __future__ import annotations
@@ -11,23 +21,29 @@ import asyncio
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import ImageContent
 
+from macula.wire.identity import realm_tag
 from relay.station import Station, StationConfig
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
 NAME = "org.example.e2e"
 REALM_CLI = [sys.executable, "-m", "macula.realm.cli"]
+SWEEP_MS = 300
+OPEN_POLICY = {"MACULA_MCP_CONTACT_POLICY": "open"}
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -75,16 +91,43 @@ async def serve(home: Path, station: str) -> AsyncIterator[subprocess.Popen[str]
 
 
 @asynccontextmanager
-async def mcp(home: Path, station: str) -> AsyncIterator[Client]:
+async def mcp(home: Path, station: str, **settings: str) -> AsyncIterator[Client]:
     env = dict(
         os.environ,
         MACULA_HOME=str(home),
         MACULA_MESH_STATIONS=station,
         MACULA_MCP_IDENTITY=str(home / "id.key"),
+        **settings,
     )
     command = server_command()
     async with Client(StdioServerParameters(command=command[0], args=command[1:], env=env)) as c:
         yield c
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def relay(data_dir: Path, *flags: str) -> Iterator[str]:
+    """``macula-relay`` in its own process; its endpoint (the line it prints when ready)."""
+    command = [sys.executable, "-m", "relay.cli", "--port", str(free_udp_port())]
+    command += ["--data-dir", str(data_dir), "--log-level", "warning", *flags]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        endpoint = process.stdout.readline().strip()
+        assert "@" in endpoint, f"the station did not start: {endpoint!r}"
+        yield endpoint
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 async def test_create_serve_join_approve_list_revoke(tmp_path: Path) -> None:
@@ -174,3 +217,164 @@ def test_cli_bad_usage_and_rate_limit(tmp_path: Path) -> None:
         assert realm_cli(home, "--max-wrong-codes", "2", "deny", "2222-2222")[0] == 1
     code, answer = realm_cli(home, "--max-wrong-codes", "2", "deny", "2222-2222")
     assert code == 3 and answer["code"] == "rate_limited"
+
+
+async def call(client: Client, tool: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    result = await client.call_tool(tool, args or {})
+    assert not result.is_error, (tool, result.structured_content)
+    data = result.structured_content
+    assert isinstance(data, dict)
+    return data
+
+
+async def refused(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    result = await client.call_tool(tool, args)
+    assert result.is_error, (tool, result.structured_content)
+    error = result.structured_content
+    assert isinstance(error, dict) and {"code", "detail", "next_action"} <= error.keys()
+    return error
+
+
+async def until(check: Callable[[], Awaitable[T | None]], timeout: float = 20.0) -> T:
+    """Poll ``check`` until it returns something, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await check()
+        if found is not None:
+            return found
+        assert time.monotonic() < deadline, "not in time"
+        await asyncio.sleep(0.1)  # polling interval
+
+
+async def join(client: Client, owner: Path) -> dict[str, Any]:
+    """mesh_join_realm (code, QR text and PNG), the owner approves, the approval is picked up."""
+    started = await client.call_tool("mesh_join_realm", {"realm": NAME})
+    ticket = started.structured_content
+    assert not started.is_error and ticket is not None, ticket
+    assert ticket["status"] == "pending" and len(ticket["code"]) == 9 and ticket["qr_text"]
+    [png] = [b for b in started.content if isinstance(b, ImageContent)]
+    assert base64.b64decode(png.data).startswith(b"\x89PNG")
+    code, approved = realm_cli(owner, "approve", ticket["code"])
+    assert code == 0 and approved["status"] == "approved", approved
+    outcome = await call(client, "mesh_join_realm", {"realm": NAME, "wait_seconds": 30})
+    assert outcome["status"] == "approved", outcome
+    listed = await call(client, "mesh_list_realms")
+    assert [r["name"] for r in listed["realms"]] == [NAME]
+    return listed["realms"][0]
+
+
+def said(inbox: dict[str, Any], room: str) -> list[str]:
+    return [m["text"] for r in inbox["rooms"] if r["room_topic"] == room for m in r["messages"]]
+
+
+@pytest.mark.timeout(240)
+async def test_a_realm_only_room_end_to_end(tmp_path: Path) -> None:
+    owner = tmp_path / "owner"
+    code, created = realm_cli(owner, "create", NAME)
+    assert code == 0, created
+    protect = f"{NAME}={created['authority']}"
+    flags = ("--realm", protect, "--realm-sweep-ms", str(SWEEP_MS))
+    with relay(tmp_path / "station", *flags) as station:
+        async with (
+            serve(owner, station),
+            mcp(tmp_path / "ada", station, **OPEN_POLICY) as ada,
+            mcp(tmp_path / "bob", station, **OPEN_POLICY) as bob,
+            mcp(tmp_path / "eve", station, **OPEN_POLICY) as eve,
+        ):
+            ada_in = await join(ada, owner)
+            bob_in = await join(bob, owner)
+            assert ada_in["realm"] == bob_in["realm"] == realm_tag(NAME).hex()
+            assert (await call(eve, "mesh_list_realms"))["realms"] == []
+            hello = await call(ada, "mesh_hello", {"realm": NAME})  # her realm's lobby
+            assert hello["realm"] == ada_in["realm"] and hello["realm_member"] == 1
+            ada_id = hello["node_id"]
+            bob_id = (await call(bob, "mesh_hello", {}))["node_id"]
+            eve_id = (await call(eve, "mesh_hello", {}))["node_id"]
+
+            # ada rings bob into a fresh room in the realm; bob (policy open) joins it there
+            rung = await call(
+                ada,
+                "mesh_ring",
+                {"to": bob_id, "purpose": "plan", "realm": NAME, "wait_join_seconds": 20},
+            )
+            room = rung["room_topic"]
+            assert rung["answer"] == 1 and rung["joined"] == 1, rung
+            assert rung["realm"] == ada_in["realm"] and rung["realm_member"] == 1
+            rooms = (await call(bob, "mesh_rooms"))["joined"]
+            assert [(r["room_topic"], r["realm"]) for r in rooms] == [(room, ada_in["realm"])]
+            asked = await call(ada, "mesh_say", {"room_topic": room, "text": "ready?"})
+            assert asked["realm_member"] == 1
+            heard = await call(bob, "mesh_wait_room", {"room_topic": room, "wait_seconds": 20})
+            assert heard["message"]["text"] == "ready?"
+            await call(bob, "mesh_say", {"room_topic": room, "text": "yes", "kind": "remark_made"})
+            after = {
+                "room_topic": room,
+                "wait_seconds": 20,
+                "after_message_id": asked["message_id"],
+            }
+            reply = await call(ada, "mesh_wait_room", after)
+            assert reply["message"]["text"] == "yes" and reply["message"]["from"] == bob_id
+            inbox = await call(ada, "mesh_read_inbox", {"peek": 1})
+            assert {"ready?", "yes"} <= set(said(inbox, room))
+
+            # eve holds no membership: the station refuses her joining (a structured error)
+            denied = await refused(eve, "mesh_join_room", {"room_topic": room, "realm": NAME})
+            assert denied["code"] == "realm_refused" and "mesh_join_realm" in denied["next_action"]
+            assert (await call(eve, "mesh_rooms"))["joined"] == []
+            # a realm this station does not protect: allowed, with the hint that she holds no
+            # membership of it; a realm argument that is neither a name nor 64 hex: refused
+            elsewhere = await call(eve, "mesh_open_room", {"realm": "org.example.open"})
+            assert elsewhere["realm_member"] == 0 and "silent" in elsewhere["realm_hint"]
+            bad = await refused(eve, "mesh_open_room", {"realm": "Not A Realm"})
+            assert bad["code"] == "invalid_argument"
+            # on the wire she hears nothing of the room while bob does
+            watch = {"topic": room, "realm": NAME, "count": 1}
+            eve_watch = asyncio.create_task(
+                eve.call_tool("mesh_watch", watch | {"duration_seconds": 8})
+            )
+            bob_watch = asyncio.create_task(
+                bob.call_tool("mesh_watch", watch | {"duration_seconds": 20})
+            )
+            sent = 0
+            while not bob_watch.done():  # say until bob's watch (started with eve's) hears it
+                sent += 1
+                await call(ada, "mesh_say", {"room_topic": room, "text": f"members only {sent}"})
+                await asyncio.wait({bob_watch}, timeout=0.5)
+            assert len((await bob_watch).structured_content["events"]) == 1
+            eve_saw = (await eve_watch).structured_content
+            assert eve_saw["events"] == [], eve_saw
+            # what she publishes on the room's topic reaches nobody
+            forged = {
+                "message_id": "e" * 32,
+                "room_topic": room,
+                "sent_at": int(time.time() * 1000),
+                "from": eve_id,
+                "kind": "remark_made",
+                "text": "eve was here",
+            }
+            await eve.call_tool("mesh_publish", {"topic": room, "realm": NAME, "fact": forged})
+            await call(bob, "mesh_say", {"room_topic": room, "text": "after eve"})
+
+            async def ada_heard_after_eve() -> dict[str, Any] | None:
+                box = await call(ada, "mesh_read_inbox", {"peek": 1})
+                return box if "after eve" in said(box, room) else None
+
+            assert "eve was here" not in said(await until(ada_heard_after_eve), room)
+
+            # the owner revokes bob: within the sweep the station refuses him
+            code, revoked = realm_cli(owner, "revoke", bob_id)
+            assert code == 0 and revoked["status"] == "revoked", revoked
+
+            async def bob_refused() -> dict[str, Any] | None:
+                result = await bob.call_tool("mesh_say", {"room_topic": room, "text": "still?"})
+                return result.structured_content if result.is_error else None
+
+            error = await until(bob_refused)
+            assert error["code"] == "realm_refused", error
+            late = asyncio.create_task(bob.call_tool("mesh_watch", watch | {"duration_seconds": 3}))
+            while not late.done():  # ada keeps talking while bob's watch runs: he hears none
+                await call(ada, "mesh_say", {"room_topic": room, "text": "after revoke"})
+                await asyncio.wait({late}, timeout=0.5)
+            assert (await late).structured_content["events"] == []
+            box = await call(bob, "mesh_read_inbox", {"peek": 1})
+            assert "after revoke" not in said(box, room) and ada_id != bob_id

@@ -22,17 +22,19 @@ def endorse(
     authority: Identity,
     member: bytes,
     *,
-    realm: bytes = PRIVATE,
+    name: str = REALM_NAME,
     role: str = "member",
     valid_until: int | None = None,
     at_ms: int | None = None,
     ttl_ms: int | None = None,
 ) -> Record:
-    """A 0x05 realm_member_endorsement signed by ``authority``."""
+    """A 0x05 realm_member_endorsement of realm ``name`` signed by ``authority`` (the shape of
+    ``macula.realm.records``, built by hand so a test can make bad ones)."""
     at = now_ms() if at_ms is None else at_ms
     payload = {
         "member_node": member,
-        "realm": realm,
+        "realm": realm_tag(name),
+        "realm_name": name,
         "role": role,
         "valid_until": at + 30 * DAY_MS if valid_until is None else valid_until,
     }
@@ -46,13 +48,13 @@ def endorse(
     )
 
 
-def revoke(authority: Identity, member: bytes, *, realm: bytes = PRIVATE) -> Record:
+def revoke(authority: Identity, member: bytes, *, name: str = REALM_NAME) -> Record:
     """A newer 0x05 with role "revoked"."""
-    return endorse(authority, member, realm=realm, role="revoked", at_ms=now_ms() + 1)
+    return endorse(authority, member, name=name, role="revoked", at_ms=now_ms() + 1)
 
 
 def tombstone(authority: Identity, member: bytes, *, realm: bytes = PRIVATE) -> Record:
-    """A 0x0C superseding the endorsement of ``member``."""
+    """A 0x0C superseding the endorsement of ``member`` (not a revocation: see records.py)."""
     at = now_ms() + 1
     payload = {
         "superseded_key": member_endorsement_key(realm, member),

@@ -34,7 +34,7 @@ from waiting import eventually
 
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import StreamOpen
-from macula.wire.identity import Identity, realm_tag
+from macula.wire.identity import Identity
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import RecordType
 from relay.policy import StationPolicy
@@ -171,8 +171,8 @@ async def test_a_revocation_put_here_ends_access_at_once(station: Station) -> No
         # presenting the old endorsement again does not help
         answer = await present(eve, endorse(AUTHORITY, eve.node_id, at_ms=now_ms() - 10_000))
         assert [r["reason"] for r in answer["refused"]] == ["revoked"]
-        # a tombstone revokes bob, the provider: his advertisement goes at the next tick
-        assert await put_record(alice, tombstone(AUTHORITY, bob.node_id)) == "ok"
+        # revoking bob, the provider: his advertisement goes at the next tick
+        assert await put_record(alice, revoke(AUTHORITY, bob.node_id)) == "ok"
         await eventually(lambda: station.core.stats["realm_memberships_ended"] == 2)
         reply = await call(alice, ECHO, {}, realm=PRIVATE)
         assert reply["code"] == ErrorCode.UNKNOWN_NEXT_PEER  # no member serves it any more
@@ -189,8 +189,9 @@ async def test_a_revocation_only_in_the_store_is_honoured_by_the_sweep(station: 
         await eve.flush()
         records = station._records
         assert records is not None
-        revocation = tombstone(AUTHORITY, eve.node_id)
-        await records.put(revocation, revocation.storage_key(), now_ms())
+        revocation = revoke(AUTHORITY, eve.node_id)
+        key = member_endorsement_key(PRIVATE, eve.node_id)
+        await records.put(revocation, key, now_ms())
         publish(bob, NEWS, 1, "not yet swept")
         await eve.expect(is_event(NEWS, "not yet swept"))
         assert await station.sweep_revocations(now_ms() + 61_000) == 1
@@ -228,7 +229,7 @@ async def test_bad_endorsements_are_refused_with_a_reason_each(station: Station)
             "valid_until passed": endorse(AUTHORITY, me, valid_until=now - 1),
             "record expired": endorse(AUTHORITY, me, at_ms=now - 10_000, ttl_ms=5_000),
             "wrong authority": endorse(stranger, me),
-            "unprotected realm": endorse(AUTHORITY, me, realm=realm_tag("org.example.other")),
+            "unprotected realm": endorse(AUTHORITY, me, name="org.example.other"),
             "a revocation": endorse(AUTHORITY, me, role="revoked"),
             "not an endorsement": tombstone(AUTHORITY, me),
             "not a record": "endorse me",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from macula.realm.records import build_endorsement, build_revocation
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import CAP_STATION, Connect, new_frame_id
 from macula.wire.identity import Identity, realm_tag
@@ -35,7 +36,8 @@ from relay.realms import (
 NOW = 1_800_000_000_000
 AUTHORITY = Identity.generate(os.urandom)
 MEMBER = Identity.generate(os.urandom)
-REALM = realm_tag("org.example.team")
+NAME = "org.example.team"
+REALM = realm_tag(NAME)
 PROTECTED = ProtectedRealm("org.example.team", REALM, AUTHORITY.node_id)
 
 
@@ -46,9 +48,17 @@ def endorsement(
     role: str = "member",
     valid_until: int = NOW + 3_600_000,
     at: int = NOW,
-    realm: bytes = REALM,
+    name: str = NAME,
+    realm: bytes | None = None,
 ) -> Record:
-    payload = {"member_node": member, "realm": realm, "role": role, "valid_until": valid_until}
+    """Built by hand (not ``macula.realm.records``) so a test can make bad ones."""
+    payload = {
+        "member_node": member,
+        "realm": realm_tag(name) if realm is None else realm,
+        "realm_name": name,
+        "role": role,
+        "valid_until": valid_until,
+    }
     version = record_version(at, os.urandom(10))
     return new_record(
         signer, RecordType.REALM_MEMBER_ENDORSEMENT, payload, now_ms=at, version=version
@@ -93,7 +103,25 @@ def test_endorsement_checks() -> None:
     assert check(endorsement(signer=MEMBER).to_rpc()) == "wrong_authority"
     forged = {**good.to_rpc(), "signature": bytes(64)}
     assert check(forged) == "bad_signature"
-    assert check(endorsement(realm=realm_tag("elsewhere")).to_rpc()) == "realm_not_protected"
+    assert check(endorsement(name="elsewhere").to_rpc()) == "realm_not_protected"
+    # a name that does not hash to the tag, a missing name: not an endorsement's payload
+    assert check(endorsement(name="elsewhere", realm=REALM).to_rpc()) == "bad_payload"
+    nameless = new_record(
+        AUTHORITY,
+        RecordType.REALM_MEMBER_ENDORSEMENT,
+        {k: v for k, v in good.payload.items() if k != "realm_name"},
+        now_ms=NOW,
+        version=record_version(NOW, os.urandom(10)),
+    )
+    assert check(nameless.to_rpc()) == "bad_payload"
+    # what the realm's CLI builds is accepted as it is
+    built = build_endorsement(
+        AUTHORITY, NAME, MEMBER.node_id, valid_until=NOW + 1000, now_ms=NOW, random10=bytes(10)
+    )
+    assert check(built.to_rpc()) == "accepted"
+    assert check(tombstone(member_endorsement_key(REALM, MEMBER.node_id)).to_rpc()) == (
+        "not_an_endorsement"
+    )
     bad_payload = new_record(
         AUTHORITY,
         RecordType.REALM_MEMBER_ENDORSEMENT,
@@ -106,17 +134,23 @@ def test_endorsement_checks() -> None:
     assert check(None) == "bad_record"
 
 
-def test_revocations_of_both_forms() -> None:
+def test_what_is_a_revocation() -> None:
     key = member_endorsement_key(REALM, MEMBER.node_id)
     authorities = [AUTHORITY.node_id]
     revoked = endorsement(role="revoked", at=NOW + 1)
     found = revocation_of(revoked, authorities, NOW)
     assert found is not None and found.key == key
-    assert revocation_of(tombstone(key), authorities, NOW) is not None
-    # not revocations: a plain endorsement, a tombstone of another type, a stranger's record
+    # the same record the realm's CLI builds (macula.realm.records) is one
+    built = build_revocation(AUTHORITY, NAME, MEMBER.node_id, now_ms=NOW, random10=bytes(10))
+    assert revocation_of(built, authorities, NOW) is not None
+    # not revocations: a plain endorsement, a tombstone (one rule set: records.py says why),
+    # a stranger's, a forged one, an expired one
     assert revocation_of(endorsement(), authorities, NOW) is None
-    assert revocation_of(tombstone(key, kind=0x01), authorities, NOW) is None
-    assert revocation_of(tombstone(key, signer=MEMBER), authorities, NOW) is None
+    assert revocation_of(tombstone(key), authorities, NOW) is None
+    assert revocation_of(endorsement(role="revoked", signer=MEMBER), authorities, NOW) is None
+    forged = Record.from_rpc({**revoked.to_rpc(), "signature": bytes(64)})
+    assert revocation_of(forged, authorities, NOW) is None
+    assert revocation_of(revoked, authorities, revoked.expires_at) is None
     assert record_storage_key(revoked) == key
 
 
@@ -136,8 +170,10 @@ def test_the_gate_under_a_driven_clock() -> None:
     assert gate.sweep_due(NOW)
     assert gate.sweep(NOW) == []
     assert not gate.sweep_due(NOW + 59_999)
-    assert gate.learn(tombstone(member_endorsement_key(REALM, MEMBER.node_id)), NOW)
-    older = tombstone(member_endorsement_key(REALM, MEMBER.node_id), at=NOW)
+    assert not gate.learn(tombstone(member_endorsement_key(REALM, MEMBER.node_id)), NOW)
+    assert gate.allows(1, False, REALM, NOW)
+    assert gate.learn(endorsement(role="revoked", at=NOW + 1), NOW)
+    older = endorsement(role="revoked", at=NOW)
     assert not gate.learn(older, NOW)  # not newer than the one known
     assert not gate.allows(1, False, REALM, NOW)
     assert gate.sweep_due(NOW)  # learning brings the sweep forward
