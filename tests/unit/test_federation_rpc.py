@@ -86,11 +86,32 @@ def mesh() -> Mesh:
     return Mesh()
 
 
-@pytest.fixture
-def xy(mesh: Mesh) -> tuple[MeshStation, MeshStation]:
+def linked(mesh: Mesh) -> tuple[MeshStation, MeshStation]:
+    """Stations X and Y on ``mesh``, linked."""
     x, y = mesh.station(X_ID), mesh.station(Y_ID)
     mesh.link(x, y)
     return x, y
+
+
+@pytest.fixture
+def xy(mesh: Mesh) -> tuple[MeshStation, MeshStation]:
+    return linked(mesh)
+
+
+Served = tuple[MeshStation, MeshStation, Client, Client]
+
+
+def alice_to_bob(mesh: Mesh, procedure: str = ADD) -> Served:
+    """X and Y linked, Alice on X, Bob on Y advertising ``procedure``."""
+    x, y = linked(mesh)
+    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
+    advertise(mesh, y, bob, procedure)
+    return x, y, alice, bob
+
+
+@pytest.fixture
+def served(mesh: Mesh) -> Served:
+    return alice_to_bob(mesh)
 
 
 # --- advert gossip ---------------------------------------------------------------------------
@@ -169,8 +190,7 @@ def test_a_station_unadvertise_of_what_it_never_advertised_is_counted(
 
 def test_a_station_is_held_to_its_advertisement_quota() -> None:
     mesh = Mesh(quotas=_quotas(max_station_advertisements=2))
-    x, y = mesh.station(X_ID), mesh.station(Y_ID)
-    mesh.link(x, y)
+    x, y = linked(mesh)
     bob = mesh.client(y, BOB)
     for n in range(3):
         advertise(mesh, y, bob, f"org.example.p{n}_v1")
@@ -191,12 +211,8 @@ def test_gossip_never_goes_to_clients(mesh: Mesh, xy: tuple[MeshStation, MeshSta
 # --- CALL across a link --------------------------------------------------------------------
 
 
-def test_a_call_crosses_the_link_and_its_result_comes_back(
-    mesh: Mesh, xy: tuple[MeshStation, MeshStation]
-) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+def test_a_call_crosses_the_link_and_its_result_comes_back(mesh: Mesh, served: Served) -> None:
+    x, y, alice, bob = served
     call_id = call(mesh, x, alice)
     (arrived,) = bob.take(CallArrived)
     assert arrived.call.caller == ALICE.node_id and arrived.call.payload == [2, 3]
@@ -207,10 +223,8 @@ def test_a_call_crosses_the_link_and_its_result_comes_back(
     assert len(x.router.pending) == len(y.router.pending) == 0
 
 
-def test_an_error_reply_crosses_back(mesh: Mesh, xy: tuple[MeshStation, MeshStation]) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+def test_an_error_reply_crosses_back(mesh: Mesh, served: Served) -> None:
+    x, y, alice, bob = served
     call(mesh, x, alice)
     (arrived,) = bob.take(CallArrived)
     answer = bob.core.reply_error(
@@ -291,10 +305,7 @@ def test_a_call_from_a_station_is_never_forwarded_to_another_station(mesh: Mesh)
 
 def test_a_station_is_held_to_its_in_flight_call_quota() -> None:
     mesh = Mesh(quotas=_quotas(max_station_pending_calls=2, max_pending_calls=10))
-    x, y = mesh.station(X_ID), mesh.station(Y_ID)
-    mesh.link(x, y)
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+    x, _, alice, bob = alice_to_bob(mesh)
     ids = [call(mesh, x, alice) for _ in range(3)]
     assert len(bob.take(CallArrived)) == 2
     (settled,) = alice.take(CallSettled)
@@ -309,12 +320,8 @@ def test_the_station_quota_is_larger_than_a_clients_by_default() -> None:
     assert quotas.max_station_streams > quotas.max_streams
 
 
-def test_the_deadline_holds_across_the_link(
-    mesh: Mesh, xy: tuple[MeshStation, MeshStation]
-) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+def test_the_deadline_holds_across_the_link(mesh: Mesh, served: Served) -> None:
+    x, y, alice, bob = served
     call_id = call(mesh, x, alice)
     assert bob.take(CallArrived)
     mesh.clock.step(5_001)
@@ -324,12 +331,8 @@ def test_the_deadline_holds_across_the_link(
     assert len(x.router.pending) == len(y.router.pending) == 0
 
 
-def test_losing_the_link_settles_the_calls_forwarded_over_it(
-    mesh: Mesh, xy: tuple[MeshStation, MeshStation]
-) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+def test_losing_the_link_settles_the_calls_forwarded_over_it(mesh: Mesh, served: Served) -> None:
+    x, y, alice, bob = served
     call_id = call(mesh, x, alice)
     (arrived,) = bob.take(CallArrived)
     mesh.unlink(x, y)
@@ -415,8 +418,7 @@ def test_a_station_call_settles_at_its_deadline_and_on_link_loss(
 
 def test_station_calls_in_flight_are_bounded() -> None:
     mesh = Mesh(max_station_calls=1)
-    x, y = mesh.station(X_ID), mesh.station(Y_ID)
-    mesh.link(x, y)
+    x, y = linked(mesh)
     bob = mesh.client(y, BOB)
     advertise(mesh, y, bob)
     station_call(mesh, x, Y_ID.node_id)
@@ -428,10 +430,8 @@ def test_station_calls_in_flight_are_bounded() -> None:
 # --- streaming RPC across a link -------------------------------------------------------------
 
 
-def test_a_streaming_call_crosses_the_link(mesh: Mesh, xy: tuple[MeshStation, MeshStation]) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob, "org.example.count_v1")
+def test_a_streaming_call_crosses_the_link(mesh: Mesh) -> None:
+    x, y, alice, bob = alice_to_bob(mesh, "org.example.count_v1")
     now = mesh.clock.now
     stream = alice.new_stream()
     mine, out = alice.core.open_channel(
@@ -452,11 +452,9 @@ def test_a_streaming_call_crosses_the_link(mesh: Mesh, xy: tuple[MeshStation, Me
 
 
 def test_a_stream_refused_behind_the_link_reaches_the_caller_signed_by_its_station(
-    mesh: Mesh, xy: tuple[MeshStation, MeshStation]
+    mesh: Mesh,
 ) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob, "org.example.count_v1")
+    x, y, alice, bob = alice_to_bob(mesh, "org.example.count_v1")
     # Y forgets Bob's advert behind X's back (X still believes Y serves it)
     y.router.adverts.remove((REALM, "org.example.count_v1"), mesh.clock.now)
     now = mesh.clock.now
