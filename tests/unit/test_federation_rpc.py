@@ -66,11 +66,22 @@ def decoded(actions: list[Action]) -> list[dict[str, Any]]:
     return frames
 
 
+def signed(
+    kind: Any, signer: Identity, now: int, frame_id: bytes | None = None, **fields: Any
+) -> Any:
+    """A ``kind`` frame sent now, signed by ``signer``, as a map (frame id: zero randomness
+    unless given)."""
+    frame_id = frame_id or new_frame_id(now, bytes(10))
+    return kind(frame_id=frame_id, sent_at_ms=now, **fields).signed_by(signer).to_map()
+
+
 def signed_call(mesh: Mesh, signer: Identity, caller: Identity, procedure: str = ADD) -> Any:
     now = mesh.clock.now
-    frame = Call(
-        frame_id=new_frame_id(now, random.Random(now).randbytes(10)),
-        sent_at_ms=now,
+    return signed(
+        Call,
+        signer,
+        now,
+        new_frame_id(now, random.Random(now).randbytes(10)),
         call_id=random.Random(signer.node_id).randbytes(16),
         procedure=procedure,
         realm=REALM,
@@ -78,7 +89,6 @@ def signed_call(mesh: Mesh, signer: Identity, caller: Identity, procedure: str =
         deadline_ms=now + 5_000,
         caller=caller.node_id,
     )
-    return frame.signed_by(signer).to_map()
 
 
 @pytest.fixture
@@ -176,14 +186,15 @@ def test_a_station_unadvertise_of_what_it_never_advertised_is_counted(
     advertise(mesh, y, bob)
     cx = x.link_to(y)
     now = mesh.clock.now
-    other = Unadvertise(
-        frame_id=new_frame_id(now, bytes(10)),
-        sent_at_ms=now,
+    other = signed(
+        Unadvertise,
+        Y_ID,
+        now,
         realm=REALM,
         procedure="org.example.other_v1",
         advertiser=Y_ID.node_id,
-    ).signed_by(Y_ID)
-    assert x.router.frames_received(cx, 0, [other.to_map()], now) == []
+    )
+    assert x.router.frames_received(cx, 0, [other], now) == []
     assert x.router.stats["unknown_unadvertise"] == 1
     assert serving(x) == Y_ID.node_id
 
@@ -244,15 +255,9 @@ def test_a_reply_from_a_node_that_was_not_asked_is_not_relayed_over_the_link(
     advertise(mesh, y, bob)
     call_id = call(mesh, x, alice)
     now = mesh.clock.now
-    forged = Result(
-        frame_id=new_frame_id(now, bytes(10)),
-        sent_at_ms=now,
-        call_id=call_id,
-        payload="forged",
-        responded_by=DAVE.node_id,
-    ).signed_by(DAVE)
+    forged = signed(Result, DAVE, now, call_id=call_id, payload="forged", responded_by=DAVE.node_id)
     # Dave is not who Y forwarded the call to: §13 #3 holds at Y, nothing reaches X
-    assert y.router.frames_received(dave.conn, 0, [forged.to_map()], now) == []
+    assert y.router.frames_received(dave.conn, 0, [forged], now) == []
     assert y.router.stats["unexpected_reply"] == 1
     assert alice.of(CallSettled) == []
 
@@ -476,9 +481,10 @@ def test_a_stream_from_a_station_is_not_routed_to_another_station(mesh: Mesh) ->
     advertise(mesh, z, carol, "org.example.count_v1")
     assert serving(y, "org.example.count_v1") == Z_ID.node_id
     now = mesh.clock.now
-    opening = StreamOpen(
-        frame_id=new_frame_id(now, bytes(10)),
-        sent_at_ms=now,
+    opening = signed(
+        StreamOpen,
+        ALICE,
+        now,
         stream_id=bytes(range(16)),
         procedure="org.example.count_v1",
         realm=REALM,
@@ -486,9 +492,9 @@ def test_a_stream_from_a_station_is_not_routed_to_another_station(mesh: Mesh) ->
         args=3,
         deadline_ms=now + 5_000,
         caller=ALICE.node_id,
-    ).signed_by(ALICE)
+    )
     # X opens a dedicated stream on the link (an even one: X dialled Y)
-    out = y.router.frames_received(y.link_to(x), 8, [opening.to_map()], now)
+    out = y.router.frames_received(y.link_to(x), 8, [opening], now)
     (refused,) = decoded(out)
     assert refused["frame_type"] == "stream_error" and refused["code"] == b"unknown_next_peer"
     assert carol.of(ChannelOpened) == [] and len(y.router.routes) == 0
@@ -499,9 +505,11 @@ def test_a_stream_from_a_station_is_not_routed_to_another_station(mesh: Mesh) ->
 
 def content_call(mesh: Mesh, signer: Identity, payload: Any) -> Any:
     now = mesh.clock.now
-    frame = Call(
-        frame_id=new_frame_id(now, random.Random(repr(payload)).randbytes(10)),
-        sent_at_ms=now,
+    return signed(
+        Call,
+        signer,
+        now,
+        new_frame_id(now, random.Random(repr(payload)).randbytes(10)),
         call_id=random.Random(repr(payload)).randbytes(16),
         procedure="_content.get_block",
         realm=bytes(32),
@@ -509,7 +517,6 @@ def content_call(mesh: Mesh, signer: Identity, payload: Any) -> Any:
         deadline_ms=now + 5_000,
         caller=signer.node_id,
     )
-    return frame.signed_by(signer).to_map()
 
 
 def test_a_client_may_not_set_hops_remaining(
