@@ -36,6 +36,7 @@ from livecheck import (
     serve_ops,
     sha256_hex,
     stdin_lines,
+    terminate,
 )
 
 STEP_S = 15.0  # the longest any one step may take (propagation + the work)
@@ -79,12 +80,7 @@ class StationProcess:
         return text in self.log.read_text(errors="replace")
 
     def stop(self) -> int:
-        self.process.terminate()
-        try:
-            return self.process.wait(timeout=8)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return terminate(self.process)
 
 
 class AgentProcess(ScriptChild):

@@ -86,14 +86,20 @@ class LocalStation:
     def stop(self) -> int | None:
         if self.process is None:
             return None
-        self.process.terminate()
         try:
-            return self.process.wait(timeout=8)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+            return terminate(self.process)
         finally:
             self.process = None
+
+
+def terminate(process: subprocess.Popen[str], timeout: float = 8.0) -> int:
+    """SIGTERM, then SIGKILL if it is not gone within ``timeout`` s; its exit code."""
+    process.terminate()
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 class Child:

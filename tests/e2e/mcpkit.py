@@ -35,6 +35,20 @@ def server_params(env: dict[str, str], command: list[str] | None = None) -> Stdi
     return StdioServerParameters(command=argv[0], args=argv[1:], env=env)
 
 
+def initialize_request(client_name: str) -> dict[str, Any]:
+    """A raw JSON-RPC ``initialize`` (id 1, protocol 2025-06-18) for writing to stdin by hand."""
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": client_name, "version": "0"},
+        },
+    }
+
+
 def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """``python -m tools.cli ARGS`` in a subprocess, as a person runs it."""
     return subprocess.run(

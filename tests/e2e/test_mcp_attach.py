@@ -21,7 +21,7 @@ import pytest
 from mcp import Client
 
 from relay.station import Station
-from tests.e2e.mcpkit import good, server_params, stop_daemon
+from tests.e2e.mcpkit import good, initialize_request, server_params, stop_daemon
 from tools.daemon_socket import acquire_lock, pid_path, read_pid, socket_path
 from tools.launch import server_command
 
@@ -262,16 +262,7 @@ async def test_an_oversized_message_ends_only_its_session(station: Station, home
     env = attach_env(home, station, MACULA_MCP_AGENT="ada", MACULA_MCP_DAEMON_MAX_LINE="4096")
     async with session(env) as steady:
         before = await node_id(steady)
-        init = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "big", "version": "0"},
-            },
-        }
+        init = initialize_request("big")
         huge = dict(init, id=2, params=dict(init["params"], clientInfo={"name": "x" * 9000}))
         payload = (json.dumps(init) + "\n" + json.dumps(huge) + "\n").encode()
 

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 
 from relay.station import Station, StationConfig
-from tests.e2e.mcpkit import server_env, server_params
+from tests.e2e.mcpkit import initialize_request, server_env, server_params
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
@@ -73,16 +73,7 @@ def test_stdin_close_ends_the_server_gracefully(tmp_path: Path) -> None:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )
-            init = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "0"},
-                },
-            }
+            init = initialize_request("t")
             assert process.stdin is not None and process.stdout is not None
             process.stdin.write((json.dumps(init) + "\n").encode())
             process.stdin.flush()
