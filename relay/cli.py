@@ -209,9 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--max-find-reply-bytes", limits.max_find_reply_bytes, "records in one find reply"),
         ("--max-find-by-type", limits.max_find_by_type, "records in one find-by-type reply"),
     ):
-        parser.add_argument(
-            flag, type=_positive(int), default=value, help=f"{text} (default {value})"
-        )
+        _positive_int_flag(parser, flag, value, text)
     parser.add_argument(
         "--content-keep-ms",
         type=int,
@@ -226,10 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="unsent bytes queued for one client before it is closed as a slow consumer",
     )
     for flag, name, text in _BOUNDS:
-        default = getattr(policy, name)
-        parser.add_argument(
-            flag, type=_positive(int), default=default, help=f"{text} (default {default})"
-        )
+        _positive_int_flag(parser, flag, getattr(policy, name), text)
     parser.add_argument(
         "--no-quic-retry",
         action="store_true",
@@ -377,20 +372,10 @@ def _federation_flags(parser: argparse.ArgumentParser, policy: StationPolicy) ->
             "signers whose replay floor a link's window remembers",
         ),
     ):
-        default = getattr(policy, name)
-        parser.add_argument(
-            flag, type=_positive(int), default=default, help=f"{text} (default {default})"
-        )
+        _positive_int_flag(parser, flag, getattr(policy, name), text)
     limits = DhtLimits()
     for flag, name, text in _DHT_CAPS:
-        default = getattr(limits, name)
-        parser.add_argument(
-            flag,
-            dest=f"dht_{name}",
-            type=_positive(int),
-            default=default,
-            help=f"{text} (default {default})",
-        )
+        _positive_int_flag(parser, flag, getattr(limits, name), text, dest=f"dht_{name}")
 
 
 def _history_flags(parser: argparse.ArgumentParser, house: HouseConfig) -> None:
@@ -413,9 +398,16 @@ def _history_flags(parser: argparse.ArgumentParser, house: HouseConfig) -> None:
             "room history: marks of expired events kept (they report gaps)",
         ),
     ):
-        parser.add_argument(
-            flag, type=_positive(int), default=default, help=f"{text} (default {default})"
-        )
+        _positive_int_flag(parser, flag, default, text)
+
+
+def _positive_int_flag(
+    parser: argparse.ArgumentParser, flag: str, default: int, text: str, dest: str | None = None
+) -> None:
+    """``flag N``: a positive integer, ``default`` named at the end of its help ``text``."""
+    parser.add_argument(
+        flag, dest=dest, type=_positive(int), default=default, help=f"{text} (default {default})"
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> StationConfig:

@@ -15,60 +15,31 @@ hold every envelope of the room exactly once, in the order each sender said them
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from livecheck import REPO, Checks, LocalStation, check_parser, restart, run_check
+from livecheck import (
+    REPO,
+    Checks,
+    LocalStation,
+    ScriptChild,
+    check_main,
+    child_args,
+    restart,
+    serve_ops,
+    stdin_lines,
+)
 
 
-class AgentChild:
+class AgentChild(ScriptChild):
     """An agent process: ``conversation-two-process-check.py child``; JSON lines in and out."""
 
     def __init__(self, name: str, station: str, workdir: Path) -> None:
-        self.name = name
-        self.station = station
-        self.home = workdir / name
-        self.process = self._spawn()
-
-    def _spawn(self) -> subprocess.Popen[str]:
-        command = [sys.executable, str(Path(__file__).resolve()), "child",
-                   "--station", self.station, "--home", str(self.home)]  # fmt: skip
-        return subprocess.Popen(
-            command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-
-    def request(self, op: str, timeout: float = 60.0, **args: Any) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self.process.stdin.flush()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                return {"ok": 0, "error": f"{self.name} exited"}
-            return dict(json.loads(line))
-        return {"ok": 0, "error": f"{self.name}: no answer to {op}"}
-
-    def kill(self) -> int:
-        """SIGKILL: no goodbye, no participant_left, nothing flushed."""
-        self.process.kill()
-        return self.process.wait(timeout=10)
-
-    def restart(self) -> None:
-        self.process = self._spawn()
-
-    def close(self) -> None:
-        try:
-            self.request("quit", timeout=10)
-            self.process.wait(timeout=10)
-        except Exception:
-            self.process.kill()
+        super().__init__(__file__, name, station, workdir)
 
 
 def body(checks: Checks, station: LocalStation | None, workdir: Path, endpoint: str) -> None:
@@ -209,13 +180,8 @@ async def _child(station: str, home: Path) -> None:
     env = {"MACULA_HOME": str(home)}
     identity = load_or_create_identity(home / "identity.key")
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    reader = await stdin_lines()
     backoff = Backoff(initial_s=0.2, max_s=1.0)
-
-    def emit(message: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
 
     def view(message: TranscriptMessage | None) -> dict[str, Any] | None:
         if message is None:
@@ -295,16 +261,7 @@ async def _child(station: str, home: Path) -> None:
             "transcript": transcript,
             "inbox": inbox,
         }
-        while line := await reader.readline():
-            command = json.loads(line)
-            op = command.pop("op")
-            if op == "quit":
-                emit({"ok": 1})
-                break
-            try:
-                emit({"ok": 1, **(await ops[op](command))})
-            except (MaculaError, KeyError, ValueError) as exc:
-                emit({"ok": 0, "error": f"{type(exc).__name__}: {exc}"})
+        await serve_ops(reader, ops, (MaculaError, KeyError, ValueError))
 
 
 def _busy(rooms: Any) -> bool:
@@ -314,17 +271,10 @@ def _busy(rooms: Any) -> bool:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
-        parser = argparse.ArgumentParser()
-        parser.add_argument("role")
-        parser.add_argument("--station", required=True)
-        parser.add_argument("--home", type=Path, required=True)
-        args = parser.parse_args()
+        args = child_args()
         asyncio.run(_child(args.station, args.home))
         return
-    args = check_parser(__doc__ or "").parse_args()
-    sys.exit(
-        run_check(lambda c, s, w: body(c, s, w, s.endpoint if s else args.station), args.station)
-    )
+    check_main(__doc__ or "", body)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import subprocess
@@ -26,7 +25,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from livecheck import CHECK_REALM, REPO, Checks, free_udp_port, sha256_hex
+from livecheck import (
+    CHECK_REALM,
+    REPO,
+    Checks,
+    ScriptChild,
+    child_args,
+    free_udp_port,
+    plain,
+    serve_ops,
+    sha256_hex,
+    stdin_lines,
+    terminate,
+)
 
 STEP_S = 15.0  # the longest any one step may take (propagation + the work)
 COUNT = 10  # events each way
@@ -69,44 +80,18 @@ class StationProcess:
         return text in self.log.read_text(errors="replace")
 
     def stop(self) -> int:
-        self.process.terminate()
-        try:
-            return self.process.wait(timeout=8)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return terminate(self.process)
 
 
-class AgentProcess:
-    """An agent process: ``federation-two-process-check.py child``; JSON lines in and out."""
+class AgentProcess(ScriptChild):
+    """An agent process: ``federation-two-process-check.py child``; JSON lines in and out (the
+    child bounds its own work by ``STEP_S``)."""
 
     def __init__(self, name: str, station: str, workdir: Path) -> None:
-        self.name = name
-        command = [sys.executable, str(Path(__file__).resolve()), "child",
-                   "--station", station, "--home", str(workdir / name)]  # fmt: skip
-        self.process = subprocess.Popen(
-            command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
+        super().__init__(__file__, name, station, workdir)
 
-    def request(self, op: str, **args: Any) -> dict[str, Any]:
-        """One command and its answer (the child bounds its own work by ``STEP_S``)."""
-        assert self.process.stdin is not None and self.process.stdout is not None
-        try:
-            self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
-            self.process.stdin.flush()
-        except BrokenPipeError:
-            return {"ok": 0, "error": f"{self.name} exited"}
-        line = self.process.stdout.readline()
-        return dict(json.loads(line)) if line else {"ok": 0, "error": f"{self.name} exited"}
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.request("quit")
-        try:
-            self.process.wait(timeout=8)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+    def close(self, timeout: float = 8.0) -> None:
+        super().close(timeout)
 
 
 def timed(agent: AgentProcess, op: str, **args: Any) -> tuple[dict[str, Any], float]:
@@ -271,9 +256,7 @@ async def _child(station: str, home: Path) -> None:
     home.mkdir(parents=True, exist_ok=True)
     (home / "contact_policy.json").write_text(json.dumps({"contact_policy": "open"}))
     identity = load_or_create_identity(home / "identity.key")
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    reader = await stdin_lines()
     received: dict[str, list[dict[str, Any]]] = {}
     arrived = asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
@@ -375,19 +358,19 @@ async def _child(station: str, home: Path) -> None:
         async def ring(a: dict[str, Any]) -> dict[str, Any]:
             deadline = time.monotonic() + STEP_S
             while True:  # the callee's ring endpoint may not have crossed the link yet
-                rung = _plain(await agent.rings.ring(bytes.fromhex(a["to"]), a["purpose"]))
+                rung = plain(await agent.rings.ring(bytes.fromhex(a["to"]), a["purpose"]))
                 if rung.get("unreachable") != 1 or time.monotonic() > deadline:
                     return dict(rung)
                 await asyncio.sleep(0.1)  # retry interval
 
         async def say(a: dict[str, Any]) -> dict[str, Any]:
-            return dict(_plain(await agent.rooms.say(a["room"], a["kind"], a["text"])))
+            return dict(plain(await agent.rooms.say(a["room"], a["kind"], a["text"])))
 
         async def wait(a: dict[str, Any]) -> dict[str, Any]:
             message = await agent.rooms.wait(
                 a["room"], STEP_S, after_ms=0, kinds={a["kind"]}, sender=a.get("sender")
             )
-            return {"message": _plain(message)}
+            return {"message": plain(message)}
 
         async def put(a: dict[str, Any]) -> dict[str, Any]:
             data = os.urandom(a["size"])
@@ -418,45 +401,20 @@ async def _child(station: str, home: Path) -> None:
             "put": put,
             "get": get,
         }
-        while line := await reader.readline():
-            command = json.loads(line)
-            op = command.pop("op")
-            if op == "quit":
-                _emit({"ok": 1})
-                break
-            try:
-                _emit({"ok": 1, **(await asyncio.wait_for(ops[op](command), 2 * STEP_S))})
-            except MeshError as exc:
-                _emit({"ok": 0, "error": str(exc), "code": exc.code})
-            except (MaculaError, KeyError, ValueError, OSError, TimeoutError) as exc:
-                _emit({"ok": 0, "error": f"{type(exc).__name__}: {exc}"})
+        await serve_ops(
+            reader,
+            ops,
+            (MaculaError, KeyError, ValueError, OSError, TimeoutError),
+            timeout=2 * STEP_S,
+            mesh_codes=True,
+        )
         for task in [*tasks, *probes.values()]:
             task.cancel()
 
 
-def _emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-def _plain(value: Any) -> Any:
-    """Dataclasses as dicts, bytes as hex, lists element by element (for JSON lines)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
-        parser = argparse.ArgumentParser()
-        parser.add_argument("role")
-        parser.add_argument("--station", required=True)
-        parser.add_argument("--home", type=Path, required=True)
-        args = parser.parse_args()
+        args = child_args()
         sys.path.insert(0, str(REPO))
         asyncio.run(_child(args.station, args.home))
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +86,20 @@ class LocalStation:
     def stop(self) -> int | None:
         if self.process is None:
             return None
-        self.process.terminate()
         try:
-            return self.process.wait(timeout=8)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+            return terminate(self.process)
         finally:
             self.process = None
+
+
+def terminate(process: subprocess.Popen[str], timeout: float = 8.0) -> int:
+    """SIGTERM, then SIGKILL if it is not gone within ``timeout`` s; its exit code."""
+    process.terminate()
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
 
 
 class Child:
@@ -161,12 +168,79 @@ def run_check(body: Callable[[Checks, Any, Path], None], station_arg: str | None
     return checks.finish()
 
 
+class ScriptChild:
+    """A child process of a check script: ``<script> child --station EP --home DIR [extra]``,
+    one JSON command a line on stdin and one JSON answer a line on stdout."""
+
+    def __init__(self, script: str, name: str, station: str, workdir: Path, *extra: str) -> None:
+        self.name = name
+        self.station = station
+        self.home = workdir / name
+        self.command = [sys.executable, str(Path(script).resolve()), "child",
+                        "--station", station, "--home", str(self.home), *extra]  # fmt: skip
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def request(self, op: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
+        """One command and its answer (the child bounds its own work; ``timeout`` is unused
+        here and kept for the callers' symmetry with ``Child.request``)."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError:
+            return {"ok": 0, "error": f"{self.name} exited"}
+        line = self.process.stdout.readline()
+        return dict(json.loads(line)) if line else {"ok": 0, "error": f"{self.name} exited"}
+
+    def kill(self) -> int:
+        """SIGKILL: no goodbye, nothing flushed."""
+        self.process.kill()
+        return self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.process = self._spawn()
+
+    def close(self, timeout: float = 10.0) -> None:
+        with contextlib.suppress(Exception):
+            self.request("quit")
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
 def check_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--station", help="node_id@host:port of a running station (default: start one)"
     )
     return parser
+
+
+def check_main(description: str, body: Callable[[Checks, Any, Path, str], None]) -> None:
+    """The orchestrator's ``main``: parse ``--station``, run ``body(checks, station, workdir,
+    endpoint)`` with :func:`run_check` and exit with its code."""
+    args = check_parser(description).parse_args()
+    sys.exit(
+        run_check(lambda c, s, w: body(c, s, w, s.endpoint if s else args.station), args.station)
+    )
+
+
+def child_args(*extra: str) -> argparse.Namespace:
+    """A script child's arguments: ``child --station EP --home DIR`` and ``--<extra>`` each."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("role")
+    parser.add_argument("--station", required=True)
+    parser.add_argument("--home", type=Path, required=True)
+    for name in extra:
+        parser.add_argument(f"--{name}", required=True)
+    return parser.parse_args()
 
 
 def restart(checks: Checks, station: LocalStation | None) -> bool:
@@ -187,9 +261,57 @@ def sha256_hex(data: bytes) -> str:
 # --- child side ----------------------------------------------------------------------------
 
 
-def _emit(message: dict[str, Any]) -> None:
+def emit(message: dict[str, Any]) -> None:
+    """One JSON answer line on stdout (a child's only channel back)."""
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
+
+
+async def stdin_lines() -> asyncio.StreamReader:
+    """This process's stdin as an asyncio stream."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+async def serve_ops(
+    reader: asyncio.StreamReader,
+    ops: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]],
+    errors: tuple[type[BaseException], ...],
+    *,
+    timeout: float | None = None,
+    mesh_codes: bool = False,
+) -> None:
+    """Answer commands until ``quit`` or end of input: ``{"ok": 1, **op(command)}``, or
+    ``{"ok": 0, "error": ...}`` for one of ``errors`` (with the mesh error's ``code`` when
+    ``mesh_codes``); each op bounded by ``timeout`` seconds when given."""
+    from macula.errors import MeshError
+
+    while line := await reader.readline():
+        command = json.loads(line)
+        op = command.pop("op")
+        if op == "quit":
+            emit({"ok": 1})
+            break
+        try:
+            emit({"ok": 1, **(await asyncio.wait_for(ops[op](command), timeout))})
+        except errors as exc:
+            if mesh_codes and isinstance(exc, MeshError):
+                emit({"ok": 0, "error": str(exc), "code": exc.code})
+            else:
+                emit({"ok": 0, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def plain(value: Any) -> Any:
+    """Dataclasses as dicts, bytes as hex, lists element by element (for JSON lines)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
 
 
 async def _child(station: str, key: Path) -> None:
@@ -205,14 +327,12 @@ async def _child(station: str, key: Path) -> None:
     node = Node(identity, [station])
     states: list[str] = []
     node.on_state(states.append)
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    reader = await stdin_lines()
     tasks: set[asyncio.Task[None]] = set()
 
     async def pump(topic: str, sub: Subscription) -> None:
         async for delivery in sub:
-            _emit(
+            emit(
                 {
                     "event": {
                         "topic": topic,
@@ -238,26 +358,26 @@ async def _child(station: str, key: Path) -> None:
             op = command.pop("op")
             try:
                 if op == "quit":
-                    _emit({"ok": 1})
+                    emit({"ok": 1})
                     break
                 if op == "whoami":
-                    _emit({"ok": 1, "node_id": identity.node_id.hex()})
+                    emit({"ok": 1, "node_id": identity.node_id.hex()})
                 elif op == "subscribe":
                     sub = await node.subscribe(realm, command["topic"])
                     task = asyncio.ensure_future(pump(command["topic"], sub))
                     tasks.add(task)
                     await node.flush()  # SUBSCRIBE has no ack (§7.1): the station has it now
-                    _emit({"ok": 1})
+                    emit({"ok": 1})
                 elif op == "publish":
                     seqs = [
                         await node.publish(realm, command["topic"], {"n": i, "run": command["run"]})
                         for i in range(command["count"])
                     ]
-                    _emit({"ok": 1, "seqs": seqs})
+                    emit({"ok": 1, "seqs": seqs})
                 elif op == "advertise":
                     await node.advertise(realm, command["procedure"], echo)
                     await node.flush()
-                    _emit({"ok": 1})
+                    emit({"ok": 1})
                 elif op == "call":
                     result = await node.call(
                         realm,
@@ -265,26 +385,26 @@ async def _child(station: str, key: Path) -> None:
                         command["payload"],
                         timeout=command.get("timeout", 10),
                     )
-                    _emit({"ok": 1, "result": result})
+                    emit({"ok": 1, "result": result})
                 elif op == "put":
                     data = os.urandom(command["size"])
                     mcid = await node.put_content(data, name=command.get("name", "livecheck.bin"))
-                    _emit({"ok": 1, "mcid": mcid.hex(), "sha256": sha256_hex(data)})
+                    emit({"ok": 1, "mcid": mcid.hex(), "sha256": sha256_hex(data)})
                 elif op == "get":
                     data = await node.get_content(bytes.fromhex(command["mcid"]))
-                    _emit({"ok": 1, "size": len(data), "sha256": sha256_hex(data)})
+                    emit({"ok": 1, "size": len(data), "sha256": sha256_hex(data)})
                 elif op == "wait_reconnected":
                     deadline = time.monotonic() + command.get("timeout", 45)
                     while "reconnected" not in states and time.monotonic() < deadline:
                         await asyncio.sleep(0.1)  # polling interval: until reconnected
                     await node.session(max(0.1, deadline - time.monotonic()))
-                    _emit({"ok": int("reconnected" in states), "states": states})
+                    emit({"ok": int("reconnected" in states), "states": states})
                 else:
-                    _emit({"ok": 0, "error": f"unknown op {op}"})
+                    emit({"ok": 0, "error": f"unknown op {op}"})
             except MeshError as exc:
-                _emit({"ok": 0, "error": str(exc), "code": exc.code})
+                emit({"ok": 0, "error": str(exc), "code": exc.code})
             except (MaculaError, OSError) as exc:
-                _emit({"ok": 0, "error": f"{type(exc).__name__}: {exc}"})
+                emit({"ok": 0, "error": f"{type(exc).__name__}: {exc}"})
         for task in tasks:
             task.cancel()
 

@@ -5,12 +5,11 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from livecheck import Checks, Child, LocalStation, check_parser, restart, run_check
+from livecheck import Checks, Child, LocalStation, check_main, restart
 
 TOPIC = "livecheck.news"
 COUNT = 20
@@ -78,7 +77,4 @@ def body(checks: Checks, station: LocalStation | None, workdir: Path, endpoint: 
 
 
 if __name__ == "__main__":
-    args = check_parser(__doc__ or "").parse_args()
-    sys.exit(
-        run_check(lambda c, s, w: body(c, s, w, s.endpoint if s else args.station), args.station)
-    )
+    check_main(__doc__ or "", body)

@@ -13,7 +13,6 @@ revocation reaches the DHT and removes the membership from the member.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -23,7 +22,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from livecheck import REPO, Checks, LocalStation, check_parser, run_check
+from livecheck import (
+    REPO,
+    Checks,
+    LocalStation,
+    ScriptChild,
+    check_main,
+    child_args,
+    serve_ops,
+    stdin_lines,
+)
 
 NAME = "org.macula.livecheck.crew"
 REALM_CLI = [sys.executable, "-m", "macula.realm.cli", "--json"]
@@ -44,37 +52,11 @@ def realm_cli(home: Path, *args: str) -> tuple[int, dict[str, Any]]:
         return done.returncode, {"stderr": done.stderr[-500:]}
 
 
-class MemberChild:
+class MemberChild(ScriptChild):
     """A member process: ``realm-two-process-check.py child``; JSON lines in and out."""
 
     def __init__(self, name: str, station: str, workdir: Path) -> None:
-        self.name = name
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "child",
-            "--station",
-            station,
-            "--home",
-            str(workdir / name),
-        ]
-        self.process = subprocess.Popen(
-            command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-
-    def request(self, op: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        return dict(json.loads(line)) if line else {"ok": 0, "error": f"{self.name} exited"}
-
-    def close(self) -> None:
-        try:
-            self.request("quit", timeout=10)
-            self.process.wait(timeout=10)
-        except Exception:
-            self.process.kill()
+        super().__init__(__file__, name, station, workdir)
 
 
 def body(checks: Checks, station: LocalStation | None, workdir: Path, endpoint: str) -> None:
@@ -195,14 +177,8 @@ async def _child(station: str, home: Path) -> None:
 
     identity = load_or_create_identity(home / "id.key")
     store = MembershipStore(memberships_path(home, identity.node_id), identity)
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    reader = await stdin_lines()
     codes: list[str] = []
-
-    def emit(message: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
 
     async with Node(identity, [station], presenter=store.present_on) as node:
         joiner = RealmJoiner(node, store, node._spawn_task, poll_every_s=0.2)
@@ -262,32 +238,16 @@ async def _child(station: str, home: Path) -> None:
             "replay": replay,
             "refresh": refresh,
         }
-        while line := await reader.readline():
-            command = json.loads(line)
-            op = command.pop("op")
-            if op == "quit":
-                emit({"ok": 1})
-                break
-            try:
-                emit({"ok": 1, **(await ops[op](command))})
-            except (MaculaError, KeyError, ValueError, OSError) as exc:
-                emit({"ok": 0, "error": f"{type(exc).__name__}: {exc}"})
+        await serve_ops(reader, ops, (MaculaError, KeyError, ValueError, OSError))
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
-        parser = argparse.ArgumentParser()
-        parser.add_argument("role")
-        parser.add_argument("--station", required=True)
-        parser.add_argument("--home", type=Path, required=True)
-        args = parser.parse_args()
+        args = child_args()
         os.makedirs(args.home, mode=0o700, exist_ok=True)
         asyncio.run(_child(args.station, args.home))
         return
-    args = check_parser(__doc__ or "").parse_args()
-    sys.exit(
-        run_check(lambda c, s, w: body(c, s, w, s.endpoint if s else args.station), args.station)
-    )
+    check_main(__doc__ or "", body)
 
 
 if __name__ == "__main__":

@@ -11,59 +11,31 @@ a ring whose proof was signed for another procedure is declined as unverified.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import dataclasses
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from livecheck import REPO, Checks, LocalStation, check_parser, run_check
+from livecheck import (
+    REPO,
+    Checks,
+    LocalStation,
+    ScriptChild,
+    check_main,
+    child_args,
+    plain,
+    serve_ops,
+    stdin_lines,
+)
 
 
-class AgentChild:
+class AgentChild(ScriptChild):
     """An agent process: ``ring-two-process-check.py child``; JSON lines in and out."""
 
     def __init__(self, name: str, station: str, workdir: Path, policy: str) -> None:
-        self.name = name
-        home = workdir / name
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "child",
-            "--station",
-            station,
-            "--home",
-            str(home),
-            "--policy",
-            policy,
-        ]
-        self.process = subprocess.Popen(
-            command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-
-    def request(self, op: str, timeout: float = 30.0, **args: Any) -> dict[str, Any]:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"op": op, **args}) + "\n")
-        self.process.stdin.flush()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                return {"ok": 0, "error": f"{self.name} exited"}
-            return dict(json.loads(line))
-        return {"ok": 0, "error": f"{self.name}: no answer to {op}"}
-
-    def close(self) -> None:
-        try:
-            self.request("quit", timeout=10)
-            self.process.wait(timeout=10)
-        except Exception:
-            self.process.kill()
+        super().__init__(__file__, name, station, workdir, "--policy", policy)
 
 
 def body(checks: Checks, station: LocalStation | None, workdir: Path, endpoint: str) -> None:
@@ -147,13 +119,7 @@ async def _child(station: str, home: Path, policy: str) -> None:
     (home / "contact_policy.json").write_text(json.dumps({"contact_policy": policy}))
     env = {"MACULA_HOME": str(home)}
     identity = load_or_create_identity(home / "identity.key")
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-
-    def emit(message: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
+    reader = await stdin_lines()
 
     async with Node(identity, [station]) as node, Agent(node, AgentSettings.from_env(env)) as agent:
 
@@ -181,54 +147,26 @@ async def _child(station: str, home: Path, policy: str) -> None:
             ),
             "forged_ring": lambda a: forged_ring(a["to"]),
         }
-        while line := await reader.readline():
-            command = json.loads(line)
-            op = command.pop("op")
-            if op == "quit":
-                emit({"ok": 1})
-                break
-            try:
-                emit({"ok": 1, **(await ops[op](command))})
-            except (MaculaError, KeyError, ValueError) as exc:
-                emit({"ok": 0, "error": f"{type(exc).__name__}: {exc}"})
+        await serve_ops(reader, ops, (MaculaError, KeyError, ValueError))
 
 
 async def _wrap(key: str, work: Any) -> dict[str, Any]:
-    return {key: _plain(await work)}
+    return {key: plain(await work)}
 
 
 async def _fields(work: Any) -> dict[str, Any]:
     """A typed result of the agent layer as JSON-ready fields."""
-    fields = _plain(await work)
+    fields = plain(await work)
     assert isinstance(fields, dict)
     return fields
 
 
-def _plain(value: Any) -> Any:
-    """Dataclasses as dicts, bytes as hex, lists element by element (for JSON lines)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "child":
-        parser = argparse.ArgumentParser()
-        parser.add_argument("role")
-        parser.add_argument("--station", required=True)
-        parser.add_argument("--home", type=Path, required=True)
-        parser.add_argument("--policy", required=True)
-        args = parser.parse_args()
+        args = child_args("policy")
         asyncio.run(_child(args.station, args.home, args.policy))
         return
-    args = check_parser(__doc__ or "").parse_args()
-    sys.exit(
-        run_check(lambda c, s, w: body(c, s, w, s.endpoint if s else args.station), args.station)
-    )
+    check_main(__doc__ or "", body)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,9 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from livecheck import Checks, Child, LocalStation, check_parser, restart, run_check
+from livecheck import Checks, Child, LocalStation, check_main, restart
 
 PROCEDURE = "org.macula.livecheck.echo_v1"
 CALLS = 20
@@ -72,7 +71,4 @@ def body(checks: Checks, station: LocalStation | None, workdir: Path, endpoint: 
 
 
 if __name__ == "__main__":
-    args = check_parser(__doc__ or "").parse_args()
-    sys.exit(
-        run_check(lambda c, s, w: body(c, s, w, s.endpoint if s else args.station), args.station)
-    )
+    check_main(__doc__ or "", body)

@@ -192,6 +192,29 @@ def _claude_desktop_file(env: Mapping[str, str], platform: str) -> Path:
     return _xdg_config(env) / "Claude" / "claude_desktop_config.json"
 
 
+def _mcp_servers_harness(
+    name: str,
+    title: str,
+    locate: Callable[[Mapping[str, str], str], Path],
+    *,
+    with_type: bool = False,
+    executables: tuple[str, ...] = (),
+    marker_dirs: Callable[[Mapping[str, str], str], list[Path]] = lambda env, platform: [],
+) -> Harness:
+    """A harness whose JSON file holds its servers in a root ``mcpServers`` map:
+    {name: {"command", "args", "env"}} (and "type": "stdio" with ``with_type``)."""
+    return Harness(
+        name=name,
+        title=title,
+        locate=locate,
+        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
+        build=_mcp_servers_entry(with_type=with_type),
+        command_of=_mcp_servers_command,
+        executables=executables,
+        marker_dirs=marker_dirs,
+    )
+
+
 HARNESSES: tuple[Harness, ...] = (
     # Claude Code: user scope lives in the root ``mcpServers`` of ~/.claude.json (local scope is
     # projects[<path>].mcpServers of the same file; project scope is .mcp.json), or of
@@ -199,13 +222,11 @@ HARNESSES: tuple[Harness, ...] = (
     # {"type": "stdio", "command", "args", "env"}. Sources: code.claude.com/docs/en/mcp via
     # developersdigest.tech/mcp-servers/clients/claude-code; anthropics/claude-code issues 4193
     # (a maintainer: "User config: ~/.claude.json") and 48448 (CLAUDE_CONFIG_DIR/.claude.json).
-    Harness(
-        name="claude-code",
-        title="Claude Code",
-        locate=_claude_code_file,
-        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
-        build=_mcp_servers_entry(with_type=True),
-        command_of=_mcp_servers_command,
+    _mcp_servers_harness(
+        "claude-code",
+        "Claude Code",
+        _claude_code_file,
+        with_type=True,
         executables=("claude",),
         marker_dirs=lambda env, platform: [
             Path(env.get("CLAUDE_CONFIG_DIR") or _home(env) / ".claude")
@@ -217,36 +238,21 @@ HARNESSES: tuple[Harness, ...] = (
     # "args", "env"}}}. Sources: modelcontextprotocol.io quickstart via
     # github.com/confluentinc/mcp-confluent docs/configuring-claude-desktop.md;
     # app.unpkg.com/@sigyl-dev/cli src/lib/claude-config.ts (linux path).
-    Harness(
-        name="claude-desktop",
-        title="Claude Desktop",
-        locate=_claude_desktop_file,
-        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
-        build=_mcp_servers_entry(with_type=False),
-        command_of=_mcp_servers_command,
-    ),
+    _mcp_servers_harness("claude-desktop", "Claude Desktop", _claude_desktop_file),
     # Cursor: global ~/.cursor/mcp.json (project: .cursor/mcp.json), both platforms;
     # {"mcpServers": {name: {"command", "args", "env"}}}. Sources: cursor.com/docs/mcp via
     # developersdigest.tech/mcp-servers/clients/cursor; mcpbundles.com/guides/cursor.
-    Harness(
-        name="cursor",
-        title="Cursor",
-        locate=lambda env, platform: _home(env) / ".cursor" / "mcp.json",
-        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
-        build=_mcp_servers_entry(with_type=False),
-        command_of=_mcp_servers_command,
+    _mcp_servers_harness(
+        "cursor", "Cursor", lambda env, platform: _home(env) / ".cursor" / "mcp.json"
     ),
     # Windsurf (Cascade): ~/.codeium/windsurf/mcp_config.json on macOS and Linux;
     # {"mcpServers": {name: {"command", "args", "env"}}} (remote ones use "serverUrl").
     # Sources: docs.windsurf.com/windsurf/cascade/mcp via confluentinc/mcp-confluent
     # docs/configuring-windsurf.md; docs.rs lorum docs/tools/windsurf.md.
-    Harness(
-        name="windsurf",
-        title="Windsurf",
-        locate=lambda env, platform: _home(env) / ".codeium" / "windsurf" / "mcp_config.json",
-        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
-        build=_mcp_servers_entry(with_type=False),
-        command_of=_mcp_servers_command,
+    _mcp_servers_harness(
+        "windsurf",
+        "Windsurf",
+        lambda env, platform: _home(env) / ".codeium" / "windsurf" / "mcp_config.json",
     ),
     # opencode: global ~/.config/opencode/opencode.json or .jsonc (JSON with comments), XDG on
     # both platforms. 1.x: "mcp": {name: {"type": "local", "command": [argv...],

@@ -15,6 +15,8 @@ import math
 from typing import Final
 
 from macula.rate import TokenBucket
+from macula.wire.codes import ErrorCode
+from relay.outcome import Refused
 
 __all__ = ["FORGET_SCAN", "MAX_TRACKED_KEYS", "TokenBuckets"]
 
@@ -47,6 +49,17 @@ class TokenBuckets:
         if bucket.take(now_ms):
             return 0
         return max(1, math.ceil((1.0 - bucket.tokens(now_ms)) / self.rate * 1000))
+
+    def take_or_refuse(self, key: bytes, now_ms: int, what: str) -> None:
+        """``take``, refusing with 0x08 ``rate_limited`` ("too many ``what`` from this node;
+        retry in N ms") when ``key``'s bucket is empty."""
+        wait_ms = self.take(key, now_ms)
+        if wait_ms:
+            raise Refused(
+                ErrorCode.UPSTREAM_CONGESTION,
+                "rate_limited",
+                f"too many {what} from this node; retry in {wait_ms} ms",
+            )
 
     def _forget_full(self, now_ms: int) -> None:
         """Drop refilled buckets among the oldest ``FORGET_SCAN``, else the oldest one."""

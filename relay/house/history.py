@@ -419,12 +419,6 @@ class HistoryService:
         since_ms = integer(args, "since_ms", 0, MAX_INT64, default=0)
         limit = integer(args, "limit", 1, MAX_PAGE, default=DEFAULT_PAGE)
         asker = caller_id(caller, "bad_request")
-        wait_ms = self.buckets.take(asker, now_ms)
-        if wait_ms:
-            raise Refused(
-                ErrorCode.UPSTREAM_CONGESTION,
-                "rate_limited",
-                f"too many history fetches from this node; retry in {wait_ms} ms",
-            )
+        self.buckets.take_or_refuse(asker, now_ms, "history fetches")
         await self.write_pending(now_ms)
         return await self.store.page(topic, after_id, since_ms, limit, self.max_reply_bytes)

@@ -534,13 +534,7 @@ class MemoryService:
         document_id = _nonblank_text(args, "document_id", MAX_DOCUMENT_ID_CHARS)
         depositor = caller_id(caller, "bad_request")
         chunks = list(dict.fromkeys(chunk_text(content)))  # identical chunks stored once
-        wait_ms = self.buckets.take(depositor, now_ms)
-        if wait_ms:
-            raise Refused(
-                ErrorCode.UPSTREAM_CONGESTION,
-                "rate_limited",
-                f"too many deposits from this node; retry in {wait_ms} ms",
-            )
+        self.buckets.take_or_refuse(depositor, now_ms, "deposits")
         document_id = document_id or content_hash(content)
         try:
             hashes = await self.store.replace_document(
@@ -575,13 +569,7 @@ class MemoryService:
         query_text = _sized_text(args, "query_text", MAX_QUERY_BYTES, nul_ok=True)  # never stored
         top_k = integer(args, "top_k", 1, MAX_TOP_K, default=DEFAULT_TOP_K)
         asker = caller_id(caller, "bad_request")
-        wait_ms = self.query_buckets.take(asker, now_ms)
-        if wait_ms:
-            raise Refused(
-                ErrorCode.UPSTREAM_CONGESTION,
-                "rate_limited",
-                f"too many queries from this node; retry in {wait_ms} ms",
-            )
+        self.query_buckets.take_or_refuse(asker, now_ms, "queries")
         terms = query_terms(query_text)
         if not terms:
             return {"hits": []}

@@ -18,24 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
-from relay.station import Station, StationConfig
+from relay.station import Station
+from tests.e2e.mcpkit import good, initialize_request, server_params, stop_daemon
 from tools.daemon_socket import acquire_lock, pid_path, read_pid, socket_path
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def station(tmp_path: Path) -> AsyncIterator[Station]:
-    async with Station(StationConfig(data_dir=tmp_path / "station", port=0)) as running:
-        yield running
 
 
 def _kill(pid: int | None) -> None:
@@ -53,13 +43,7 @@ def home(station: Station) -> Iterator[Path]:
     yield folder
     sock = socket_path({"MACULA_HOME": str(folder)})
     pids.add(read_pid(sock) or 0)
-    subprocess.run(
-        [*server_command(), "daemon", "stop", "--wait", "20"],
-        env=dict(os.environ, MACULA_HOME=str(folder)),
-        capture_output=True,
-        timeout=40,
-        check=False,
-    )
+    stop_daemon(folder)
     for pid in pids - {0, os.getpid()}:
         _kill(pid)
     shutil.rmtree(folder, ignore_errors=True)
@@ -75,15 +59,8 @@ def attach_command() -> list[str]:
 
 @asynccontextmanager
 async def session(env: dict[str, str], command: list[str] | None = None) -> AsyncIterator[Client]:
-    argv = command or attach_command()
-    async with Client(StdioServerParameters(command=argv[0], args=argv[1:], env=env)) as client:
+    async with Client(server_params(env, command or attach_command())) as client:
         yield client
-
-
-async def good(client: Client, tool: str, **args: Any) -> dict[str, Any]:
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, (tool, result.structured_content)
-    return dict(result.structured_content or {})
 
 
 async def node_id(client: Client) -> str:
@@ -285,16 +262,7 @@ async def test_an_oversized_message_ends_only_its_session(station: Station, home
     env = attach_env(home, station, MACULA_MCP_AGENT="ada", MACULA_MCP_DAEMON_MAX_LINE="4096")
     async with session(env) as steady:
         before = await node_id(steady)
-        init = {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "big", "version": "0"},
-            },
-        }
+        init = initialize_request("big")
         huge = dict(init, id=2, params=dict(init["params"], clientInfo={"name": "x" * 9000}))
         payload = (json.dumps(init) + "\n" + json.dumps(huge) + "\n").encode()
 

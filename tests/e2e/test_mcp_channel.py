@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -21,7 +20,8 @@ from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.extension import NotificationBinding
 from pydantic import BaseModel
 
-from relay.station import Station, StationConfig
+from relay.station import Station
+from tests.e2e.mcpkit import good, server_env, server_params, stop_daemon
 from tests.integration.waiting import eventually
 from tools.channel import CAPABILITY, METHOD
 from tools.launch import server_command
@@ -29,17 +29,6 @@ from tools.launch import server_command
 pytestmark = pytest.mark.anyio
 
 LOBBY = "agents.lobby"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def station(tmp_path: Path) -> AsyncIterator[Station]:
-    async with Station(StationConfig(data_dir=tmp_path / "station", port=0)) as running:
-        yield running
 
 
 class Pushed(BaseModel):
@@ -64,15 +53,7 @@ class Listener:
 
 
 def params(home: Path, station: Station, **extra: str) -> StdioServerParameters:
-    command = server_command()
-    env = dict(
-        os.environ,
-        MACULA_HOME=str(home),
-        MACULA_MESH_STATIONS=station.endpoint,
-        MACULA_MCP_IDENTITY=str(home / "id.key"),
-        **extra,
-    )
-    return StdioServerParameters(command=command[0], args=command[1:], env=env)
+    return server_params(server_env(home, station.endpoint, **extra))
 
 
 @asynccontextmanager
@@ -91,12 +72,6 @@ async def listening(server: StdioServerParameters) -> AsyncIterator[Listener]:
         listener = Listener(session, init)
         listener.pushed = received
         yield listener
-
-
-async def good(session: ClientSession | Client, tool: str, **args: Any) -> dict[str, Any]:
-    result = await session.call_tool(tool, args)
-    assert not result.is_error, (tool, result.structured_content)
-    return dict(result.structured_content or {})
 
 
 async def hello(session: ClientSession | Client) -> tuple[str, str]:
@@ -180,13 +155,7 @@ def home() -> Iterator[Path]:
     """A short MACULA_HOME (its daemon socket must fit AF_UNIX); its daemon stopped after."""
     folder = Path(tempfile.mkdtemp(prefix="mch-", dir="/tmp"))
     yield folder
-    subprocess.run(
-        [*server_command(), "daemon", "stop", "--wait", "20"],
-        env=dict(os.environ, MACULA_HOME=str(folder)),
-        capture_output=True,
-        timeout=40,
-        check=False,
-    )
+    stop_daemon(folder)
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -10,17 +10,7 @@ import sys
 from pathlib import Path
 
 from relay.station import Station, StationConfig
-
-
-def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+from tests.e2e.mcpkit import cli as run
 
 
 def test_mcp_config_prints_a_ready_entry(tmp_path: Path) -> None:

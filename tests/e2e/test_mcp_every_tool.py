@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -13,53 +12,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
 from relay.station import Station, StationConfig
-from tools.launch import server_command
+from tests.e2e.mcpkit import Tools, server_env, server_params
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-class Agent:
+class Agent(Tools):
     def __init__(self, client: Client, home: Path) -> None:
-        self.client = client
+        super().__init__(client)
         self.home = home
         self.tools_called: set[str] = set()
 
     async def good(self, tool: str, **args: Any) -> dict[str, Any]:
-        result = await self.client.call_tool(tool, args)
-        assert not result.is_error, (tool, result.structured_content)
+        data = await super().good(tool, **args)
         self.tools_called.add(tool)
-        return dict(result.structured_content or {})
-
-    async def bad(self, tool: str, **args: Any) -> dict[str, Any]:
-        result = await self.client.call_tool(tool, args)
-        assert result.is_error, (tool, args, result.structured_content)
-        error = dict(result.structured_content or {})
-        assert {"code", "detail", "retryable", "next_action"} <= set(error), error
-        assert error["retryable"] in (0, 1)
-        return error
+        return data
 
 
 @asynccontextmanager
 async def agent(home: Path, station: str, policy: str) -> AsyncIterator[Agent]:
-    env = dict(
-        os.environ,
-        MACULA_HOME=str(home),
-        MACULA_MESH_STATIONS=station,
-        MACULA_MCP_IDENTITY=str(home / "id.key"),
-        MACULA_MCP_CONTACT_POLICY=policy,
-    )
-    command = server_command()
-    async with Client(
-        StdioServerParameters(command=command[0], args=command[1:], env=env)
-    ) as client:
+    env = server_env(home, station, MACULA_MCP_CONTACT_POLICY=policy)
+    async with Client(server_params(env)) as client:
         yield Agent(client, home)
 
 

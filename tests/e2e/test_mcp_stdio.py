@@ -4,52 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
 from relay.station import Station, StationConfig
+from tests.e2e.mcpkit import initialize_request, server_env, server_params
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def station(tmp_path: Path) -> AsyncIterator[Station]:
-    async with Station(StationConfig(data_dir=tmp_path / "station", port=0)) as running:
-        yield running
-
-
-def server_env(home: Path, station: Station, **extra: str) -> dict[str, str]:
-    return dict(
-        os.environ,
-        MACULA_HOME=str(home),
-        MACULA_MESH_STATIONS=station.endpoint,
-        MACULA_MCP_IDENTITY=str(home / "id.key"),
-        **extra,
-    )
-
-
-def params(env: dict[str, str]) -> StdioServerParameters:
-    command = server_command()
-    return StdioServerParameters(command=command[0], args=command[1:], env=env)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_both_protocol_eras_complete_a_session(
     mode: str, station: Station, tmp_path: Path
 ) -> None:
-    async with Client(params(server_env(tmp_path / "a", station)), mode=mode) as client:
+    async with Client(
+        server_params(server_env(tmp_path / "a", station.endpoint)), mode=mode
+    ) as client:
         tools = await client.list_tools()
         names = {t.name for t in tools.tools}
         assert {"mesh_publish", "mesh_watch"} <= names
@@ -66,10 +41,10 @@ async def test_both_protocol_eras_complete_a_session(
 
 
 async def test_terse_descriptions_are_shorter(station: Station, tmp_path: Path) -> None:
-    async with Client(params(server_env(tmp_path / "full", station))) as client:
+    async with Client(server_params(server_env(tmp_path / "full", station.endpoint))) as client:
         full = {t.name: t.description or "" for t in (await client.list_tools()).tools}
-    env = server_env(tmp_path / "terse", station, MACULA_MCP_TERSE_TOOLS="1")
-    async with Client(params(env)) as client:
+    env = server_env(tmp_path / "terse", station.endpoint, MACULA_MCP_TERSE_TOOLS="1")
+    async with Client(server_params(env)) as client:
         terse = {t.name: t.description or "" for t in (await client.list_tools()).tools}
     assert full.keys() == terse.keys()
     for name in full:
@@ -90,7 +65,7 @@ async def test_terse_descriptions_are_shorter(station: Station, tmp_path: Path) 
 def test_stdin_close_ends_the_server_gracefully(tmp_path: Path) -> None:
     async def with_station() -> tuple[int | None, float, str]:
         async with Station(StationConfig(data_dir=tmp_path / "station", port=0)) as station:
-            env = server_env(tmp_path / "a", station)
+            env = server_env(tmp_path / "a", station.endpoint)
             process = subprocess.Popen(
                 server_command(),
                 env=env,
@@ -98,16 +73,7 @@ def test_stdin_close_ends_the_server_gracefully(tmp_path: Path) -> None:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )
-            init = {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": "2025-06-18",
-                    "capabilities": {},
-                    "clientInfo": {"name": "t", "version": "0"},
-                },
-            }
+            init = initialize_request("t")
             assert process.stdin is not None and process.stdout is not None
             process.stdin.write((json.dumps(init) + "\n").encode())
             process.stdin.flush()

@@ -13,56 +13,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
 from relay.station import Station, StationConfig
+from tests.e2e.mcpkit import Tools, server_env, server_params
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-class Side:
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
+class Side(Tools):
     async def good(self, tool: str, **args: Any) -> dict[str, Any]:
-        result = await self.client.call_tool(tool, args)
-        assert not result.is_error, (tool, result.structured_content)
-        data = dict(result.structured_content or {})
+        data = await super().good(tool, **args)
         assert "True" not in repr(data) and "False" not in repr(data), data  # no booleans
         return data
-
-    async def bad(self, tool: str, **args: Any) -> dict[str, Any]:
-        result = await self.client.call_tool(tool, args)
-        assert result.is_error, (tool, args, result.structured_content)
-        error = dict(result.structured_content or {})
-        assert {"code", "detail", "retryable", "next_action"} <= set(error), error
-        assert error["retryable"] in (0, 1)
-        return error
 
 
 @asynccontextmanager
 async def process(home: Path, station: str, policy: str) -> AsyncIterator[Side]:
     """``macula-mcp`` under ``sh -c 'echo $$ > pid; exec ...'``, so the test knows its pid."""
-    env = dict(
-        os.environ,
-        MACULA_HOME=str(home),
-        MACULA_MESH_STATIONS=station,
-        MACULA_MCP_IDENTITY=str(home / "id.key"),
-        MACULA_MCP_CONTACT_POLICY=policy,
-        MACULA_MCP_TASKS_RETRY_MAX_MS="2000",
+    env = server_env(
+        home, station, MACULA_MCP_CONTACT_POLICY=policy, MACULA_MCP_TASKS_RETRY_MAX_MS="2000"
     )
     home.mkdir(parents=True, exist_ok=True)
     script = f'echo $$ > "{home / "pid"}"; exec "$0" "$@"'
     command = ["sh", "-c", script, *server_command()]
-    async with Client(
-        StdioServerParameters(command=command[0], args=command[1:], env=env)
-    ) as client:
+    async with Client(server_params(env, command)) as client:
         yield Side(client)
 
 

@@ -6,25 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+from tests.e2e.mcpkit import cli
 from tests.unit.test_register import EXISTING, MALFORMED
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES
 
 PLATFORM = "darwin" if sys.platform == "darwin" else "linux"
-
-
-def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tools.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
 
 
 def home_env(tmp_path: Path) -> dict[str, str]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from stationmesh import Client as End
+from stationmesh import Clock
 
 from macula.client_core import ClientCore, CoreState
 from macula.client_events import (
@@ -40,7 +41,6 @@ from relay.core import RouterCore
 from relay.outcome import Outcome
 from relay.policy import PuzzleMode, StationPolicy
 
-NOW = 1_767_225_600_000
 REALM = realm_tag("test.client-pair")
 ZERO_REALM = bytes(32)
 STATION = Identity(bytes(range(100, 132)))
@@ -53,37 +53,6 @@ def hardened(n: int) -> Identity:
 
 
 ALICE, BOB, CAROL = hardened(11), hardened(12), hardened(13)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def step(self, ms: int) -> None:
-        self.now += ms
-
-
-@dataclass
-class End:
-    """One client of the link: its core, the outputs it produced, its connection id."""
-
-    core: ClientCore
-    conn: int
-    outputs: list[Output] = field(default_factory=list)
-    next_stream: int = 4
-
-    def new_stream(self) -> int:
-        stream, self.next_stream = self.next_stream, self.next_stream + 4
-        return stream
-
-    def of(self, kind: type[Any]) -> list[Any]:
-        return [o for o in self.outputs if isinstance(o, kind)]
-
-    def take(self, kind: type[Any]) -> list[Any]:
-        """The outputs of ``kind`` so far, forgetting them."""
-        taken = self.of(kind)
-        self.outputs = [o for o in self.outputs if not isinstance(o, kind)]
-        return taken
 
 
 class Link:

@@ -66,11 +66,22 @@ def decoded(actions: list[Action]) -> list[dict[str, Any]]:
     return frames
 
 
+def signed(
+    kind: Any, signer: Identity, now: int, frame_id: bytes | None = None, **fields: Any
+) -> Any:
+    """A ``kind`` frame sent now, signed by ``signer``, as a map (frame id: zero randomness
+    unless given)."""
+    frame_id = frame_id or new_frame_id(now, bytes(10))
+    return kind(frame_id=frame_id, sent_at_ms=now, **fields).signed_by(signer).to_map()
+
+
 def signed_call(mesh: Mesh, signer: Identity, caller: Identity, procedure: str = ADD) -> Any:
     now = mesh.clock.now
-    frame = Call(
-        frame_id=new_frame_id(now, random.Random(now).randbytes(10)),
-        sent_at_ms=now,
+    return signed(
+        Call,
+        signer,
+        now,
+        new_frame_id(now, random.Random(now).randbytes(10)),
         call_id=random.Random(signer.node_id).randbytes(16),
         procedure=procedure,
         realm=REALM,
@@ -78,7 +89,6 @@ def signed_call(mesh: Mesh, signer: Identity, caller: Identity, procedure: str =
         deadline_ms=now + 5_000,
         caller=caller.node_id,
     )
-    return frame.signed_by(signer).to_map()
 
 
 @pytest.fixture
@@ -86,11 +96,32 @@ def mesh() -> Mesh:
     return Mesh()
 
 
-@pytest.fixture
-def xy(mesh: Mesh) -> tuple[MeshStation, MeshStation]:
+def linked(mesh: Mesh) -> tuple[MeshStation, MeshStation]:
+    """Stations X and Y on ``mesh``, linked."""
     x, y = mesh.station(X_ID), mesh.station(Y_ID)
     mesh.link(x, y)
     return x, y
+
+
+@pytest.fixture
+def xy(mesh: Mesh) -> tuple[MeshStation, MeshStation]:
+    return linked(mesh)
+
+
+Served = tuple[MeshStation, MeshStation, Client, Client]
+
+
+def alice_to_bob(mesh: Mesh, procedure: str = ADD) -> Served:
+    """X and Y linked, Alice on X, Bob on Y advertising ``procedure``."""
+    x, y = linked(mesh)
+    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
+    advertise(mesh, y, bob, procedure)
+    return x, y, alice, bob
+
+
+@pytest.fixture
+def served(mesh: Mesh) -> Served:
+    return alice_to_bob(mesh)
 
 
 # --- advert gossip ---------------------------------------------------------------------------
@@ -155,22 +186,22 @@ def test_a_station_unadvertise_of_what_it_never_advertised_is_counted(
     advertise(mesh, y, bob)
     cx = x.link_to(y)
     now = mesh.clock.now
-    other = Unadvertise(
-        frame_id=new_frame_id(now, bytes(10)),
-        sent_at_ms=now,
+    other = signed(
+        Unadvertise,
+        Y_ID,
+        now,
         realm=REALM,
         procedure="org.example.other_v1",
         advertiser=Y_ID.node_id,
-    ).signed_by(Y_ID)
-    assert x.router.frames_received(cx, 0, [other.to_map()], now) == []
+    )
+    assert x.router.frames_received(cx, 0, [other], now) == []
     assert x.router.stats["unknown_unadvertise"] == 1
     assert serving(x) == Y_ID.node_id
 
 
 def test_a_station_is_held_to_its_advertisement_quota() -> None:
     mesh = Mesh(quotas=_quotas(max_station_advertisements=2))
-    x, y = mesh.station(X_ID), mesh.station(Y_ID)
-    mesh.link(x, y)
+    x, y = linked(mesh)
     bob = mesh.client(y, BOB)
     for n in range(3):
         advertise(mesh, y, bob, f"org.example.p{n}_v1")
@@ -191,12 +222,8 @@ def test_gossip_never_goes_to_clients(mesh: Mesh, xy: tuple[MeshStation, MeshSta
 # --- CALL across a link --------------------------------------------------------------------
 
 
-def test_a_call_crosses_the_link_and_its_result_comes_back(
-    mesh: Mesh, xy: tuple[MeshStation, MeshStation]
-) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+def test_a_call_crosses_the_link_and_its_result_comes_back(mesh: Mesh, served: Served) -> None:
+    x, y, alice, bob = served
     call_id = call(mesh, x, alice)
     (arrived,) = bob.take(CallArrived)
     assert arrived.call.caller == ALICE.node_id and arrived.call.payload == [2, 3]
@@ -207,10 +234,8 @@ def test_a_call_crosses_the_link_and_its_result_comes_back(
     assert len(x.router.pending) == len(y.router.pending) == 0
 
 
-def test_an_error_reply_crosses_back(mesh: Mesh, xy: tuple[MeshStation, MeshStation]) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+def test_an_error_reply_crosses_back(mesh: Mesh, served: Served) -> None:
+    x, y, alice, bob = served
     call(mesh, x, alice)
     (arrived,) = bob.take(CallArrived)
     answer = bob.core.reply_error(
@@ -230,15 +255,9 @@ def test_a_reply_from_a_node_that_was_not_asked_is_not_relayed_over_the_link(
     advertise(mesh, y, bob)
     call_id = call(mesh, x, alice)
     now = mesh.clock.now
-    forged = Result(
-        frame_id=new_frame_id(now, bytes(10)),
-        sent_at_ms=now,
-        call_id=call_id,
-        payload="forged",
-        responded_by=DAVE.node_id,
-    ).signed_by(DAVE)
+    forged = signed(Result, DAVE, now, call_id=call_id, payload="forged", responded_by=DAVE.node_id)
     # Dave is not who Y forwarded the call to: §13 #3 holds at Y, nothing reaches X
-    assert y.router.frames_received(dave.conn, 0, [forged.to_map()], now) == []
+    assert y.router.frames_received(dave.conn, 0, [forged], now) == []
     assert y.router.stats["unexpected_reply"] == 1
     assert alice.of(CallSettled) == []
 
@@ -291,10 +310,7 @@ def test_a_call_from_a_station_is_never_forwarded_to_another_station(mesh: Mesh)
 
 def test_a_station_is_held_to_its_in_flight_call_quota() -> None:
     mesh = Mesh(quotas=_quotas(max_station_pending_calls=2, max_pending_calls=10))
-    x, y = mesh.station(X_ID), mesh.station(Y_ID)
-    mesh.link(x, y)
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+    x, _, alice, bob = alice_to_bob(mesh)
     ids = [call(mesh, x, alice) for _ in range(3)]
     assert len(bob.take(CallArrived)) == 2
     (settled,) = alice.take(CallSettled)
@@ -309,12 +325,8 @@ def test_the_station_quota_is_larger_than_a_clients_by_default() -> None:
     assert quotas.max_station_streams > quotas.max_streams
 
 
-def test_the_deadline_holds_across_the_link(
-    mesh: Mesh, xy: tuple[MeshStation, MeshStation]
-) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+def test_the_deadline_holds_across_the_link(mesh: Mesh, served: Served) -> None:
+    x, y, alice, bob = served
     call_id = call(mesh, x, alice)
     assert bob.take(CallArrived)
     mesh.clock.step(5_001)
@@ -324,12 +336,8 @@ def test_the_deadline_holds_across_the_link(
     assert len(x.router.pending) == len(y.router.pending) == 0
 
 
-def test_losing_the_link_settles_the_calls_forwarded_over_it(
-    mesh: Mesh, xy: tuple[MeshStation, MeshStation]
-) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob)
+def test_losing_the_link_settles_the_calls_forwarded_over_it(mesh: Mesh, served: Served) -> None:
+    x, y, alice, bob = served
     call_id = call(mesh, x, alice)
     (arrived,) = bob.take(CallArrived)
     mesh.unlink(x, y)
@@ -415,8 +423,7 @@ def test_a_station_call_settles_at_its_deadline_and_on_link_loss(
 
 def test_station_calls_in_flight_are_bounded() -> None:
     mesh = Mesh(max_station_calls=1)
-    x, y = mesh.station(X_ID), mesh.station(Y_ID)
-    mesh.link(x, y)
+    x, y = linked(mesh)
     bob = mesh.client(y, BOB)
     advertise(mesh, y, bob)
     station_call(mesh, x, Y_ID.node_id)
@@ -428,10 +435,8 @@ def test_station_calls_in_flight_are_bounded() -> None:
 # --- streaming RPC across a link -------------------------------------------------------------
 
 
-def test_a_streaming_call_crosses_the_link(mesh: Mesh, xy: tuple[MeshStation, MeshStation]) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob, "org.example.count_v1")
+def test_a_streaming_call_crosses_the_link(mesh: Mesh) -> None:
+    x, y, alice, bob = alice_to_bob(mesh, "org.example.count_v1")
     now = mesh.clock.now
     stream = alice.new_stream()
     mine, out = alice.core.open_channel(
@@ -452,11 +457,9 @@ def test_a_streaming_call_crosses_the_link(mesh: Mesh, xy: tuple[MeshStation, Me
 
 
 def test_a_stream_refused_behind_the_link_reaches_the_caller_signed_by_its_station(
-    mesh: Mesh, xy: tuple[MeshStation, MeshStation]
+    mesh: Mesh,
 ) -> None:
-    x, y = xy
-    alice, bob = mesh.client(x, ALICE), mesh.client(y, BOB)
-    advertise(mesh, y, bob, "org.example.count_v1")
+    x, y, alice, bob = alice_to_bob(mesh, "org.example.count_v1")
     # Y forgets Bob's advert behind X's back (X still believes Y serves it)
     y.router.adverts.remove((REALM, "org.example.count_v1"), mesh.clock.now)
     now = mesh.clock.now
@@ -478,9 +481,10 @@ def test_a_stream_from_a_station_is_not_routed_to_another_station(mesh: Mesh) ->
     advertise(mesh, z, carol, "org.example.count_v1")
     assert serving(y, "org.example.count_v1") == Z_ID.node_id
     now = mesh.clock.now
-    opening = StreamOpen(
-        frame_id=new_frame_id(now, bytes(10)),
-        sent_at_ms=now,
+    opening = signed(
+        StreamOpen,
+        ALICE,
+        now,
         stream_id=bytes(range(16)),
         procedure="org.example.count_v1",
         realm=REALM,
@@ -488,9 +492,9 @@ def test_a_stream_from_a_station_is_not_routed_to_another_station(mesh: Mesh) ->
         args=3,
         deadline_ms=now + 5_000,
         caller=ALICE.node_id,
-    ).signed_by(ALICE)
+    )
     # X opens a dedicated stream on the link (an even one: X dialled Y)
-    out = y.router.frames_received(y.link_to(x), 8, [opening.to_map()], now)
+    out = y.router.frames_received(y.link_to(x), 8, [opening], now)
     (refused,) = decoded(out)
     assert refused["frame_type"] == "stream_error" and refused["code"] == b"unknown_next_peer"
     assert carol.of(ChannelOpened) == [] and len(y.router.routes) == 0
@@ -501,9 +505,11 @@ def test_a_stream_from_a_station_is_not_routed_to_another_station(mesh: Mesh) ->
 
 def content_call(mesh: Mesh, signer: Identity, payload: Any) -> Any:
     now = mesh.clock.now
-    frame = Call(
-        frame_id=new_frame_id(now, random.Random(repr(payload)).randbytes(10)),
-        sent_at_ms=now,
+    return signed(
+        Call,
+        signer,
+        now,
+        new_frame_id(now, random.Random(repr(payload)).randbytes(10)),
         call_id=random.Random(repr(payload)).randbytes(16),
         procedure="_content.get_block",
         realm=bytes(32),
@@ -511,7 +517,6 @@ def content_call(mesh: Mesh, signer: Identity, payload: Any) -> Any:
         deadline_ms=now + 5_000,
         caller=signer.node_id,
     )
-    return frame.signed_by(signer).to_map()
 
 
 def test_a_client_may_not_set_hops_remaining(

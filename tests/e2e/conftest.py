@@ -1,0 +1,21 @@
+"""End-to-end fixtures: the anyio backend and a real station on 127.0.0.1:0 in this process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from relay.station import Station, StationConfig
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def station(tmp_path: Path) -> AsyncIterator[Station]:
+    async with Station(StationConfig(data_dir=tmp_path / "station", port=0)) as running:
+        yield running
