@@ -33,7 +33,6 @@ from macula.dht import DhtClient
 from macula.direct import DirectDialer
 from macula.errors import (
     BrokenError,
-    CallTimeout,
     ClosedError,
     ConfigError,
     HandshakeError,
@@ -69,6 +68,7 @@ class NodeStats:
     handler_errors: int = 0
     calls_refused_busy: int = 0  # answered 0x08: ``max_handlers`` were already running
     slow_consumer: int = 0  # times the station closed us for not keeping up (events were lost)
+    probes_acknowledged: int = 0  # liveness pings (QUIC PING) a quiet station acknowledged
     # the station's counters of what it refused on our current connection without telling us
     # in-band (from the latest ``flush``; they restart at 0 with every connection)
     refused: dict[str, int] = field(default_factory=dict)
@@ -283,27 +283,34 @@ class Node:
             prober.cancel()
 
     async def _probe(self, session: Session) -> None:
-        """A station quiet for ``probe_interval_s`` is pinged; one that does not answer within
+        """A station quiet for ``probe_interval_s`` is pinged at the QUIC level (a PING frame,
+        acknowledged by its QUIC stack: no signature, and never stuck behind a control stream
+        the station has paused for backpressure); one that does not acknowledge within
         ``probe_timeout_s`` is gone (crash, network lost): the connection counts as lost, so
-        the node moves on at once instead of after QUIC's idle timeout. A busy connection is
-        never pinged."""
+        the node moves on at once instead of after QUIC's idle timeout. A connection the
+        station keeps talking on is never pinged."""
         interval = self.probe_interval_s
+        probed_ms = session.heard_ms
         while session.alive:
-            quiet_s = (session.clock() - session.heard_ms) / 1000
+            last_ms = max(session.heard_ms, probed_ms)
+            quiet_s = (session.clock() - last_ms) / 1000
             if quiet_s < interval:
                 await asyncio.sleep(interval - quiet_s)
                 continue
             try:
-                await session.builtin("_relay.ping", None, self.probe_timeout_s)
-            except CallTimeout:
+                answered = await session.protocol.acknowledged(self.probe_timeout_s)
+            except ConnectionError:
+                return  # the session ended meanwhile; the supervisor knows
+            if not answered:
                 why = (
-                    f"station {session.address} did not answer a ping in {self.probe_timeout_s:g} s"
+                    f"station {session.address} did not acknowledge a ping in "
+                    f"{self.probe_timeout_s:g} s"
                 )
                 log.warning("%s: moving on", why)
                 session.connection_lost(why)
                 return
-            except MaculaError:
-                return  # the session ended meanwhile; the supervisor knows
+            self.stats.probes_acknowledged += 1
+            probed_ms = session.clock()
 
     async def _pause(self, seconds: float) -> None:
         """Wait ``seconds`` (the injected ``sleep``), or less when ``wake`` or closing."""

@@ -331,6 +331,29 @@ class FrameProtocol(QuicConnectionProtocol):
     def lost(self) -> bool:
         return self._lost
 
+    # -- liveness ---------------------------------------------------------------------------
+
+    async def acknowledged(self, timeout_s: float) -> bool:
+        """Send a QUIC PING: True once the peer's QUIC stack acknowledged it, False if it did
+        not within ``timeout_s``; ``ConnectionError`` if the connection ended meanwhile. Unlike
+        aioquic's ``ping()``, a ping that timed out leaves no waiter behind (whose later
+        ``ConnectionError`` nobody would retrieve). Uses aioquic's ping bookkeeping
+        (``_ping_waiters``), as ``ping()`` does."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        uid = id(waiter)
+        self._ping_waiters[uid] = waiter
+        self._quic.send_ping(uid)
+        self.transmit()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._ping_waiters.pop(uid, None)
+            if not waiter.done():
+                waiter.cancel()
+
     # -- TLS ------------------------------------------------------------------------------
 
     def peer_certificate_key(self) -> bytes | None:

@@ -323,3 +323,27 @@ async def test_a_station_refusing_handshakes_while_draining_is_passed_over(
             assert node.station_info is not None and node.station_info.node_id == b.node_id
         [refusal] = [r.getMessage() for r in caplog.records if str(a.port) in r.getMessage()]
         assert "temporary_relay_failure" in refusal
+
+
+async def test_a_station_that_paused_our_control_stream_is_not_taken_for_dead(
+    tmp_path: Path,
+) -> None:
+    """The liveness probe is a QUIC PING, acknowledged by the station's QUIC stack: a control
+    stream the station stopped reading (backpressure) does not hold it up, so a paused client
+    is not moved away (a `_relay.ping` CALL would wait behind the paused stream and time out)."""
+    async with Station(station_config(tmp_path / "a")) as a:
+        node = Node(new_identity(), [a.endpoint], probe_interval_s=0.1, probe_timeout_s=0.3)
+        async with node:
+            await node.flush()
+            conn = a.core.node_conn[node.identity.node_id]
+            control = a.core.peers[conn].control
+            assert control is not None
+            a._connections[conn].pause_reading(control)  # as a PauseReading action does
+            await node.publish(REALM, "held", "behind the pause")
+            before = node.stats.probes_acknowledged
+            # several probe rounds while the station reads nothing of ours
+            await eventually(lambda: node.stats.probes_acknowledged >= before + 4, timeout=5)
+            assert node.stats.reconnects == 0 and node.connected
+            a._connections[conn].resume_reading(control)
+            assert await node.flush() == {}
+            assert node.stats.reconnects == 0
