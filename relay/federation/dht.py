@@ -5,9 +5,10 @@ closest to their key, and lists the live stations from their own records.
 
 How the package is adapted (no fork; its pickle ``save_state``/``load_state`` are never used):
 - ``_Protocol(KademliaProtocol)``: every datagram and request is checked before the package
-  sees it (msgpack garbage, unknown procedures, wrong argument types are counted in ``stats``
-  and dropped, never raised into the loop); every reply from a peer is checked before a crawler
-  reads it (a bad one counts as no reply, so the peer leaves the routing table). STORE takes a
+  sees it (``relay.federation.dht_checks``: msgpack garbage, unknown procedures, wrong argument
+  types are counted in ``stats`` and dropped, never raised into the loop); every reply from a
+  peer is checked before a crawler reads it (a bad one counts as no reply, and the peer leaves
+  the routing table at once). STORE takes a
   CBOR array of wire-form records (``RecordShelf.accept_value`` validates each); FIND_VALUE
   answers the records it holds *and* the closest nodes it knows, so a find crawls to the k
   closest stations and merges them all (newest per signer) instead of stopping at the first.
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 from collections import Counter, OrderedDict
@@ -61,8 +61,8 @@ from macula.wire.records import (
     record_version,
 )
 from relay.federation.addresses import StationAddress
+from relay.federation.dht_checks import REQUEST_ARGS, is_count, is_found, is_id, is_node_list
 from relay.federation.dht_storage import (
-    DHT_ID_SIZE,
     DhtLimits,
     DhtRefused,
     RecordShelf,
@@ -80,7 +80,6 @@ __all__ = ["DhtConfig", "DhtRefused", "StationAddress", "StationDht"]
 log = logging.getLogger("macula.relay.dht")
 
 _PROCEDURES: Final = frozenset({"ping", "store", "find_node", "find_value"})
-_MAX_NODES: Final = 64  # node triples accepted in one reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,52 +125,6 @@ class DhtConfig:
         for name in ("rpc_timeout_s", "own_period_s", "replicate_period_s", "refresh_period_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"DhtConfig.{name} must be positive")
-
-
-# --- what peers send, checked --------------------------------------------------------------
-
-
-def _is_id(value: object) -> bool:
-    return type(value) is bytes and len(value) == DHT_ID_SIZE
-
-
-def _is_node(value: object) -> bool:
-    if not isinstance(value, list | tuple) or len(value) != 3:
-        return False
-    node_id, ip, port = value
-    if not _is_id(node_id) or type(ip) is not str or type(port) is not int:
-        return False
-    if not 0 < port <= 0xFFFF:
-        return False
-    try:
-        ipaddress.ip_address(ip)  # never a name to resolve
-    except ValueError:
-        return False
-    return True
-
-
-def _is_node_list(value: object) -> bool:
-    return isinstance(value, list) and len(value) <= _MAX_NODES and all(map(_is_node, value))
-
-
-def _is_found(value: object) -> bool:
-    return (
-        isinstance(value, dict)
-        and type(value.get("value")) is bytes
-        and _is_node_list(value.get("nodes"))
-    )
-
-
-def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0
-
-
-_REQUEST_ARGS: Final[dict[str, tuple[Callable[[object], bool], ...]]] = {
-    "ping": (_is_id,),
-    "store": (_is_id, _is_id, lambda v: type(v) is bytes),
-    "find_node": (_is_id, _is_id),
-    "find_value": (_is_id, _is_id),
-}
 
 
 class _Protocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no type hints
@@ -262,7 +215,7 @@ class _Protocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no ty
             self.stats["malformed_request"] += 1
             return
         name, args = data
-        checks = _REQUEST_ARGS.get(name) if type(name) is str else None
+        checks = REQUEST_ARGS.get(name) if type(name) is str else None
         if (
             checks is None
             or not isinstance(args, list)
@@ -303,22 +256,22 @@ class _Protocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no ty
 
     async def call_ping(self, node_to_ask: Node) -> Any:
         result = await self.ping((node_to_ask.ip, node_to_ask.port), self.source_node.id)
-        return self._answered(result, _is_id, node_to_ask)
+        return self._answered(result, is_id, node_to_ask)
 
     async def call_find_node(self, node_to_ask: Node, node_to_find: Node) -> Any:
         address = (node_to_ask.ip, node_to_ask.port)
         result = await self.find_node(address, self.source_node.id, node_to_find.id)
-        return self._answered(result, _is_node_list, node_to_ask)
+        return self._answered(result, is_node_list, node_to_ask)
 
     async def call_find_value(self, node_to_ask: Node, node_to_find: Node) -> Any:
         address = (node_to_ask.ip, node_to_ask.port)
         result = await self.find_value(address, self.source_node.id, node_to_find.id)
-        return self._answered(result, _is_found, node_to_ask)
+        return self._answered(result, is_found, node_to_ask)
 
     async def call_store(self, node_to_ask: Node, key: bytes, value: bytes) -> Any:
         address = (node_to_ask.ip, node_to_ask.port)
         result = await self.store(address, self.source_node.id, key, value)
-        return self._answered(result, _is_count, node_to_ask)
+        return self._answered(result, is_count, node_to_ask)
 
 
 class _RecordCrawl(SpiderCrawl):  # type: ignore[misc]
@@ -361,7 +314,7 @@ class _Server(Server):  # type: ignore[misc]
 
     async def bootstrap_node(self, addr: tuple[str, int]) -> Node | None:
         result = await self.protocol.ping(addr, self.node.id)
-        if result[0] and _is_id(result[1]):
+        if result[0] and is_id(result[1]):
             return Node(result[1], addr[0], addr[1])
         return None
 
