@@ -5,13 +5,23 @@ closest to their key, and lists the live stations from their own records.
 
 How the package is adapted (no fork; its pickle ``save_state``/``load_state`` are never used):
 - ``_Protocol(KademliaProtocol)``: every datagram and request is checked before the package
-  sees it (msgpack garbage, unknown procedures, wrong argument types are counted in ``stats``
-  and dropped, never raised into the loop); every reply from a peer is checked before a crawler
-  reads it (a bad one counts as no reply, so the peer leaves the routing table). STORE takes a
+  sees it (``relay.federation.dht_checks``: msgpack garbage, unknown procedures, wrong argument
+  types are counted in ``stats`` and dropped, never raised into the loop); every reply from a
+  peer is checked before a crawler reads it (a bad one counts as no reply, and the peer leaves
+  the routing table at once). STORE takes a
   CBOR array of wire-form records (``RecordShelf.accept_value`` validates each); FIND_VALUE
   answers the records it holds *and* the closest nodes it knows, so a find crawls to the k
   closest stations and merges them all (newest per signer) instead of stopping at the first.
 - ``RecordShelf`` (``relay.federation.dht_storage``) replaces the one-value-per-key storage.
+- ``_Protocol.welcome_if_new`` adds a station to the routing table without the package's push of
+  every held value to it: only a station never welcomed before (ids remembered, bounded) gets
+  the values it should hold by the package's rule (it is closer than the k-th, this station is
+  the closest holder), at most ``welcome_max_values`` STOREs; one seen again after leaving the
+  table gets nothing (the replication loop re-stores to the k closest anyway). Kademlia's rule
+  is applied to the digest itself (the package hashes the digest once more, a bug).
+- ``_Protocol.handle_call_response``: a station leaves the routing table after
+  ``evict_after_timeouts`` consecutive unanswered requests (any answer resets the count), or at
+  once after a malformed answer; one lost datagram does not evict it.
 - ``_Server(Server)``: our protocol, our id (``dht_id`` of the station's node id), a checked
   bootstrap ping, and no hourly table refresh of its own: ``StationDht`` runs the loops.
 Invariants:
@@ -26,10 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -52,11 +61,12 @@ from macula.wire.records import (
     record_version,
 )
 from relay.federation.addresses import StationAddress
+from relay.federation.dht_checks import REQUEST_ARGS, is_count, is_found, is_id, is_node_list
 from relay.federation.dht_storage import (
-    DHT_ID_SIZE,
     DhtLimits,
     DhtRefused,
     RecordShelf,
+    VerifiedRecords,
     check_record,
     decode_value,
     dht_id,
@@ -70,7 +80,6 @@ __all__ = ["DhtConfig", "DhtRefused", "StationAddress", "StationDht"]
 log = logging.getLogger("macula.relay.dht")
 
 _PROCEDURES: Final = frozenset({"ping", "store", "find_node", "find_value"})
-_MAX_NODES: Final = 64  # node triples accepted in one reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,70 +93,114 @@ class DhtConfig:
     refresh_period_s: float = 3600.0
     # lookups stations() runs at once (more loses datagrams when many stations share a host)
     stations_concurrency: int = 4
+    # stations() looks a known station's endpoint up again once this share (percent) of its
+    # record's lifetime has passed (or it expired); until then the address learned is used
+    endpoint_refresh_percent: int = 50
+    # consecutive unanswered requests before a station leaves the routing table
+    evict_after_timeouts: int = 3
+    # STOREs pushed to a station seen for the first time (values it should hold); 0 = none
+    welcome_max_values: int = 32
+    # station ids remembered as already welcomed; record bytes remembered as checked
+    welcome_memory: int = 4_096
+    verified_cache: int = 8_192
     limits: DhtLimits = field(default_factory=DhtLimits)
 
     def __post_init__(self) -> None:
-        for name in ("ksize", "alpha", "own_ttl_ms", "stations_concurrency"):
+        for name in (
+            "ksize",
+            "alpha",
+            "own_ttl_ms",
+            "stations_concurrency",
+            "evict_after_timeouts",
+            "welcome_memory",
+        ):
             if type(getattr(self, name)) is not int or getattr(self, name) < 1:
                 raise ValueError(f"DhtConfig.{name} must be a positive int")
+        for name in ("welcome_max_values", "verified_cache"):
+            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
+                raise ValueError(f"DhtConfig.{name} must be an int >= 0")
+        percent = self.endpoint_refresh_percent
+        if type(percent) is not int or not 1 <= percent <= 100:
+            raise ValueError("DhtConfig.endpoint_refresh_percent must be an int in 1..100")
         for name in ("rpc_timeout_s", "own_period_s", "replicate_period_s", "refresh_period_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"DhtConfig.{name} must be positive")
 
 
-# --- what peers send, checked --------------------------------------------------------------
-
-
-def _is_id(value: object) -> bool:
-    return type(value) is bytes and len(value) == DHT_ID_SIZE
-
-
-def _is_node(value: object) -> bool:
-    if not isinstance(value, list | tuple) or len(value) != 3:
-        return False
-    node_id, ip, port = value
-    if not _is_id(node_id) or type(ip) is not str or type(port) is not int:
-        return False
-    if not 0 < port <= 0xFFFF:
-        return False
-    try:
-        ipaddress.ip_address(ip)  # never a name to resolve
-    except ValueError:
-        return False
-    return True
-
-
-def _is_node_list(value: object) -> bool:
-    return isinstance(value, list) and len(value) <= _MAX_NODES and all(map(_is_node, value))
-
-
-def _is_found(value: object) -> bool:
-    return (
-        isinstance(value, dict)
-        and type(value.get("value")) is bytes
-        and _is_node_list(value.get("nodes"))
-    )
-
-
-def _is_count(value: object) -> bool:
-    return type(value) is int and value >= 0
-
-
-_REQUEST_ARGS: Final[dict[str, tuple[Callable[[object], bool], ...]]] = {
-    "ping": (_is_id,),
-    "store": (_is_id, _is_id, lambda v: type(v) is bytes),
-    "find_node": (_is_id, _is_id),
-    "find_value": (_is_id, _is_id),
-}
-
-
 class _Protocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no type hints
     storage: RecordShelf
 
-    def __init__(self, source_node: Node, storage: RecordShelf, ksize: int, timeout: float):
-        super().__init__(source_node, storage, ksize)
-        self._wait_timeout = timeout
+    def __init__(self, source_node: Node, storage: RecordShelf, config: DhtConfig):
+        super().__init__(source_node, storage, config.ksize)
+        self._wait_timeout = config.rpc_timeout_s
         self.stats = storage.stats
+        self.config = config
+        self._misses: OrderedDict[bytes, int] = OrderedDict()  # consecutive, by node id
+        self._welcomed: OrderedDict[bytes, None] = OrderedDict()
+        self._pushes: set[asyncio.Task[Any]] = set()
+
+    # -- the routing table --
+
+    def welcome_if_new(self, node: Node) -> None:
+        if not self.router.is_new_node(node):
+            return
+        first_time = node.id not in self._welcomed
+        if first_time:
+            self._welcomed[node.id] = None
+            while len(self._welcomed) > self.config.welcome_memory:
+                self._welcomed.popitem(last=False)
+            self._push_to_newcomer(node)
+        else:
+            self._welcomed.move_to_end(node.id)
+            self.stats["rewelcomed"] += 1
+        self.router.add_contact(node)
+
+    def _push_to_newcomer(self, node: Node) -> None:
+        """The package's rule (§2.5 of the paper), bounded: values ``node`` should hold."""
+        budget = self.config.welcome_max_values
+        if not budget:
+            return
+        now = self.storage.clock()
+        for dkey in self.storage.digests():
+            keynode = Node(dkey)
+            neighbors = self.router.find_neighbors(keynode)
+            if neighbors and not (
+                node.distance_to(keynode) < neighbors[-1].distance_to(keynode)
+                and self.source_node.distance_to(keynode) < neighbors[0].distance_to(keynode)
+            ):
+                continue
+            for batch in self.storage.store_batches(self.storage.records(dkey, now)):
+                if budget == 0:
+                    self.stats["welcome_push_capped"] += 1
+                    return
+                budget -= 1
+                self.stats["welcome_pushed"] += 1
+                task = asyncio.ensure_future(self.call_store(node, dkey, batch))
+                self._pushes.add(task)
+                task.add_done_callback(self._pushes.discard)
+
+    def handle_call_response(self, result: Any, node: Node) -> Any:
+        if result[0]:
+            self._misses.pop(node.id, None)
+            self.welcome_if_new(node)
+            return result
+        if self.router.is_new_node(node):  # not in the table: nothing to evict
+            self._misses.pop(node.id, None)
+            return result
+        misses = self._misses.pop(node.id, 0) + 1
+        if misses >= self.config.evict_after_timeouts:
+            self._evict(node)
+        else:
+            self._misses[node.id] = misses
+            while len(self._misses) > self.config.welcome_memory:
+                self._misses.popitem(last=False)
+            self.stats["timeout_tolerated"] += 1
+        return result
+
+    def _evict(self, node: Node) -> None:
+        self._misses.pop(node.id, None)
+        self.router.remove_contact(node)
+        self.stats["evicted"] += 1
 
     # -- requests in --
 
@@ -162,7 +215,7 @@ class _Protocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no ty
             self.stats["malformed_request"] += 1
             return
         name, args = data
-        checks = _REQUEST_ARGS.get(name) if type(name) is str else None
+        checks = REQUEST_ARGS.get(name) if type(name) is str else None
         if (
             checks is None
             or not isinstance(args, list)
@@ -193,30 +246,32 @@ class _Protocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no ty
 
     # -- replies in --
 
-    def _checked(self, result: Any, check: Callable[[object], bool]) -> Any:
+    def _answered(self, result: Any, check: Callable[[object], bool], node: Node) -> Any:
+        """A malformed answer counts as none, and the station leaves the table at once."""
         if result[0] and not check(result[1]):
             self.stats["bad_reply"] += 1
+            self._evict(node)
             return (False, None)
-        return result
+        return self.handle_call_response(result, node)
 
     async def call_ping(self, node_to_ask: Node) -> Any:
         result = await self.ping((node_to_ask.ip, node_to_ask.port), self.source_node.id)
-        return self.handle_call_response(self._checked(result, _is_id), node_to_ask)
+        return self._answered(result, is_id, node_to_ask)
 
     async def call_find_node(self, node_to_ask: Node, node_to_find: Node) -> Any:
         address = (node_to_ask.ip, node_to_ask.port)
         result = await self.find_node(address, self.source_node.id, node_to_find.id)
-        return self.handle_call_response(self._checked(result, _is_node_list), node_to_ask)
+        return self._answered(result, is_node_list, node_to_ask)
 
     async def call_find_value(self, node_to_ask: Node, node_to_find: Node) -> Any:
         address = (node_to_ask.ip, node_to_ask.port)
         result = await self.find_value(address, self.source_node.id, node_to_find.id)
-        return self.handle_call_response(self._checked(result, _is_found), node_to_ask)
+        return self._answered(result, is_found, node_to_ask)
 
     async def call_store(self, node_to_ask: Node, key: bytes, value: bytes) -> Any:
         address = (node_to_ask.ip, node_to_ask.port)
         result = await self.store(address, self.source_node.id, key, value)
-        return self.handle_call_response(self._checked(result, _is_count), node_to_ask)
+        return self._answered(result, is_count, node_to_ask)
 
 
 class _RecordCrawl(SpiderCrawl):  # type: ignore[misc]
@@ -249,17 +304,17 @@ class _Server(Server):  # type: ignore[misc]
 
     def __init__(self, config: DhtConfig, node_id: bytes, storage: RecordShelf) -> None:
         super().__init__(config.ksize, config.alpha, node_id, storage)
-        self._timeout = config.rpc_timeout_s
+        self.config = config
 
     def _create_protocol(self) -> _Protocol:
-        return _Protocol(self.node, self.storage, self.ksize, self._timeout)
+        return _Protocol(self.node, self.storage, self.config)
 
     def refresh_table(self, interval: int = 3600) -> None:
         pass  # StationDht runs the refresh on its own period (and cancels it on stop)
 
     async def bootstrap_node(self, addr: tuple[str, int]) -> Node | None:
         result = await self.protocol.ping(addr, self.node.id)
-        if result[0] and _is_id(result[1]):
+        if result[0] and is_id(result[1]):
             return Node(result[1], addr[0], addr[1])
         return None
 
@@ -284,10 +339,15 @@ class StationDht:
         self.hosts = list(dict.fromkeys(hosts))
         self.config = DhtConfig() if config is None else config
         self.clock = clock
-        self.storage = RecordShelf(self.config.limits, clock)
+        self.storage = RecordShelf(
+            self.config.limits, clock, VerifiedRecords(self.config.verified_cache)
+        )
         self._server = _Server(self.config, dht_id(identity.node_id), self.storage)
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
+        # stations() learned: node id -> (address, when to look it up again, expires_at)
+        self._addresses: dict[bytes, tuple[StationAddress, int, int]] = {}
+        self._joined = False  # a bootstrap crawl has run
 
     @property
     def stats(self) -> Counter[str]:
@@ -348,7 +408,13 @@ class StationDht:
             with contextlib.suppress(OSError):
                 infos = await loop.getaddrinfo(host, port, type=2)  # SOCK_DGRAM
                 resolved.extend((str(info[4][0]), port) for info in infos[:1])
+        protocol = self._server.protocol
+        known = {(n.ip, n.port) for b in protocol.router.buckets for n in b.get_nodes()}
+        if self._joined and resolved and all(a in known for a in resolved):
+            self.stats["bootstrap_skipped"] += 1  # e.g. a link to a station the DHT knows
+            return
         await self._server.bootstrap(resolved)
+        self._joined = True
         await self.publish_own()
 
     # -- records ---------------------------------------------------------------------------
@@ -386,7 +452,7 @@ class StationDht:
         closest stations; how many took it (this one included)."""
         now = self.clock()
         dkey = dht_id(_key_of(record))
-        check_record(record, dkey, now, self.config.limits)
+        check_record(record, dkey, now, self.config.limits, verified=self.storage.verified)
         target = Node(dkey)
         nodes = await self._closest(target)
         stored = 0
@@ -434,7 +500,7 @@ class StationDht:
         kept = []
         for record in distinct:
             try:
-                check_record(record, dkey, now, self.config.limits)
+                check_record(record, dkey, now, self.config.limits, verified=self.storage.verified)
             except DhtRefused as exc:
                 self.stats[f"found_refused_{exc.reason}"] += 1
                 continue
@@ -456,17 +522,42 @@ class StationDht:
 
     async def stations(self) -> list[StationAddress]:
         """Every live station: a realm_stations record under the zero realm's station_set key
-        and an unexpired station_endpoint record, both signed by that station."""
+        and an unexpired station_endpoint record, both signed by that station.
+
+        One lookup of the station set per call; a station's endpoint is looked up only when
+        it is new here or its record learned before is past ``endpoint_refresh_percent`` of
+        its lifetime (a station republishes it every ``own_period_s``)."""
         members = await self.find(realm_stations_key(ZERO_REALM))
         signers = sorted({r.key for r in members if r.type == RecordType.REALM_STATIONS})
         gate = asyncio.Semaphore(self.config.stations_concurrency)
+        now = self.clock()
+        learned = self._addresses
 
         async def address(node_id: bytes) -> StationAddress | None:
+            held = learned.get(node_id)
+            if held is not None and now < held[1]:
+                self.stats["endpoint_known"] += 1
+                return held[0]
             async with gate:
                 records = await self.find(station_endpoint_key(node_id))
-            return next(filter(None, map(_address, records)), None)
+            self.stats["endpoint_lookup"] += 1
+            for record in records:
+                found = _address(record)
+                if found is not None:
+                    lifetime = record.expires_at - record.created_at
+                    again = (
+                        record.created_at + lifetime * self.config.endpoint_refresh_percent // 100
+                    )
+                    learned[node_id] = (found, min(again, record.expires_at), record.expires_at)
+                    return found
+            if held is not None and now < held[2]:  # not found now, but learned unexpired
+                return held[0]
+            learned.pop(node_id, None)
+            return None
 
         found = await asyncio.gather(*(address(s) for s in signers))
+        for node_id in set(learned) - set(signers):
+            del learned[node_id]  # no longer a member
         return [a for a in found if a is not None]
 
 

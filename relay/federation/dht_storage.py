@@ -15,6 +15,10 @@ Invariants:
   (per signer, per key, for the whole shelf; expired records are reaped first when the shelf is
   full). A refusal is counted in ``stats`` (``refused_<reason>``); nothing a peer sends raises
   out of ``accept_value`` or the ``IStorage`` methods.
+- The Ed25519 check of the same record bytes runs once: ``VerifiedRecords`` (bounded, oldest
+  out first) remembers (digest, SHA-256 of the wire bytes) of records that passed
+  ``check_record``, and a record identical to one held is ``same`` without a check; expiry is
+  checked again on every use, and any new bytes get every check.
 - Reads never return an expired record; a reply value is bounded by ``max_reply_bytes``
   (newest first), what it leaves out is counted (``reply_truncated``).
 """
@@ -22,7 +26,7 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -46,6 +50,7 @@ __all__ = [
     "DhtLimits",
     "DhtRefused",
     "RecordShelf",
+    "VerifiedRecords",
     "check_record",
     "decode_value",
     "dht_id",
@@ -130,12 +135,74 @@ def _trusted(record: Record) -> None:
         raise DhtRefused("foreign_announcer", "announcer_node is not the signer")
 
 
-def check_record(record: Record, dkey: bytes, now_ms: int, limits: DhtLimits) -> int:
-    """Raise ``DhtRefused`` unless ``record`` may be held under digest ``dkey``; its size."""
+class VerifiedRecords:
+    """Which record bytes passed ``check_record`` under which digest (at most ``size``)."""
+
+    def __init__(self, size: int = 8_192) -> None:
+        if type(size) is not int or size < 0:
+            raise ValueError("VerifiedRecords size must be an int >= 0")
+        self.size = size
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self.hits = 0
+
+    @staticmethod
+    def _key(dkey: bytes, wire: bytes) -> bytes:
+        return dkey + hashlib.sha256(wire).digest()
+
+    def __contains__(self, item: tuple[bytes, bytes]) -> bool:
+        key = self._key(*item)
+        if key not in self._seen:
+            return False
+        self._seen.move_to_end(key)
+        return True
+
+    def add(self, dkey: bytes, wire: bytes) -> None:
+        if not self.size:
+            return
+        self._seen[self._key(dkey, wire)] = None
+        while len(self._seen) > self.size:
+            self._seen.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+def wire_bytes(record: Record) -> bytes:
+    """Canonical CBOR of ``record``'s wire form (``DhtRefused`` ``bad_record`` if none)."""
     try:
-        size = len(cbor.encode(record.to_wire()))
+        return cbor.encode(record.to_wire())
     except WireError as exc:
         raise DhtRefused("bad_record", exc.detail) from None
+
+
+def check_record(
+    record: Record,
+    dkey: bytes,
+    now_ms: int,
+    limits: DhtLimits,
+    *,
+    wire: bytes | None = None,
+    verified: VerifiedRecords | None = None,
+) -> int:
+    """Raise ``DhtRefused`` unless ``record`` may be held under digest ``dkey``; its size.
+    ``wire``: its bytes if already encoded; ``verified``: bytes already checked under
+    ``dkey`` skip everything but the expiry (the rest cannot change for the same bytes, and
+    the clock-skew check only gets easier as time passes)."""
+    if wire is None:
+        wire = wire_bytes(record)
+    size = len(wire)
+    if verified is not None and (dkey, wire) in verified:
+        if record.is_expired(now_ms):
+            raise DhtRefused("expired", f"expires_at {record.expires_at} <= now {now_ms}")
+        verified.hits += 1
+        return size
+    _check_new(record, dkey, now_ms, limits, size)
+    if verified is not None:
+        verified.add(dkey, wire)
+    return size
+
+
+def _check_new(record: Record, dkey: bytes, now_ms: int, limits: DhtLimits, size: int) -> None:
     if size > limits.max_record_bytes:
         raise DhtRefused("too_large", f"{size} bytes, at most {limits.max_record_bytes}")
     try:
@@ -152,7 +219,6 @@ def check_record(record: Record, dkey: bytes, now_ms: int, limits: DhtLimits) ->
     if record.created_at - now_ms > limits.max_skew_ms:
         raise DhtRefused("clock_skew", f"created_at is more than {limits.max_skew_ms} ms ahead")
     _trusted(record)
-    return size
 
 
 def encode_value(records: Iterable[Record]) -> bytes:
@@ -200,9 +266,15 @@ class _Held(NamedTuple):
 class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hints
     """Records by 160-bit digest, one per signer, within ``DhtLimits``."""
 
-    def __init__(self, limits: DhtLimits, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        limits: DhtLimits,
+        clock: Callable[[], int],
+        verified: VerifiedRecords | None = None,
+    ) -> None:
         self.limits = limits
         self.clock = clock
+        self.verified = VerifiedRecords() if verified is None else verified
         self.stats: Counter[str] = Counter()
         self._keys: dict[bytes, dict[bytes, _Held]] = {}
         self._signer_rows: Counter[bytes] = Counter()
@@ -214,15 +286,16 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
 
     def offer(self, dkey: bytes, record: Record, now_ms: int) -> str:
         """Hold ``record`` under ``dkey``: ``stored``, ``same``, ``stale``, or ``DhtRefused``."""
-        check_record(record, dkey, now_ms, self.limits)
-        wire = cbor.encode(record.to_wire())
+        wire = wire_bytes(record)
         held = self._keys.get(dkey, {}).get(record.key)
-        if held is not None and not held.record.is_expired(now_ms):
-            if held.wire == wire:
-                return "same"
-            if not is_newer(record, held.record):
-                self.stats["stale"] += 1
-                return "stale"
+        if held is not None and not held.record.is_expired(now_ms) and held.wire == wire:
+            self.stats["same"] += 1
+            return "same"  # these very bytes were checked when they were stored
+        check_record(record, dkey, now_ms, self.limits, wire=wire, verified=self.verified)
+        live = held is not None and not held.record.is_expired(now_ms)
+        if live and held is not None and not is_newer(record, held.record):
+            self.stats["stale"] += 1
+            return "stale"
         self._check_caps(dkey, record.key, len(wire), held, now_ms)
         if held is not None:
             self._drop(held)

@@ -1,0 +1,241 @@
+"""The DHT's costs that grow with the mesh, over real UDP on loopback: no record storm for a
+station seen again, eviction only after consecutive timeouts, stations() keeping what it
+learned, a bootstrap through a known station skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from kademlia.node import Node as KadNode
+from meshkit import new_identity
+
+from macula.clock import now_ms
+from macula.wire.identity import Identity
+from macula.wire.records import Record, new_record, record_version
+from relay.federation.dht import DhtConfig, StationDht
+from relay.federation.dht_storage import dht_id
+
+pytestmark = pytest.mark.anyio
+
+LOOPBACK = "127.0.0.1"
+FAST = DhtConfig(rpc_timeout_s=0.3)
+
+
+def note(who: Identity, subject: bytes) -> Record:
+    now = now_ms()
+    return new_record(
+        who,
+        0x21,
+        {"text": "hi"},
+        now_ms=now,
+        version=record_version(now, os.urandom(10)),
+        subject_id=subject,
+    )
+
+
+@asynccontextmanager
+async def mesh(
+    n: int, config: DhtConfig = FAST, clock: Callable[[], int] = now_ms
+) -> AsyncIterator[list[StationDht]]:
+    nodes: list[StationDht] = []
+    try:
+        for i in range(n):
+            dht = StationDht(
+                new_identity(), quic_port=6000 + i, hosts=[LOOPBACK], config=config, clock=clock
+            )
+            nodes.append(dht)
+            await dht.start(LOOPBACK, 0)
+        for dht in nodes[1:]:
+            await dht.bootstrap([(LOOPBACK, nodes[0].port)])
+        yield nodes
+    finally:
+        for dht in nodes:
+            await dht.stop()
+
+
+def count_stores(dht: StationDht) -> list[Any]:
+    """Every STORE ``dht`` sends from now on (the node asked)."""
+    protocol = dht._server.protocol
+    sent: list[Any] = []
+    real = protocol.call_store
+
+    async def counting(node: KadNode, key: bytes, value: bytes) -> Any:
+        sent.append(node)
+        return await real(node, key, value)
+
+    protocol.call_store = counting  # type: ignore[method-assign,assignment]
+    return sent
+
+
+async def quiet(dht: StationDht) -> None:
+    """Its own loops (publishing, replication) stopped: only what the test asks for runs."""
+    tasks, dht._tasks = list(dht._tasks), set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def dead_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+async def test_a_station_seen_again_gets_no_records_pushed_a_new_one_a_bounded_push() -> None:
+    config = DhtConfig(rpc_timeout_s=0.3, welcome_max_values=3)
+    async with mesh(1, config) as (holder,):
+        for i in range(10):  # ten digests, held here alone
+            rec = note(new_identity(), bytes([i]))
+            assert holder.storage.accept(dht_id(rec.storage_key()), rec, now_ms())
+        async with mesh(1, config) as (newcomer,):
+            await quiet(holder)
+            sent = count_stores(holder)
+            protocol = holder._server.protocol
+            node = KadNode(newcomer._server.node.id, LOOPBACK, newcomer.port)
+            protocol.welcome_if_new(node)
+            await asyncio.sleep(0)  # the pushes start
+            assert len(sent) == 3  # the package would push all ten
+            assert holder.stats["welcome_push_capped"] == 1
+            for _ in range(50):  # it leaves the table and comes back, again and again
+                protocol.router.remove_contact(node)
+                protocol.welcome_if_new(node)
+            await asyncio.sleep(0)
+            assert len(sent) == 3
+            assert holder.stats["rewelcomed"] == 50
+            assert holder.contacts == 1
+
+
+async def test_no_push_at_all_when_welcome_max_values_is_zero() -> None:
+    config = DhtConfig(rpc_timeout_s=0.3, welcome_max_values=0)
+    async with mesh(1, config) as (holder,):
+        rec = note(new_identity(), b"s")
+        assert holder.storage.accept(dht_id(rec.storage_key()), rec, now_ms())
+        await quiet(holder)
+        sent = count_stores(holder)
+        holder._server.protocol.welcome_if_new(KadNode(os.urandom(20), LOOPBACK, dead_port()))
+        await asyncio.sleep(0)
+        assert sent == []
+        assert holder.contacts == 1
+
+
+async def test_one_unanswered_request_does_not_evict_three_in_a_row_do() -> None:
+    config = DhtConfig(rpc_timeout_s=0.2, evict_after_timeouts=3)
+    async with mesh(1, config) as (dht,):
+        await quiet(dht)
+        protocol = dht._server.protocol
+        silent = KadNode(os.urandom(20), LOOPBACK, dead_port())
+        protocol.router.add_contact(silent)
+        for expected in (1, 1):
+            assert (await protocol.call_ping(silent))[0] is False
+            assert dht.contacts == expected, dict(dht.stats)
+        assert dht.stats["timeout_tolerated"] == 2
+        assert (await protocol.call_ping(silent))[0] is False
+        assert dht.contacts == 0
+        assert dht.stats["evicted"] == 1
+
+
+async def test_an_answer_resets_the_count_of_unanswered_requests() -> None:
+    config = DhtConfig(rpc_timeout_s=0.2, evict_after_timeouts=2)
+    async with mesh(2, config) as (a, b):
+        await quiet(a)
+        protocol = a._server.protocol
+        (node,) = [n for bucket in protocol.router.buckets for n in bucket.get_nodes()]
+        alive = (node.ip, node.port)
+        gone = KadNode(node.id, LOOPBACK, dead_port())  # same id, a port nobody answers
+        assert (await protocol.call_ping(gone))[0] is False
+        assert a.contacts == 1
+        assert (await protocol.call_ping(KadNode(node.id, *alive)))[0] is True
+        assert (await protocol.call_ping(gone))[0] is False
+        assert a.contacts == 1  # one miss since the answer, not two
+        assert (await protocol.call_ping(gone))[0] is False
+        assert a.contacts == 0
+        assert b.contacts == 1
+
+
+async def test_stations_looks_up_only_new_or_ageing_endpoints() -> None:
+    offset = [0]
+
+    def clock() -> int:
+        return now_ms() + offset[0]
+
+    async with mesh(4, FAST, clock) as nodes:
+        everyone = {d.identity.node_id for d in nodes}
+        reader = nodes[3]
+        for _ in range(50):
+            if {a.node_id for a in await reader.stations()} == everyone:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("stations() never listed every station")
+        finds: list[bytes] = []
+        real = reader.find
+
+        async def counting(storage_key: bytes) -> list[Record]:
+            finds.append(storage_key)
+            return await real(storage_key)
+
+        reader.find = counting  # type: ignore[method-assign]
+        listed = await reader.stations()
+        assert {a.node_id for a in listed} == everyone
+        assert len(finds) == 1  # the station set only: every endpoint known and fresh
+        offset[0] = FAST.own_ttl_ms * 6 // 10  # past half of the records' lifetime
+        finds.clear()
+        # the others publish anew at this clock, so the records found are still unexpired
+        for dht in nodes:
+            await dht.publish_own()
+        listed = await reader.stations()
+        assert {a.node_id for a in listed} == everyone
+        assert len(finds) == 1 + 4  # every endpoint looked up again
+        finds.clear()
+        await reader.stations()
+        assert len(finds) == 1
+
+
+async def test_stations_forgets_a_station_no_longer_in_the_station_set() -> None:
+    config = DhtConfig(rpc_timeout_s=0.3, own_period_s=0.2, own_ttl_ms=1_500)
+    async with mesh(3, config) as nodes:
+        everyone = {d.identity.node_id for d in nodes}
+        for _ in range(50):
+            if {a.node_id for a in await nodes[2].stations()} == everyone:
+                break
+            await asyncio.sleep(0.1)
+        await nodes[1].stop()
+        alive = everyone - {nodes[1].identity.node_id}
+        for _ in range(100):
+            if {a.node_id for a in await nodes[2].stations()} == alive:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the stopped station was never forgotten")
+        assert nodes[1].identity.node_id not in nodes[2]._addresses
+
+
+async def test_a_bootstrap_through_a_station_in_the_routing_table_is_skipped() -> None:
+    async with mesh(3) as nodes:
+        late = nodes[2]
+        sent = count_stores(late)
+        await late.bootstrap([(LOOPBACK, nodes[0].port)])
+        assert late.stats["bootstrap_skipped"] == 1
+        assert sent == []  # no crawl, no re-publish
+        await late.bootstrap([(LOOPBACK, dead_port())])  # an address it does not know
+        assert late.stats["bootstrap_skipped"] == 1
+        assert sent  # it joined again and published
+
+
+def test_the_new_settings_are_checked() -> None:
+    for bad in (
+        {"evict_after_timeouts": 0},
+        {"welcome_max_values": -1},
+        {"welcome_memory": 0},
+        {"verified_cache": -1},
+        {"endpoint_refresh_percent": 0},
+        {"endpoint_refresh_percent": 101},
+    ):
+        with pytest.raises(ValueError):
+            DhtConfig(**bad)  # type: ignore[arg-type]
