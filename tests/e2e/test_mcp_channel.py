@@ -202,6 +202,8 @@ async def test_every_attached_session_of_the_agent_is_pushed_to(
         assert pushed.meta["ring_id"] == rung["ring_id"]
 
 
+# slow: a bounded negative wait; the switch is unit-tested (test_channel.py)
+@pytest.mark.slow
 async def test_channel_off_declares_nothing_and_sends_nothing(
     station: Station, tmp_path: Path
 ) -> None:

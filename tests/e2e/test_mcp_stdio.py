@@ -40,6 +40,9 @@ async def test_both_protocol_eras_complete_a_session(
         assert "seed" not in text and json.loads(text)["node_id"]
 
 
+# slow: terse descriptions are checked in-process (test_mcp_agent_tools.py); this spawns two
+# servers
+@pytest.mark.slow
 async def test_terse_descriptions_are_shorter(station: Station, tmp_path: Path) -> None:
     async with Client(server_params(server_env(tmp_path / "full", station.endpoint))) as client:
         full = {t.name: t.description or "" for t in (await client.list_tools()).tools}

@@ -130,6 +130,8 @@ def relay(data_dir: Path, *flags: str) -> Iterator[str]:
             process.wait()
 
 
+# slow: test_a_realm_only_room_end_to_end covers create, join, approve, list and revoke too
+@pytest.mark.slow
 async def test_create_serve_join_approve_list_revoke(tmp_path: Path) -> None:
     owner = tmp_path / "owner"
     async with Station(StationConfig(data_dir=tmp_path / "station", port=0)) as station:

@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.mcpkit import cli
 from tests.unit.test_register import EXISTING, MALFORMED
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES
@@ -94,6 +96,9 @@ def test_a_malformed_config_is_untouched_and_the_others_still_register(tmp_path:
     assert done.stdout.count(": registered: ") == 5
 
 
+# slow: doctor flagging a moved executable is unit-tested (test_register.py); this runs the whole
+# doctor
+@pytest.mark.slow
 def test_doctor_flags_a_registration_whose_executable_is_gone(tmp_path: Path) -> None:
     env = home_env(tmp_path)
     cursor = BY_NAME["cursor"]

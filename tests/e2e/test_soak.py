@@ -7,9 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak_station.py"
 
 
+# slow: a soak; scripts/soak_station.py is the long one, the hostile integration tests stay in the
+# default run
+@pytest.mark.slow
 def test_a_short_soak_loses_no_honest_event_and_the_station_survives() -> None:
     run = subprocess.run(
         [sys.executable, str(SCRIPT), "--seconds", "4", "--pairs", "2", "--rate", "40", "--json"],
