@@ -251,7 +251,7 @@ async def test_with_every_station_down_it_backs_off_and_connects_when_one_comes_
 
     async def sleep(seconds: float) -> None:
         waits.append(seconds)
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)  # the node's injected sleep: recorded, then really waited
 
     a, b = Station(configs[0]), Station(configs[1])
     await a.__aenter__()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kademlia.node import Node as KadNode
 from meshkit import new_identity
+from waiting import eventually
 
 from macula.clock import now_ms
 from macula.wire.identity import Identity
@@ -99,13 +100,13 @@ async def test_a_station_seen_again_gets_no_records_pushed_a_new_one_a_bounded_p
             protocol = holder._server.protocol
             node = KadNode(newcomer._server.node.id, LOOPBACK, newcomer.port)
             protocol.welcome_if_new(node)
-            await asyncio.sleep(0)  # the pushes start
+            await asyncio.sleep(0)  # one loop turn: the pushes it scheduled start
             assert len(sent) == 3  # the package would push all ten
             assert holder.stats["welcome_push_capped"] == 1
             for _ in range(50):  # it leaves the table and comes back, again and again
                 protocol.router.remove_contact(node)
                 protocol.welcome_if_new(node)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one loop turn, so any push scheduled would have started
             assert len(sent) == 3
             assert holder.stats["rewelcomed"] == 50
             assert holder.contacts == 1
@@ -119,7 +120,7 @@ async def test_no_push_at_all_when_welcome_max_values_is_zero() -> None:
         await quiet(holder)
         sent = count_stores(holder)
         holder._server.protocol.welcome_if_new(KadNode(os.urandom(20), LOOPBACK, dead_port()))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn, so any push scheduled would have started
         assert sent == []
         assert holder.contacts == 1
 
@@ -158,6 +159,10 @@ async def test_an_answer_resets_the_count_of_unanswered_requests() -> None:
         assert b.contacts == 1
 
 
+async def listed_all(dht: StationDht, expected: set[bytes]) -> bool:
+    return {a.node_id for a in await dht.stations()} == expected
+
+
 async def test_stations_looks_up_only_new_or_ageing_endpoints() -> None:
     offset = [0]
 
@@ -167,12 +172,9 @@ async def test_stations_looks_up_only_new_or_ageing_endpoints() -> None:
     async with mesh(4, FAST, clock) as nodes:
         everyone = {d.identity.node_id for d in nodes}
         reader = nodes[3]
-        for _ in range(50):
-            if {a.node_id for a in await reader.stations()} == everyone:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail("stations() never listed every station")
+        await eventually(
+            lambda: listed_all(reader, everyone), message="stations() never listed every station"
+        )
         finds: list[bytes] = []
         real = reader.find
 
@@ -201,18 +203,14 @@ async def test_stations_forgets_a_station_no_longer_in_the_station_set() -> None
     config = DhtConfig(rpc_timeout_s=0.3, own_period_s=0.2, own_ttl_ms=1_500)
     async with mesh(3, config) as nodes:
         everyone = {d.identity.node_id for d in nodes}
-        for _ in range(50):
-            if {a.node_id for a in await nodes[2].stations()} == everyone:
-                break
-            await asyncio.sleep(0.1)
+        await eventually(lambda: listed_all(nodes[2], everyone))
         await nodes[1].stop()
         alive = everyone - {nodes[1].identity.node_id}
-        for _ in range(100):
-            if {a.node_id for a in await nodes[2].stations()} == alive:
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail("the stopped station was never forgotten")
+        await eventually(
+            lambda: listed_all(nodes[2], alive),
+            timeout=10,
+            message="the stopped station was never forgotten",
+        )
         assert nodes[1].identity.node_id not in nodes[2]._addresses
 
 

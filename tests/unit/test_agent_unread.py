@@ -85,7 +85,7 @@ def test_waits_return_unread_messages_oldest_first_then_wait(tmp_path: Path) -> 
         got = [await rooms.wait_unread(topic, 1) for _ in range(2)]
         assert [m.message_id for m in got if m] == [first, second]
         waiter = asyncio.create_task(rooms.wait_unread(topic, 5))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: the waiter reads (nothing unread) first
         third = await said(rooms, topic, BOB, "three")
         hit = await asyncio.wait_for(waiter, 2.0)
         assert hit is not None and hit.message_id == third
@@ -171,7 +171,7 @@ def test_two_waiters_never_get_the_same_message(tmp_path: Path) -> None:
     async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
         topic = new_room_topic(os.urandom(16))
         waiters = [asyncio.create_task(rooms.wait_unread(topic, 5)) for _ in range(2)]
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # (let both start waiting; the claim holds either way)
         sent = {await said(rooms, topic, BOB, "a"), await said(rooms, topic, BOB, "b")}
         got = await asyncio.wait_for(asyncio.gather(*waiters), 3.0)
         assert {m.message_id for m in got if m} == sent

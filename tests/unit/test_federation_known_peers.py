@@ -135,7 +135,7 @@ async def test_remembered_stations_are_dialled_and_kept_until_discovery_knows_th
         return rounds.pop(0) if len(rounds) > 1 else rounds[0]
 
     async def sleep(seconds: float) -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the injected sleep: one loop turn instead of the backoff
 
     links = LinkManager(
         ME,
@@ -151,7 +151,7 @@ async def test_remembered_stations_are_dialled_and_kept_until_discovery_knows_th
         if len(rounds) == 1 and P1.node_id not in links.targets:
             break
         assert len(rounds) == 1 or P1.node_id in links.targets  # kept while the DHT is empty
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a polled predicate, bounded in loop turns
     await links.stop()
     assert P1.node_id in dialled and P2.node_id in dialled
     assert P1.node_id not in links.targets  # dropped once discovery named another station

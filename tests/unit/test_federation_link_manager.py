@@ -44,7 +44,7 @@ class Fake:
 
     async def sleep(self, seconds: float) -> None:
         self.sleeps.append(seconds)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the injected sleep: recorded, not waited; one loop turn
 
     def manager(self, **kw: object) -> LinkManager:
         defaults: dict[str, object] = {
@@ -62,7 +62,7 @@ async def until(check: object, turns: int = 2_000) -> None:
     for _ in range(turns):
         if callable(check) and check():
             return
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a polled predicate, bounded in loop turns, not in time
     raise AssertionError("condition not met")
 
 
@@ -163,7 +163,7 @@ async def test_halt_stops_redialling_and_stop_ends_every_task() -> None:
     await until(lambda: not links._tasks)
     dialled = len(fake.dialled)
     await links.stop()
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: a dial scheduled after stop would have started
     assert len(fake.dialled) == dialled and links.targets == {}
 
 

@@ -185,7 +185,7 @@ class FakeLinks:
             delay = self.delays.get(node_id, 0.01)
             if delay < 0:
                 raise RuntimeError("the link broke")
-            await asyncio.sleep(delay)
+            await asyncio.sleep(delay)  # a linked station's answer time, simulated
             return StationReplied(b"id", True, {"from": node_id.hex()}, None)
         finally:
             self.in_flight -= 1

@@ -34,14 +34,14 @@ class FakeMesh:
         self.fail: Exception | None = None
 
     async def put(self, record: Record) -> int:
-        await asyncio.sleep(self.delay)
+        await asyncio.sleep(self.delay)  # a slow mesh, simulated (the bounded wait is tested)
         if self.fail is not None:
             raise self.fail
         self.put_records.append(record)
         return 3
 
     async def find(self, storage_key: bytes) -> list[Record]:
-        await asyncio.sleep(self.delay)
+        await asyncio.sleep(self.delay)  # a slow mesh, simulated (the bounded wait is tested)
         if self.fail is not None:
             raise self.fail
         return [r for r in self.held if r.storage_key() == storage_key]
