@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from macula.agent.presence import Profile
 from macula.node import Node
 from macula.store.base import StorePaths
 from macula.wire.identity import Identity, realm_tag
+from relay.federation.links import LinkTarget
 from relay.policy import StationPolicy
 from relay.station import Station, StationConfig
 
@@ -30,6 +32,31 @@ def station_config(
     return StationConfig(
         data_dir=data_dir, port=port, policy=policy or StationPolicy(), tick_interval_s=0.05
     )
+
+
+# --- federation: stations linked in one process ---------------------------------------------
+
+
+def target(station: Station) -> LinkTarget:
+    """``station`` as a ``--peer`` entry (loopback)."""
+    return LinkTarget(station.node_id, "127.0.0.1", station.port)
+
+
+def linked(station: Station) -> set[bytes]:
+    """The stations ``station`` holds a link with."""
+    return {p.node_id for p in station.core.peers.values() if p.linked}
+
+
+def fast(config: StationConfig, peers: list[LinkTarget]) -> StationConfig:
+    """``config`` joining through ``peers``, redialling fast (tests)."""
+    return dataclasses.replace(
+        config, peers=peers, link_backoff_s=0.05, link_backoff_max_s=0.2, link_timeout_s=2.0
+    )
+
+
+def interest_at(station: Station, holder: Station, topic: str) -> bool:
+    """``station`` holds ``holder``'s subscription to ``topic`` (interest has propagated)."""
+    return holder.node_id in station.core.subscriptions.subscribers((REALM, topic.encode()))
 
 
 def settings(home: Path, policy: str | None, *, serve_rings: bool = True) -> AgentSettings:

@@ -9,7 +9,6 @@ agent's own station, which asks its linked stations (never further).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import agent_in, new_identity, station_config
+from meshkit import agent_in, fast, linked, new_identity, station_config, target
 from waiting import eventually
 
 from macula.agent.agent import Agent
@@ -28,28 +27,13 @@ from macula.house import AGENTS_LIST, HOUSE_REALM
 from macula.node import Node
 from macula.services import HouseClient
 from macula.wire.identity import ZERO_REALM
-from relay.federation.links import LinkTarget
 from relay.house.agents import MAX_LIST_LIMIT
 from relay.outcome import Outcome
-from relay.station import Station, StationConfig
+from relay.station import Station
 
 pytestmark = pytest.mark.anyio
 
 Mesh = tuple[Station, Station, Station]
-
-
-def target(station: Station) -> LinkTarget:
-    return LinkTarget(station.node_id, "127.0.0.1", station.port)
-
-
-def linked(station: Station) -> set[bytes]:
-    return {p.node_id for p in station.core.peers.values() if p.linked}
-
-
-def fast(config: StationConfig, peers: list[LinkTarget]) -> StationConfig:
-    return dataclasses.replace(
-        config, peers=peers, link_backoff_s=0.05, link_backoff_max_s=0.2, link_timeout_s=2.0
-    )
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, new_identity, station_config
+from meshkit import REALM, interest_at, linked, new_identity, station_config, target
 from waiting import eventually
 
 from macula.backoff import Backoff
@@ -39,14 +39,6 @@ pytestmark = pytest.mark.anyio
 
 FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
 ECHO = "org.example.mesh_echo_v1"
-
-
-def target(station: Station) -> LinkTarget:
-    return LinkTarget(station.node_id, "127.0.0.1", station.port)
-
-
-def linked(station: Station) -> set[bytes]:
-    return {p.node_id for p in station.core.peers.values() if p.linked}
 
 
 def mesh_config(data_dir: Path, peers: list[LinkTarget]) -> StationConfig:
@@ -82,11 +74,6 @@ async def start_mesh(stack: AsyncExitStack, tmp_path: Path) -> tuple[Station, St
 async def mesh(tmp_path: Path) -> AsyncIterator[tuple[Station, Station, Station]]:
     async with AsyncExitStack() as stack:
         yield await start_mesh(stack, tmp_path)
-
-
-def interest_at(station: Station, holder: Station, topic: str) -> bool:
-    """``station`` holds ``holder``'s subscription to ``topic`` (interest has propagated)."""
-    return holder.node_id in station.core.subscriptions.subscribers((REALM, topic.encode()))
 
 
 def served_at(station: Station, holder: Station, procedure: str) -> bool:

@@ -13,28 +13,14 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, new_identity, station_config
+from meshkit import REALM, fast, interest_at, linked, new_identity, station_config, target
 from waiting import eventually
 
 from macula.node import Node
 from relay.federation.links import LinkTarget
-from relay.station import Station, StationConfig
+from relay.station import Station
 
 pytestmark = pytest.mark.anyio
-
-
-def target(station: Station) -> LinkTarget:
-    return LinkTarget(station.node_id, "127.0.0.1", station.port)
-
-
-def linked(station: Station) -> set[bytes]:
-    return {p.node_id for p in station.core.peers.values() if p.linked}
-
-
-def fast(config: StationConfig, peers: list[LinkTarget]) -> StationConfig:
-    return dataclasses.replace(
-        config, peers=peers, link_backoff_s=0.05, link_backoff_max_s=0.2, link_timeout_s=2.0
-    )
 
 
 @pytest.fixture
@@ -51,11 +37,6 @@ async def mesh(tmp_path: Path) -> AsyncIterator[tuple[Station, Station, Station]
             lambda: all(len(linked(s)) == 2 for s in (a, b, c)), message="mesh not formed"
         )
         yield a, b, c
-
-
-def interest_at(station: Station, holder: Station, topic: str) -> bool:
-    """``station`` holds ``holder``'s subscription to ``topic`` (interest has propagated)."""
-    return holder.node_id in station.core.subscriptions.subscribers((REALM, topic.encode()))
 
 
 async def test_a_subscriber_on_c_gets_exactly_once_what_a_node_on_a_publishes(

@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
-from meshkit import station_config
+from meshkit import linked, station_config, target
 from rawclient import raw_client
 from realmkit import PRIVATE, REALM_NAME, endorse, is_event, present, publish, subscribe
 from waiting import eventually
@@ -27,14 +27,6 @@ pytestmark = pytest.mark.anyio
 
 AUTHORITY = Identity.generate(os.urandom)
 NEWS = "linked.news"
-
-
-def target(station: Station) -> LinkTarget:
-    return LinkTarget(station.node_id, "127.0.0.1", station.port)
-
-
-def linked(station: Station) -> set[bytes]:
-    return {p.node_id for p in station.core.peers.values() if p.linked}
 
 
 def make(tmp: Path, peers: list[LinkTarget], *, protects: bool) -> StationConfig:
