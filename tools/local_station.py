@@ -69,10 +69,6 @@ class ForeignStationError(HandshakeError):
         super().__init__(message, retryable=False)
 
 
-def embedded_data_dir(env: Mapping[str, str]) -> Path:
-    return macula_home(env) / EMBEDDED_DIR
-
-
 def own_station_keys(env: Mapping[str, str]) -> dict[bytes, Path]:
     """node id -> data dir, for each station key this ``MACULA_HOME`` holds."""
     home = macula_home(env)

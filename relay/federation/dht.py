@@ -41,7 +41,7 @@ import os
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from kademlia.crawling import NodeSpiderCrawl, SpiderCrawl
 from kademlia.network import Server
@@ -78,8 +78,6 @@ from relay.federation.dht_storage import (
 __all__ = ["DhtConfig", "DhtRefused", "StationAddress", "StationDht"]
 
 log = logging.getLogger("macula.relay.dht")
-
-_PROCEDURES: Final = frozenset({"ping", "store", "find_node", "find_value"})
 
 
 @dataclass(frozen=True, slots=True)
