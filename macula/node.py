@@ -237,6 +237,9 @@ class Node:
                     self._was_up = True
                     ever_connected = True
                     await self._until_ended(session)
+                    # let go at once: leaving the ``with`` waits for QUIC's close to finish
+                    self._session = None
+                    self._connected.clear()
             except (BrokenError, HandshakeError, OSError) as exc:
                 last_error = exc
                 if known and isinstance(exc, HandshakeError):
@@ -441,6 +444,16 @@ class Node:
         session = self._session
         if session is not None and session.alive:
             return session
+        started = time.monotonic()
+        if session is not None:  # ending: the supervisor lets go of it once it has ended
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.ended.wait(), timeout)
+            for _ in range(100):  # it does so a turn or two after ``ended``
+                if self._session is not session:
+                    break
+                await asyncio.sleep(0)
+            if timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - started))
         try:
             await asyncio.wait_for(self._connected.wait(), timeout)
         except TimeoutError:
@@ -498,6 +511,32 @@ class Node:
         seq = self._next_seq()
         session.publish(realm, topic, payload, seq)
         return seq
+
+    async def publish_confirmed(
+        self, realm: bytes, topic: str, payload: Any, *, timeout: float = 10.0, attempts: int = 3
+    ) -> int:
+        """Publish, and return (the seq) once the station has handled the PUBLISH: a
+        ``_relay.ping`` on the same connection answers only after every frame sent before it on
+        the ordered control stream took effect (see :meth:`flush`). A connection that breaks
+        before that answer may have lost the PUBLISH in flight (a station stopped, a path gone):
+        it is published again on the next connection, with a fresh seq, up to ``attempts``
+        times, so a receiver may see it twice and must dedupe on its own ids (rooms do, by
+        ``message_id``). ``BrokenError`` when no attempt was confirmed; ``CallTimeout`` when
+        the station took longer than ``timeout`` (the PUBLISH may have taken effect)."""
+        deadline = time.monotonic() + timeout
+        broken: BrokenError | None = None
+        for _ in range(max(1, attempts)):
+            session = await self.session(max(0.001, deadline - time.monotonic()))
+            seq = self._next_seq()
+            try:
+                session.publish(realm, topic, payload, seq)
+                await session.builtin("_relay.ping", None, max(0.001, deadline - time.monotonic()))
+                return seq
+            except (BrokenError, ClosedError) as error:  # that connection ended: the next one
+                broken = BrokenError(str(error))
+                if time.monotonic() >= deadline or self._terminal is not None:
+                    break
+        raise broken or BrokenError("not connected to any station")
 
     async def subscribe(self, realm: bytes, topic: str, *, buffer: int = 1024) -> Subscription:
         sub = Subscription(realm, topic, buffer, self._unsubscribe)

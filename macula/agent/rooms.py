@@ -382,7 +382,8 @@ class Rooms:
             wire = await self.keys.seal(wire)  # sealed in a private room, refused without a key
         # record first: the tap may deliver our own copy later (ignored as a duplicate)
         await self._record(envelope, self.node.identity.node_id, True)
-        await self.node.publish(self.realm_of(topic), topic, wire)
+        # confirmed: a station stopped right after this call returns still has it (history)
+        await self.node.publish_confirmed(self.realm_of(topic), topic, wire)
         return envelope
 
     async def open(

@@ -155,3 +155,27 @@ async def _equal(texts: Awaitable[list[str]], expected: list[str]) -> bool:
 
 async def _longer(texts: Awaitable[list[str]], length: int) -> bool:
     return len(await texts) > length
+
+
+async def test_what_say_returned_for_survives_a_station_stopped_at_once(tmp_path: Path) -> None:
+    """``say`` returns once the station has handled the PUBLISH: a station stopped right after
+    (no flush, nothing else in between) still has it in its history for a returning agent."""
+    config = station_config(tmp_path / "station")
+    bob_id, bob_home = new_identity(), tmp_path / "bob"
+    alice_id, alice_home = new_identity(), tmp_path / "alice"
+    async with (
+        Station(config) as station,
+        member(station, alice_id, alice_home) as alice,
+        member(station, bob_id, bob_home) as bob,
+    ):
+        room = await conversation(alice, bob)
+        await caught_up(bob, 2)
+        await crash(bob)
+        await crash(alice)
+        for n in range(3):
+            await alice.rooms.say(room, "remark_made", f"last words {n}")
+        await station.stop()  # at once: what say returned for must already be there
+    async with Station(config) as again, member(again, bob_id, bob_home) as bob:
+        await caught_up(bob, 1)
+        expected = ["catch-up test", "last words 0", "last words 1", "last words 2"]
+        assert await texts_from(bob, room, alice) == expected

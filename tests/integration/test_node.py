@@ -315,3 +315,46 @@ async def test_a_handler_refuses_with_a_reason_for_the_caller(
 
 async def _drain_channel(channel: StreamChannel) -> list[object]:
     return [body async for body in channel]
+
+
+async def test_publish_confirmed_publishes_again_when_the_connection_broke_before_the_answer(
+    make_node: Callable[..., Node],
+) -> None:
+    from macula.errors import BrokenError
+
+    async with make_node() as subscriber, make_node(backoff=FAST) as publisher:
+        sub = await subscriber.subscribe(REALM, "confirmed.topic")
+        await subscriber.flush()
+        first = await publisher.session()
+        broke: list[int] = []
+
+        async def broken(*args: object, **kwargs: object) -> object:
+            broke.append(1)
+            first.close()  # the PUBLISH may or may not have gone out: publish again
+            await eventually(lambda: not first.alive)
+            raise BrokenError("the connection broke before the station answered")
+
+        first.builtin = broken  # type: ignore[method-assign]
+        seq = await publisher.publish_confirmed(REALM, "confirmed.topic", {"n": 1}, timeout=10)
+        assert broke == [1] and publisher._session is not first
+        delivery = await sub.next(timeout=5)
+        assert delivery.payload == {"n": 1} and seq >= 1
+
+
+async def test_publish_confirmed_raises_broken_when_no_attempt_is_answered(
+    make_node: Callable[..., Node],
+) -> None:
+    from macula.errors import BrokenError
+
+    async with make_node(backoff=FAST) as publisher:
+        calls: list[int] = []
+
+        async def broken(*args: object, **kwargs: object) -> object:
+            calls.append(1)
+            raise BrokenError("gone")
+
+        session = await publisher.session()
+        session.builtin = broken  # type: ignore[method-assign]
+        with pytest.raises(BrokenError):
+            await publisher.publish_confirmed(REALM, "t", 1, timeout=5, attempts=2)
+        assert calls == [1, 1]
