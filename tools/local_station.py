@@ -318,6 +318,24 @@ def _ours(pid: int, files: StationFiles) -> bool | None:
     return str(files.data_dir) in arguments and "relay.cli" in " ".join(arguments)
 
 
+def _exited(pid: int) -> bool:
+    """No such process, or only its exit status is left (a zombie): a process on its way out
+    has an empty command line a moment before that, while it still runs its exit."""
+    child = _STARTED.get(pid)
+    if child is not None and child.poll() is not None:
+        del _STARTED[pid]
+        return True
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc to ask, or gone meanwhile: the signal check above is all we have
+    return stat.rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+
+
 def local_station_status(home: Path) -> LocalStationStatus:
     """The local station of ``home`` as its files and the OS tell (no network)."""
     files = StationFiles(home)
@@ -407,7 +425,7 @@ def stop_local_station(home: Path, timeout_s: float = STOP_TIMEOUT_S) -> bool:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while _ours(pid, files) is not False:
+        while _ours(pid, files) is not False or not _exited(pid):
             if time.monotonic() >= deadline:
                 raise LocalStationError(
                     f"the local station (pid {pid}) did not stop within {timeout_s:.0f} s; see "
