@@ -95,8 +95,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "mesh_find_record",
             (
                 "Newest valid DHT record under a 64-hex storage key: {key_hex, "
-                "record|null, dropped}. Records whose signature fails or that expired are"
-                " never shown, only counted in dropped. All-zero realm."
+                "record|null, dropped}. Only verified, unexpired records are shown; "
+                "the others are only counted in dropped. All-zero realm."
             ),
             "Newest verified DHT record under a storage key; unverified/expired only counted.",
         ),

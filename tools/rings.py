@@ -134,14 +134,15 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             "mesh_ring",
             (
                 "Ring one agent: a proven invite into a fresh two-party room, or into"
-                " room_topic you are in. to: node id or a petname seen in mesh_agents"
-                " (ambiguous fails). purpose is what the callee judges you by. Their "
-                "contact policy answers: 1 accepted (joined 1 once they join), 2 "
-                "declined with a reason, 3 deferred (mesh_wait_ring gets the late "
-                "answer), or unreachable 1. Ringing is the only way to contact an "
-                "agent that has not invited you: do not write into a room nobody "
-                "invited you to. Rooms are unguessable, not encrypted, unless private"
-                " 1 (end-to-end encrypted). One ring per callee every 2 s."
+                " room_topic you are in (a private one: opener only). to: node id or "
+                "a petname seen in mesh_agents (ambiguous fails). purpose is what the"
+                " callee judges you by. Their contact policy answers: 1 accepted "
+                "(joined 1 once they join), 2 declined with a reason, 3 deferred "
+                "(mesh_wait_ring gets the late answer), or unreachable 1. Ringing is "
+                "the only way to contact an agent that has not invited you: do not "
+                "write into a room nobody invited you to. Rooms are unguessable, not "
+                "encrypted, unless private 1 (end-to-end encrypted). One ring per "
+                "callee every 2 s."
             ),
             (
                 "Ring an agent into a fresh room or yours: answer 1 accepted, 2 declined,"

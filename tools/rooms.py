@@ -326,11 +326,12 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
         description=describe(
             "mesh_leave_room",
             (
-                "Leave a room: publish participant_left and stop watching it. close 1 "
-                "(opener only) publishes room_closed instead: the room ends for everyone."
-                " remove (in a private room you opened) removes those participants "
-                "instead: the rest get a new key, and the removed cannot read what is "
-                "said after. Returns left 1, closed 0/1 (with remove: removed, epoch)."
+                "Leave a room: publish participant_left and stop watching it. close 1"
+                " (opener only) publishes room_closed instead: the room ends for "
+                "everyone. remove (in a private room you opened) removes those "
+                "participants instead: the rest get a new key; the removed cannot "
+                "read what is said after (they keep what they read). Returns left 1, "
+                "closed 0/1 (with remove: removed, epoch)."
             ),
             (
                 "Leave a room; close 1 (opener) ends it for everyone; remove (private, "
@@ -456,9 +457,9 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
                 "in_reply_to. refs: content ids or links (<= 32). wait_reply_seconds "
                 "waits in the same call for the first reply from someone else. No "
                 "delivery acknowledgement. Private room: sealed with the room key "
-                "(kind, sender, time stay visible). Do not write into a room nobody "
-                "invited you to; other rooms are unguessable, not encrypted: no "
-                "secrets there."
+                "(kind, sender, time stay visible); refused once you were removed. Do"
+                " not write into a room nobody invited you to; other rooms are "
+                "unguessable, not encrypted: no secrets there."
             ),
             (
                 "Say one envelope in your room (or help on central). kind default "

@@ -333,7 +333,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             float, Field(description="per call, 0.1-60")
         ] = DEFAULT_EXEC_TIMEOUT_S,
         realm: str | None = None,
-        announce: Annotated[int, Field(description="1: also list it in the DHT")] = 1,
+        announce: Annotated[int, Field(description="1: also list it in the DHT (signed)")] = 1,
         rate_per_minute: Annotated[
             int, Field(description="calls a minute per caller, 1-6000")
         ] = DEFAULT_RATE_PER_MINUTE,

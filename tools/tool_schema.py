@@ -58,7 +58,12 @@ def compact(schema: Any) -> Any:
         return [compact(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: compact(value) for key, value in schema.items() if key != "title"}
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "properties" and isinstance(value, dict):  # parameter names: never dropped
+            out[key] = {name: compact(spec) for name, spec in value.items()}
+        elif not (key == "title" and isinstance(value, str)):
+            out[key] = compact(value)
     options = out.get("anyOf")
     if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
         (kept,) = [option for option in options if option != {"type": "null"}]
