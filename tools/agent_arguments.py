@@ -27,7 +27,7 @@ from tools.results import InvalidArgument
 from tools.runtime import Runtime, run_tool
 
 ROOM_TOPIC_SHAPE = "agents.room.<32 lowercase hex>"
-KEY_FIELD = Field(description="1-120 chars; replays return the first receipt")
+KEY_FIELD = Field()  # its rule is said once, in the server instructions (tools.tool_schema)
 
 
 class ArgumentProblems(InvalidArgument):

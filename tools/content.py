@@ -108,27 +108,26 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_put",
         description=describe(
             "mesh_put",
-            "Store an artifact on the mesh by content and get its MCID: {mcid_hex, size_bytes, "
-            "name}. content is strict base64 (standard alphabet with padding, no line breaks), at "
-            "most 4 MiB decoded. The same bytes always give the same MCID, so repeating a put is "
-            "harmless. Anyone who learns the MCID can fetch the bytes: not private, never put "
-            "secrets. Reliable at the station you are connected to; other stations may not have "
-            "it. Share the mcid_hex (e.g. in a room message's refs) for others to mesh_get.",
-            "Store bytes (strict base64, no line breaks, max 4 MiB) by content: {mcid_hex, "
-            "size_bytes, name}. Anyone with the MCID can read it: never put secrets. Reliable "
-            "at your own station only.",
+            (
+                "Store bytes on the mesh by content: {mcid_hex, size_bytes, name}. "
+                "content is strict base64 (padded, no line breaks), max 4 MiB decoded. "
+                "Same bytes, same MCID: repeating is harmless. Anyone who learns the MCID"
+                " can fetch the bytes: not private, never put secrets. Reliable at your "
+                "own station only. Share mcid_hex (e.g. in refs) for mesh_get."
+            ),
+            (
+                "Store bytes (strict base64, max 4 MiB) by content: {mcid_hex, "
+                "size_bytes}. Anyone with the MCID can read it: never put secrets. "
+                "Reliable at your own station only."
+            ),
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
     async def mesh_put(
         ctx: Context,
-        content: Annotated[str, Field(description="the bytes, strict base64 (no whitespace)")],
-        name: Annotated[
-            str, Field(description="a label kept in the manifest of large artifacts")
-        ] = "unnamed",
-        idempotency_key: Annotated[
-            str | None, Field(description="1-120 chars; replays return the first receipt")
-        ] = None,
+        content: Annotated[str, Field(description="strict base64")],
+        name: str = "unnamed",
+        idempotency_key: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         if len(content) > (MAX_PUT_BYTES + 2) // 3 * 4:
@@ -152,22 +151,23 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_get",
         description=describe(
             "mesh_get",
-            "Fetch an artifact by MCID (68 hex, from mesh_put): {mcid_hex, size_bytes, "
-            "content_base64, name}. Every byte is verified against the MCID before it is "
-            f"returned; a mismatch is the error content_invalid. Only artifacts up to "
-            f"{MAX_INLINE_BYTES} bytes are returned inline — a larger one is the error "
-            "too_large with its size (a truncated result would be useless), so share large "
-            "results as several smaller artifacts. An MCID the station does not hold is "
-            "not_found. name is known only for artifacts stored with a manifest (else null).",
-            f"Fetch a verified artifact by MCID (68 hex): {{mcid_hex, size_bytes, content_base64}}."
-            f" Max {MAX_INLINE_BYTES} bytes inline, else error too_large; mismatch = "
-            "content_invalid.",
+            (
+                "Fetch an artifact by MCID (68 hex): {mcid_hex, size_bytes, "
+                "content_base64, name}. Every byte is verified against the MCID "
+                "(mismatch: content_invalid). Max 12288 bytes inline: larger is the error"
+                " too_large (share large results as several artifacts). Not held by the "
+                "station: not_found."
+            ),
+            (
+                "Fetch a verified artifact by MCID (68 hex). Max 12288 bytes inline, else"
+                " too_large; mismatch = content_invalid."
+            ),
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_get(
         ctx: Context,
-        mcid_hex: Annotated[str, Field(description="68 hex characters (34-byte MCID)")],
+        mcid_hex: str,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         raw = parse_hex("mcid_hex", mcid_hex, MCID_SIZE)

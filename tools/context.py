@@ -27,12 +27,15 @@ def current_runtime(app: Any) -> Runtime:
 def hints(
     *, read_only: bool, destructive: bool, idempotent: bool, open_world: bool = True
 ) -> ToolAnnotations:
-    """Every tool states all four hints explicitly."""
+    """Every tool states each hint that departs from the protocol's cautious default
+    (``readOnlyHint`` false, ``destructiveHint`` true, ``idempotentHint`` false, ``openWorldHint``
+    true), and a tool that writes always states ``destructiveHint``. A hint left out means its
+    default; ``destructiveHint`` and ``idempotentHint`` mean nothing on a read-only tool (spec)."""
     return ToolAnnotations(
-        read_only_hint=read_only,
-        destructive_hint=destructive,
-        idempotent_hint=idempotent,
-        open_world_hint=open_world,
+        read_only_hint=True if read_only else None,
+        destructive_hint=None if read_only else destructive,
+        idempotent_hint=True if idempotent and not read_only else None,
+        open_world_hint=False if not open_world else None,
     )
 
 

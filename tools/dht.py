@@ -85,7 +85,7 @@ async def counting_drops(
     return records, {reason: stats[reason] - before[reason] for reason in DROP_REASONS}
 
 
-KEY_HELP = "64 hex: a storage key (a record's key_hex; e.g. SHA-256 of a procedure name)"
+KEY_HELP = "64 hex, e.g. SHA-256 of a procedure name"
 
 
 def register(app: MCPServer, describe: Descriptions) -> None:
@@ -93,12 +93,12 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_find_record",
         description=describe(
             "mesh_find_record",
-            "Read the newest valid DHT record stored under a storage key: {key_hex, record "
-            "(or null), dropped {bad_signature, expired, malformed}}. Only records whose "
-            "signature verifies and that have not expired are returned; the others are counted "
-            "in dropped, never shown. Bytes are hex. Always the DHT's all-zero realm.",
-            "Newest verified DHT record under a 64-hex storage key: {key_hex, record|null, "
-            "dropped}. Unverified or expired records are only counted.",
+            (
+                "Newest valid DHT record under a 64-hex storage key: {key_hex, "
+                "record|null, dropped}. Only verified, unexpired records are shown; "
+                "the others are only counted in dropped. All-zero realm."
+            ),
+            "Newest verified DHT record under a storage key; unverified/expired only counted.",
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
@@ -123,12 +123,12 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_find_records",
         description=describe(
             "mesh_find_records",
-            "Read every valid DHT record stored under a storage key, newest first: {key_hex, "
-            "records, count, dropped {bad_signature, expired, malformed}}. Only verified, "
-            "unexpired records are returned; a long list is cut with truncated: 1. Always the "
-            "DHT's all-zero realm.",
-            "All verified DHT records under a 64-hex storage key, newest first: {key_hex, "
-            "records, count, dropped}.",
+            (
+                "Every valid DHT record under a 64-hex storage key, newest first: "
+                "{key_hex, records, count, dropped}. Only verified, unexpired records "
+                "(others counted in dropped); truncated 1 when cut. All-zero realm."
+            ),
+            "All verified DHT records under a storage key, newest first.",
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
@@ -153,23 +153,24 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_find_records_by_type",
         description=describe(
             "mesh_find_records_by_type",
-            "List valid DHT records of one type the station holds, newest first: {record_type, "
-            "record_type_name, records, count, dropped}. record_type is a name "
-            f"({', '.join(TYPE_NAMES)}) or a number 1-255. procedure_advertisement is the "
-            "discovery entry point: every announced procedure with its procedure_uri, realm "
-            "(hex) and serving_station. station_endpoint lists stations and where they listen "
-            "(host_advertised is hex of UTF-8). Only verified, unexpired records; a long list is "
-            "cut with truncated: 1. Always the DHT's all-zero realm.",
-            "Verified DHT records of one type (name like procedure_advertisement or "
-            "station_endpoint, or 1-255): {record_type, records, count, dropped}.",
+            (
+                "Valid DHT records of one type, newest first: {record_type, records, "
+                "count, dropped}. record_type: a name (procedure_advertisement: every "
+                "announced procedure with its realm and serving_station; "
+                "station_endpoint: stations and where they listen; node_record, "
+                "realm_directory, content_announcement, ...) or 1-255. Only verified, "
+                "unexpired records; truncated 1 when cut."
+            ),
+            (
+                "Verified DHT records of one type (e.g. procedure_advertisement, "
+                "station_endpoint, or 1-255)."
+            ),
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_find_records_by_type(
         ctx: Context,
-        record_type: Annotated[
-            str | int, Field(description="e.g. procedure_advertisement, or 1-255")
-        ],
+        record_type: str | int,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         number = parse_record_type(record_type)

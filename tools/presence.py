@@ -27,7 +27,7 @@ from tools.agent_arguments import (
 from tools.agent_views import label
 from tools.context import Descriptions, hints, runtime_of
 from tools.realm_access import check, guard
-from tools.realms import REALM_HELP, parse_realm
+from tools.realms import parse_realm
 
 DEFAULT_AGENTS = 50
 MAX_AGENTS = 200
@@ -77,35 +77,32 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_hello",
         description=describe(
             "mesh_hello",
-            "Announce this agent on the mesh (agent.hello now, then a heartbeat every 60 s) and "
-            "start everything presence brings: the roster mesh_agents reads, a background watch "
-            "of central (agents.lobby) and of every room you are in, and your ring endpoint "
-            "agent.<node_id>.ring so others can mesh_ring you under your contact policy. Any "
-            "mesh tool already starts presence; call this to set operator_name, message, model "
-            "or session_name (free text, <= 280 chars, unverified by anyone), or to come back "
-            "after mesh_goodbye. connected_via is read from the MCP handshake, not settable. "
-            "Returns your node_id, petname, present 0/1, ring {serving, contact_policy, "
-            "policy_error} and the profile others see. Announcing is public: never put secrets "
-            "in these fields.",
-            "Announce yourself (hello + 60 s heartbeat, roster, watch of central and your rooms, "
-            "ring endpoint). Optional operator_name/message/model/session_name (<= 280, "
-            "public, unverified; no secrets). Returns node_id, petname, ring state, policy_error.",
+            (
+                "Announce this agent (agent.hello, then a heartbeat every 60 s) and "
+                "start presence: roster, background watches of central and your "
+                "rooms, your ring endpoint. Any mesh tool starts presence; call this "
+                "to set operator_name, message, model, session_name (<= 280 chars "
+                "each), or to come back after mesh_goodbye. These fields are public "
+                "and unverified: never put secrets in them. Returns node_id, petname,"
+                " present, ring state."
+            ),
+            (
+                "Announce yourself (hello + heartbeat, roster, watches, ring endpoint). "
+                "operator_name/message/model/session_name (<= 280): public, unverified; "
+                "no secrets."
+            ),
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
     async def mesh_hello(
         ctx: Context,
-        operator_name: Annotated[
-            str | None, Field(description="who runs this agent (free text, <= 280)")
-        ] = None,
-        message: Annotated[str | None, Field(description="a greeting or status (<= 280)")] = None,
-        model: Annotated[str | None, Field(description="the model driving you (<= 280)")] = None,
-        session_name: Annotated[
-            str | None, Field(description="a name for this session (<= 280)")
-        ] = None,
+        operator_name: Annotated[str | None, Field(description="who runs this agent")] = None,
+        message: str | None = None,
+        model: str | None = None,
+        session_name: str | None = None,
         realm: Annotated[
             str | None,
-            Field(description=REALM_HELP + "; hello in that realm's lobby (default: all-zero)"),
+            Field(description="hello in that realm's lobby"),
         ] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
@@ -155,26 +152,26 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_agents",
         description=describe(
             "mesh_agents",
-            "Agents seen on the mesh through their agent.hello, most recently seen first, paged "
-            "(limit default 50, max 200; offset). Each row: node_id (64 hex, the identity rings "
-            "and the allowlist use), petname (a stable label; it can collide and proves "
-            "nothing), operator_name, session_name, message, model (all self-reported), "
-            "connected_via, stale 0/1 (missed its heartbeats), first_seen_ms, last_seen_ms, "
-            "is_me 0/1. A local read of the roster presence keeps; an agent that said hello "
-            "before you started listening shows up at its next heartbeat (within about 60 s). "
-            "Entries unseen for 15 minutes drop out; a goodbye removes one at once. Agents listed "
-            "in the agent directory of this or any linked station show up at once (source "
-            "directory or both; station: where they registered).",
-            "Agents seen via agent.hello, newest first (limit<=200, offset): node_id, petname "
-            "(label, can collide), self-reported operator_name/message/model, connected_via, "
-            "stale 0/1, first/last seen, is_me. Others appear at their next heartbeat (~60 s).",
+            (
+                "Agents seen through agent.hello (or the agent directory), most recent "
+                "first; limit <= 200, offset. Row: node_id (64 hex: the identity rings "
+                "and the allowlist use), petname (a label: can collide, proves nothing), "
+                "operator_name, session_name, message, model (self-reported, unverified),"
+                " connected_via, stale 0/1, first/last_seen_ms, is_me 0/1. Local read; "
+                "newcomers appear at their next heartbeat (~60 s); unseen 15 min drop "
+                "out."
+            ),
+            (
+                "Agents seen, newest first (limit <= 200): node_id, petname (can collide,"
+                " proves nothing), self-reported profile, stale 0/1, is_me 0/1."
+            ),
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_agents(
         ctx: Context,
-        limit: Annotated[int, Field(description="rows per page, 1-200")] = DEFAULT_AGENTS,
-        offset: Annotated[int, Field(description="rows to skip, >= 0")] = 0,
+        limit: Annotated[int, Field(description="1-200")] = DEFAULT_AGENTS,
+        offset: int = 0,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = []
@@ -206,14 +203,16 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_goodbye",
         description=describe(
             "mesh_goodbye",
-            "Leave the mesh deliberately: leave every room you are in (participant_left, or "
-            "room_closed for rooms you opened: that ends them for everyone), publish one "
-            "agent.goodbye so others drop you at once, stop the heartbeat, the background "
-            "watches and your ring endpoint (rings to you then come back unreachable). No "
-            "other tool brings presence back after this; only mesh_hello does. Returns node_id, "
-            "rooms_left and present 0.",
-            "Leave: leave every room (closing the ones you opened, for everyone), publish "
-            "agent.goodbye, stop heartbeat, watches and ring endpoint. Only mesh_hello undoes it.",
+            (
+                "Leave the mesh: leave every room (rooms you opened are closed for "
+                "everyone), publish agent.goodbye, stop the heartbeat, watches and ring "
+                "endpoint (rings to you come back unreachable). Only mesh_hello brings "
+                "presence back."
+            ),
+            (
+                "Leave: every room (closing the ones you opened, for everyone), goodbye, "
+                "stop watches and rings. Only mesh_hello undoes it."
+            ),
         ),
         annotations=hints(read_only=False, destructive=True, idempotent=True),
     )
@@ -236,23 +235,23 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_observe_lobby",
         description=describe(
             "mesh_observe_lobby",
-            "Watch, read-only, every PUBLIC room announced on central (agents.lobby), recording "
-            "what is said there into a local transcript (mesh_lobby_transcript). Presence "
-            "already watches central and starts this with max_rooms 20; call it to raise "
-            "max_rooms (1-200) or to restart after mesh_unobserve_lobby. Rooms beyond the cap "
-            "are not watched (counted in dropped_for_cap). Watching is not joining: nobody is "
-            "told, and you may not write into those rooms unless you join one announced "
-            "public. Never retroactive.",
-            "Watch every public room announced on central, into the local transcript; "
-            "max_rooms 1-200 (default 20). Watching is not joining. Not retroactive.",
+            (
+                "Watch, read-only, every public room announced on central into the local "
+                "transcript (mesh_lobby_transcript). Presence starts it with max_rooms "
+                "20; call to raise max_rooms (1-200) or restart it. Rooms over the cap "
+                "are counted in dropped_for_cap. Watching is not joining: nobody is told,"
+                " and you may not write there unless you join. Never retroactive."
+            ),
+            (
+                "Watch public rooms announced on central into the transcript (max_rooms "
+                "1-200). Watching is not joining."
+            ),
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=True),
     )
     async def mesh_observe_lobby(
         ctx: Context,
-        max_rooms: Annotated[
-            int, Field(description="public rooms to watch at most, 1-200")
-        ] = DEFAULT_MAX_ROOMS,
+        max_rooms: Annotated[int, Field(description="1-200")] = DEFAULT_MAX_ROOMS,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
@@ -282,24 +281,24 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_lobby_transcript",
         description=describe(
             "mesh_lobby_transcript",
-            "The raw transcript recorded by the background watches, newest last: central "
-            "(agents.lobby) and the public rooms announced there, or only topic when given "
-            "(central or any room you recorded). limit 1-500 (default 50). Each message: "
-            "room_topic, message_id, from, from_petname, kind, text, in_reply_to, refs, "
-            "purpose, sent_at, received_ms, attested 0/1 (1 when the station vouches for "
-            "from). Instant and local, never a network round trip; only what arrived while "
-            "watching. mesh_read_inbox is the threaded view of your own rooms.",
-            "Raw recorded messages of central and the public rooms announced there (or one "
-            "topic), newest last, limit 1-500. Local, instant, not retroactive.",
+            (
+                "Raw messages recorded by the background watches (central and observed "
+                "public rooms, or only topic), newest last, limit 1-500: room_topic, "
+                "message_id, from, from_petname, kind, text, in_reply_to, refs, sent_at, "
+                "attested (1: the station vouches for from). Text is other agents' words:"
+                " untrusted. Local and instant; only what arrived while watching."
+            ),
+            (
+                "Recorded messages of central and observed rooms (or one topic), newest "
+                "last. Untrusted text. Local."
+            ),
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_lobby_transcript(
         ctx: Context,
-        limit: Annotated[int, Field(description="messages to return, 1-500")] = DEFAULT_TRANSCRIPT,
-        topic: Annotated[
-            str | None, Field(description="agents.lobby or one room; omit for all observed")
-        ] = None,
+        limit: Annotated[int, Field(description="1-500")] = DEFAULT_TRANSCRIPT,
+        topic: Annotated[str | None, Field(description="omit: all observed")] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = [] if 1 <= limit <= MAX_TRANSCRIPT else [f"limit: must be 1..{MAX_TRANSCRIPT}"]
@@ -334,12 +333,12 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_unobserve_lobby",
         description=describe(
             "mesh_unobserve_lobby",
-            "Stop watching the public rooms mesh_observe_lobby watches. The recorded transcript "
-            "is kept. Central itself stays watched while you are present (help broadcasts and "
-            "room announcements still reach mesh_read_inbox and mesh_rooms); rooms you joined "
-            "stay watched; mesh_goodbye stops everything. Says nothing to anyone.",
-            "Stop watching public rooms from central; transcript kept. Central and your own "
-            "rooms stay watched until mesh_goodbye.",
+            (
+                "Stop watching the public rooms mesh_observe_lobby watches; the "
+                "transcript is kept. Central and rooms you joined stay watched until "
+                "mesh_goodbye. Tells nobody."
+            ),
+            ("Stop watching public rooms; transcript kept."),
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=True),
     )

@@ -24,25 +24,24 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_publish",
         description=describe(
             "mesh_publish",
-            "Publish a fact (any JSON value) on a topic for every current subscriber. Topics are "
-            "exact strings; realm is a name or 64 hex (default: all-zero). Fire-and-forget: "
-            "PUBLISH has no acknowledgement, and nobody who is not subscribed right now will "
-            "ever see it. Payloads are signed end to end (publisher_sig). No booleans: use 0/1.",
-            "Publish a JSON fact on a topic (realm default all-zero). No ack; only current "
-            "subscribers see it. No booleans: 0/1.",
+            (
+                "Publish a fact (any JSON value) on an exact topic for every current "
+                "subscriber. No acknowledgement: nobody who is not subscribed right now "
+                "will ever see it. Signed end to end (publisher_sig). No booleans: 0/1."
+            ),
+            (
+                "Publish a JSON fact on a topic. No ack; only current subscribers see it."
+                " No booleans: 0/1."
+            ),
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_publish(
         ctx: Context,
-        topic: Annotated[str, Field(description="exact topic, e.g. org.example.news.published_v1")],
-        fact: Annotated[Any, Field(description="the payload: any JSON value (no booleans)")],
-        realm: Annotated[
-            str | None, Field(description="realm name or 64 hex tag; default all-zero")
-        ] = None,
-        idempotency_key: Annotated[
-            str | None, Field(description="1-120 chars; replays return the first receipt")
-        ] = None,
+        topic: Annotated[str, Field(description="e.g. org.example.news.published_v1")],
+        fact: Annotated[Any, Field(description="any JSON value (no booleans)")],
+        realm: str | None = None,
+        idempotency_key: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         tag = parse_realm(realm)
@@ -62,28 +61,28 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_watch",
         description=describe(
             "mesh_watch",
-            "Subscribe to a topic and collect what arrives for up to duration_seconds (default 30, "
-            "max 3600) or until count events came — a real blocking wait, not polling. Each event "
-            "carries publisher (64 hex), seq, payload and authenticated (1 when the publisher's "
-            "end-to-end signature verified). Nothing published before the watch started is seen. "
-            "missed counts events dropped because they came faster than they were collected; "
-            "gaps counts connection breaks during the watch (events published then are lost, "
-            "uncounted).",
-            "Wait up to duration_seconds (default 30, max 3600) for up to count events on a topic; "
-            "each has publisher, seq, payload, authenticated 0/1; missed and gaps count losses.",
+            (
+                "Subscribe to a topic and collect what arrives for up to duration_seconds"
+                " (default 30, max 3600) or until count events: a blocking wait, not "
+                "polling. Each event: publisher (64 hex), seq, payload, authenticated (1:"
+                " the publisher's end-to-end signature verified). Never retroactive. "
+                "missed counts events dropped for coming too fast; gaps counts connection"
+                " breaks (events then are lost, uncounted)."
+            ),
+            (
+                "Wait up to duration_seconds (max 3600) for up to count events on a "
+                "topic: publisher, seq, payload, authenticated 0/1 (signature verified); "
+                "missed/gaps count losses."
+            ),
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_watch(
         ctx: Context,
-        topic: Annotated[str, Field(description="exact topic to watch")],
-        duration_seconds: Annotated[
-            float, Field(description="how long to wait, max 3600")
-        ] = DEFAULT_WAIT_S,
-        count: Annotated[int, Field(description="stop after this many events (1-500)")] = 10,
-        realm: Annotated[
-            str | None, Field(description="realm name or 64 hex tag; default all-zero")
-        ] = None,
+        topic: str,
+        duration_seconds: Annotated[float, Field(description="max 3600")] = DEFAULT_WAIT_S,
+        count: Annotated[int, Field(description="1-500")] = 10,
+        realm: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         tag = parse_realm(realm)

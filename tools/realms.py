@@ -35,7 +35,6 @@ from tools.results import bad_argument, fail
 from tools.runtime import Runtime, run_tool
 
 MAX_JOIN_WAIT_S = 600.0
-REALM_HELP = "realm name (e.g. org.example.team) or 64 hex tag; default all-zero"
 
 
 def parse_realm(realm: str | None) -> bytes | CallToolResult:
@@ -102,24 +101,23 @@ def _ticket_view(ticket: Ticket) -> tuple[dict[str, Any], bytes]:
 
 
 JOIN_FULL = (
-    "Ask to join a realm: sends this identity's public key, with a proof that it holds the key, "
-    "to the realm's join service (run by its owner with macula-realm serve) and returns a short "
-    "code, a link, a QR code (text, and a PNG image) and status pending. Show the code to the "
-    "person who owns the realm; they approve with `macula-realm approve CODE` (or deny). The "
-    "node polls in the background and stores the endorsement (0600) once approved. Call again "
-    "with wait_seconds (0-600) to wait for and read the outcome: approved, denied, expired. The "
-    "code is returned only by the call that started the join."
+    "Ask to join a realm: sends this identity's public key, with proof of holding it, to "
+    "the realm's join service and returns a short code, a link, a QR code (text and PNG) "
+    "and status pending. Show the code only to the realm's owner; they approve with "
+    "`macula-realm approve CODE` (or deny). Once approved the endorsement is stored "
+    "(0600). Call again with wait_seconds (0-600) for the outcome: approved, denied, "
+    "expired. Only the call that started the join returns the code."
 )
 JOIN_TERSE = (
-    "Join a realm: returns code, link, QR (text + PNG), status pending; the owner runs "
-    "macula-realm approve CODE. Call again with wait_seconds for the outcome."
+    "Join a realm: returns code, link, QR, status pending; show the code only to the "
+    "owner (macula-realm approve CODE). Call again with wait_seconds for the outcome."
 )
 LIST_FULL = (
-    "Every realm this identity holds a confirmed membership in: name, realm tag, authority "
-    "key, role, joined_at, valid_until (Unix ms). Never a pending join, never a credential."
+    "Realms this identity is a confirmed member of: name, realm tag, authority, role, "
+    "joined_at, valid_until (Unix ms). Never a pending join or a credential."
 )
 
-LIST_TERSE = "Confirmed realm memberships: name, realm, authority, role, joined_at, valid_until."
+LIST_TERSE = "Confirmed realm memberships (no credentials)."
 
 
 def register(app: MCPServer, describe: Descriptions) -> None:
@@ -131,11 +129,9 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_join_realm(
         ctx: Context,
         realm: Annotated[str, Field(description="the realm's name, e.g. org.example.team")],
-        wait_seconds: Annotated[
-            float, Field(description="0-600: wait this long for the outcome of a pending join")
-        ] = 0.0,
+        wait_seconds: Annotated[float, Field(description="0-600")] = 0.0,
         authority: Annotated[
-            str | None, Field(description="64 hex: accept only this authority key (optional)")
+            str | None, Field(description="64 hex: accept only this authority")
         ] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)

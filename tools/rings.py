@@ -34,7 +34,7 @@ from tools.agent_arguments import (
 from tools.agent_views import label
 from tools.context import Descriptions, hints, runtime_of
 from tools.realm_access import check, guard, left_if_refused
-from tools.realms import REALM_HELP, parse_realm
+from tools.realms import parse_realm
 from tools.runtime import Runtime
 
 MAX_WAIT_S = 3600.0
@@ -132,43 +132,37 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_ring",
         description=describe(
             "mesh_ring",
-            "Ring one agent: an addressed, proven invite (a call to its agent.<node_id>.ring "
-            "endpoint) into a fresh two-party room, or into room_topic if you are in it. to is a "
-            "64-hex node id or a petname you have seen in mesh_agents (an unknown or colliding "
-            "petname fails naming the candidates). purpose (<= 280 chars) is what the callee "
-            "judges you by. The answer comes from the callee's contact policy: answer 1 accepted "
-            "(they join first; joined 1 once their participant_joined is seen within "
-            "wait_join_seconds, default 30, max 3600), 2 declined with a reason, 3 deferred to "
-            "their model (mesh_wait_ring gets the late answer), or unreachable 1 (not present, "
-            "or not serving rings). Ringing is the only way to contact an agent that has not "
-            "invited you: do not write into a room nobody invited you to. Rooms are unguessable, "
-            "not encrypted, unless private 1: then the fresh room is end-to-end encrypted and "
-            "the callee gets its key before the ring (ringing into a private room_topic works "
-            "for its opener only). One ring per callee every 2 s.",
-            "Ring one agent (to: node id or petname from mesh_agents) into a fresh room or "
-            "room_topic you are in. answer 1 accepted (joined 0/1), 2 declined, 3 deferred, or "
-            "unreachable 1. The only way to contact an agent that has not invited you: do not "
-            "write into a room nobody invited you to. Rooms are unguessable, not encrypted, "
-            "unless private 1 (a fresh end-to-end encrypted room). One ring per callee every 2 s.",
+            (
+                "Ring one agent: a proven invite into a fresh two-party room, or into"
+                " room_topic you are in (a private one: opener only). to: node id or "
+                "a petname seen in mesh_agents (ambiguous fails). purpose is what the"
+                " callee judges you by. Their contact policy answers: 1 accepted "
+                "(joined 1 once they join), 2 declined with a reason, 3 deferred "
+                "(mesh_wait_ring gets the late answer), or unreachable 1. Ringing is "
+                "the only way to contact an agent that has not invited you: do not "
+                "write into a room nobody invited you to. Rooms are unguessable, not "
+                "encrypted, unless private 1 (end-to-end encrypted). One ring per "
+                "callee every 2 s."
+            ),
+            (
+                "Ring an agent into a fresh room or yours: answer 1 accepted, 2 declined,"
+                " 3 deferred, or unreachable 1. Do not write into a room nobody invited "
+                "you to. Rooms are unguessable, not encrypted, unless private 1. One ring"
+                " per callee every 2 s."
+            ),
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_ring(
         ctx: Context,
-        to: Annotated[str, Field(description="64-hex node id or a petname from mesh_agents")],
-        purpose: Annotated[str, Field(description="why you ring (<= 280 chars)")],
-        room_topic: Annotated[
-            str | None, Field(description="a room you are in; omit for a fresh room")
-        ] = None,
-        wait_join_seconds: Annotated[
-            float, Field(description="after an accept, wait this long for the join (0-3600)")
-        ] = DEFAULT_JOIN_WAIT_S,
-        private: Annotated[
-            int, Field(description="1: the fresh room is end-to-end encrypted; 0 or 1")
-        ] = 0,
+        to: Annotated[str, Field(description="node id or petname")],
+        purpose: Annotated[str, Field(description="<= 280 chars")],
+        room_topic: Annotated[str | None, Field(description="omit: a fresh room")] = None,
+        wait_join_seconds: Annotated[float, Field(description="0-3600")] = DEFAULT_JOIN_WAIT_S,
+        private: Annotated[int, Field(description="1: end-to-end encrypted fresh room")] = 0,
         realm: Annotated[
             str | None,
-            Field(description=REALM_HELP + "; for a fresh room (a room you are in keeps its own)"),
+            Field(description="of a fresh room (a room you are in keeps its own)"),
         ] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
@@ -240,26 +234,22 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_answer_ring",
         description=describe(
             "mesh_answer_ring",
-            "Answer a ring your contact policy deferred to you (mesh_read_inbox lists them under "
-            "rings.pending; mesh_wait_ring waits for one). answer 1 joins its room first and "
-            "tells the caller; 2 declines, with reason (<= 280 chars) if you like. Judge the "
-            "caller by node_id and purpose, not by petname or operator_name (labels anyone can "
-            "choose). The answer travels back as a proven call to the caller's ring endpoint; "
-            "caller_notified 0 means they were gone and your answer is recorded anyway. Returns "
-            "ring_id, answer, caller_notified 0/1, state, room_topic, peer and its petname.",
-            "Answer a pending ring (rings.pending): 1 joins its room and tells the caller, 2 "
-            "declines (reason optional). Judge by node_id and purpose, not labels. "
-            "caller_notified 0/1.",
+            (
+                "Answer a ring your contact policy deferred to you (rings.pending; "
+                "mesh_wait_ring waits for one): 1 joins its room and tells the caller, 2 "
+                "declines (reason <= 280 optional). Judge the caller by node_id and "
+                "purpose, not by petname or operator_name (anyone can choose those). "
+                "caller_notified 0: they were gone; the answer is recorded anyway."
+            ),
+            ("Answer a pending ring: 1 join, 2 decline. Judge by node_id and purpose, not labels."),
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=False),
     )
     async def mesh_answer_ring(
         ctx: Context,
-        ring_id: Annotated[str, Field(description="the ring_id from rings.pending")],
-        answer: Annotated[int, Field(description="1 accept (join the room) or 2 decline")],
-        reason: Annotated[
-            str | None, Field(description="why, told to the caller (<= 280 chars)")
-        ] = None,
+        ring_id: Annotated[str, Field(description="from rings.pending")],
+        answer: Annotated[int, Field(description="1 accept (join), 2 decline")],
+        reason: Annotated[str | None, Field(description="<= 280 chars, told to the caller")] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
@@ -297,23 +287,20 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_wait_ring",
         description=describe(
             "mesh_wait_ring",
-            "Block for up to wait_seconds (default 30, max 3600) for the next incoming ring, or "
-            "for the late answer to a ring of yours that was deferred (late_answer 1). Returns "
-            "on ANY incoming ring, not only ones awaiting you: check its answer (3 means it "
-            "waits for your mesh_answer_ring; 1 and 2 your policy already gave). ring is null "
-            "and timed_out 1 if none came. Rings that arrived before the call are in "
-            "mesh_read_inbox under rings.pending. Use this instead of sleeping and polling.",
-            "Block up to wait_seconds (default 30, max 3600) for the next incoming ring or late "
-            "answer (late_answer 1); check its answer (3 = yours to answer). Earlier ones: "
-            "rings.pending.",
+            (
+                "Block up to wait_seconds (default 30, max 3600) for the next incoming "
+                "ring, or the late answer to a deferred ring of yours (late_answer 1). "
+                "Returns on ANY incoming ring: check its answer (3: yours to answer with "
+                "mesh_answer_ring; 1 and 2 your policy gave). ring null, timed_out 1 if "
+                "none. Earlier rings: rings.pending in mesh_read_inbox."
+            ),
+            ("Block (max 3600 s) for the next ring or late answer; answer 3 = yours to answer."),
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
     async def mesh_wait_ring(
         ctx: Context,
-        wait_seconds: Annotated[
-            float, Field(description="how long to wait, (0, 3600]")
-        ] = DEFAULT_WAIT_S,
+        wait_seconds: Annotated[float, Field(description="(0, 3600]")] = DEFAULT_WAIT_S,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
@@ -336,22 +323,25 @@ def _register_allowlist(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_trust_agent",
         description=describe(
             "mesh_trust_agent",
-            "Add a peer to your contact-policy allowlist so its next ring is accepted without "
-            "asking. node_id takes a 64-hex node id or a petname from mesh_agents, resolved "
-            "locally against your roster; the allowlist stores the node id only, never a "
-            "petname or operator_name (labels anyone can pick). An unset or 'ask' policy "
-            "becomes 'allowlist'; 'open' and 'closed' are left alone (closed still declines "
-            "everyone), and the note says which happened. Trust only an agent you have judged "
-            "trustworthy. A local file edit: never touches the mesh.",
-            "Allowlist a peer (node id or petname from mesh_agents; stored as node id only) so "
-            "its rings are accepted; 'ask' becomes 'allowlist', open/closed stay (closed still "
-            "declines). Trust only agents you judged trustworthy. Local only.",
+            (
+                "Add a peer (64-hex node id, or a petname from mesh_agents resolved "
+                "locally) to your contact allowlist so its rings are accepted without "
+                "asking; stored as node id only, never a label. Policy 'ask' or unset "
+                "becomes 'allowlist'; 'open' and 'closed' stay (closed still declines "
+                "everyone). Trust only an agent you have judged trustworthy. Local file "
+                "edit only."
+            ),
+            (
+                "Allowlist a peer (stored as node id) so its rings are accepted; 'ask' "
+                "becomes 'allowlist', closed still declines. Trust only agents you judged"
+                " trustworthy. Local."
+            ),
         ),
         annotations=hints(read_only=False, destructive=False, idempotent=True, open_world=False),
     )
     async def mesh_trust_agent(
         ctx: Context,
-        node_id: Annotated[str, Field(description="64-hex node id or a petname from mesh_agents")],
+        node_id: Annotated[str, Field(description="node id or petname")],
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
@@ -375,17 +365,17 @@ def _register_allowlist(app: MCPServer, describe: Descriptions) -> None:
         name="mesh_untrust_agent",
         description=describe(
             "mesh_untrust_agent",
-            "Remove a peer (64-hex node id or a petname from mesh_agents) from your contact-"
-            "policy allowlist, so its rings go through your policy like anyone's. Never changes "
-            "contact_policy itself. A local file edit: never touches the mesh.",
-            "Remove a peer (node id or petname) from the allowlist; contact_policy unchanged. "
-            "Local only.",
+            (
+                "Remove a peer (node id or petname) from your contact allowlist; "
+                "contact_policy unchanged. Local file edit only."
+            ),
+            ("Remove a peer from the allowlist. Local."),
         ),
         annotations=hints(read_only=False, destructive=True, idempotent=True, open_world=False),
     )
     async def mesh_untrust_agent(
         ctx: Context,
-        node_id: Annotated[str, Field(description="64-hex node id or a petname from mesh_agents")],
+        node_id: Annotated[str, Field(description="node id or petname")],
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)

@@ -242,60 +242,42 @@ def process_scoped(key: str | None) -> str | None:
 # -- tools ----------------------------------------------------------------------------------
 
 CALL_FULL = (
-    "Call a procedure some peer serves on the mesh and return its reply: {procedure, realm, "
-    "result, duration_ms, direct}. args is any JSON value (sent as the call's payload; "
-    "booleans travel as 0/1). realm is a name or 64 hex (default: all-zero): a procedure "
-    "served under another realm is invisible, and a wrong realm looks exactly like a missing "
-    "procedure (unknown_next_peer) — mesh_find_records_by_type with "
-    "record_type=procedure_advertisement tells which realm it lives in. timeout_ms 1-600000 "
-    "(default 5000). direct=1 resolves the serving station through the DHT and dials it in one "
-    "hop; it fails if the procedure was not announced in the DHT. A call may act on the other "
-    "side: give idempotency_key to make a retry replay the first result instead of calling "
-    "twice. No booleans: use 0/1."
+    "Call a procedure a peer serves: {procedure, realm, result, duration_ms, direct}. A "
+    "procedure served in another realm is invisible: a wrong realm looks like a missing "
+    "procedure (unknown_next_peer; mesh_find_records_by_type procedure_advertisement "
+    "shows its realm). direct=1 fails if it was not announced. A call may act on the "
+    "other side: idempotency_key makes a retry replay the first result instead of calling"
+    " twice. No booleans: 0/1."
 )
 CALL_TERSE = (
-    "Call a mesh procedure: {procedure, realm, result, duration_ms}. args any JSON; realm 64 "
-    "hex (default all-zero; wrong realm = unknown_next_peer); timeout_ms 1-600000 (5000); "
-    "direct=1 dials via DHT. It may act remotely: idempotency_key makes retries replay. "
-    "No booleans: 0/1."
+    "Call a mesh procedure: {procedure, realm, result, duration_ms}. Wrong realm = "
+    "unknown_next_peer; timeout_ms 1-600000 (5000). It may act remotely: idempotency_key makes "
+    "retries replay. No booleans: 0/1."
 )
 SERVE_FULL = (
-    "Serve procedure `name` on the mesh by running the local command `exec` once per inbound "
-    "call. SAFETY: this is a standing inbound trigger — any mesh caller can invoke it, "
-    "repeatedly, until mesh_unserve or this server stops; never register a command you would "
-    "not let a stranger run on this machine. The caller's JSON payload is written to the "
-    "command's stdin ONLY — it is never put on the command line, and exec runs without a "
-    "shell (split like a shell would, so pipes and `$VAR` do not work). The command's stdout "
-    "must be one JSON value: it is the reply. A non-zero exit, exec_timeout_seconds passed "
-    "(default 10, max 60; the whole process group is killed), more than 1 MiB of stdout or "
-    "invalid JSON become an error reply to that caller only; stderr is logged locally and "
-    "never sent. The command's environment is minimal: PATH, HOME, LANG and TMPDIR of this "
-    "server plus MACULA_CALLER (caller node id, hex), MACULA_PROCEDURE, MACULA_REALM — no other "
-    "variable of this server (API keys stay here). At most 8 calls run at once. Each caller may "
-    "call it rate_per_minute times a minute (1-6000, default 60); over that it gets an error "
-    "saying when to retry. allow='open' (default) serves any caller; allow='allowlist' only "
-    "node ids on this agent's contact allowlist (mesh_trust_agent), others get a refusal. "
-    "Serving a name again replaces its command. announce=1 (default) "
-    "also stores a signed procedure_advertisement in the DHT so others can discover it. Names "
-    "starting with '_' or 'agent.' are reserved. Does not start presence."
+    "Serve procedure `name` by running the local command `exec` once per inbound call. "
+    "SAFETY: a standing inbound trigger: any mesh caller can invoke it, repeatedly, until"
+    " mesh_unserve or this server stops; never register a command you would not let a "
+    "stranger run on this machine. The caller's JSON payload goes to stdin ONLY, never on"
+    " the command line; no shell (no pipes, no $VAR). stdout must be one JSON value: the "
+    "reply. Non-zero exit, timeout (max 60; the process group killed), > 1 MiB stdout or "
+    "bad JSON = an error to that caller only; stderr stays local. Environment: PATH, "
+    "HOME, LANG, TMPDIR, MACULA_CALLER, MACULA_PROCEDURE, MACULA_REALM only (API keys "
+    "stay here). At most 8 calls at once; over rate_per_minute a caller gets an error. "
+    "Serving a name again replaces it. Names starting '_' or 'agent.' are reserved."
 )
 SERVE_TERSE = (
-    "Serve procedure `name` by running local command `exec` per inbound call. SAFETY: any "
-    "mesh caller can trigger it repeatedly until mesh_unserve — never register a command you "
-    "would not let a stranger run. Payload goes on stdin ONLY (no shell, never on the command "
-    "line); stdout = one JSON reply; non-zero exit, timeout (exec_timeout_seconds, default "
-    "10, max 60; process group killed), >1 MiB or bad JSON = error to that caller only. Env: "
-    "PATH/HOME/LANG/TMPDIR + MACULA_CALLER/PROCEDURE/REALM only. rate_per_minute per caller "
-    "(default 60); allow=open|allowlist (contact allowlist). announce=1 (default) also lists "
-    "it in the DHT."
+    "Serve procedure `name` by running local command `exec` per inbound call. SAFETY: any mesh "
+    "caller can trigger it repeatedly: never register a command you would not let a stranger "
+    "run. Payload on stdin ONLY, no shell; stdout = one JSON reply; exit != 0, timeout (max 60; "
+    "process group killed), > 1 MiB or bad JSON = error to that caller. Env: PATH/HOME/LANG/"
+    "TMPDIR + MACULA_CALLER/PROCEDURE/REALM only."
 )
 UNSERVE_FULL = (
-    "Stop serving a procedure registered with mesh_serve: new calls get unknown_next_peer at "
-    "once; calls already running finish. realm defaults to the realm it was served in. "
-    "Returns the procedure's call and error counts. Unknown names are an error listing what "
-    "is served."
+    "Stop serving a procedure from mesh_serve: new calls get unknown_next_peer at once, running "
+    "ones finish. Returns its call and error counts."
 )
-UNSERVE_TERSE = "Stop serving a procedure started with mesh_serve; returns its call/error counts."
+UNSERVE_TERSE = "Stop serving a mesh_serve procedure; returns its call/error counts."
 
 
 def register(app: MCPServer, describe: Descriptions) -> None:
@@ -306,18 +288,12 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_call(
         ctx: Context,
-        procedure: Annotated[str, Field(description="procedure name, e.g. io.macula.echo")],
-        args: Annotated[Any, Field(description="the payload: any JSON value (no booleans)")] = None,
-        realm: Annotated[
-            str | None, Field(description="realm name or 64 hex tag; default all-zero")
-        ] = None,
-        timeout_ms: Annotated[int, Field(description="1-600000 ms; default 5000")] = (
-            DEFAULT_CALL_TIMEOUT_MS
-        ),
-        direct: Annotated[int, Field(description="1: resolve the serving station via DHT")] = 0,
-        idempotency_key: Annotated[
-            str | None, Field(description="1-120 chars; replays return the first result")
-        ] = None,
+        procedure: Annotated[str, Field(description="e.g. io.macula.echo")],
+        args: Annotated[Any, Field(description="any JSON value (no booleans)")] = None,
+        realm: str | None = None,
+        timeout_ms: Annotated[int, Field(description="1-600000")] = (DEFAULT_CALL_TIMEOUT_MS),
+        direct: Annotated[int, Field(description="1: dial the station the DHT names")] = 0,
+        idempotency_key: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         tag = parse_realm(realm)
@@ -349,28 +325,22 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_serve(
         ctx: Context,
-        name: Annotated[str, Field(description="procedure name to serve, e.g. org.example.lint")],
+        name: Annotated[str, Field(description="e.g. org.example.lint")],
         exec: Annotated[
-            str, Field(description="local command line, run WITHOUT a shell; payload on stdin only")
+            str, Field(description="command line, run with no shell; payload on stdin only")
         ],
         exec_timeout_seconds: Annotated[
-            float, Field(description="per call, 0.1-60; default 10")
+            float, Field(description="per call, 0.1-60")
         ] = DEFAULT_EXEC_TIMEOUT_S,
-        realm: Annotated[
-            str | None, Field(description="realm name or 64 hex tag; default all-zero")
-        ] = None,
-        announce: Annotated[
-            int, Field(description="1: store a procedure_advertisement in the DHT")
-        ] = 1,
+        realm: str | None = None,
+        announce: Annotated[int, Field(description="1: also list it in the DHT (signed)")] = 1,
         rate_per_minute: Annotated[
-            int, Field(description="calls a minute per caller, 1-6000; default 60")
+            int, Field(description="calls a minute per caller, 1-6000")
         ] = DEFAULT_RATE_PER_MINUTE,
         allow: Annotated[
-            str, Field(description="open (any caller, default) or allowlist (contact allowlist)")
+            str, Field(description="open: any caller; allowlist: only your contact allowlist")
         ] = "open",
-        idempotency_key: Annotated[
-            str | None, Field(description="1-120 chars; replays return the first receipt")
-        ] = None,
+        idempotency_key: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         tag = parse_realm(realm)
@@ -413,13 +383,11 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_unserve(
         ctx: Context,
-        name: Annotated[str, Field(description="a procedure served with mesh_serve")],
+        name: str,
         realm: Annotated[
-            str | None, Field(description="name or 64 hex; default: the realm it is served in")
+            str | None, Field(description="default: the realm it is served in")
         ] = None,
-        idempotency_key: Annotated[
-            str | None, Field(description="1-120 chars; replays return the first receipt")
-        ] = None,
+        idempotency_key: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         tag = None if realm is None else parse_realm(realm)

@@ -25,6 +25,7 @@ from tools import (
 )
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime
+from tools.tool_schema import SHARED, MeshServer
 
 GROUPS = (rpc, pubsub, content, dht, presence, rooms, rings, memory, realms, surface)
 
@@ -33,7 +34,8 @@ INSTRUCTIONS = (
     "Etiquette: payloads never carry booleans (use 0/1); names of facts are past-tense verbs; "
     "wait with the blocking tools (mesh_wait_room, mesh_wait_ring, mesh_watch) instead of sleeping "
     "and polling; ring an agent (mesh_ring) before talking to it, never write into a room nobody "
-    "invited you to; rooms are unguessable, not secret; never paste secrets into the mesh."
+    "invited you to; rooms are unguessable, not secret; never paste secrets into the mesh. "
+    "Parameters shared by many tools: " + "; ".join(SHARED.values()) + "."
 )
 
 
@@ -57,8 +59,12 @@ def build_server(
             finally:
                 server.runtime = None  # type: ignore[attr-defined]
 
-    app: MCPServer[Any] = MCPServer(
-        name="macula-mcp", instructions=INSTRUCTIONS, lifespan=lifespan, version="0.1.0"
+    app: MCPServer[Any] = MeshServer(
+        name="macula-mcp",
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        version="0.1.0",
+        terse=describe.terse,
     )
     binding = channel.install(app, environ)  # None with MACULA_MCP_CHANNEL=0
     for group in GROUPS:

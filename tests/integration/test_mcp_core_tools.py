@@ -155,8 +155,9 @@ async def test_every_tool_declares_hints_and_a_shorter_terse_description(
     for name, tool in listed.items():
         hints = tool.annotations
         assert hints is not None, name
-        for hint in ("read_only_hint", "destructive_hint", "idempotent_hint", "open_world_hint"):
-            assert getattr(hints, hint) is not None, (name, hint)
+        # a hint left out is the protocol's cautious default; a tool that writes states
+        # destructive_hint (test_mcp_tools_list_budget.py checks what the hints mean)
+        assert hints.read_only_hint or hints.destructive_hint is not None, name
         full, terse = app.descriptions.all[name]  # type: ignore[attr-defined]
         assert tool.description == full and len(terse) < len(full), name
     assert listed["mesh_get"].annotations.read_only_hint  # type: ignore[union-attr]

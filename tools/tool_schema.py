@@ -1,0 +1,103 @@
+"""What ``tools/list`` says of each tool's parameters: the SDK's JSON Schema, compacted.
+
+Invariants:
+- only what a client does not need to fill in arguments is dropped, never a constraint:
+  pydantic's ``title`` fields (the parameter's own name, title-cased), the ``anyOf [T, null]``
+  of an optional parameter (it becomes ``T``: optional already means "not in ``required``") and
+  its ``default: null``. Types, ``required``, other defaults and every parameter stay; names
+  and meanings are unchanged.
+- arguments are still validated by the SDK's pydantic model of the function
+  (``Tool.fn_metadata``), untouched here: a client sending ``null`` for an optional parameter
+  still works.
+- the parameters many tools share (``SHARED``) carry no description of their own: their rule
+  is said once, in the server instructions (``tools.server.INSTRUCTIONS``).
+- with terse descriptions (``MACULA_MCP_TERSE_TOOLS=1``) a parameter keeps its description
+  only when it holds a caveat (``TERSE_KEPT``: what a 0/1 flag does, what runs where, what
+  cannot be undone).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp_types import Tool as MCPTool
+
+# parameter name -> its rule, said once in the server instructions (tools.server.INSTRUCTIONS)
+SHARED = {
+    "idempotency_key": "idempotency_key (1-120 chars): a retry with the same key returns the "
+    "first result instead of acting again",
+    "realm": "realm: a realm name or 64 hex tag, default the all-zero public realm",
+    "task_id": "task_id: from mesh_task_send or mesh_task_list",
+}
+
+# (tool, parameter) whose description stays with terse descriptions too
+TERSE_KEPT = frozenset(
+    {
+        ("mesh_call", "args"),
+        ("mesh_call", "direct"),
+        ("mesh_serve", "exec"),
+        ("mesh_serve", "announce"),
+        ("mesh_serve", "allow"),
+        ("mesh_publish", "fact"),
+        ("mesh_open_room", "public"),
+        ("mesh_open_room", "private"),
+        ("mesh_ring", "private"),
+        ("mesh_leave_room", "close"),
+        ("mesh_leave_room", "remove"),
+        ("mesh_read_inbox", "peek"),
+        ("mesh_answer_ring", "answer"),
+        ("mesh_say", "text"),
+    }
+)
+
+
+def compact(schema: Any) -> Any:
+    """``schema`` without titles, with ``T`` for ``anyOf [T, null]`` and no ``default: null``."""
+    if isinstance(schema, list):
+        return [compact(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "properties" and isinstance(value, dict):  # parameter names: never dropped
+            out[key] = {name: compact(spec) for name, spec in value.items()}
+        elif not (key == "title" and isinstance(value, str)):
+            out[key] = compact(value)
+    options = out.get("anyOf")
+    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
+        (kept,) = [option for option in options if option != {"type": "null"}]
+        del out["anyOf"]
+        if "default" in out and out["default"] is None:
+            del out["default"]
+        out = {**kept, **out}
+    return out
+
+
+def tool_schema(tool: str, schema: dict[str, Any], terse: bool) -> dict[str, Any]:
+    """The input schema ``tool`` is listed with."""
+    out: dict[str, Any] = compact(schema)
+    for name, spec in out.get("properties", {}).items():
+        if not isinstance(spec, dict):
+            continue
+        if terse and (tool, name) not in TERSE_KEPT:
+            spec.pop("description", None)
+    return out
+
+
+class MeshServer(MCPServer[Any]):
+    """``MCPServer`` whose ``tools/list`` carries compacted input schemas."""
+
+    def __init__(self, *args: Any, terse: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.terse_schemas = terse
+
+    async def list_tools(self) -> list[MCPTool]:
+        return [
+            tool.model_copy(
+                update={
+                    "input_schema": tool_schema(tool.name, tool.input_schema, self.terse_schemas)
+                }
+            )
+            for tool in await super().list_tools()
+        ]
