@@ -1,1 +1,43 @@
-"""Root of the test suite: helpers live in vectorkit.py (unit) and integration/meshkit.py."""
+"""Root of the test suite: helpers live in vectorkit.py (unit) and integration/meshkit.py.
+
+One guard for the whole run: an aiosqlite connection a test left open keeps a non-daemon
+worker thread alive, and the interpreter waits for it at exit, so pytest would print its summary
+and then never exit (CI ran into its time limit that way). At the end of the session every such
+connection still open is stopped and named on stderr, and the run fails: a leak is a defect to
+fix, not to hang on.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+
+import pytest
+
+
+def _open_sqlite_connections() -> list[object]:
+    import aiosqlite.core
+
+    gc.collect()  # what is garbage already stops its own thread (``Connection.__del__``)
+    return [
+        obj
+        for obj in gc.get_objects()
+        if isinstance(obj, aiosqlite.core.Connection) and obj._thread.is_alive()
+    ]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if "aiosqlite.core" not in sys.modules:
+        return
+    leaked = _open_sqlite_connections()
+    for connection in leaked:
+        print(f"\nconftest: an aiosqlite connection was left open: {connection!r}", file=sys.stderr)
+        connection.stop()  # type: ignore[attr-defined]
+        connection._thread.join(timeout=5)  # type: ignore[attr-defined]
+    workers = [t.name for t in threading.enumerate() if "_connection_worker_thread" in t.name]
+    if leaked or workers:
+        print(f"conftest: {len(leaked)} leaked connection(s) stopped; still running: {workers}",
+              file=sys.stderr)  # fmt: skip
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
