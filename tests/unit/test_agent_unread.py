@@ -132,7 +132,7 @@ def test_say_waits_for_the_reply_after_its_own_envelope(tmp_path: Path) -> None:
             replies.append(asyncio.create_task(answer))  # bob answers while we wait
             return 1
 
-        rooms.node = cast(Node, SimpleNamespace(identity=ME, publish=publish))
+        rooms.node = cast(Node, SimpleNamespace(identity=ME, publish_confirmed=publish))
         done = await rooms.say(topic, "question_asked", "well?", wait_reply_seconds=5)
         assert done.reply is not None and done.reply.text == "reply"
         assert done.reply.in_reply_to == published[0]["message_id"]

@@ -48,6 +48,8 @@ class FakeNode:
         self.published.append((realm, topic, payload))
         return len(self.published)
 
+    publish_confirmed = publish  # the station's confirmation is not what this is about
+
     async def flush(self, timeout: float = 0) -> dict[str, int]:
         return {}
 

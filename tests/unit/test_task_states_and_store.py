@@ -289,7 +289,7 @@ def test_the_outbox_keeps_order_per_peer_backs_off_and_survives_a_restart(tmp_pa
         await store.retry_later(due[0].entry_id, NOW + 5_000, "unreachable")
         assert [e.peer for e in await store.due(ME, NOW + 1)] == [OTHER]  # PEER waits its turn
         assert await store.next_due_ms(ME) == NOW
-        # no close: the process dies here
+        dead.append(store)  # no close: the process dies here (closed after the check)
 
     async def after() -> None:
         async with await TaskStore.open(path) as store:
@@ -309,8 +309,13 @@ def test_the_outbox_keeps_order_per_peer_backs_off_and_survives_a_restart(tmp_pa
             assert await store.list_tasks(OTHER) == []  # another owner sees nothing
             assert os.stat(path).st_mode & 0o777 == 0o600
 
-    run(before())
-    run(after())
+    dead: list[TaskStore] = []
+    try:
+        run(before())
+        run(after())
+    finally:
+        for store in dead:  # else its worker thread keeps the interpreter from exiting
+            run(store.close())
 
 
 def test_prune_drops_old_terminal_tasks_never_open_ones(tmp_path: Path) -> None:
