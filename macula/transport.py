@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import ipaddress
 import logging
 import socket
 import ssl
@@ -58,6 +60,12 @@ STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 60.0
 RELEASE_CHUNK = 64 * 1024  # held bytes handed over per loop turn after a resume
+# UDP payload per datagram when the peer is on loopback (MTU 64 KiB): one datagram carries
+# what takes thirteen of 1,200 bytes, so far fewer packet builds, AEAD calls and syscalls.
+# aioquic writes a frame's length in two bytes (under 16,384), which bounds it; any other path
+# keeps aioquic's 1,200 (it has no path-MTU discovery)
+LOOPBACK_DATAGRAM_SIZE = 16_000
+DATAGRAM_SIZE = 1200  # aioquic's default: RFC 9000's smallest maximum datagram size
 # QUIC carries a close reason in one packet; a longer one is cut (at a character boundary)
 MAX_CLOSE_REASON_BYTES = 100
 
@@ -435,6 +443,32 @@ def client_configuration(
     return configuration
 
 
+def datagram_size(host: str, loopback_size: int = LOOPBACK_DATAGRAM_SIZE) -> int:
+    """The QUIC datagram size for a path to (or a socket bound on) ``host``."""
+    if not DATAGRAM_SIZE <= loopback_size <= LOOPBACK_DATAGRAM_SIZE:
+        raise ValueError(
+            f"loopback datagram size must be {DATAGRAM_SIZE} to "
+            f"{LOOPBACK_DATAGRAM_SIZE} bytes, not {loopback_size}"
+        )
+    if host == "localhost":
+        return loopback_size
+    try:
+        loopback = ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        loopback = False
+    return loopback_size if loopback else DATAGRAM_SIZE
+
+
+def with_datagram_size(
+    configuration: QuicConfiguration, host: str, loopback_size: int = LOOPBACK_DATAGRAM_SIZE
+) -> QuicConfiguration:
+    """``configuration`` (a copy when changed) sized for a path to ``host``."""
+    size = datagram_size(host, loopback_size)
+    if configuration.max_datagram_size == size:
+        return configuration
+    return dataclasses.replace(configuration, max_datagram_size=size)
+
+
 @contextlib.asynccontextmanager
 async def dial(
     host: str,
@@ -442,15 +476,18 @@ async def dial(
     configuration: QuicConfiguration,
     *,
     timeout: float = 10.0,
+    loopback_datagram_size: int = LOOPBACK_DATAGRAM_SIZE,
 ) -> AsyncIterator[FrameProtocol]:
     """Open one QUIC connection to ``host:port``; the connection closes when the block ends.
 
     Unlike ``aioquic.asyncio.connect``, a handshake that never completes is bounded by
-    ``timeout`` and an IPv4 address is dialled over an IPv4 socket.
+    ``timeout`` and an IPv4 address is dialled over an IPv4 socket. To a loopback address,
+    datagrams are up to ``loopback_datagram_size`` bytes (1,200 to 16,000) instead of 1,200.
     """
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
     family, _, _, _, address = infos[0]
+    configuration = with_datagram_size(configuration, str(address[0]), loopback_datagram_size)
     connection = QuicConnection(configuration=configuration)
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:

@@ -42,6 +42,7 @@ from macula.transport import (
     FrameProtocol,
     StreamLimits,
     client_configuration,
+    datagram_size,
     dial,
     enlarge_receive_buffer,
 )
@@ -238,6 +239,7 @@ class Station:
             max_data=CONNECTION_WINDOW,
             max_stream_data=STREAM_WINDOW,
         )
+        quic.max_datagram_size = datagram_size(config.host)  # larger when bound on loopback
         quic.load_cert_chain(cert_path, key_path)
         # aioquic's ``serve`` with a socket of our own, so the server reads every datagram
         # waiting at each readiness (macula.datagram_reader), not one per loop turn

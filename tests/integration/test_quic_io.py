@@ -22,10 +22,20 @@ from meshkit import new_identity
 from waiting import eventually
 
 from macula.datagram_reader import DrainingProtocol, bound_socket
-from macula.transport import ALPN, FrameProtocol, client_configuration
+from macula.transport import (
+    ALPN,
+    DATAGRAM_SIZE,
+    LOOPBACK_DATAGRAM_SIZE,
+    FrameProtocol,
+    client_configuration,
+    datagram_size,
+    dial,
+    with_datagram_size,
+)
 from macula.wire import cbor
 from macula.wire.errors import FramingError
 from macula.wire.framing import frame_bytes
+from relay.station import Station
 from relay.tls import ensure_certificate
 
 pytestmark = pytest.mark.anyio
@@ -302,3 +312,53 @@ async def test_a_batch_of_zero_is_refused() -> None:
 async def test_binding_an_address_not_ours_fails_clearly() -> None:
     with pytest.raises(OSError):
         await bound_socket("192.0.2.1", 0)  # TEST-NET-1: never a local address
+
+
+# -- datagram size by path -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "localhost"])
+def test_loopback_paths_get_large_datagrams(host: str) -> None:
+    assert datagram_size(host) == LOOPBACK_DATAGRAM_SIZE
+    assert datagram_size(host, 4000) == 4000
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "2001:db8::1", "example.org", ""])
+def test_other_paths_keep_the_smallest_datagram(host: str) -> None:
+    assert datagram_size(host) == DATAGRAM_SIZE == 1200
+
+
+@pytest.mark.parametrize("size", [0, 1199, LOOPBACK_DATAGRAM_SIZE + 1, 65_000])
+def test_a_loopback_size_out_of_range_is_refused(size: int) -> None:
+    with pytest.raises(ValueError, match="1200 to 16000"):
+        datagram_size("127.0.0.1", size)
+
+
+def test_the_callers_configuration_is_left_alone() -> None:
+    configuration = client_configuration(server_name="127.0.0.1")
+    sized = with_datagram_size(configuration, "127.0.0.1")
+    assert sized.max_datagram_size == LOOPBACK_DATAGRAM_SIZE
+    assert sized.alpn_protocols == configuration.alpn_protocols
+    assert configuration.max_datagram_size == DATAGRAM_SIZE
+    assert with_datagram_size(configuration, "192.0.2.1") is configuration
+
+
+async def test_a_loopback_dial_and_station_use_large_datagrams(station: Station) -> None:
+    configuration = client_configuration(server_name="127.0.0.1")
+    async with dial("127.0.0.1", station.port, configuration, timeout=10.0) as protocol:
+        assert protocol._quic._max_datagram_size == LOOPBACK_DATAGRAM_SIZE
+        assert await protocol.acknowledged(5.0)
+        sizes: list[int] = []
+        sendto = protocol._transport.sendto  # type: ignore[union-attr]
+
+        def recorded(data: bytes, addr: Any = None) -> None:
+            sizes.append(len(data))
+            sendto(data, addr)
+
+        protocol._transport.sendto = recorded  # type: ignore[union-attr, method-assign]
+        protocol.send(protocol.new_stream(), encode_frame({"pad": bytes(30_000)}))
+        await eventually(lambda: sizes)
+        assert max(sizes) > DATAGRAM_SIZE
+    server = station._server
+    assert server is not None
+    assert server._configuration.max_datagram_size == LOOPBACK_DATAGRAM_SIZE
