@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aioquic.asyncio.server import QuicServer, serve
+from aioquic.asyncio.server import QuicServer
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 
 from macula.clock import now_ms, now_us
+from macula.datagram_reader import DrainingProtocol, bound_socket
 from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
 from macula.transport import (
@@ -41,6 +42,7 @@ from macula.transport import (
     FrameProtocol,
     StreamLimits,
     client_configuration,
+    datagram_size,
     dial,
     enlarge_receive_buffer,
 )
@@ -237,20 +239,25 @@ class Station:
             max_data=CONNECTION_WINDOW,
             max_stream_data=STREAM_WINDOW,
         )
+        quic.max_datagram_size = datagram_size(config.host)  # larger when bound on loopback
         quic.load_cert_chain(cert_path, key_path)
-        self._server = await serve(
-            config.host,
-            config.port,
-            configuration=quic,
-            create_protocol=self._protocol,
-            retry=self.retry,
-        )
+        # aioquic's ``serve`` with a socket of our own, so the server reads every datagram
+        # waiting at each readiness (macula.datagram_reader), not one per loop turn
+        sock = await bound_socket(config.host, config.port)
+        try:
+            server = QuicServer(
+                configuration=quic, create_protocol=self._protocol, retry=self.retry
+            )
+            await asyncio.get_running_loop().create_datagram_endpoint(
+                lambda: DrainingProtocol(server, sock), sock=sock
+            )
+        except BaseException:
+            sock.close()
+            raise
+        self._server = server
         stack.callback(self._close_server)
-        transport = self._server._transport
-        sockname = transport.get_extra_info("sockname") if transport else None
-        if transport is not None:
-            enlarge_receive_buffer(transport.get_extra_info("socket"))
-        self.port = int(sockname[1]) if sockname else config.port
+        enlarge_receive_buffer(sock)
+        self.port = int(sock.getsockname()[1])
         await self._start_dht(stack)
         self._house = await HouseServices.open(
             config.house,
