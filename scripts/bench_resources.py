@@ -38,7 +38,7 @@ from bench_common import (
 )
 
 from macula.node import Node
-from macula.transport import CONNECTION_WINDOW, STREAM_WINDOW
+from macula.transport import CONNECTION_WINDOW, LOOPBACK_DATAGRAM_SIZE, STREAM_WINDOW
 from macula.wire.identity import Identity
 from relay.tls import ensure_certificate
 
@@ -105,6 +105,7 @@ def raw_configuration(is_client: bool) -> QuicConfiguration:
         alpn_protocols=[RAW_ALPN],
         max_data=CONNECTION_WINDOW,
         max_stream_data=STREAM_WINDOW,
+        max_datagram_size=LOOPBACK_DATAGRAM_SIZE,  # as ours on loopback: a like-for-like peer
     )
 
 
