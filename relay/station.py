@@ -26,13 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aioquic.asyncio.server import QuicServer, serve
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
-
 from macula.clock import now_ms, now_us
 from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
+from macula.quic_backend import QuicConfiguration, QuicConnection, QuicServer, serve
 from macula.transport import (
     ALPN,
     CONNECTION_WINDOW,
