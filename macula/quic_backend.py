@@ -16,9 +16,10 @@ Every import of the QUIC library in ``macula`` and ``relay`` goes through this m
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cryptography import x509
 
@@ -43,7 +44,7 @@ def chosen(environ: Mapping[str, str] = os.environ) -> str:
 BACKEND = chosen()
 
 if TYPE_CHECKING:
-    from aioquic.asyncio.protocol import QuicConnectionProtocol
+    from aioquic.asyncio.protocol import QuicConnectionProtocol as _BaseProtocol
     from aioquic.asyncio.server import QuicServer, serve
     from aioquic.quic import events
     from aioquic.quic.configuration import QuicConfiguration
@@ -94,13 +95,13 @@ elif BACKEND == "qh3":
             default_factory=lambda: list(_SIGNATURES)
         )
 
-    class QuicConnectionProtocol(_Qh3Protocol):
+    class _BaseProtocol(_Qh3Protocol):
         def close(self, error_code: int = 0, reason_phrase: str = "") -> None:
             """aioquic's signature (qh3's ``close`` takes no arguments)."""
             self._quic.close(error_code=error_code, reason_phrase=reason_phrase)
             self.transmit()
 else:
-    from aioquic.asyncio.protocol import QuicConnectionProtocol
+    from aioquic.asyncio.protocol import QuicConnectionProtocol as _BaseProtocol
     from aioquic.asyncio.server import QuicServer, serve
     from aioquic.quic import events
     from aioquic.quic.configuration import QuicConfiguration
@@ -111,6 +112,49 @@ else:
     )
     from aioquic.quic.packet import QuicErrorCode, QuicFrameType
     from aioquic.quic.stream import QuicStream
+
+
+class QuicConnectionProtocol(_BaseProtocol):
+    """The library's protocol; on a connected UDP socket (a client's ``dial``) every datagram
+    goes out without an address: uvloop refuses ``sendto(data, addr)`` there (EISCONN, reported
+    to ``error_received`` only), which would silently stall the handshake."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        try:
+            connected = sock is not None and bool(sock.getpeername())
+        except OSError:  # not connected: a server's socket
+            connected = False
+        if connected:  # (uvloop's transport is no asyncio.DatagramTransport subclass)
+            self._transport = _ConnectedDatagrams(cast(asyncio.DatagramTransport, transport))
+
+
+class _ConnectedDatagrams(asyncio.DatagramTransport):
+    """A datagram transport on a connected socket: ``sendto`` drops the (same) address."""
+
+    def __init__(self, inner: asyncio.DatagramTransport) -> None:
+        super().__init__(inner.get_extra_info("extra", None))
+        self._inner = inner
+
+    def sendto(self, data: Any, addr: Any = None) -> None:
+        self._inner.sendto(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._inner.get_extra_info(name, default)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+    def is_closing(self) -> bool:
+        return self._inner.is_closing()
+
+    def __getattr__(self, name: str) -> Any:  # pause_reading, resume_reading, ...
+        return getattr(self._inner, name)
+
 
 __all__ = [
     "BACKEND",
