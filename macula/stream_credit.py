@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from aioquic.quic.connection import MAX_STREAM_DATA_FRAME_CAPACITY, QuicConnection
-from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.stream import QuicStream
+from macula.quic_backend import (
+    MAX_STREAM_DATA_FRAME_CAPACITY,
+    QuicConnection,
+    QuicFrameType,
+    QuicStream,
+)
 
 
 class ReceiveCredit:

@@ -38,15 +38,21 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, cast
 
-from aioquic.asyncio.protocol import QuicConnectionProtocol
-from aioquic.quic import events
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import NetworkAddress, QuicConnection
-from aioquic.quic.packet import QuicErrorCode, QuicFrameType
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from macula.datagram_reader import DrainingProtocol
+from macula.quic_backend import (
+    NetworkAddress,
+    QuicConfiguration,
+    QuicConnection,
+    QuicConnectionProtocol,
+    QuicErrorCode,
+    QuicFrameType,
+    events,
+    peer_certificate,
+    unsent_bytes,
+)
 from macula.stream_credit import ReceiveCredit
 from macula.wire import cbor
 from macula.wire.errors import FramingError
@@ -330,11 +336,11 @@ class FrameProtocol(QuicConnectionProtocol):
     def queued_bytes(self, stream_id: int) -> int:
         """Bytes written on ``stream_id`` that aioquic has not sent yet (flow or congestion
         control holds them: the peer is not keeping up)."""
-        stream = self._quic._streams.get(stream_id)
-        if stream is None:
+        unsent = unsent_bytes(self._quic, stream_id, self._written.get(stream_id, 0))
+        if unsent is None:
             self._written.pop(stream_id, None)
             return 0
-        return max(0, self._written.get(stream_id, 0) - stream.sender.highest_offset)
+        return unsent
 
     def end_stream(self, stream_id: int) -> None:
         self.send(stream_id, b"", end_stream=True)
@@ -386,7 +392,7 @@ class FrameProtocol(QuicConnectionProtocol):
 
     def peer_certificate_key(self) -> bytes | None:
         """Raw Ed25519 public key of the peer's TLS certificate, if it has one."""
-        certificate = getattr(self._quic.tls, "_peer_certificate", None)
+        certificate = peer_certificate(self._quic)
         if certificate is None:
             return None
         key = certificate.public_key()

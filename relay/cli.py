@@ -25,6 +25,7 @@ from pathlib import Path
 
 from macula.config import macula_home
 from macula.errors import ConfigError
+from macula.event_loop import run as run_loop
 from macula.wire.framing import MAX_FRAME_SIZE
 from relay.federation.dht import DhtConfig
 from relay.federation.dht_storage import DhtLimits
@@ -591,7 +592,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     config = config_from_args(args)
     try:
-        asyncio.run(serve(config, args.endpoint_file, args.pid_file))
+        run_loop(serve(config, args.endpoint_file, args.pid_file))
+    except ConfigError as exc:  # MACULA_LOOP names no usable loop
+        raise SystemExit(f"macula-relay: {exc}") from None
     except OSError as exc:
         raise SystemExit(
             f"macula-relay: cannot listen on {config.host}:{config.port}: {exc}"

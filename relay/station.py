@@ -26,14 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aioquic.asyncio.server import QuicServer
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
-
 from macula.clock import now_ms, now_us
 from macula.datagram_reader import DrainingProtocol, bound_socket
 from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
+from macula.quic_backend import QuicConfiguration, QuicConnection, QuicServer
 from macula.transport import (
     ALPN,
     CONNECTION_WINDOW,

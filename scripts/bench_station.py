@@ -70,6 +70,7 @@ from bench_common import (
     show,
 )
 
+from macula import event_loop, quic_backend
 from macula.node import Node
 from macula.serving import IncomingCall
 from macula.subscriptions import Subscription
@@ -509,6 +510,8 @@ async def run(args: argparse.Namespace) -> int:
         f"{PAYLOAD_SIZE}-byte payloads, {os.cpu_count()} CPUs, {started['uptime']}",
         flush=True,
     )
+    quic = quic_backend.describe()  # MACULA_QUIC / MACULA_LOOP; child processes inherit both
+    print(f"ours on {quic['quic']} {quic['version']}, {event_loop.loop_name()} loop", flush=True)
     result = Run()
     await run_ours(args, limits, names, result)
     if args.no_peers:
@@ -545,7 +548,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--idle must be at least 1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.serve_station is not None:
-        asyncio.run(serve_station(args.serve_station))
+        event_loop.run(serve_station(args.serve_station))
         return
     if args.serve_amqtt is not None:
         asyncio.run(bench_peers.serve_amqtt(args.serve_amqtt, 1800.0))
@@ -553,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.serve_raw_quic is not None:
         asyncio.run(bench_resources.serve_raw_quic(args.serve_raw_quic))
         return
-    sys.exit(asyncio.run(run(args)))
+    sys.exit(event_loop.run(run(args)))
 
 
 if __name__ == "__main__":

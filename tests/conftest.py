@@ -41,3 +41,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         print(f"conftest: {len(leaked)} leaked connection(s) stopped; still running: {workers}",
               file=sys.stderr)  # fmt: skip
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_report_header() -> str:
+    from macula import event_loop, quic_backend
+
+    quic = quic_backend.describe()
+    loop = event_loop.loop_name()
+    return f"macula: QUIC {quic['quic']} {quic['version']}; processes start on {loop}"

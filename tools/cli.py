@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from macula.errors import MaculaError
+from macula.event_loop import run as run_loop
 from macula.stations import StationAddress
 from relay.cli import KeyValueFormatter
 from tools.launch import server_command
@@ -41,7 +42,7 @@ def serve() -> None:
     except MaculaError as exc:
         _fatal(exc)
     try:
-        asyncio.run(build_server().run_stdio_async())
+        run_loop(build_server().run_stdio_async())
     except* MaculaError as group:  # raised later, inside the server's task groups
         _fatal(group.exceptions[0])
     except* KeyboardInterrupt:

@@ -30,6 +30,7 @@ from typing import Any, cast
 
 from macula.config import AGENT_ENV, IDENTITY_ENV, SESSION_ENV, identity_path
 from macula.errors import ConfigError, MaculaError
+from macula.event_loop import run as run_loop
 from tools import daemon_protocol as protocol
 from tools.channel import ENABLED_ENV as CHANNEL_ENV
 from tools.daemon import MAX_LINE_ENV, DaemonSettingError, DaemonSettings
@@ -289,7 +290,7 @@ def run_foreground(env: Mapping[str, str]) -> int:
         pid_path(settings.socket).write_text(f"{os.getpid()}\n")
         _logging(settings, env)
         try:
-            asyncio.run(Daemon(settings).run(listener))
+            run_loop(Daemon(settings).run(listener))
         finally:
             for path in (settings.socket, pid_path(settings.socket)):
                 with contextlib.suppress(FileNotFoundError):

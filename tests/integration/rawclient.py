@@ -17,8 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aioquic.quic import events
-
+from macula.quic_backend import events
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire import cbor
 from macula.wire.errors import FramingError

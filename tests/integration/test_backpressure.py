@@ -59,8 +59,7 @@ class Collect:
 @asynccontextmanager
 async def quic_pair(tmp_path: Path) -> AsyncIterator[tuple[FrameProtocol, list[FrameProtocol]]]:
     """A bare QUIC server and a client dialled to it, both with a 64 KiB stream window."""
-    from aioquic.asyncio.server import serve
-    from aioquic.quic.configuration import QuicConfiguration
+    from macula.quic_backend import QuicConfiguration, serve
 
     identity = new_identity()
     cert, key = ensure_certificate(tmp_path, identity, ["127.0.0.1", "localhost"])

@@ -12,9 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aioquic.quic import events
-from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.connection import QuicConnection
 from test_router_core import (
     ALICE,
     BOB,
@@ -31,6 +28,7 @@ from test_router_core import (
     station_error,
 )
 
+from macula.quic_backend import QuicConfiguration, QuicConnection, events
 from macula.transport import MAX_CLOSE_REASON_BYTES, FrameProtocol, StreamLimits
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode

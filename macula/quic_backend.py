@@ -1,0 +1,211 @@
+"""Which QUIC library carries the transport: aioquic (the default) or qh3 (``macula-mesh[fast]``).
+
+Every import of the QUIC library in ``macula`` and ``relay`` goes through this module. Invariants:
+- the choice is made once, at import, from ``MACULA_QUIC``: unset, empty or ``aioquic`` selects
+  aioquic; ``qh3`` selects qh3. Any other value, or ``qh3`` when qh3 is not installed, raises
+  ``QuicBackendError`` naming the fix; nothing falls back silently;
+- aioquic stays the default even when qh3 is installed: qh3 2.1's packet core is native and has
+  no hook for receive credit, so ``macula.stream_credit`` cannot install and a paused stream does
+  not push back on its sender (docs/perf/perf-qh3.md);
+- names and types are aioquic's (mypy checks against aioquic only); on qh3 the same names come
+  from qh3, adapted where its API differs: the client advertises Ed25519 in TLS
+  ``signature_algorithms`` (qh3 leaves it out by default), ``close(error_code, reason_phrase)``
+  is accepted by the protocol, and the peer certificate and unsent-byte count are read through
+  ``peer_certificate`` and ``unsent_bytes``, which work on both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from cryptography import x509
+
+from macula.errors import ConfigError
+
+ENV = "MACULA_QUIC"
+CHOICES = ("aioquic", "qh3")
+
+
+class QuicBackendError(ConfigError):
+    """``MACULA_QUIC`` names a QUIC library that is unknown or not installed."""
+
+
+def chosen(environ: Mapping[str, str] = os.environ) -> str:
+    """The backend ``MACULA_QUIC`` selects ("aioquic" when unset or empty)."""
+    value = environ.get(ENV, "").strip().lower() or "aioquic"
+    if value not in CHOICES:
+        raise QuicBackendError(f"{ENV}={value!r} is not one of {', '.join(CHOICES)}")
+    return value
+
+
+BACKEND = chosen()
+
+if TYPE_CHECKING:
+    from aioquic.asyncio.protocol import QuicConnectionProtocol as _BaseProtocol
+    from aioquic.asyncio.server import QuicServer, serve
+    from aioquic.quic import events
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import (
+        MAX_STREAM_DATA_FRAME_CAPACITY,
+        NetworkAddress,
+        QuicConnection,
+    )
+    from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+    from aioquic.quic.stream import QuicStream
+elif BACKEND == "qh3":
+    try:
+        from qh3.asyncio.protocol import QuicConnectionProtocol as _Qh3Protocol
+        from qh3.asyncio.server import QuicServer, serve
+        from qh3.quic import events
+        from qh3.quic.configuration import QuicConfiguration as _Qh3Configuration
+        from qh3.quic.connection import NetworkAddress, QuicConnection
+        from qh3.quic.packet import QuicErrorCode, QuicFrameType
+        from qh3.tls import SignatureAlgorithm
+    except ImportError as exc:
+        raise QuicBackendError(
+            f"{ENV}=qh3 but qh3 is not importable ({exc}); install macula-mesh[fast] or unset {ENV}"
+        ) from exc
+    import dataclasses
+
+    # qh3 has no Python stream objects or frame builder: ``macula.stream_credit`` finds no
+    # ``_write_stream_limits`` on a qh3 connection and stays uninstalled; these two names only
+    # keep its imports valid.
+    MAX_STREAM_DATA_FRAME_CAPACITY = 1 + 2 * 8
+    QuicStream = Any
+
+    # qh3's default client list leaves EdDSA out; a station's certificate is Ed25519.
+    _SIGNATURES = [
+        SignatureAlgorithm.ED25519,
+        SignatureAlgorithm.ECDSA_SECP256R1_SHA256,
+        SignatureAlgorithm.RSA_PSS_RSAE_SHA256,
+        SignatureAlgorithm.RSA_PKCS1_SHA256,
+        SignatureAlgorithm.ECDSA_SECP384R1_SHA384,
+        SignatureAlgorithm.RSA_PSS_RSAE_SHA384,
+        SignatureAlgorithm.RSA_PKCS1_SHA384,
+        SignatureAlgorithm.RSA_PSS_RSAE_SHA512,
+        SignatureAlgorithm.RSA_PKCS1_SHA512,
+    ]
+
+    @dataclasses.dataclass
+    class QuicConfiguration(_Qh3Configuration):
+        signature_algorithms: list[int] | None = dataclasses.field(
+            default_factory=lambda: list(_SIGNATURES)
+        )
+
+    class _BaseProtocol(_Qh3Protocol):
+        def close(self, error_code: int = 0, reason_phrase: str = "") -> None:
+            """aioquic's signature (qh3's ``close`` takes no arguments)."""
+            self._quic.close(error_code=error_code, reason_phrase=reason_phrase)
+            self.transmit()
+else:
+    from aioquic.asyncio.protocol import QuicConnectionProtocol as _BaseProtocol
+    from aioquic.asyncio.server import QuicServer, serve
+    from aioquic.quic import events
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import (
+        MAX_STREAM_DATA_FRAME_CAPACITY,
+        NetworkAddress,
+        QuicConnection,
+    )
+    from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+    from aioquic.quic.stream import QuicStream
+
+
+class QuicConnectionProtocol(_BaseProtocol):
+    """The library's protocol; on a connected UDP socket (a client's ``dial``) every datagram
+    goes out without an address: uvloop refuses ``sendto(data, addr)`` there (EISCONN, reported
+    to ``error_received`` only), which would silently stall the handshake."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        try:
+            connected = sock is not None and bool(sock.getpeername())
+        except OSError:  # not connected: a server's socket
+            connected = False
+        if connected:  # (uvloop's transport is no asyncio.DatagramTransport subclass)
+            self._transport = _ConnectedDatagrams(cast(asyncio.DatagramTransport, transport))
+
+
+class _ConnectedDatagrams(asyncio.DatagramTransport):
+    """A datagram transport on a connected socket: ``sendto`` drops the (same) address."""
+
+    def __init__(self, inner: asyncio.DatagramTransport) -> None:
+        super().__init__(inner.get_extra_info("extra", None))
+        self._inner = inner
+
+    def sendto(self, data: Any, addr: Any = None) -> None:
+        self._inner.sendto(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._inner.get_extra_info(name, default)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+    def is_closing(self) -> bool:
+        return self._inner.is_closing()
+
+    def __getattr__(self, name: str) -> Any:  # pause_reading, resume_reading, ...
+        return getattr(self._inner, name)
+
+
+__all__ = [
+    "BACKEND",
+    "MAX_STREAM_DATA_FRAME_CAPACITY",
+    "NetworkAddress",
+    "QuicBackendError",
+    "QuicConfiguration",
+    "QuicConnection",
+    "QuicConnectionProtocol",
+    "QuicErrorCode",
+    "QuicFrameType",
+    "QuicServer",
+    "QuicStream",
+    "events",
+    "peer_certificate",
+    "serve",
+    "unsent_bytes",
+]
+
+
+def peer_certificate(quic: QuicConnection) -> x509.Certificate | None:
+    """The peer's TLS certificate (``cryptography`` object) once the handshake presented one."""
+    certificate: Any = getattr(quic.tls, "_peer_certificate", None)
+    if certificate is None:
+        return None
+    if isinstance(certificate, x509.Certificate):  # aioquic
+        return certificate
+    try:  # qh3: its own parsed certificate; public_bytes() is the DER
+        der = certificate.public_bytes()
+        return x509.load_der_x509_certificate(der if isinstance(der, bytes) else bytes(der))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def unsent_bytes(quic: QuicConnection, stream_id: int, written: int) -> int | None:
+    """Of ``written`` bytes given to ``send_stream_data`` on ``stream_id``, how many the library
+    has not sent yet; None once it no longer knows the stream (ended or reset)."""
+    streams: dict[int, QuicStream] | None = getattr(quic, "_streams", None)
+    if streams is not None:  # aioquic
+        stream = streams.get(stream_id)
+        if stream is None:
+            return None
+        return max(0, written - stream.sender.highest_offset)
+    native: Any = quic  # qh3: the native core counts what still waits for a first send
+    if not native._stream_can_send(stream_id):
+        return None
+    return int(native.get_send_buffer_size(stream_id))
+
+
+def describe() -> dict[str, str]:
+    """The selected backend and its version, for logs and benchmarks."""
+    from importlib.metadata import version
+
+    return {"quic": BACKEND, "version": version(BACKEND)}
