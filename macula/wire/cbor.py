@@ -208,10 +208,30 @@ def encode(
     return b"".join(out)
 
 
+def _encode_value(value: object) -> bytes:
+    """``encode(value)``, with the common scalars of a frame's fields encoded directly."""
+    if type(value) is bytes:
+        size = len(value)
+        return (_BYTES_HEADS[size] if size < 24 else _head(2, size)) + value
+    if type(value) is int and 0 <= value < 24:
+        return _UINT_HEADS[value]
+    if value is None:
+        return b"\xf6"
+    if type(value) is str and len(value) < 24 and value.isascii():
+        return _TEXT_HEADS[len(value)] + value.encode()
+    return encode(value)
+
+
 def encode_pairs(value: Mapping[Any, Any]) -> list[tuple[bytes, bytes]]:
     """A map's canonical encoding as sorted (encoded key, encoded value) pairs, so callers can
     encode a map once and emit it with or without some entries (see ``join_pairs``)."""
-    return sorted((_encode_key(k, False), encode(v)) for k, v in value.items())
+    cache = _KEY_CACHE
+    pairs = []
+    for k, v in value.items():
+        encoded = cache.get(k) if type(k) is str else None
+        pairs.append((encoded or _encode_key(k, False), _encode_value(v)))
+    pairs.sort(key=_first_item)  # distinct keys have distinct encodings
+    return pairs
 
 
 def join_pairs(pairs: list[tuple[bytes, bytes]]) -> bytes:

@@ -118,35 +118,30 @@ def _map(data: bytes, pos: int, count: int, depth: int, bkeys: bool) -> tuple[An
             kind = type(key)
             if kind is not int and kind is not str and not (bkeys and kind is bytes):
                 raise Fallback
-        if key in out:
-            raise Fallback
         initial = data[pos]
         if initial < 0x18:
             out[key] = initial
             pos += 1
         elif initial < 0x1C:  # uint with a 1/2/4/8-byte argument (timestamps)
             out[key], pos = _argument(data, pos + 1, initial)
-        elif 0x40 <= initial <= 0x58:  # bytes shorter than 256 (ids, keys, signatures)
-            if initial == 0x58:
-                pos += 1
-                end = pos + 1 + data[pos]
-            else:
-                end = pos + 1 + initial - 0x40
-            if end > size:
-                raise Fallback
-            out[key] = data[pos + 1 : end]
-            pos = end
-        elif 0x60 <= initial < 0x78:
-            end = pos + 1 + initial - 0x60
-            if end > size:
-                raise Fallback
-            out[key] = data[pos + 1 : end].decode()
-            pos = end
         elif initial == 0xF6:
             out[key] = None
             pos += 1
+        elif 0x40 <= initial < 0x80 and (initial & 0x1F) <= 24:  # bytes/text shorter than 256
+            if initial & 0x1F == 24:
+                pos += 2
+                end = pos + data[pos - 1]
+            else:
+                pos += 1
+                end = pos + (initial & 0x1F)
+            if end > size:
+                raise Fallback
+            out[key] = data[pos:end] if initial < 0x60 else data[pos:end].decode()
+            pos = end
         else:
             out[key], pos = _item(data, pos, depth, bkeys)
+    if len(out) != count:  # a key appeared twice (the later value replaced the earlier)
+        raise Fallback
     return out, pos
 
 

@@ -141,6 +141,10 @@ def encode(
     return b"".join(out)
 
 
+def encode_pairs(value: Mapping[Any, Any]) -> list[tuple[bytes, bytes]]:
+    return sorted((_encode_key(k, False), encode(v)) for k, v in value.items())
+
+
 def decode(
     data: bytes | bytearray | memoryview,
     *,

@@ -78,6 +78,14 @@ def test_encoding_is_byte_identical_to_the_reference(value: Any) -> None:
     assert_agree(encoded)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(keys, values, max_size=12))
+def test_encoded_pairs_are_identical_to_the_reference(value: dict[Any, Any]) -> None:
+    pairs = cbor.encode_pairs(value)
+    assert pairs == reference.encode_pairs(value)
+    assert cbor.join_pairs(pairs) == cbor.encode(value)
+
+
 @settings(max_examples=500, deadline=None)
 @given(values, st.data())
 def test_mutated_encodings_decode_alike(value: Any, data: st.DataObject) -> None:
