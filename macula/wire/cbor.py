@@ -25,8 +25,10 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
+from macula.wire.cbor_fast import Fallback, decode_fast
 from macula.wire.errors import LocalProtocolError, ProtocolError
 
 __all__ = ["DEFAULT_MAX_DEPTH", "DEFAULT_MAX_ITEMS", "decode", "decode_prefix", "encode"]
@@ -102,7 +104,11 @@ def _encode_int(value: int) -> bytes:
 
 def _encode_into(out: list[bytes], value: object, depth: int, bkeys: bool) -> None:
     t = type(value)
-    if t is str:
+    if t is dict:
+        if depth <= 0:
+            raise LocalProtocolError("too_deep", "value nests deeper than the encoder allows")
+        _encode_map(out, value, depth, bkeys)  # type: ignore[arg-type]
+    elif t is str:
         out.append(_encode_text(value))  # type: ignore[arg-type]
     elif t is bytes:
         out.append(_head(2, len(value)))  # type: ignore[arg-type]
@@ -120,19 +126,23 @@ def _encode_into(out: list[bytes], value: object, depth: int, bkeys: bool) -> No
     elif isinstance(value, (dict, Mapping)):
         if depth <= 0:
             raise LocalProtocolError("too_deep", "value nests deeper than the encoder allows")
-        # Distinct keys of a dict have distinct encodings (text/int/bytes encode injectively),
-        # so sorting the pairs never compares two values.
-        pairs = sorted([(_encode_key(k, bkeys), v) for k, v in value.items()], key=_first)
-        out.append(_head(5, len(pairs)))
-        for encoded_key, item in pairs:
-            out.append(encoded_key)
-            _encode_into(out, item, depth - 1, bkeys)
+        _encode_map(out, value, depth, bkeys)
     elif isinstance(value, (list, tuple)):
         if depth <= 0:
             raise LocalProtocolError("too_deep", "value nests deeper than the encoder allows")
         out.append(_head(4, len(value)))
+        inner = depth - 1
+        append = out.append
         for item in value:
-            _encode_into(out, item, depth - 1, bkeys)
+            # the common scalars inline (no call per item); anything else recursively
+            it = type(item)
+            if it is str and len(item) < 24 and item.isascii():
+                append(_SMALL_HEADS[3][len(item)])
+                append(item.encode())
+            elif it is int and 0 <= item < 24:
+                append(_SMALL_HEADS[0][item])
+            else:
+                _encode_into(out, item, inner, bkeys)
     elif isinstance(value, (bytearray, memoryview)):
         raw = bytes(value)
         out.append(_head(2, len(raw)))
@@ -149,8 +159,40 @@ def _encode_into(out: list[bytes], value: object, depth: int, bkeys: bool) -> No
         )
 
 
-def _first(pair: tuple[bytes, object]) -> bytes:
-    return pair[0]
+_first_item = itemgetter(0)
+_TEXT_HEADS = _SMALL_HEADS[3]
+_UINT_HEADS = _SMALL_HEADS[0]
+_BYTES_HEADS = _SMALL_HEADS[2]
+
+
+def _encode_map(out: list[bytes], value: Mapping[Any, Any], depth: int, bkeys: bool) -> None:
+    """A map at ``depth`` > 0: keys sorted by their encoding, common values encoded inline."""
+    cache = _KEY_CACHE
+    pairs = []
+    for k, v in value.items():
+        encoded = cache.get(k) if type(k) is str else None
+        pairs.append((encoded or _encode_key(k, bkeys), v))
+    # Distinct keys of a map have distinct encodings (text/int/bytes encode injectively).
+    pairs.sort(key=_first_item)
+    append = out.append
+    append(_head(5, len(pairs)))
+    inner = depth - 1
+    for encoded_key, item in pairs:
+        append(encoded_key)
+        it = type(item)
+        if it is bytes:
+            size = len(item)
+            append(_BYTES_HEADS[size] if size < 24 else _head(2, size))
+            append(item)
+        elif it is str and len(item) < 24 and item.isascii():
+            append(_TEXT_HEADS[len(item)])
+            append(item.encode())
+        elif it is int and 0 <= item < 24:
+            append(_UINT_HEADS[item])
+        elif item is None:
+            append(b"\xf6")
+        else:
+            _encode_into(out, item, inner, bkeys)
 
 
 def encode(
@@ -166,10 +208,30 @@ def encode(
     return b"".join(out)
 
 
+def _encode_value(value: object) -> bytes:
+    """``encode(value)``, with the common scalars of a frame's fields encoded directly."""
+    if type(value) is bytes:
+        size = len(value)
+        return (_BYTES_HEADS[size] if size < 24 else _head(2, size)) + value
+    if type(value) is int and 0 <= value < 24:
+        return _UINT_HEADS[value]
+    if value is None:
+        return b"\xf6"
+    if type(value) is str and len(value) < 24 and value.isascii():
+        return _TEXT_HEADS[len(value)] + value.encode()
+    return encode(value)
+
+
 def encode_pairs(value: Mapping[Any, Any]) -> list[tuple[bytes, bytes]]:
     """A map's canonical encoding as sorted (encoded key, encoded value) pairs, so callers can
     encode a map once and emit it with or without some entries (see ``join_pairs``)."""
-    return sorted((_encode_key(k, False), encode(v)) for k, v in value.items())
+    cache = _KEY_CACHE
+    pairs = []
+    for k, v in value.items():
+        encoded = cache.get(k) if type(k) is str else None
+        pairs.append((encoded or _encode_key(k, False), _encode_value(v)))
+    pairs.sort(key=_first_item)  # distinct keys have distinct encodings
+    return pairs
 
 
 def join_pairs(pairs: list[tuple[bytes, bytes]]) -> bytes:
@@ -367,6 +429,11 @@ def decode(
 ) -> Any:
     """Decode exactly one CBOR item occupying all of ``data`` (strict, bounded)."""
     raw = bytes(data)
+    if len(raw) <= max_items:  # the item budget cannot run out: the fast path may decide
+        try:
+            return decode_fast(raw, max_depth, allow_bytes_keys)
+        except Fallback:
+            pass  # the full decoder accepts it or names what is wrong
     value, pos = decode_prefix(
         raw, 0, None, max_depth=max_depth, max_items=max_items, allow_bytes_keys=allow_bytes_keys
     )
