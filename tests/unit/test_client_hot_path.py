@@ -354,3 +354,26 @@ async def test_a_call_answered_with_an_error_raises_mesh_error() -> None:
     session.frames_received(0, [error.signed_by(CALLER).to_map()])
     with pytest.raises(MeshError):
         await pending
+
+
+# --- Subscription.next ----------------------------------------------------------------------
+
+
+async def test_next_returns_a_buffered_delivery_at_once_and_times_out_on_an_empty_buffer(
+    count_calls: Any,
+) -> None:
+    node = Node(ME, ["127.0.0.1:1"], probe_interval_s=0)
+    session, _ = offline(node)
+    sub = await node.subscribe(REALM, "news")
+    session.frames_received(0, [event_map(1), event_map(2)])
+    tasks = count_calls(type(asyncio.get_running_loop()), "create_task")
+    assert (await sub.next(0)).seq == 1  # buffered: no wait, even with no time to wait
+    assert (await sub.next(1.0)).seq == 2
+    assert tasks == [0]
+    with pytest.raises(TimeoutError):
+        await sub.next(0.01)
+    session.frames_received(0, [event_map(3)])
+    await sub.close()
+    assert (await sub.next(0)).seq == 3  # what was buffered, then the end
+    with pytest.raises(StopAsyncIteration):
+        await sub.next(0.01)
