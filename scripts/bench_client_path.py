@@ -154,7 +154,7 @@ async def _pubsub(subscribers: int, n: int) -> float:
                 if not left:
                     return
 
-        async with asyncio.TaskGroup() as group:
+        async with asyncio.timeout(300), asyncio.TaskGroup() as group:  # bounded if one is lost
             for sub in subs:
                 group.create_task(drain(sub))
             for i in range(n):
