@@ -53,6 +53,7 @@ from macula.errors import (
     MeshError,
 )
 from macula.intent import EventDedup, Intent, Key, Wanted
+from macula.publishing import signed_publish
 from macula.wire.codes import ErrorCode, code_name
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
@@ -158,11 +159,16 @@ class ClientCore:
         """Sign and encode ``frame`` for ``stream``; raises once the connection has ended, and
         refuses (``MeshError`` payload_too_large) a control-stream frame over the stations'
         control-frame limit rather than have the station close the connection for it."""
+        self._open()
+        return self._transmit(stream, frame, frame.sign_and_encode(self.identity))
+
+    def _open(self) -> None:
         if self.ended is not None:
             if self.ended.closed:
                 raise ClosedError("session closed")
             raise BrokenError(self.ended.reason)
-        data = frame.sign_and_encode(self.identity)
+
+    def _transmit(self, stream: int, frame: Frame, data: bytes) -> Transmit:
         if stream == self.control and len(data) > self.max_control_frame:
             raise MeshError(
                 ErrorCode.PAYLOAD_TOO_LARGE,
@@ -242,7 +248,8 @@ class ClientCore:
             payload=payload,
             published_at_ms=now_ms,
         )
-        return [self.send_frame(self.control, frame.with_publisher_sig(self.identity))]
+        self._open()  # both signatures from one encoding of the fields (macula.publishing)
+        return [self._transmit(self.control, frame, signed_publish(frame, self.identity))]
 
     def call(
         self,
@@ -465,7 +472,7 @@ class ClientCore:
             if self.dedup.first_time(frame):
                 out.append(EventArrived(frame, frame.publisher_sig is not None))
         elif isinstance(frame, (Result, Error)):
-            self._reply(self.control, frame, out)
+            self._settle(self.control, frame, out)
         elif isinstance(frame, Call):
             out.append(CallArrived(self.control, frame))
         elif isinstance(frame, Goodbye):
@@ -507,8 +514,12 @@ class ClientCore:
         return False
 
     def _reply(self, stream: int, frame: Frame, out: list[Output]) -> None:
-        if not isinstance(frame, (Result, Error)) or not self._verified(frame):
-            return
+        """An answer on a content stream: verified here, then settled."""
+        if isinstance(frame, (Result, Error)) and self._verified(frame):
+            self._settle(stream, frame, out)
+
+    def _settle(self, stream: int, frame: Result | Error, out: list[Output]) -> None:
+        """A verified RESULT/ERROR settles the call it names, sent on this stream."""
         pending = self._calls.get(frame.call_id)
         if pending is None or pending.stream != stream:
             self.dropped["unmatched_reply"] += 1

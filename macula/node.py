@@ -396,7 +396,8 @@ class Node:
         )
 
     def call_received(self, session: Session, stream: int, call: Call) -> None:
-        self._served.call_received(session, stream, call)
+        if not self._closing:  # a closing node runs no handler (``macula.serving``)
+            self._served.call_received(session, stream, call)
 
     def stream_opened(self, session: Session, channel: StreamChannel, opening: StreamOpen) -> None:
         self._served.stream_opened(channel, opening)
@@ -434,6 +435,14 @@ class Node:
                 say(self._session)
 
     # -- using the mesh ------------------------------------------------------------------------
+
+    def _live(self) -> Session | None:
+        """The live session when there is one and nothing stands in the way (``session``'s
+        fast path, without a coroutine per message)."""
+        session = self._session
+        if self._closing or self._terminal is not None or session is None or not session.alive:
+            return None
+        return session
 
     async def session(self, timeout: float | None = None) -> Session:
         """The live session, waiting for a reconnect if one is under way."""
@@ -507,7 +516,7 @@ class Node:
         self, realm: bytes, topic: str, payload: Any, *, timeout: float = 10.0
     ) -> int:
         """Publish with a fresh ``seq`` and a ``publisher_sig``; returns the seq."""
-        session = await self.session(timeout)
+        session = self._live() or await self.session(timeout)
         seq = self._next_seq()
         session.publish(realm, topic, payload, seq)
         return seq
@@ -563,6 +572,9 @@ class Node:
         (procedure_advertisement, then station_endpoint records) and calls it there, pinning
         that station's key; ``ResolveError`` when no such record exists.
         """
+        session = None if direct else self._live()
+        if session is not None:  # connected: no wait to deduct from the timeout
+            return await session.call(realm, procedure, payload, timeout)
         started = time.monotonic()
         session = await (
             self._direct.session(procedure, timeout, self.connect_timeout)

@@ -10,7 +10,11 @@ Invariants:
 - at most ``max_in_flight`` handlers (calls and streams together) run at once: one more is
   answered ERROR 0x08 ``upstream_congestion`` (a stream, STREAM_ERROR ``upstream_congestion``)
   without running, and counted (``calls_refused_busy``). A handler leaves the count when it
-  ends, however it ends.
+  ends, however it ends;
+- a call's handler is called at once, in the callback that delivered the CALL: a plain
+  function's result is answered there (the RESULT leaves in the same transmit as the QUIC ACK,
+  no task and no loop turn per call); only an awaitable result gets a task of the node, which
+  awaits it and answers. A node that is closing runs no handler.
 """
 
 from __future__ import annotations
@@ -112,7 +116,22 @@ class Server:
             with contextlib.suppress(MaculaError, WireError):
                 session.reply_error(stream, call, BUSY, BUSY_DETAIL)
             return
-        self._start(self._serve_call(session, stream, call, served.handler))
+        incoming = IncomingCall(
+            call.realm, call.procedure, call.payload, call.caller, call.deadline_ms
+        )
+        try:
+            result = served.handler(incoming)
+        except Exception as exc:
+            reason = self._failed(call.procedure, exc)
+            _answer_error(session, stream, call, reason or HANDLER_ERROR)
+            return
+        if inspect.isawaitable(result):
+            work = self._serve_call(session, stream, call, result)
+            if not self._start(work) and inspect.iscoroutine(result):
+                result.close()  # the node is closing: never awaited, and says nothing
+            return
+        self._stats.calls_served += 1
+        _answer(session, stream, call, result)
 
     def stream_opened(self, channel: StreamChannel, opening: StreamOpen) -> None:
         served = self._served.get((opening.realm, opening.procedure))
@@ -134,13 +153,15 @@ class Server:
         self._stats.calls_refused_busy += 1
         return True
 
-    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+    def _start(self, work: Coroutine[Any, Any, None]) -> bool:
         """Run a handler counted in ``in_flight``; its ``finally`` gives the slot back, or here
-        when the node refused to run it (closed before it started)."""
+        when the node refused to run it (closed before it started: False)."""
         self.in_flight += 1
         self._spawn(work)
         if inspect.getcoroutinestate(work) == inspect.CORO_CLOSED:
             self.in_flight -= 1
+            return False
+        return True
 
     # -- running one -----------------------------------------------------------------------------
 
@@ -153,15 +174,10 @@ class Server:
         return None
 
     async def _serve_call(
-        self, session: Session, stream: int, call: Call, handler: Handler
+        self, session: Session, stream: int, call: Call, pending: Awaitable[Any]
     ) -> None:
-        incoming = IncomingCall(
-            call.realm, call.procedure, call.payload, call.caller, call.deadline_ms
-        )
         try:
-            result = handler(incoming)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await pending
         except Exception as exc:
             reason = self._failed(call.procedure, exc)
             _answer_error(session, stream, call, reason or HANDLER_ERROR)

@@ -323,23 +323,25 @@ class Session:
         if not ended.closed:
             self.owner.session_broken(self, ended.reason, ended.terminal)
 
-    def _arm_timer(self) -> None:
-        """One timer, at the earliest call deadline the core holds."""
-        due = self.core.next_deadline()
-        if due == self._timer_at:
+    def _arm_timer(self, due: int | None) -> None:
+        """One timer, never later than the earliest call deadline the core holds. It moves only
+        earlier (a new call with a nearer deadline); a settled call leaves it armed, and when it
+        fires ``_tick`` re-arms it at the earliest deadline still pending, if any: no timer is
+        made or cancelled per call."""
+        if due is None or not self.core.alive:
+            return
+        if self._timer_at is not None and self._timer_at <= due:
             return
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
         self._timer_at = due
-        if due is not None and self.core.alive:
-            delay = max(0.0, (due - self.clock()) / 1000)
-            self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
+        delay = max(0.0, (due - self.clock()) / 1000)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
 
     def _tick(self) -> None:
         self._timer, self._timer_at = None, None
         self.run(self.core.tick(self.clock()))
-        self._arm_timer()
+        self._arm_timer(self.core.next_deadline())
 
     # -- sending ------------------------------------------------------------------------------
 
@@ -388,7 +390,7 @@ class Session:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[call_id] = future
         self.run(out)
-        self._arm_timer()
+        self._arm_timer(expires)
         try:
             return await future
         except CallTimeout:
@@ -436,10 +438,7 @@ class Session:
 
     def frames_received(self, stream_id: int, frames: list[dict[str, Any]]) -> None:
         self.heard_ms = self.clock()
-        outputs = self.core.frames_received(stream_id, frames, self.heard_ms)
-        self.run(outputs)
-        if any(isinstance(o, CallSettled) for o in outputs):
-            self._arm_timer()  # a settled call may have held the earliest deadline
+        self.run(self.core.frames_received(stream_id, frames, self.heard_ms))
 
     def framing_failed(self, stream_id: int, error: FramingError) -> None:
         self.run(self.core.framing_failed(stream_id, error))

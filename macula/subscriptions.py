@@ -111,6 +111,10 @@ class Subscription:
         return item
 
     async def next(self, timeout: float | None = None) -> Delivery:
+        """The next delivery; ``TimeoutError`` when none arrives within ``timeout`` seconds.
+        One already buffered (or the end) is returned at once, without a task or a timer."""
+        if timeout is None or self._ended or not self._queue.empty():
+            return await self.__anext__()
         return await asyncio.wait_for(self.__anext__(), timeout)
 
     async def close(self) -> None:
