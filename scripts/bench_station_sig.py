@@ -159,8 +159,10 @@ def main() -> None:
     for station_peer in (False, True):
         for subs in args.subscribers:
             best = min(
-                (run(subs, args.messages, args.payload, station_peer=station_peer)
-                 for _ in range(args.rounds)),
+                (
+                    run(subs, args.messages, args.payload, station_peer=station_peer)
+                    for _ in range(args.rounds)
+                ),
                 key=lambda r: r["us_per_message"],
             )
             label = f"{subs} subscriber(s)" + (" + 1 peer station" if station_peer else "")
