@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import nacl.signing
 
+from macula.wire import cbor
 from macula.wire.frames import CAP_STATION, Connect, Publish, Subscribe, new_frame_id
-from macula.wire.framing import FrameDecoder
+from macula.wire.framing import FrameDecoder, frame_bytes
 from macula.wire.identity import Identity, puzzle_evidence, realm_tag
 from relay.core import RouterCore
 from relay.policy import Quotas, StationPolicy
@@ -26,6 +26,7 @@ from relay.policy import Quotas, StationPolicy
 REALM = realm_tag("bench.station-sig")
 TOPIC = "bench.topic"
 T0 = 1_767_225_600_000
+PUBLISHER = Identity(bytes(range(32)))  # fixed, so pre-built frames can be kept (``--frames``)
 
 
 class Counts:
@@ -48,12 +49,13 @@ class Counts:
             self.verify += 1
             return verify(key, *args, **kw)
 
-        nacl.signing.SigningKey.sign = counted_sign  # type: ignore[method-assign]
-        nacl.signing.VerifyKey.verify = counted_verify  # type: ignore[method-assign]
+        setattr(nacl.signing.SigningKey, "sign", counted_sign)  # noqa: B010
+        setattr(nacl.signing.VerifyKey, "verify", counted_verify)  # noqa: B010
 
     def remove(self) -> None:
         assert self._orig is not None
-        nacl.signing.SigningKey.sign, nacl.signing.VerifyKey.verify = self._orig  # type: ignore[method-assign]
+        setattr(nacl.signing.SigningKey, "sign", self._orig[0])  # noqa: B010
+        setattr(nacl.signing.VerifyKey, "verify", self._orig[1])  # noqa: B010
 
 
 def wire_frames(*frames: bytes) -> list[dict[str, Any]]:
@@ -95,7 +97,7 @@ def setup(subscribers: int, *, station_peer: bool) -> tuple[RouterCore, Identity
         core.frames_received(conn, 0, wire_frames(sub.sign_and_encode(identity)), T0)
         return conn
 
-    publisher = Identity(os.urandom(32))
+    publisher = PUBLISHER
     pub_conn = join(publisher, subscribe=False)
     for _ in range(subscribers):
         join(Identity(os.urandom(32)))
@@ -121,24 +123,41 @@ def publishes(publisher: Identity, n: int, payload_bytes: int) -> list[bytes]:
     return out
 
 
-def run(subscribers: int, n: int, payload: int, *, station_peer: bool) -> dict[str, float]:
-    core, publisher, pub_conn = setup(subscribers, station_peer=station_peer)
-    frames = publishes(publisher, n, payload)
+def load_frames(path: str | None, n: int, payload: int) -> list[bytes]:
+    """``n`` signed PUBLISH frames by ``PUBLISHER``, from ``path`` if it holds enough."""
+    if path is not None and os.path.exists(path):
+        frames = FrameDecoder().feed(open(path, "rb").read())  # noqa: SIM115
+        kept = [frame_bytes(cbor.encode(m)) for m in frames]
+        if len(kept) >= n:
+            return kept[:n]
+    built = publishes(PUBLISHER, n, payload)
+    if path is not None:
+        with open(path, "wb") as out:
+            out.write(b"".join(built))
+    return built
+
+
+def run(
+    subscribers: int, frames: list[bytes], *, station_peer: bool, count: bool = True
+) -> dict[str, float]:
+    n = len(frames)
+    core, _, pub_conn = setup(subscribers, station_peer=station_peer)
     counts = Counts()
     sent = 0
-    feed: Callable[[int, bytes], int]
 
     def feed(i: int, data: bytes) -> int:
         maps = FrameDecoder().feed(data)  # decoding is part of the station's work
         return len(core.frames_received(pub_conn, 0, maps, T0 + 1 + i))
 
     feed(0, frames[0])  # warm caches
-    counts.install()
+    if count:
+        counts.install()
     start = time.process_time()
     for i, data in enumerate(frames[1:], 1):
         sent += feed(i, data)
     cpu = time.process_time() - start
-    counts.remove()
+    if count:
+        counts.remove()
     m = n - 1
     return {
         "us_per_message": cpu / m * 1e6,
@@ -155,12 +174,19 @@ def main() -> None:
     parser.add_argument("--payload", type=int, default=128)
     parser.add_argument("--subscribers", type=int, nargs="*", default=[1, 50])
     parser.add_argument("--rounds", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--frames", help="keep the pre-built PUBLISH frames in this file")
+    parser.add_argument("--peer", choices=("no", "yes", "both"), default="both")
+    parser.add_argument(
+        "--no-count", action="store_true", help="no PyNaCl patching (for callgrind diffs)"
+    )
     args = parser.parse_args()
-    for station_peer in (False, True):
+    frames = load_frames(args.frames, args.messages, args.payload)
+    peers = {"no": (False,), "yes": (True,), "both": (False, True)}[args.peer]
+    for station_peer in peers:
         for subs in args.subscribers:
             best = min(
                 (
-                    run(subs, args.messages, args.payload, station_peer=station_peer)
+                    run(subs, frames, station_peer=station_peer, count=not args.no_count)
                     for _ in range(args.rounds)
                 ),
                 key=lambda r: r["us_per_message"],
