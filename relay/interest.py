@@ -212,30 +212,11 @@ class InterestRouter:
         if not peer.publish_bucket.take(now_ms):
             self._drop(peer, "publish_rate_limited", "publish rate above quota")
             return []
-        targets = self._targets(peer, frame)
-        # publisher_sig is end to end: local clients verify it themselves (a bad one is
-        # dropped by the client, never delivered), so the station checks it only where it
-        # vouches for it further: before relaying it to a peer station (docs/perf/perf-sig.md)
-        sig_checked = sig is not None and any(target.is_station for target in targets)
-        if sig_checked and not publisher_sig_valid(frame):
-            self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")
-            return []
-        self._count("publishes")
-        if self.published is not None:
-            self.published(frame, now_ms, sig_checked)  # the room history (relay.house.history)
-        if not targets:
-            return []
-        data = self._frames.event(frame, now_ms)  # signed once, the same bytes to every target
+        subscribers = self._subscriptions.subscribers((frame.realm, frame.topic.encode()))
+        data = self._frames.event(frame, now_ms) if subscribers else b""  # once, for all
         out: list[Action] = []
-        for target in targets:
-            self._count("events_to_stations" if target.is_station else "events_delivered")
-            out.append(Send(target.conn, target.control or 0, data))
-        return out
-
-    def _targets(self, peer: Peer, frame: Publish) -> list[Peer]:
-        """The connected subscribers an EVENT for ``frame`` from ``peer`` goes to."""
-        out: list[Peer] = []
-        for node_id in self._subscriptions.subscribers((frame.realm, frame.topic.encode())):
+        to_stations = 0
+        for node_id in subscribers:
             conn = self._node_conn.get(node_id)
             target = self._peers.get(conn) if conn is not None else None
             if target is None or target.state is not PeerState.CONNECTED or target.control is None:
@@ -243,8 +224,23 @@ class InterestRouter:
             if target.is_station:
                 if peer.is_station:  # a peer station's frames never go on to a third one
                     continue
-                if frame.publisher_sig is None:  # the peer would drop it (unsigned_relayed_event)
+                if sig is None:  # the peer would drop it (unsigned_relayed_event)
                     self._count("unsigned_events_not_relayed")
                     continue
-            out.append(target)
+                to_stations += 1
+            out.append(Send(target.conn, target.control, data))
+        # publisher_sig is end to end: local clients verify it themselves (a bad one is
+        # dropped by the client, never delivered), so the station checks it only where it
+        # vouches for it further: before relaying it to a peer station (docs/perf/perf-sig.md)
+        sig_checked = to_stations > 0
+        if sig_checked and not publisher_sig_valid(frame):
+            self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")
+            return []
+        self._count("publishes")
+        if self.published is not None:
+            self.published(frame, now_ms, sig_checked)  # the room history (relay.house.history)
+        for _ in range(to_stations):
+            self._count("events_to_stations")
+        for _ in range(len(out) - to_stations):
+            self._count("events_delivered")
         return out
