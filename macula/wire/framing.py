@@ -142,7 +142,13 @@ def _skip_pairs(data: bytes, pos: int, count: int, cuts: list[tuple[int, int]] |
         if key <= previous:  # sorted by encoded key, hence no duplicates either
             raise _NotCanonical
         previous = key
-        pos = skip(data, pos)
+        initial = data[pos]
+        if initial < 0x18:  # a small uint
+            pos += 1
+        elif initial == 0x58 and data[pos + 1] >= 24:  # ids, realms, signatures: bytes(24..255)
+            pos += 2 + data[pos + 1]
+        else:
+            pos = skip(data, pos)
         if cuts is not None and key in _SIGNATURE_KEYS:
             cuts.append((start, pos))
     return pos
