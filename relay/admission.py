@@ -39,6 +39,7 @@ from macula.wire.frames import (
     UnknownFrameType,
     Unsubscribe,
     parse_frame,
+    verifies_received,
 )
 from macula.wire.identity import puzzle_valid
 from relay.peers import Peer
@@ -138,7 +139,7 @@ class FrameAdmission:
                 return Rejected("name_too_long", why, frame.call_id, code, detail)
             return Rejected("name_too_long", why)
         signer = frame.expected_signer() or node_id
-        if not frame.verifies(signer):
+        if not verifies_received(frame, frame_map, signer):  # over the bytes received
             problem = "signature does not verify"
         elif not (
             self.fresh_on_link(frame, now_ms, node_id, signer)

@@ -2,18 +2,20 @@
 they serve (ADVERTISE/UNADVERTISE), the topics they follow (SUBSCRIBE/UNSUBSCRIBE), and each
 PUBLISH fanned out to the subscribers as a station-signed EVENT.
 
-``RouterCore`` owns it and hands it only frames already verified (§4.3). Invariants: a
-declaration names the connection's own identity, else it is a counted drop (foreign
-ADVERTISE/UNADVERTISE §13 #5, SUBSCRIBE #6, PUBLISH #7), as is a PUBLISH whose
-``publisher_sig`` does not verify; built-in, station-served and house procedure names are
-never advertised; a procedure has one advertiser while that connection lives, and a released
-one stays tombstoned for ``tombstone_ms`` to everyone but its former owner; a station peer's
-ADVERTISE is kept apart (``relay.federation.gossip``: a local client wins, then the first
-station) and a local client's advert appearing or going is told to the links;
-per-connection advertisement and per-node subscription quotas hold (a peer station's under
-``max_station_subscriptions``); an EVENT goes only to CONNECTED
-subscribers, on their control stream, and to a peer station only with a ``publisher_sig`` and
-never for a PUBLISH that came from a peer station (an event crosses at most one link).
+``RouterCore`` owns it and hands it only frames already verified (§4.3). Invariants: a declaration
+names the connection's own identity, else it is a counted drop (foreign ADVERTISE/UNADVERTISE §13
+#5, SUBSCRIBE #6, PUBLISH #7), as is a PUBLISH whose ``publisher_sig`` is not 64 bytes, or does not
+verify when the station checks it: only when the EVENT goes on to a peer station (subscribers check
+it end to end, §4.3: the station verifies a PUBLISH against its connection); an EVENT is signed and
+encoded once per PUBLISH; built-in, station-served and house procedure names are never advertised;
+a procedure has one advertiser while that connection lives, and a released one stays tombstoned for
+``tombstone_ms`` to everyone but its former owner; a station peer's ADVERTISE is kept apart
+(``relay.federation.gossip``: a local client wins, then the first station) and a local client's
+advert appearing or going is told to the links; per-connection advertisement and per-node
+subscription quotas hold (a peer station's under ``max_station_subscriptions``); an EVENT goes only
+to CONNECTED subscribers, on their control stream, and to a peer station only with a
+``publisher_sig`` and never for a PUBLISH that came from a peer station (an event crosses at most
+one link).
 Interest across station links (what is told to peer stations, EVENTs from them) is
 ``relay.federation.interest``'s; this router tells it each change of a client's subscriptions.
 """
@@ -42,6 +44,7 @@ from relay.station_frames import StationFrames
 from relay.subscriptions import SubscriptionTable
 
 Declaration = Advertise | Unadvertise | Subscribe | Unsubscribe | Publish
+SIGNATURE_BYTES = 64  # Ed25519 (§4.1)
 DECLARATIONS = (Advertise, Unadvertise, Subscribe, Unsubscribe, Publish)  # what ``handle`` takes
 
 
@@ -74,7 +77,8 @@ class InterestRouter:
         self._drop = drop
         self._count = count
         self.federation = federation
-        self.published: Callable[[Publish, int], None] | None = None  # every PUBLISH accepted
+        # every PUBLISH accepted, and whether its present publisher_sig was verified here
+        self.published: Callable[[Publish, int, bool], None] | None = None
 
     def handle(self, peer: Peer, frame: Declaration, now_ms: int) -> list[Action]:
         """Apply one verified declaration from ``peer``; the EVENTs a PUBLISH sends."""
@@ -201,20 +205,17 @@ class InterestRouter:
         if frame.publisher != peer.node_id:
             self._drop(peer, "foreign_publish", "publisher is not this connection")
             return []
-        if frame.publisher_sig is not None and not publisher_sig_valid(frame):
-            self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")
+        sig = frame.publisher_sig
+        if sig is not None and len(sig) != SIGNATURE_BYTES:  # can never verify: no crypto
+            self._drop(peer, "bad_publisher_sig", "publisher_sig is not 64 bytes")
             return []
         if not peer.publish_bucket.take(now_ms):
             self._drop(peer, "publish_rate_limited", "publish rate above quota")
             return []
-        self._count("publishes")
-        if self.published is not None:
-            self.published(frame, now_ms)  # the room history (relay.house.history)
         subscribers = self._subscriptions.subscribers((frame.realm, frame.topic.encode()))
-        if not subscribers:
-            return []
-        data = self._frames.event(frame, now_ms)
+        data = self._frames.event(frame, now_ms) if subscribers else b""  # once, for all
         out: list[Action] = []
+        to_stations = 0
         for node_id in subscribers:
             conn = self._node_conn.get(node_id)
             target = self._peers.get(conn) if conn is not None else None
@@ -223,11 +224,23 @@ class InterestRouter:
             if target.is_station:
                 if peer.is_station:  # a peer station's frames never go on to a third one
                     continue
-                if frame.publisher_sig is None:  # the peer would drop it (unsigned_relayed_event)
+                if sig is None:  # the peer would drop it (unsigned_relayed_event)
                     self._count("unsigned_events_not_relayed")
                     continue
-                self._count("events_to_stations")
-            else:
-                self._count("events_delivered")
+                to_stations += 1
             out.append(Send(target.conn, target.control, data))
+        # publisher_sig is end to end: local clients verify it themselves (a bad one is
+        # dropped by the client, never delivered), so the station checks it only where it
+        # vouches for it further: before relaying it to a peer station (docs/perf/perf-sig.md)
+        sig_checked = to_stations > 0
+        if sig_checked and not publisher_sig_valid(frame):
+            self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")
+            return []
+        self._count("publishes")
+        if self.published is not None:
+            self.published(frame, now_ms, sig_checked)  # the room history (relay.house.history)
+        for _ in range(to_stations):
+            self._count("events_to_stations")
+        for _ in range(len(out) - to_stations):
+            self._count("events_delivered")
         return out

@@ -7,7 +7,9 @@ naming the field. Invariants:
 - ``parse_frame(m).to_map() == m`` for every map ``parse_frame`` accepts: fields keep their wire
   types exactly (``procedure``/``topic`` travel as UTF-8 bytes and are ``str`` here; ``detail``,
   STREAM_ERROR ``code``/``message`` stay ``bytes``), and unknown keys are kept in ``extras``.
-  Hence verification (which re-encodes the decoded map, §4.2) and relaying are lossless.
+  Hence verification (which re-encodes the decoded map, §4.2) and relaying are lossless;
+  ``verifies_received`` verifies over the received bytes instead when they are canonical (the
+  same bytes, without the re-encoding).
 - The field table of each class *is* the spec: a ``Wire`` kind per field, one generic
   ``to_map``/``parse``; no per-frame hand-written codec. The kinds and the ``Frame`` base
   (envelope, signing) are ``macula.wire.envelope``; ``Frame`` and ``PROTOCOL_VERSION`` are
@@ -50,7 +52,8 @@ from macula.wire.envelope import (
     wire,
 )
 from macula.wire.errors import LocalProtocolError, ProtocolError
-from macula.wire.identity import DOMAIN_EVENT_PUB, Identity, uuid7, verify
+from macula.wire.framing import ReceivedMap, unsigned_body
+from macula.wire.identity import DOMAIN_EVENT_PUB, DOMAIN_FRAME, Identity, uuid7, verify
 
 CAP_STATION = 0x1
 
@@ -401,6 +404,28 @@ def _known_keys(cls: type[Frame]) -> frozenset[str]:
     return known
 
 
+# --- verifying what was received (§4.2) ------------------------------------------------------
+
+
+def received_signable(frame: Frame, frame_map: Mapping[str, Any]) -> bytes:
+    """The bytes ``frame``'s signature covers, where ``frame = parse_frame(frame_map)``: cut
+    from the received body when ``frame_map`` came from ``FrameDecoder`` (a ``ReceivedMap``)
+    and that body is canonical, else re-encoded from the decoded map (§4.2). Both are the same
+    bytes for a canonical body, so the verdict never depends on which is used."""
+    if isinstance(frame_map, ReceivedMap):
+        unsigned = unsigned_body(frame_map.body)
+        if unsigned is not None:
+            return DOMAIN_FRAME + unsigned
+    return frame.signable_bytes()
+
+
+def verifies_received(frame: Frame, frame_map: Mapping[str, Any], public_key: bytes) -> bool:
+    """``frame.verifies(public_key)`` over the received bytes (``received_signable``)."""
+    if type(frame.signature) is not bytes or len(frame.signature) != 64:
+        return False  # no signable bytes needed to refuse it
+    return verify(public_key, received_signable(frame, frame_map), frame.signature)
+
+
 # --- publisher signature (§4.4) --------------------------------------------------------------
 
 
@@ -475,4 +500,6 @@ __all__ = [
     "parse_frame",
     "publication_signable",
     "publisher_sig_valid",
+    "received_signable",
+    "verifies_received",
 ]

@@ -12,7 +12,16 @@ Invariants of ``FrameDecoder``:
   preceded the bad one in the same call (so nothing valid is lost); after one, the decoder is
   poisoned and raises again on every call: a broken stream never resynchronises silently
   (§2.5: close, never wedge);
-- work is linear in the bytes fed; memory is bounded by one frame plus one read.
+- work is linear in the bytes fed; memory is bounded by one frame plus one read;
+- every map it returns is a ``ReceivedMap`` holding the exact body it was decoded from (the
+  same ``bytes`` object, no second copy), so a verifier can cut the signed bytes out of it
+  (``unsigned_body``) instead of re-encoding the map, whenever those bytes are canonical.
+
+``unsigned_body(body)`` is the canonical encoding of the body's map without its top-level
+``signature``/``publisher_sig`` (§4.2), cut from ``body``, or None when ``body`` is not
+canonical (§2.2: shortest heads, sorted keys, binary64 floats): then, and only then, a verifier
+re-encodes the decoded map as before. For a canonical body both give the same bytes, because
+decoding then re-encoding canonical CBOR gives it back byte for byte.
 """
 
 from __future__ import annotations
@@ -46,6 +55,140 @@ def decode_body(
     if not isinstance(value, dict):
         raise FramingError("not_a_map", "a frame body must be a CBOR map")
     return value
+
+
+class ReceivedMap(dict[str, Any]):
+    """A decoded frame map and ``body``, the received bytes it was decoded from. A map that is
+    changed after decoding no longer matches its body: nothing on the receive path does so."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, decoded: dict[str, Any], body: bytes) -> None:
+        super().__init__(decoded)
+        self.body = body
+
+
+_SIGNATURE_KEYS = (b"\x69signature", b"\x6dpublisher_sig")  # encoded text keys (§4.2)
+
+
+class _NotCanonical(Exception):
+    pass
+
+
+def _argument(data: bytes, pos: int, ai: int) -> tuple[int, int]:
+    """A long head's argument and the position after it; a head that is not the shortest
+    (§2.2) or not definite is not canonical."""
+    if ai == 24:
+        value, end = data[pos], pos + 1
+        minimum = 24
+    elif ai == 25:
+        value, end = int.from_bytes(data[pos : pos + 2], "big"), pos + 2
+        minimum = 0x100
+    elif ai == 26:
+        value, end = int.from_bytes(data[pos : pos + 4], "big"), pos + 4
+        minimum = 0x10000
+    elif ai == 27:
+        value, end = int.from_bytes(data[pos : pos + 8], "big"), pos + 8
+        minimum = 0x100000000
+    else:
+        raise _NotCanonical
+    if value < minimum or end > len(data):
+        raise _NotCanonical
+    return value, end
+
+
+def _skip(data: bytes, pos: int) -> int:
+    """The position after the canonical item at ``pos`` (the decoder has already checked the
+    body is well-formed and bounded: this walk only checks canonical form)."""
+    initial = data[pos]
+    pos += 1
+    if initial < 0x18:  # the commonest item of a frame: a small uint
+        return pos
+    major = initial >> 5
+    if major == 7:
+        if initial == 0xF6:  # null
+            return pos
+        if initial == 0xFB:  # binary64, the only float of the wire
+            return pos + 8
+        raise _NotCanonical
+    ai = initial & 0x1F
+    count, pos = (ai, pos) if ai < 24 else _argument(data, pos, ai)
+    if major <= 1:
+        return pos
+    if major <= 3:
+        return pos + count
+    if major == 4:
+        for _ in range(count):
+            pos = _skip(data, pos)
+        return pos
+    if major == 5:
+        return _skip_pairs(data, pos, count, None)
+    raise _NotCanonical
+
+
+def _skip_pairs(data: bytes, pos: int, count: int, cuts: list[tuple[int, int]] | None) -> int:
+    """The position after ``count`` canonical pairs at ``pos``; with ``cuts``, the spans of
+    the pairs keyed ``signature``/``publisher_sig`` are added to it."""
+    previous = b""
+    skip = _skip
+    for _ in range(count):
+        start = pos
+        initial = data[pos]
+        if 0x60 <= initial < 0x78:  # a short text key: every key of the envelope
+            pos += 1 + initial - 0x60
+        else:
+            pos = skip(data, pos)
+        key = data[start:pos]
+        if key <= previous:  # sorted by encoded key, hence no duplicates either
+            raise _NotCanonical
+        previous = key
+        initial = data[pos]
+        if initial < 0x18:  # a small uint
+            pos += 1
+        elif initial == 0x58 and data[pos + 1] >= 24:  # ids, realms, signatures: bytes(24..255)
+            pos += 2 + data[pos + 1]
+        else:
+            pos = skip(data, pos)
+        if cuts is not None and key in _SIGNATURE_KEYS:
+            cuts.append((start, pos))
+    return pos
+
+
+def _map_head(count: int) -> bytes:
+    """The shortest head of a map of ``count`` pairs (§2.2)."""
+    if count < 24:
+        return bytes((0xA0 | count,))
+    for ai, width in ((24, 1), (25, 2), (26, 4)):
+        if count < 1 << (8 * width):
+            return bytes((0xA0 | ai,)) + count.to_bytes(width, "big")
+    return b"\xbb" + count.to_bytes(8, "big")
+
+
+def unsigned_body(body: bytes) -> bytes | None:
+    """The canonical map of ``body`` without its top-level ``signature``/``publisher_sig``,
+    cut from ``body``; None if ``body`` is not one canonical map."""
+    try:
+        initial = body[0]
+        if initial >> 5 != 5:
+            return None
+        ai = initial & 0x1F
+        count, pos = (ai, 1) if ai < 24 else _argument(body, 1, ai)
+        first = pos
+        cuts: list[tuple[int, int]] = []
+        pos = _skip_pairs(body, pos, count, cuts)
+        if pos != len(body):
+            return None
+    except (_NotCanonical, IndexError):
+        return None
+    if not cuts:
+        return body
+    parts = [_map_head(count - len(cuts))]
+    at = first
+    for start, end in cuts:
+        parts.append(body[at:start])
+        at = end
+    parts.append(body[at:])
+    return b"".join(parts)
 
 
 class FrameDecoder:
@@ -93,7 +236,8 @@ class FrameDecoder:
                     break
                 body = bytes(buffer[start + PREFIX_SIZE : end])
                 start = end
-                frames.append(decode_body(body, max_depth=self.max_depth, max_items=self.max_items))
+                decoded = decode_body(body, max_depth=self.max_depth, max_items=self.max_items)
+                frames.append(ReceivedMap(decoded, body))
         except FramingError as exc:
             self._error = FramingError(exc.reason, exc.detail)
             self._buffer = bytearray()

@@ -138,16 +138,16 @@ class StationInterest:
         if event.publisher_sig is None:
             self._drop(peer, "unsigned_relayed_event", "EVENT from a station without publisher_sig")
             return []
-        if not publisher_sig_valid(event):
-            self._drop(peer, "bad_relayed_publisher_sig", "relayed publisher_sig does not verify")
-            return []
         key = (event.realm, event.topic.encode())
         targets = list(self._client_subscribers(key))
+        if not targets:  # before the verify: an unwanted EVENT costs no Ed25519
+            self._drop(peer, "unwanted_relayed_event", "EVENT for a topic no client here follows")
+            return []
+        if not publisher_sig_valid(event):  # before dedup: only verified keys are remembered
+            self._drop(peer, "bad_relayed_publisher_sig", "relayed publisher_sig does not verify")
+            return []
         if not self.dedup.first_sighting((event.realm, event.publisher, event.seq), now_ms):
             self._drop(peer, "duplicate_relayed_event", "EVENT already delivered (dedup)")
-            return []
-        if not targets:
-            self._drop(peer, "unwanted_relayed_event", "EVENT for a topic no client here follows")
             return []
         data = self._frames.relayed_event(event, now_ms)
         self._count("relayed_events_received")

@@ -197,10 +197,11 @@ class HouseServices:
         self._closers.append(self.history.close)
         self._serve(HISTORY_PROCEDURES, self.history.handle)
 
-    def note_publish(self, frame: Publish, now_ms: int) -> None:
-        """The station's publish hook: a PUBLISH it accepted, for the room history."""
-        if self.history is not None:  # relay.interest verified a present publisher_sig
-            self.history.note(frame, now_ms, sig_checked=True)
+    def note_publish(self, frame: Publish, now_ms: int, sig_checked: bool = False) -> None:
+        """The station's publish hook: a PUBLISH it accepted, for the room history
+        (``sig_checked``: relay.interest verified its publisher_sig; else history does)."""
+        if self.history is not None:
+            self.history.note(frame, now_ms, sig_checked=sig_checked)
 
     def _serve(self, procedures: frozenset[str], handler: Handler) -> None:
         for procedure in procedures:

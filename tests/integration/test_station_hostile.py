@@ -387,7 +387,9 @@ async def test_publish_as_someone_else_is_refused(
         await pair.bob.flush()
         assert watch.delivered == 2
         assert station.core.stats["foreign_publish"] == 2
-        assert station.core.stats["bad_publisher_sig"] == 2
+        # no link: the station leaves publisher_sig to the subscriber, who drops both (perf-sig)
+        assert station.core.stats["bad_publisher_sig"] == 0
+        assert (await pair.bob.session()).dropped["bad_publisher_sig"] == 2
 
 
 # --- §13 #8: EVENT from a client ----------------------------------------------------------------
