@@ -169,7 +169,9 @@ __all__ = [
     "QuicServer",
     "QuicStream",
     "events",
+    "offer_x25519_only",
     "peer_certificate",
+    "release_crypto_buffers",
     "serve",
     "unsent_bytes",
 ]
@@ -202,6 +204,30 @@ def unsent_bytes(quic: QuicConnection, stream_id: int, written: int) -> int | No
     if not native._stream_can_send(stream_id):
         return None
     return int(native.get_send_buffer_size(stream_id))
+
+
+def offer_x25519_only(quic: QuicConnection) -> None:
+    """aioquic: the ClientHello of ``quic`` offers one key share, X25519, instead of four (each
+    share is a key generated per connect; docs/perf/perf-conn.md). Call once its TLS context
+    exists. qh3: nothing (its TLS is native and chooses for itself)."""
+    if BACKEND == "aioquic":
+        from aioquic.tls import Group
+
+        quic.tls._supported_groups = [Group.X25519]
+
+
+def release_crypto_buffers(quic: QuicConnection) -> bool:
+    """aioquic keeps three 16 KiB TLS output buffers for a connection's life; once the handshake
+    is confirmed TLS writes nothing more (no session tickets are issued, QUIC forbids TLS
+    KeyUpdate): replace them with empty ones. False when not confirmed yet, or not aioquic."""
+    if BACKEND != "aioquic" or not getattr(quic, "_handshake_confirmed", False):
+        return False
+    from aioquic._buffer import Buffer
+
+    buffers = quic._crypto_buffers
+    for epoch in list(buffers):
+        buffers[epoch] = Buffer(capacity=0)
+    return True
 
 
 def describe() -> dict[str, str]:

@@ -42,6 +42,7 @@ from macula.transport import (
     datagram_size,
     dial,
     enlarge_receive_buffer,
+    release_handshake_buffers,
 )
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
@@ -126,6 +127,7 @@ class _Sink:
         gated = connection is not None and connection.pre_open_bytes is not None
         if gated and connection is not None and core.is_connected(self.conn):
             connection.open_gate()  # CONNECT accepted: any stream, no byte budget
+            release_handshake_buffers(connection._quic)  # 48 KiB an idle connection kept
 
     def framing_failed(self, stream_id: int, error: FramingError) -> None:
         self.station._run(self.station.core.framing_failed(self.conn, stream_id, error, now_ms()))

@@ -1,0 +1,39 @@
+"""Per-connection state after the handshake: one key share offered, TLS buffers released."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from aioquic.tls import Group
+from meshkit import REALM
+
+from macula.node import Node
+from relay.station import Station
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_client_offers_one_key_share(make_node: Callable[..., Node]) -> None:
+    async with make_node(probe_interval_s=0) as node:
+        session = node._session
+        assert session is not None
+        tls = session.protocol._quic.tls
+        assert tls._supported_groups == [Group.X25519]
+        assert tls._ec_private_keys == [] and tls._x448_private_key is None
+
+
+async def test_station_releases_handshake_buffers_and_still_relays(
+    station: Station, make_node: Callable[..., Node]
+) -> None:
+    async with make_node(probe_interval_s=0) as alice, make_node(probe_interval_s=0) as bob:
+        await alice.flush()
+        await bob.flush()
+        assert len(station._connections) == 2
+        for connection in station._connections.values():
+            buffers = connection._quic._crypto_buffers
+            assert buffers and all(buf.capacity == 0 for buf in buffers.values())
+        sub = await bob.subscribe(REALM, "after.handshake")
+        await bob.flush()  # the station has the subscription
+        await alice.publish(REALM, "after.handshake", b"hi")
+        assert (await sub.next(10.0)).payload == b"hi"
