@@ -40,6 +40,7 @@ from macula.errors import (
 )
 from macula.intent import EventDedup, Key
 from macula.known_stations import KnownStations
+from macula.liveness import until_ended
 from macula.serving import DEFAULT_MAX_IN_FLIGHT, Handler, Server, StreamHandler
 from macula.session import Session, StreamChannel
 from macula.station_choice import DEFAULT_SETTLE_S, StationChoice, StationInfo, station_list
@@ -236,7 +237,13 @@ class Node:
                     self._announce("reconnected" if ever_connected else "connected")
                     self._was_up = True
                     ever_connected = True
-                    await self._until_ended(session)
+                    await until_ended(
+                        session,
+                        self.probe_interval_s,
+                        self.probe_timeout_s,
+                        self._group,
+                        self._probe_acknowledged,
+                    )
                     # let go at once: leaving the ``with`` waits for QUIC's close to finish
                     self._session = None
                     self._connected.clear()
@@ -274,46 +281,8 @@ class Node:
         if not first.done():
             first.set_exception(ClosedError("node closed"))
 
-    async def _until_ended(self, session: Session) -> None:
-        """Wait for the session to end, probing the station meanwhile (unless disabled)."""
-        if not (self.probe_interval_s and self.probe_timeout_s) or self._group is None:
-            await session.ended.wait()
-            return
-        prober = self._group.create_task(self._probe(session))
-        try:
-            await session.ended.wait()
-        finally:
-            prober.cancel()
-
-    async def _probe(self, session: Session) -> None:
-        """A station quiet for ``probe_interval_s`` is pinged at the QUIC level (a PING frame,
-        acknowledged by its QUIC stack: no signature, and never stuck behind a control stream
-        the station has paused for backpressure); one that does not acknowledge within
-        ``probe_timeout_s`` is gone (crash, network lost): the connection counts as lost, so
-        the node moves on at once instead of after QUIC's idle timeout. A connection the
-        station keeps talking on is never pinged."""
-        interval = self.probe_interval_s
-        probed_ms = session.heard_ms
-        while session.alive:
-            last_ms = max(session.heard_ms, probed_ms)
-            quiet_s = (session.clock() - last_ms) / 1000
-            if quiet_s < interval:
-                await asyncio.sleep(interval - quiet_s)
-                continue
-            try:
-                answered = await session.protocol.acknowledged(self.probe_timeout_s)
-            except ConnectionError:
-                return  # the session ended meanwhile; the supervisor knows
-            if not answered:
-                why = (
-                    f"station {session.address} did not acknowledge a ping in "
-                    f"{self.probe_timeout_s:g} s"
-                )
-                log.warning("%s: moving on", why)
-                session.connection_lost(why)
-                return
-            self.stats.probes_acknowledged += 1
-            probed_ms = session.clock()
+    def _probe_acknowledged(self) -> None:
+        self.stats.probes_acknowledged += 1
 
     async def _pause(self, seconds: float) -> None:
         """Wait ``seconds`` (the injected ``sleep``), or less when ``wake`` or closing."""

@@ -52,7 +52,6 @@ from macula.quic_backend import (
     events,
     offer_x25519_only,
     peer_certificate,
-    release_crypto_buffers,
     unsent_bytes,
 )
 from macula.stream_credit import ReceiveCredit
@@ -439,13 +438,6 @@ class ClientConnection(QuicConnection):
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
         offer_x25519_only(self)
-
-
-def release_handshake_buffers(quic: QuicConnection) -> bool:
-    """Once the handshake is confirmed, drop aioquic's three 16 KiB TLS output buffers (one
-    per epoch, kept for the connection's life): after confirmation TLS writes nothing more
-    (no session tickets are issued; QUIC forbids TLS KeyUpdate). False if not yet confirmed."""
-    return release_crypto_buffers(quic)
 
 
 def client_configuration(

@@ -30,7 +30,12 @@ from macula.clock import now_ms, now_us
 from macula.datagram_reader import DrainingProtocol, bound_socket
 from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
-from macula.quic_backend import QuicConfiguration, QuicConnection, QuicServer
+from macula.quic_backend import (
+    QuicConfiguration,
+    QuicConnection,
+    QuicServer,
+    release_crypto_buffers,
+)
 from macula.transport import (
     ALPN,
     CONNECTION_WINDOW,
@@ -42,7 +47,6 @@ from macula.transport import (
     datagram_size,
     dial,
     enlarge_receive_buffer,
-    release_handshake_buffers,
 )
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
@@ -127,7 +131,7 @@ class _Sink:
         gated = connection is not None and connection.pre_open_bytes is not None
         if gated and connection is not None and core.is_connected(self.conn):
             connection.open_gate()  # CONNECT accepted: any stream, no byte budget
-            release_handshake_buffers(connection._quic)  # 48 KiB an idle connection kept
+            release_crypto_buffers(connection._quic)  # 48 KiB an idle connection kept
 
     def framing_failed(self, stream_id: int, error: FramingError) -> None:
         self.station._run(self.station.core.framing_failed(self.conn, stream_id, error, now_ms()))

@@ -167,7 +167,7 @@ async def _pubsub(subscribers: int, n: int) -> float:
             for i in range(n):
                 await publisher.publish(REALM, TOPIC, PAYLOAD)
                 if i % 100 == 99:
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # let the subscribers drain every 100 publishes
         return time.process_time() - start
 
 

@@ -231,7 +231,7 @@ async def test_a_result_on_a_content_stream_is_still_verified() -> None:
     session, wire = offline(node)
     session.core.open_content(4)
     pending = asyncio.ensure_future(session.call(REALM, "_x", None, 5, stream=4))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the pending call sends its CALL
     (call,) = wire.take(Call)
     forged = {**_result(call.call_id, "forged").signed_by(CALLER).to_map(), "payload": "x"}
     session.frames_received(4, [forged])
@@ -321,7 +321,7 @@ async def test_a_nearer_deadline_moves_the_timer_earlier() -> None:
     node = Node(ME, ["127.0.0.1:1"], probe_interval_s=0)
     session, _ = offline(node)
     slow = asyncio.ensure_future(session.call(REALM, "org.example.a_v1", None, 30))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the pending call sends its CALL
     far = session._timer_at
     with pytest.raises(CallTimeout):
         await session.call(REALM, "org.example.b_v1", None, 0.05)
@@ -333,7 +333,7 @@ async def test_the_timer_left_by_a_settled_call_re_arms_for_the_next() -> None:
     node = Node(ME, ["127.0.0.1:1"], probe_interval_s=0)
     session, wire = offline(node)
     first = asyncio.ensure_future(session.call(REALM, "org.example.a_v1", None, 0.02))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the pending call sends its CALL
     (call,) = wire.take(Call)
     session.frames_received(0, [_result(call.call_id, 1).signed_by(CALLER).to_map()])
     assert await first == 1
@@ -348,7 +348,7 @@ async def test_a_call_answered_with_an_error_raises_mesh_error() -> None:
     node = Node(ME, ["127.0.0.1:1"], probe_interval_s=0)
     session, wire = offline(node)
     pending = asyncio.ensure_future(node.call(REALM, "org.example.a_v1", None, timeout=5))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: the pending call sends its CALL
     (call,) = wire.take(Call)
     error = frames.Error(**stamp(), call_id=call.call_id, code=0x0F, reported_by=CALLER.node_id)
     session.frames_received(0, [error.signed_by(CALLER).to_map()])

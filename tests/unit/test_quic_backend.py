@@ -186,7 +186,7 @@ def test_uvloop_forced_but_not_installed_says_how_to_get_it(
 
 
 async def _loop_module() -> str:
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # a real await: this runs on whichever loop the test started
     return type(asyncio.get_running_loop()).__module__.split(".")[0]
 
 

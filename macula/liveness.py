@@ -1,0 +1,65 @@
+"""The liveness probe of a node's session to its station.
+
+Invariants:
+- a station quiet for ``interval_s`` is pinged at the QUIC level (a PING frame, acknowledged by
+  its QUIC stack: no signature, and never stuck behind a control stream the station has paused
+  for backpressure); one that does not acknowledge within ``timeout_s`` is gone (crash, network
+  lost): the connection counts as lost, so the node moves on at once instead of after QUIC's
+  idle timeout;
+- a connection the station keeps talking on is never pinged;
+- the probe ends with the session, and is cancelled when the session ends first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from macula.session import Session
+
+log = logging.getLogger("macula.node")
+
+
+async def until_ended(
+    session: Session,
+    interval_s: float,
+    timeout_s: float,
+    group: asyncio.TaskGroup | None,
+    acknowledged: Callable[[], None],
+) -> None:
+    """Wait for ``session`` to end, probing the station meanwhile (unless ``interval_s`` or
+    ``timeout_s`` is 0, or there is no task group to run the probe in)."""
+    if not (interval_s and timeout_s) or group is None:
+        await session.ended.wait()
+        return
+    prober = group.create_task(probe(session, interval_s, timeout_s, acknowledged))
+    try:
+        await session.ended.wait()
+    finally:
+        prober.cancel()
+
+
+async def probe(
+    session: Session, interval_s: float, timeout_s: float, acknowledged: Callable[[], None]
+) -> None:
+    """Ping ``session``'s station whenever it has been quiet for ``interval_s``; call
+    ``acknowledged`` for each ping answered; end the connection on one that is not."""
+    probed_ms = session.heard_ms
+    while session.alive:
+        last_ms = max(session.heard_ms, probed_ms)
+        quiet_s = (session.clock() - last_ms) / 1000
+        if quiet_s < interval_s:
+            await asyncio.sleep(interval_s - quiet_s)
+            continue
+        try:
+            answered = await session.protocol.acknowledged(timeout_s)
+        except ConnectionError:
+            return  # the session ended meanwhile; the supervisor knows
+        if not answered:
+            why = f"station {session.address} did not acknowledge a ping in {timeout_s:g} s"
+            log.warning("%s: moving on", why)
+            session.connection_lost(why)
+            return
+        acknowledged()
+        probed_ms = session.clock()
