@@ -86,3 +86,18 @@ async def bound_socket(host: str, port: int) -> socket.socket:
             continue
         return sock
     raise error or OSError(f"no address to bind for {host}:{port}")
+
+
+async def open_draining(
+    sock: socket.socket, protocol: asyncio.DatagramProtocol
+) -> asyncio.DatagramTransport:
+    """``protocol`` on ``sock`` (made by the caller) behind a ``DrainingProtocol``; ``sock``
+    is closed when that fails."""
+    try:
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: DrainingProtocol(protocol, sock), sock=sock
+        )
+    except BaseException:
+        sock.close()
+        raise
+    return transport

@@ -41,7 +41,7 @@ from typing import Any, Protocol, cast
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from macula.datagram_reader import DrainingProtocol
+from macula.datagram_reader import open_draining
 from macula.quic_backend import (
     NetworkAddress,
     QuicConfiguration,
@@ -525,18 +525,16 @@ async def dial(
     family, address = await _resolved(loop, host, port)
     configuration = with_datagram_size(configuration, str(address[0]), loopback_datagram_size)
     connection = ClientConnection(configuration=configuration)
+    protocol = FrameProtocol(connection)
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         sock.bind(("::", 0, 0, 0) if family == socket.AF_INET6 else ("0.0.0.0", 0))
         sock.connect(address)  # a connected socket hears ICMP "port unreachable" at once
         enlarge_receive_buffer(sock)
-        protocol = FrameProtocol(connection)
-        transport, _ = await loop.create_datagram_endpoint(
-            lambda: DrainingProtocol(protocol, sock), sock=sock
-        )
     except BaseException:
         sock.close()
         raise
+    transport = await open_draining(sock, protocol)
     try:
         protocol.connect(address)
         connected: asyncio.Future[None] = asyncio.ensure_future(protocol.wait_connected())

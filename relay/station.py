@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from macula.clock import now_ms, now_us
-from macula.datagram_reader import DrainingProtocol, bound_socket
+from macula.datagram_reader import bound_socket, open_draining
 from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
 from macula.quic_backend import (
@@ -246,17 +246,9 @@ class Station:
         quic.load_cert_chain(cert_path, key_path)
         # aioquic's ``serve`` with a socket of our own, so the server reads every datagram
         # waiting at each readiness (macula.datagram_reader), not one per loop turn
+        server = QuicServer(configuration=quic, create_protocol=self._protocol, retry=self.retry)
         sock = await bound_socket(config.host, config.port)
-        try:
-            server = QuicServer(
-                configuration=quic, create_protocol=self._protocol, retry=self.retry
-            )
-            await asyncio.get_running_loop().create_datagram_endpoint(
-                lambda: DrainingProtocol(server, sock), sock=sock
-            )
-        except BaseException:
-            sock.close()
-            raise
+        await open_draining(sock, server)
         self._server = server
         stack.callback(self._close_server)
         enlarge_receive_buffer(sock)
