@@ -7,6 +7,16 @@ import sys
 
 
 def main() -> None:
+    from macula.errors import ConfigError
+
+    try:
+        _dispatch()
+    except ConfigError as exc:  # a bad MACULA_QUIC surfaces while the modules are imported
+        print(f"macula-mcp: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _dispatch() -> None:
     if sys.argv[1:2] == ["attach"]:
         from tools.attach import main as attach
 
