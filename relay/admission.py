@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Container, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import ProtocolError
@@ -39,9 +39,9 @@ from macula.wire.frames import (
     UnknownFrameType,
     Unsubscribe,
     parse_frame,
-    verifies_received,
 )
-from macula.wire.identity import puzzle_valid
+from macula.wire.framing import ReceivedMap, unsigned_body
+from macula.wire.identity import DOMAIN_FRAME, puzzle_valid, verify
 from relay.peers import Peer
 from relay.policy import PuzzleMode, ReplayWindow, StationPolicy
 
@@ -59,6 +59,28 @@ class Rejected:
     call_id: bytes | None = None
     code: int = ErrorCode.UNKNOWN_ERROR
     detail: bytes = b""
+
+
+class Admitted(NamedTuple):
+    """An admitted frame, and ``body``: the bytes it was received as when they are canonical
+    (§2.2), else None. A canonical body *is* the canonical re-encoding of the decoded map
+    (``macula.wire.framing``), so relaying ``body`` sends exactly what re-encoding would."""
+
+    frame: Frame
+    body: bytes | None
+
+
+def _received_signable(frame: Frame, frame_map: dict[str, Any]) -> tuple[bytes | None, bytes]:
+    """The canonical received body (or None) and the bytes the frame signature covers: cut
+    from that body, else re-encoded from the decoded map (§4.2; the same bytes when both
+    exist, so the verdict never depends on which is used: ``frames.received_signable``)."""
+    if isinstance(frame_map, ReceivedMap):
+        unsigned = unsigned_body(frame_map.body)
+        if unsigned is not None:
+            return frame_map.body, DOMAIN_FRAME + unsigned
+    if type(frame.signature) is not bytes or len(frame.signature) != 64:
+        return None, b""  # refused by ``verify`` without any signable bytes
+    return None, frame.signable_bytes()
 
 
 class LinkReplayWindow:
@@ -118,6 +140,13 @@ class FrameAdmission:
     ) -> Frame | Rejected:
         """Parse and verify one frame from the connection of ``node_id`` (a peer station's
         link when ``station``: its replay window is kept per signer)."""
+        verdict = self.admit_received(frame_map, node_id, now_ms, station=station)
+        return verdict if isinstance(verdict, Rejected) else verdict.frame
+
+    def admit_received(
+        self, frame_map: dict[str, Any], node_id: bytes, now_ms: int, *, station: bool = False
+    ) -> Admitted | Rejected:
+        """``admit``, and the received body when it is canonical (``Admitted.body``)."""
         try:
             frame = parse_frame(frame_map)
         except UnknownFrameType:
@@ -139,7 +168,8 @@ class FrameAdmission:
                 return Rejected("name_too_long", why, frame.call_id, code, detail)
             return Rejected("name_too_long", why)
         signer = frame.expected_signer() or node_id
-        if not verifies_received(frame, frame_map, signer):  # over the bytes received
+        body, signable = _received_signable(frame, frame_map)
+        if not verify(signer, signable, frame.signature):  # over the bytes received
             problem = "signature does not verify"
         elif not (
             self.fresh_on_link(frame, now_ms, node_id, signer)
@@ -148,7 +178,7 @@ class FrameAdmission:
         ):
             problem = "frame is replayed or sent_at_ms is outside the allowed clock skew"
         else:
-            return frame
+            return Admitted(frame, body)
         why = f"{frame.FRAME_TYPE}: {problem}"
         if isinstance(frame, Call):
             code = ErrorCode.SIGNATURE_INVALID

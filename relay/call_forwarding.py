@@ -46,8 +46,11 @@ class CallForwarder:
         self._drop = drop
         self._count = count
 
-    def forward(self, peer: Peer, stream: int, call: Call, now_ms: int) -> list[Action]:
-        """Send ``call`` to its advertiser, or answer the caller why not."""
+    def forward(
+        self, peer: Peer, stream: int, call: Call, now_ms: int, body: bytes | None = None
+    ) -> list[Action]:
+        """Send ``call`` to its advertiser, or answer the caller why not (``body``: the CALL
+        as received, when canonical: ``StationFrames.relayed``)."""
         key = (call.realm, call.procedure)
         provider = self._gossip.serving(key, local_only=peer.is_station)
         if provider is None:
@@ -72,7 +75,7 @@ class CallForwarder:
             )
         )
         self._count("calls_forwarded_to_station" if provider.is_station else "calls_forwarded")
-        return [Send(provider.conn, provider.control or 0, self._frames.relayed(call))]
+        return [Send(provider.conn, provider.control or 0, self._frames.relayed(call, body))]
 
     def originate(self, link: Peer, call: Call, now_ms: int) -> list[Action]:
         """Sign the station's own ``call`` and send it on ``link``; its reply, or its failure,
@@ -98,8 +101,9 @@ class CallForwarder:
         code = ErrorCode.UNKNOWN_NEXT_PEER
         return [self._frames.error(peer.conn, stream, call.call_id, code, None, now_ms)]
 
-    def reply(self, peer: Peer, reply: Result | Error) -> list[Action]:
-        """Route a provider's RESULT/ERROR back to the caller (§13 #3)."""
+    def reply(self, peer: Peer, reply: Result | Error, body: bytes | None = None) -> list[Action]:
+        """Route a provider's RESULT/ERROR back to the caller (§13 #3); ``body`` as in
+        ``forward``."""
         pending = self.pending.get(reply.call_id)
         responder = reply.responded_by if isinstance(reply, Result) else reply.reported_by
         if (
@@ -117,7 +121,7 @@ class CallForwarder:
         caller = self._peers.get(pending.caller_conn)
         if caller is None:
             return []
-        return [Send(caller.conn, pending.caller_stream, self._frames.relayed(reply))]
+        return [Send(caller.conn, pending.caller_stream, self._frames.relayed(reply, body))]
 
     def expire(self, now_ms: int) -> list[Action]:
         """Answer the calls whose time is up (§6.2, §13 #9)."""

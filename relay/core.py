@@ -78,7 +78,7 @@ from relay.actions import (
     Send,
     StationReplied,
 )
-from relay.admission import FrameAdmission, Rejected
+from relay.admission import Admitted, FrameAdmission, Rejected
 from relay.adverts import AdvertTable, ProcedureKey
 from relay.call_forwarding import CallForwarder
 from relay.connection_caps import ConnectionCaps
@@ -578,13 +578,14 @@ class RouterCore:
     def _control(
         self, peer: Peer, frame_map: dict[str, Any], now_ms: int, out: list[Action]
     ) -> None:
-        frame = self._accept(peer, peer.control or 0, frame_map, now_ms, out)
-        if frame is None:
+        admitted = self._accept_received(peer, peer.control or 0, frame_map, now_ms, out)
+        if admitted is None:
             return
+        frame, body = admitted
         if isinstance(frame, Call):
-            self._call(peer, peer.control or 0, frame, now_ms, out, builtins_only=False)
+            self._call(peer, peer.control or 0, frame, now_ms, out, builtins_only=False, body=body)
         elif isinstance(frame, (Result, Error)):
-            out += self.calls.reply(peer, frame)
+            out += self.calls.reply(peer, frame, body)
         elif isinstance(frame, DECLARATIONS):
             if self._realm_refused(peer, frame, now_ms):
                 return
@@ -610,7 +611,15 @@ class RouterCore:
         self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
     ) -> Frame | None:
         """The frame if admitted (§4.3, §13 #1, #10); else count it and answer a CALL."""
-        verdict = self.admission.admit(frame_map, peer.node_id, now_ms, station=peer.is_station)
+        admitted = self._accept_received(peer, stream, frame_map, now_ms, out)
+        return None if admitted is None else admitted.frame
+
+    def _accept_received(
+        self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
+    ) -> Admitted | None:
+        """``_accept``, with the received body when canonical (what a relay sends on)."""
+        admission = self.admission
+        verdict = admission.admit_received(frame_map, peer.node_id, now_ms, station=peer.is_station)
         if not isinstance(verdict, Rejected):
             return verdict
         self._drop(peer, verdict.counter, verdict.why or verdict.counter)
@@ -630,6 +639,7 @@ class RouterCore:
         out: list[Action],
         *,
         builtins_only: bool,
+        body: bytes | None = None,
     ) -> None:
         refusal = self._call_refusal(peer, call, now_ms)
         if refusal is not None:
@@ -654,7 +664,7 @@ class RouterCore:
         if builtins_only:
             out += self.calls.no_route(peer, stream, call, now_ms)
         else:
-            out += self.calls.forward(peer, stream, call, now_ms)
+            out += self.calls.forward(peer, stream, call, now_ms, body)
 
     def _call_refusal(self, peer: Peer, call: Call, now_ms: int) -> tuple[int, str] | None:
         quotas = self.policy.quotas
@@ -809,8 +819,8 @@ class RouterCore:
         """A built-in procedure, or a house service this station runs: never advertised."""
         return key[1] in BUILTINS or key in self.services
 
-    def _count(self, counter: str) -> None:
-        self.stats[counter] += 1
+    def _count(self, counter: str, n: int = 1, /) -> None:
+        self.stats[counter] += n
 
     def _drop(self, peer: Peer, counter: str, why: str) -> None:
         """Count a refused frame, station-wide and on its connection; no log line of its own."""

@@ -23,9 +23,11 @@ Interest across station links (what is told to peer stations, EVENTs from them) 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from macula.house import HOUSE_PROCEDURES
 from macula.wire.frames import (
+    CAP_STATION,
     Advertise,
     Event,
     Publish,
@@ -48,6 +50,12 @@ SIGNATURE_BYTES = 64  # Ed25519 (§4.1)
 DECLARATIONS = (Advertise, Unadvertise, Subscribe, Unsubscribe, Publish)  # what ``handle`` takes
 
 
+class Counting(Protocol):
+    """Adds ``n`` to a station counter (``RouterCore._count``)."""
+
+    def __call__(self, counter: str, n: int = 1, /) -> None: ...
+
+
 class InterestRouter:
     def __init__(
         self,
@@ -61,7 +69,7 @@ class InterestRouter:
         tombstone_ms: int,
         station_serves: Callable[[ProcedureKey], bool],
         drop: Callable[[Peer, str, str], None],
-        count: Callable[[str], None],
+        count: Counting,
         federation: StationInterest,
         gossip: AdvertGossip | None = None,
     ) -> None:
@@ -216,13 +224,15 @@ class InterestRouter:
         data = self._frames.event(frame, now_ms) if subscribers else b""  # once, for all
         out: list[Action] = []
         to_stations = 0
-        for node_id in subscribers:
-            conn = self._node_conn.get(node_id)
-            target = self._peers.get(conn) if conn is not None else None
-            if target is None or target.state is not PeerState.CONNECTED or target.control is None:
+        from_station = peer.is_station
+        node_conn, peers, connected = self._node_conn, self._peers, PeerState.CONNECTED
+        for node_id in subscribers:  # the per-subscriber loop of a fan-out: kept lean
+            conn = node_conn.get(node_id)
+            target = peers.get(conn) if conn is not None else None
+            if target is None or target.state is not connected or target.control is None:
                 continue
-            if target.is_station:
-                if peer.is_station:  # a peer station's frames never go on to a third one
+            if target.capabilities & CAP_STATION:
+                if from_station:  # a peer station's frames never go on to a third one
                     continue
                 if sig is None:  # the peer would drop it (unsigned_relayed_event)
                     self._count("unsigned_events_not_relayed")
@@ -239,8 +249,8 @@ class InterestRouter:
         self._count("publishes")
         if self.published is not None:
             self.published(frame, now_ms, sig_checked)  # the room history (relay.house.history)
-        for _ in range(to_stations):
-            self._count("events_to_stations")
-        for _ in range(len(out) - to_stations):
-            self._count("events_delivered")
+        if to_stations:
+            self._count("events_to_stations", to_stations)
+        if len(out) > to_stations:
+            self._count("events_delivered", len(out) - to_stations)
         return out

@@ -3,17 +3,20 @@
 Pure: the station identity and a randomness source are given; time is an argument.
 Invariants: every frame the station originates gets a fresh ``frame_id`` built from ``now_ms``
 and is signed by the station identity; a frame the station only relays is re-encoded as
-received (``relayed``), keeping its sender's signature.
+received (``relayed``), keeping its sender's signature: sent as the very bytes received when
+those are canonical (the same bytes the re-encoding gives), without encoding anything.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from typing import Any
 
 from macula.wire import cbor
 from macula.wire.frames import (
     CAP_STATION,
+    PROTOCOL_VERSION,
     Connect,
     Error,
     Event,
@@ -26,16 +29,35 @@ from macula.wire.frames import (
     StreamError,
     Subscribe,
     Unsubscribe,
-    event_from_publish,
     new_frame_id,
 )
 from macula.wire.framing import frame_bytes
-from macula.wire.identity import Identity
+from macula.wire.identity import DOMAIN_FRAME, Identity
 from relay.actions import Send
 
 # ``delivered_via`` of an EVENT that came from another station. The wire's enumeration (§3.10)
 # has no "relayed"; "plumtree" (delivery through the station mesh) is the closest value it has.
 DELIVERED_VIA_RELAYED = "plumtree"
+
+
+SIGNATURE_BYTES = 64  # Ed25519 (§4.1)
+# the EVENT keys whose values never change (§3.12: the envelope, and "direct" delivery)
+_EVENT_CONSTANT_PAIRS = cbor.encode_pairs(
+    {
+        "version": PROTOCOL_VERSION,
+        "frame_type": Event.FRAME_TYPE,
+        "capabilities": 0,
+        "call_id": None,
+        "source_route": None,
+        "delivered_via": "direct",
+    }
+)
+_SIGNATURE_KEY = cbor.encode_key("signature")
+_PUBLISHER_SIG_KEY = cbor.encode_key("publisher_sig")
+
+
+def _encoded_key(pair: tuple[bytes, bytes]) -> bytes:
+    return pair[0]
 
 
 def dht_addresses(dht_port: int) -> list[dict[str, object]]:
@@ -68,8 +90,12 @@ class StationFrames:
         return frame.sign_and_encode(self.identity)
 
     @staticmethod
-    def relayed(frame: Frame) -> bytes:
-        """Relay a verified frame as received (its own signature kept, §4.5)."""
+    def relayed(frame: Frame, body: bytes | None = None) -> bytes:
+        """Relay a verified frame as received (its own signature kept, §4.5): ``body``, the
+        received bytes when they were canonical (``relay.admission.Admitted``: decoding and
+        canonically re-encoding them gives them back byte for byte), else re-encoded."""
+        if body is not None:
+            return frame_bytes(body)
         return frame_bytes(cbor.encode(frame.to_map()))
 
     def connect(self, dht_port: int, now_ms: int) -> bytes:
@@ -142,7 +168,27 @@ class StationFrames:
         return self.sign(reply)
 
     def event(self, publish: Publish, now_ms: int) -> bytes:
-        return self.sign(event_from_publish(publish, **self.stamp(now_ms)))
+        """The EVENT of §7.2 for a verified ``publish``, signed: byte for byte
+        ``event_from_publish(publish, **stamp).sign_and_encode(identity)`` (a test holds it),
+        encoded straight from the PUBLISH's fields (already validated) without building an
+        ``Event``: this runs once per PUBLISH."""
+        fields = {
+            "frame_id": new_frame_id(now_ms, self._random(10)),
+            "sent_at_ms": now_ms,
+            "topic": publish.topic.encode("utf-8"),
+            "realm": publish.realm,
+            "publisher": publish.publisher,
+            "seq": publish.seq,
+            "payload": publish.payload,
+        }
+        pairs = cbor.encode_pairs(fields) + _EVENT_CONSTANT_PAIRS
+        pairs.sort(key=_encoded_key)  # canonical order (§2.2): keys are distinct
+        signature = self.identity.sign(DOMAIN_FRAME + cbor.join_pairs(pairs))
+        sig = publish.publisher_sig
+        if sig is not None and len(sig) == SIGNATURE_BYTES:  # as ``event_from_publish``
+            bisect.insort(pairs, (_PUBLISHER_SIG_KEY, cbor.encode(sig)))
+        bisect.insort(pairs, (_SIGNATURE_KEY, cbor.encode(signature)))
+        return frame_bytes(cbor.join_pairs(pairs))
 
     def error(
         self, conn: int, stream: int, call_id: bytes, code: int, detail: bytes | None, now_ms: int
