@@ -14,14 +14,18 @@ import cProfile
 import os
 import pickle
 import pstats
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from macula.wire.frames import Advertise, Call, Connect, Result, new_frame_id
 from macula.wire.identity import Identity, puzzle_evidence
 from relay.core import RouterCore
 from relay.policy import Quotas, StationPolicy
-from scripts.bench_station_sig import REALM, T0, load_frames, setup, wire_frames
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_station_sig import REALM, T0, load_frames, setup, wire_frames
 
 PROCEDURE = "bench.echo"
 CALLER, PROVIDER = Identity(bytes([1]) * 32), Identity(bytes([2]) * 32)  # fixed: frames kept

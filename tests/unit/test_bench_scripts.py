@@ -158,3 +158,11 @@ def test_bench_client_prints_only_client_figures() -> None:
     assert shown("macula", "RPC calls/s, 50 in flight", out)
     assert shown("macula", "publish→deliver p50", out)
     assert "pub/sub 1:1" not in out
+
+
+def test_bench_station_cpu_runs_every_hot_path() -> None:
+    completed = run("bench_station_cpu.py", "--messages", "3", "--rounds", "1", quick=False)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    out = completed.stdout
+    for label in ("PUBLISH, 1 subscriber", "PUBLISH, 50 subscribers", "CALL + RESULT forwarded"):
+        assert re.search(rf"^{re.escape(label)}\s+[\d.]+ µs/op$", out, re.MULTILINE), out
