@@ -2,7 +2,7 @@
 
 Invariants:
 - at most ``CONTENT_WINDOW`` block CALLs are in flight on a content stream (the station answers
-  each by ``call_id``, §1.3; more overflows UDP buffers); the manifest follows the last block;
+  each by ``call_id``, §1.3); the manifest follows the last block;
 - every fetched byte is verified (block digests, size, Merkle root) before it is returned.
 """
 
@@ -20,7 +20,9 @@ from macula.wire.codes import ErrorCode
 
 CONTENT_BLOCK_TIMEOUT = 15.0
 CONTENT_MANIFEST_TIMEOUT = 5.0
-CONTENT_WINDOW = 2  # block CALLs in flight on one content stream (more overflows UDP buffers)
+# Block CALLs in flight on one content stream. 4, 8 and 16 moved nothing once the I/O was batched
+# (docs/perf/perf-content.md: a transfer is CPU-bound at the station, not latency-bound).
+CONTENT_WINDOW = 2
 
 T = TypeVar("T")
 

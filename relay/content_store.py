@@ -2,7 +2,9 @@
 
 Invariants:
 - ``macula.store.base.SqliteStore`` underneath (WAL, versioned schema, 0600 file); every
-  statement runs under the store's lock, every put is one ``BEGIN IMMEDIATE`` transaction.
+  statement runs under the store's lock, every put is one ``BEGIN IMMEDIATE`` transaction
+  (``INSERT OR IGNORE`` first: whether it is new costs no extra round trip), a get's mark one
+  ``UPDATE`` statement (atomic by itself).
 - Puts are idempotent: the first copy under a digest stays.
 - Every block and manifest row has exactly one ``usage`` row (kind, digest, size, last put or
   get in Unix ms); their sizes are what ``StoreLimits.content_bytes_total`` bounds.
@@ -79,6 +81,7 @@ _CONTENT_V2: Final[Migration] = (
 _TABLES: Final = {_BLOCK: "blocks", _MANIFEST: "manifests"}
 _COLLECT_BATCH: Final = 256
 _TOUCH_BATCH: Final = 500
+_TOUCH_ONE: Final = "UPDATE usage SET accessed = max(accessed, ?) WHERE kind = ? AND digest = ?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,18 +113,19 @@ class ContentStore(SqliteStore):
         """Store ``data`` under ``digest`` (checked by the caller); True if it was new."""
         _check_digest(digest)
         insert = (
-            "INSERT INTO blocks (digest, size, data) VALUES (?, ?, ?)",
+            "INSERT OR IGNORE INTO blocks (digest, size, data) VALUES (?, ?, ?)",
             (digest, len(data), bytes(data)),
         )
         return await self._put(_BLOCK, digest, len(data), insert, (), now_ms, limits)
 
     async def get_block(self, digest: bytes, now_ms: int | None = None) -> bytes | None:
-        """The block under ``digest``; with ``now_ms``, it is marked used then."""
+        """The block under ``digest``; with ``now_ms``, it is marked used then (one UPDATE
+        statement, atomic by itself: no explicit transaction's two extra round trips)."""
         row = await self._fetchone("SELECT data FROM blocks WHERE digest = ?", (digest,))
         if row is None:
             return None
         if now_ms is not None:
-            await self._touch(_BLOCK, [digest], now_ms)
+            await self._execute(_TOUCH_ONE, (_int64(now_ms), _BLOCK, digest))
         return bytes(row[0])
 
     async def has_block(self, digest: bytes) -> bool:
@@ -136,7 +140,7 @@ class ContentStore(SqliteStore):
         """
         digest = manifest.mcid.digest
         body = cbor.encode(manifest.to_wire())
-        insert = ("INSERT INTO manifests (digest, body) VALUES (?, ?)", (digest, body))
+        insert = ("INSERT OR IGNORE INTO manifests (digest, body) VALUES (?, ?)", (digest, body))
         chunks = [chunk.hash for chunk in manifest.chunks]
         return await self._put(_MANIFEST, digest, len(body), insert, chunks, now_ms, limits)
 
@@ -181,21 +185,23 @@ class ContentStore(SqliteStore):
         now = _int64(now_ms)
         try:
             async with self._transaction() as db:
-                table = _TABLES[kind]
-                exists = await fetchall(db, f"SELECT 1 FROM {table} WHERE digest = ?", (digest,))
-                if not exists:
+                # INSERT OR IGNORE says whether it is new in the same round trip; room is made
+                # after it (the new row has no usage row yet, so it cannot be a victim), and a
+                # QuotaExceeded rolls the insert back with everything else.
+                new = await execute(db, *insert) > 0
+                if new:
                     held = await self._make_room(db, size, now, limits)
-                    await execute(db, *insert)
                     await execute(
                         db, "INSERT INTO usage VALUES (?, ?, ?, ?)", (kind, digest, size, now)
                     )
                     self._held = held + size
-                await _touch(db, kind, [digest], now)
+                else:
+                    await _touch(db, kind, [digest], now)
                 await _touch(db, _BLOCK, chunks, now)
         except BaseException:
             self._held = None  # rolled back: count again next time
             raise
-        return not exists
+        return new
 
     async def _make_room(
         self, db: aiosqlite.Connection, size: int, now: int, limits: StoreLimits | None
