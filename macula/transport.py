@@ -200,19 +200,35 @@ class FrameProtocol(QuicConnectionProtocol):
                 space.ack_at = self._loop.time()
         self._payload_queued = False
         self._ack_at_once = False
-        super().transmit()
+        # aioquic's transmit, but an armed timer is moved only when the deadline comes earlier:
+        # aioquic cancels and re-arms it whenever the deadline changes, several times per
+        # request/response (each packet sent or acknowledged moves the loss deadline later)
+        self._transmit_task = None
+        quic, transport = self._quic, self._transport
+        assert transport is not None
+        for data, addr in quic.datagrams_to_send(now=self._loop.time()):
+            transport.sendto(data, addr)
         if space is not None and space.ack_at is None:
             self._unacked = 0
+        due = quic.get_timer()
+        timer, timer_at = self._timer, self._timer_at
+        if timer is not None and (due is None or timer_at is None or due < timer_at):
+            timer.cancel()
+            timer = self._timer = None
+        if timer is None and due is not None:
+            self._timer = self._loop.call_at(due, self._handle_timer)
+            self._timer_at = due
 
     def _handle_timer(self) -> None:
-        if self._transmit_scheduled:
-            # a datagram arrived since this timer was armed (its transmit, which re-arms the
-            # timer, is pending): aioquic's would have cancelled a timer that is no longer due
-            due = self._quic.get_timer()
-            if due is None or due > self._loop.time():
-                self._timer = None
-                self._timer_at = None
-                return
+        # ``transmit`` keeps an armed timer that fires no later than the connection's deadline,
+        # so it may fire before anything is due (a datagram since moved the deadline later):
+        # then it is re-armed for the deadline (``get_timer`` also refreshes aioquic's cached
+        # loss deadline); otherwise aioquic handles it as usual. A timer is never late.
+        due = self._quic.get_timer()
+        if due is not None and due > max(self._timer_at or 0.0, self._loop.time()):
+            self._timer = self._loop.call_at(due, self._handle_timer)
+            self._timer_at = due
+            return
         super()._handle_timer()
 
     def refuse(self, reason: str) -> None:
