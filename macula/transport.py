@@ -195,9 +195,12 @@ class FrameProtocol(QuicConnectionProtocol):
         leaves anyway (it rides on it) or when ``ack_every`` datagrams or a gap are owed one;
         otherwise aioquic's timer sends it ``ack_delay_s`` after the first packet it covers."""
         space = self._space
-        if space is not None and space.ack_at is not None:
-            if self._payload_queued or self._ack_at_once or self._unacked >= self.ack_every:
-                space.ack_at = self._loop.time()
+        if (
+            space is not None
+            and space.ack_at is not None
+            and (self._payload_queued or self._ack_at_once or self._unacked >= self.ack_every)
+        ):
+            space.ack_at = self._loop.time()
         self._payload_queued = False
         self._ack_at_once = False
         # aioquic's transmit, but an armed timer is moved only when the deadline comes earlier:
