@@ -176,7 +176,9 @@ class FrameProtocol(QuicConnectionProtocol):
         # events produced) waits for the end of the loop turn, so every datagram read in one
         # turn shares one ``transmit`` (one packet build, fewer datagrams sent)
         space = self._space
-        if space is None:
+        # until a 1-RTT packet arrived the space may still be replaced (a Retry: aioquic starts
+        # over with new spaces), so it is looked up again
+        if space is None or space.largest_received_packet < 0:
             self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
             self._space = application_space(self._quic)
         else:
