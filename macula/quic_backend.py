@@ -168,11 +168,13 @@ __all__ = [
     "QuicFrameType",
     "QuicServer",
     "QuicStream",
+    "application_space",
     "events",
     "offer_x25519_only",
     "peer_certificate",
     "release_crypto_buffers",
     "serve",
+    "set_ack_delay",
     "unsent_bytes",
 ]
 
@@ -214,6 +216,26 @@ def offer_x25519_only(quic: QuicConnection) -> None:
         from aioquic.tls import Group
 
         quic.tls._supported_groups = [Group.X25519]
+
+
+# -- ACK scheduling: aioquic only (qh3's packet core is native; there the helpers do nothing) --
+
+
+def set_ack_delay(quic: QuicConnection, seconds: float) -> None:
+    """How long aioquic may hold an ACK for a 1-RTT packet (its own: 1 ms, hard-coded). The
+    caller keeps it under the ``max_ack_delay`` aioquic advertises (25 ms, RFC 9000 §13.2.1)."""
+    if BACKEND == "aioquic":
+        quic._ack_delay = seconds
+
+
+def application_space(quic: QuicConnection) -> Any | None:
+    """aioquic's 1-RTT packet space of ``quic`` (``ack_at``: when an ACK is due, None when
+    none is owed; ``largest_received_packet``), None before the handshake set it up or on qh3."""
+    if BACKEND != "aioquic":
+        return None
+    from aioquic.tls import Epoch
+
+    return quic._spaces.get(Epoch.ONE_RTT)
 
 
 def release_crypto_buffers(quic: QuicConnection) -> bool:
