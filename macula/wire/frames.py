@@ -362,17 +362,20 @@ def parse_frame(frame_map: object) -> Frame:
     if cls is None:
         raise UnknownFrameType("unknown_frame_type", f"frame_type {frame_type!r}")
     values: dict[str, Any] = {}
-    for name, kind in field_specs(cls):
+    absent = 0  # optional fields left out of the map
+    for name, kind, from_wire in _parse_table(cls):
         if name not in frame_map:
             if kind.omit_when_none:
                 values[name] = None
+                absent += 1
                 continue
             raise ProtocolError("missing_field", f"{frame_type}.{name} is missing")
-        raw = frame_map[name]
-        try:
-            value = kind.from_wire(raw)
-        except ProtocolError as exc:
-            raise ProtocolError("bad_field", f"{frame_type}.{name}: {exc.detail}") from None
+        value = frame_map[name]
+        if from_wire is not None:
+            try:
+                value = from_wire(value)
+            except ProtocolError as exc:
+                raise ProtocolError("bad_field", f"{frame_type}.{name}: {exc.detail}") from None
         if not kind.check(value):
             raise ProtocolError("bad_field", f"{frame_type}.{name} must be {kind.describe}")
         values[name] = value
@@ -382,13 +385,47 @@ def parse_frame(frame_map: object) -> Frame:
         if frame_map[slot] is not None:
             raise ProtocolError("bad_field", f"{frame_type}.{slot} must be null")
     known = _known_keys(cls)
-    extras = {k: v for k, v in frame_map.items() if k not in known}
+    extras = None
+    if len(frame_map) > len(known) - absent:  # keys beyond the known ones it holds
+        extras = {k: v for k, v in frame_map.items() if k not in known}
+    if cls in _CHECKED_ONLY:
+        # every field was checked above, which is all ``Frame.__post_init__`` would do again:
+        # fill the slots directly (every field has a value here: present, or None when omitted)
+        frame = object.__new__(cls)
+        for name, value in values.items():
+            _set(frame, name, value)
+        _set(frame, "extras", MappingProxyType(extras) if extras else _EMPTY_EXTRAS)
+        return frame
     if extras:
         values["extras"] = MappingProxyType(extras)
     try:
         return cls(**values)
     except LocalProtocolError as exc:  # cross-field rules (e.g. raw body must be bytes)
         raise ProtocolError(exc.reason, exc.detail) from None
+
+
+_set = object.__setattr__
+_EMPTY_EXTRAS: Mapping[str, Any] = MappingProxyType({})
+_IDENTITY = next(f.default for f in dataclasses.fields(Wire) if f.name == "from_wire")
+_PARSE_CACHE: dict[type[Frame], tuple[tuple[str, Wire, Any], ...]] = {}
+# frame classes whose only construction rule is the per-field check (no ``__post_init__`` of
+# their own: ERROR fills ``name``, STREAM_DATA checks a cross-field rule): parsed without
+# running the checks a second time
+_CHECKED_ONLY = frozenset(
+    cls for cls in FRAME_TYPES.values() if cls.__post_init__ is Frame.__post_init__
+)
+
+
+def _parse_table(cls: type[Frame]) -> tuple[tuple[str, Wire, Any], ...]:
+    """``field_specs(cls)`` with each kind's ``from_wire`` (None where it converts nothing)."""
+    table = _PARSE_CACHE.get(cls)
+    if table is None:
+        table = tuple(
+            (name, kind, None if kind.from_wire is _IDENTITY else kind.from_wire)
+            for name, kind in field_specs(cls)
+        )
+        _PARSE_CACHE[cls] = table
+    return table
 
 
 _KNOWN_CACHE: dict[type[Frame], frozenset[str]] = {}
