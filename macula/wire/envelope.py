@@ -173,13 +173,31 @@ class Frame:
     def sign_and_encode(self, identity: Identity) -> bytes:
         """``signed_by(identity).encode()`` with every field encoded once: the signed bytes
         and the frame share the same encoded pairs, the signature pair is slotted in."""
-        unsigned = self.to_map()
-        unsigned.pop("signature", None)
-        pairs = cbor.encode_pairs(unsigned)
+        pairs = self.encoded_pairs()
         signable = [pair for pair in pairs if pair[0] != _PUBLISHER_SIG_KEY]
         signature = identity.sign(DOMAIN_FRAME + cbor.join_pairs(signable))
         bisect.insort(pairs, (_SIGNATURE_KEY, cbor.encode(signature)))
         return frame_bytes(cbor.join_pairs(pairs))
+
+    def encoded_pairs(self) -> list[tuple[bytes, bytes]]:
+        """``cbor.encode_pairs`` of ``to_map()`` without ``signature``: the frame's fields as
+        sorted (encoded key, encoded value) pairs. Without ``extras`` they are encoded straight
+        from the fields in the class's precomputed key order (no map built, nothing sorted)."""
+        if self.extras:
+            unsigned = self.to_map()
+            unsigned.pop("signature", None)
+            return cbor.encode_pairs(unsigned)
+        encode_value = cbor.encode_value
+        pairs: list[tuple[bytes, bytes]] = []
+        for key, name, to_wire, omit, constant in _encode_table(type(self)):
+            if constant is not None:
+                pairs.append((key, constant))
+                continue
+            value = getattr(self, name)
+            if value is None and omit:
+                continue
+            pairs.append((key, encode_value(value if to_wire is None else to_wire(value))))
+        return pairs
 
     def verifies(self, public_key: bytes) -> bool:
         """True iff ``signature`` is present, 64 bytes, and valid for ``public_key``."""
@@ -204,6 +222,29 @@ class Frame:
 
 
 F = TypeVar("F", bound=Frame)
+
+# (encoded key, field name, to_wire or None, omit when None, encoded constant or None) per key
+# of a frame class's map but ``signature``, sorted by encoded key (PROTOCOL.md §2.2)
+_EncodeRow = tuple[bytes, str, Callable[[Any], Any] | None, bool, bytes | None]
+_ENCODE_CACHE: dict[type[Frame], tuple[_EncodeRow, ...]] = {}
+_NO_CONVERSION = next(f.default for f in dataclasses.fields(Wire) if f.name == "to_wire")
+
+
+def _encode_table(cls: type[Frame]) -> tuple[_EncodeRow, ...]:
+    table = _ENCODE_CACHE.get(cls)
+    if table is None:
+        rows: list[_EncodeRow] = [
+            (cbor.encode_key("version"), "", None, False, cbor.encode(PROTOCOL_VERSION)),
+            (cbor.encode_key("frame_type"), "", None, False, cbor.encode(cls.FRAME_TYPE)),
+        ]
+        rows += [(cbor.encode_key(slot), "", None, False, b"\xf6") for slot in cls.NULL_SLOTS]
+        for name, kind in field_specs(cls):
+            if name != "signature":
+                to_wire = None if kind.to_wire is _NO_CONVERSION else kind.to_wire
+                rows.append((cbor.encode_key(name), name, to_wire, kind.omit_when_none, None))
+        table = _ENCODE_CACHE[cls] = tuple(sorted(rows, key=lambda row: row[0]))
+    return table
+
 
 _SPEC_CACHE: dict[type[Frame], tuple[tuple[str, Wire], ...]] = {}
 
