@@ -140,9 +140,9 @@ class Frame:
     extras: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     def __post_init__(self) -> None:
-        for name, kind in field_specs(type(self)):
-            value = getattr(self, name)
-            if not kind.check(value):
+        for name, check in _checks(type(self)):
+            if not check(getattr(self, name)):
+                kind = dict(field_specs(type(self)))[name]
                 raise LocalProtocolError(
                     "bad_field", f"{self.FRAME_TYPE}.{name} must be {kind.describe}"
                 )
@@ -165,7 +165,10 @@ class Frame:
 
     def signable_bytes(self) -> bytes:
         """``macula-v2-frame\\0 || canonical CBOR(map without signature/publisher_sig)`` (§4.2)."""
-        return DOMAIN_FRAME + cbor.encode(self.to_map(signed=False))
+        if self.extras:
+            return DOMAIN_FRAME + cbor.encode(self.to_map(signed=False))
+        signed = [pair for pair in self.encoded_pairs() if pair[0] != _PUBLISHER_SIG_KEY]
+        return DOMAIN_FRAME + cbor.join_pairs(signed)
 
     def signed_by(self: F, identity: Identity) -> F:
         return dataclasses.replace(self, signature=identity.sign(self.signable_bytes()))
@@ -189,14 +192,22 @@ class Frame:
             return cbor.encode_pairs(unsigned)
         encode_value = cbor.encode_value
         pairs: list[tuple[bytes, bytes]] = []
+        append = pairs.append
         for key, name, to_wire, omit, constant in _encode_table(type(self)):
             if constant is not None:
-                pairs.append((key, constant))
+                append((key, constant))
                 continue
             value = getattr(self, name)
-            if value is None and omit:
+            if value is None:
+                if not omit:
+                    append((key, b"\xf6"))
                 continue
-            pairs.append((key, encode_value(value if to_wire is None else to_wire(value))))
+            if to_wire is not None:
+                value = to_wire(value)
+            if type(value) is bytes and len(value) < 256:  # ids, keys, signatures
+                append((key, _BYTES_HEAD[len(value)] + value))
+            else:
+                append((key, encode_value(value)))
         return pairs
 
     def verifies(self, public_key: bytes) -> bool:
@@ -227,6 +238,8 @@ F = TypeVar("F", bound=Frame)
 # of a frame class's map but ``signature``, sorted by encoded key (PROTOCOL.md §2.2)
 _EncodeRow = tuple[bytes, str, Callable[[Any], Any] | None, bool, bytes | None]
 _ENCODE_CACHE: dict[type[Frame], tuple[_EncodeRow, ...]] = {}
+# the canonical head of a byte string of each length under 256 (PROTOCOL.md §2.2)
+_BYTES_HEAD = tuple(cbor.encode(bytes(n))[: 1 if n < 24 else 2] for n in range(256))
 _NO_CONVERSION = next(f.default for f in dataclasses.fields(Wire) if f.name == "to_wire")
 
 
@@ -247,6 +260,18 @@ def _encode_table(cls: type[Frame]) -> tuple[_EncodeRow, ...]:
 
 
 _SPEC_CACHE: dict[type[Frame], tuple[tuple[str, Wire], ...]] = {}
+
+
+_CHECK_CACHE: dict[type[Frame], tuple[tuple[str, Callable[[Any], bool]], ...]] = {}
+
+
+def _checks(cls: type[Frame]) -> tuple[tuple[str, Callable[[Any], bool]], ...]:
+    """(name, check) of every field whose kind restricts its value (``ANY`` does not)."""
+    checks = _CHECK_CACHE.get(cls)
+    if checks is None:
+        checks = tuple((name, k.check) for name, k in field_specs(cls) if k is not ANY)
+        _CHECK_CACHE[cls] = checks
+    return checks
 
 
 def field_specs(cls: type[Frame]) -> tuple[tuple[str, Wire], ...]:
