@@ -469,14 +469,33 @@ def verifies_received(frame: Frame, frame_map: Mapping[str, Any], public_key: by
 def publication_signable(
     topic: str, realm: bytes, publisher: bytes, seq: int, payload: Any
 ) -> bytes:
-    body = {
-        "topic": topic.encode("utf-8"),
-        "realm": realm,
-        "publisher": publisher,
-        "seq": seq,
-        "payload": payload,
-    }
-    return DOMAIN_EVENT_PUB + cbor.encode(body)
+    """``DOMAIN_EVENT_PUB || CBOR{topic (UTF-8 bytes), realm, publisher, seq, payload}`` (§4.4),
+    its five pairs written in their canonical order (no map built, nothing sorted)."""
+    value = cbor.encode_value
+    return b"".join(
+        (
+            _PUBLICATION_HEAD,
+            _SEQ_KEY,
+            value(seq),
+            _REALM_KEY,
+            value(realm),
+            _TOPIC_KEY,
+            value(topic.encode("utf-8")),
+            _PAYLOAD_KEY,
+            cbor.encode(payload, max_depth=_PAYLOAD_DEPTH),
+            _PUBLISHER_KEY,
+            value(publisher),
+        )
+    )
+
+
+# the publication map's keys in canonical order (§2.2: by encoded key): seq, realm, topic,
+# payload, publisher (tests hold this equal to encoding the map)
+_SEQ_KEY, _REALM_KEY, _TOPIC_KEY, _PAYLOAD_KEY, _PUBLISHER_KEY = (
+    cbor.encode_key(key) for key in ("seq", "realm", "topic", "payload", "publisher")
+)
+_PUBLICATION_HEAD = DOMAIN_EVENT_PUB + b"\xa5"
+_PAYLOAD_DEPTH = cbor.DEFAULT_MAX_DEPTH - 1  # a value inside the map, as when the map is encoded
 
 
 def publisher_sig_valid(frame: Publish | Event) -> bool:

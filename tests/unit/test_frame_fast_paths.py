@@ -15,9 +15,9 @@ from vectorkit import load_vectors, typed
 
 from macula.publishing import signed_publish
 from macula.wire import cbor, frames
-from macula.wire.errors import ProtocolError
+from macula.wire.errors import LocalProtocolError, ProtocolError
 from macula.wire.framing import FrameDecoder
-from macula.wire.identity import Identity, verify
+from macula.wire.identity import DOMAIN_EVENT_PUB, DOMAIN_FRAME, Identity, verify
 
 FRAMES = load_vectors("frames")
 ALL = FRAMES["frames"] + FRAMES["erlang_golden"]
@@ -52,7 +52,7 @@ def test_parsed_vector_equals_the_constructed_frame(vec: dict[str, Any]) -> None
 def test_encoded_pairs_equal_the_general_encoding(vec: dict[str, Any]) -> None:
     frame = frames.parse_frame(typed(vec["fields"]))
     assert frame.encoded_pairs() == _unsigned_pairs(frame)
-    assert frame.signable_bytes() == frames.DOMAIN_FRAME + cbor.join_pairs(
+    assert frame.signable_bytes() == DOMAIN_FRAME + cbor.join_pairs(
         [pair for pair in frame.encoded_pairs() if pair[0] != cbor.encode_key("publisher_sig")]
     )
 
@@ -152,3 +152,35 @@ def test_identity_sign_and_verify_agree_with_pynacl() -> None:
         assert not verify(ME.node_id, message, signature[:63] + bytes([signature[63] ^ 1]))
         assert not verify(ME.node_id[:31], message, signature)
         assert not verify(bytes(32), message, signature)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [None, b"", os.urandom(128), os.urandom(300), "text", "ünï", 0, 23, 24, 2**40, -5, 1.5,
+     [1, [2, {"b": 1, "a": 2}]], {"z": None, "a": [b"x"]}],
+)  # fmt: skip
+def test_publication_signable_equals_the_encoded_map(payload: Any) -> None:
+    for seq in (0, 23, 1_790_000_000_000_000):
+        expected = DOMAIN_EVENT_PUB + cbor.encode(
+            {"topic": "t.ü".encode(), "realm": bytes(32), "publisher": ME.node_id,
+             "seq": seq, "payload": payload}
+        )  # fmt: skip
+        assert frames.publication_signable("t.ü", bytes(32), ME.node_id, seq, payload) == expected
+
+
+def test_publication_signable_refuses_what_the_encoder_refuses() -> None:
+    with pytest.raises(LocalProtocolError):
+        frames.publication_signable("t", bytes(32), ME.node_id, 1, {b"bytes key": 1})
+    with pytest.raises(LocalProtocolError):
+        frames.publication_signable("t", bytes(32), ME.node_id, 1, object())
+
+
+def test_publication_signable_keeps_the_depth_limit_of_the_encoded_map() -> None:
+    deepest: Any = 1
+    for _ in range(cbor.DEFAULT_MAX_DEPTH - 1):
+        deepest = [deepest]
+    frames.publication_signable("t", bytes(32), ME.node_id, 1, deepest)  # fits in the map
+    with pytest.raises(LocalProtocolError):
+        frames.publication_signable("t", bytes(32), ME.node_id, 1, [deepest])
+    with pytest.raises(LocalProtocolError):
+        cbor.encode({"payload": [deepest]})  # the same limit as the map's encoding
