@@ -34,7 +34,7 @@ def signed_publish(frame: Publish, identity: Identity) -> bytes:
     """The framed bytes of ``frame`` with its ``publisher_sig`` and frame signature."""
     if frame.signature is not None or frame.publisher_sig is not None:
         raise LocalProtocolError("bad_field", "publish is already signed")
-    pairs = cbor.encode_pairs(frame.to_map())
+    pairs = frame.encoded_pairs()  # no signature or publisher_sig yet (checked above)
     publication = [pair for pair in pairs if pair[0] in _PUBLICATION_KEYS]
     publisher_sig = identity.sign(DOMAIN_EVENT_PUB + cbor.join_pairs(publication))
     signature = identity.sign(DOMAIN_FRAME + cbor.join_pairs(pairs))

@@ -40,6 +40,9 @@ BUSY = ErrorCode.UPSTREAM_CONGESTION  # 0x08, retry after an exponential backoff
 BUSY_DETAIL = "too many calls in flight at this node"
 
 Key = tuple[bytes, str]  # (realm, procedure)
+# what a plain handler commonly returns: exactly these types are never awaitable (a subclass
+# may be), so the result is answered without asking ``inspect.isawaitable``
+_PLAIN_RESULTS = frozenset((bytes, str, int, float, dict, list, tuple, type(None)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +128,7 @@ class Server:
             reason = self._failed(call.procedure, exc)
             _answer_error(session, stream, call, reason or HANDLER_ERROR)
             return
-        if inspect.isawaitable(result):
+        if type(result) not in _PLAIN_RESULTS and inspect.isawaitable(result):
             work = self._serve_call(session, stream, call, result)
             if not self._start(work) and inspect.iscoroutine(result):
                 result.close()  # the node is closing: never awaited, and says nothing

@@ -40,7 +40,7 @@ from macula.node import Node
 from macula.serving import IncomingCall
 from macula.session import Session
 from macula.stations import parse_station
-from macula.wire.frames import Publish, new_frame_id
+from macula.wire.frames import Call, Publish, Result, new_frame_id
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, realm_tag
 
@@ -65,6 +65,69 @@ class _Wire:
         self.sent += len(data)
 
 
+COUNTS: dict[str, int] = {}
+COUNTING = False
+
+
+def _count_calls() -> None:
+    """``--count``: count, per operation of the client-only workloads, the Ed25519 signs and
+    verifies and the other per-frame work worth removing (wrappers set once, before any run)."""
+    import nacl.bindings
+
+    from macula.wire import cbor, envelope, framing
+
+    def wrap(owner: Any, attr: str, name: str) -> None:
+        original = getattr(owner, attr)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            COUNTS[name] = COUNTS.get(name, 0) + 1
+            return original(*args, **kwargs)
+
+        setattr(owner, attr, counted)
+
+    global COUNTING
+    COUNTING = True
+    wrap(nacl.bindings, "crypto_sign", "sign")
+    wrap(nacl.bindings, "crypto_sign_open", "verify")
+    wrap(cbor, "decode", "cbor.decode")
+    wrap(cbor, "encode", "cbor.encode")
+    wrap(cbor, "encode_pairs", "cbor.encode_pairs")
+    wrap(envelope.Frame, "to_map", "Frame.to_map")
+    wrap(envelope.Frame, "__post_init__", "Frame.__post_init__")
+    wrap(framing, "unsigned_body", "unsigned_body")
+    wrap(os, "urandom", "os.urandom")
+    wrap(time, "time", "time.time")
+    wrap(time, "time_ns", "time.time_ns")
+    wrap(time, "monotonic", "time.monotonic")
+
+
+PROFILER: list[cProfile.Profile] = []  # --profile: the client-only workloads' timed loops
+
+
+def _start() -> float:
+    COUNTS.clear()
+    if PROFILER:
+        PROFILER[0].enable()
+    return time.process_time()
+
+
+def _counted(prefix: str, n: int) -> dict[str, float]:
+    if PROFILER:
+        PROFILER[0].disable()
+    if not COUNTING:
+        return {}
+    return {f"{prefix}.{name}/op": count / n for name, count in sorted(COUNTS.items())}
+
+
+PREBUILT = 600
+
+
+def _prebuilt(n: int) -> int:
+    """Frames built before a timed loop: the same number for every n up to ``PREBUILT``, so
+    that callgrind's (Ir(n2) - Ir(n1)) / (n2 - n1) holds the timed loop's work alone."""
+    return max(n, PREBUILT)
+
+
 def _seeded(n: int) -> Identity:
     """The same identity on every run (generating one is a puzzle of random length, which
     would make instruction counts differ from run to run)."""
@@ -86,10 +149,10 @@ async def client_publish(n: int) -> dict[str, float]:
     node, _ = _offline_node()
     for _ in range(50):
         await node.publish(REALM, TOPIC, PAYLOAD)
-    start = time.process_time()
+    start = _start()
     for _ in range(n):
         await node.publish(REALM, TOPIC, PAYLOAD)
-    return {"publish_us": (time.process_time() - start) / n * 1e6}
+    return {"publish_us": (time.process_time() - start) / n * 1e6, **_counted("publish", n)}
 
 
 async def client_deliver(n: int) -> dict[str, float]:
@@ -101,7 +164,7 @@ async def client_deliver(n: int) -> dict[str, float]:
     sub = await node.subscribe(REALM, TOPIC, buffer=n + 100)
     now = int(time.time() * 1000)
     frames = []
-    for seq in range(1, n + 1):
+    for seq in range(1, _prebuilt(n) + 1):
         publish = Publish(
             frame_id=new_frame_id(now, os.urandom(10)),
             sent_at_ms=now,
@@ -114,13 +177,88 @@ async def client_deliver(n: int) -> dict[str, float]:
         ).with_publisher_sig(publisher)
         frames.append(station.event(publish, now))
     decoder = FrameDecoder()
-    start = time.process_time()
-    for data in frames:
+    start = _start()
+    for data in frames[:n]:
         session.frames_received(0, decoder.feed(data))
         delivery = await sub.__anext__()
     spent = time.process_time() - start
     assert delivery.seq == n and sub.delivered == n, (sub.delivered, session.dropped)
-    return {"deliver_us": spent / n * 1e6}
+    return {"deliver_us": spent / n * 1e6, **_counted("deliver", n)}
+
+
+async def client_call(n: int) -> dict[str, float]:
+    """The caller alone: ``Node.call`` signs and sends the CALL, a pre-built RESULT (signed by
+    the serving identity) is fed back through the decoder, the call returns its payload. The
+    coroutine is stepped by hand (no task, no loop turn): only the client's own work."""
+    node, session = _offline_node()
+    server = _seeded(4)
+    now = int(time.time() * 1000)
+    ids = [os.urandom(16) for _ in range(_prebuilt(n) + 50)]
+    results = [
+        Result(
+            frame_id=new_frame_id(now, os.urandom(10)),
+            sent_at_ms=now,
+            call_id=call_id,
+            payload=PAYLOAD,
+            responded_by=server.node_id,
+        ).sign_and_encode(server)
+        for call_id in ids
+    ]
+    queue = list(reversed(ids))
+    session.core.random_bytes = lambda k: queue.pop() if k == 16 else os.urandom(k)
+    decoder = FrameDecoder()
+
+    def one(result: bytes) -> Any:
+        coro = node.call(REALM, PROCEDURE, PAYLOAD)
+        coro.send(None)  # up to the wait for the RESULT
+        session.frames_received(0, decoder.feed(result))
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("the call did not settle")
+
+    for result in results[:50]:
+        one(result)
+    start = _start()
+    for result in results[50 : n + 50]:
+        answer = one(result)
+    spent = time.process_time() - start
+    assert answer == PAYLOAD
+    return {"call_us": spent / n * 1e6, **_counted("call", n)}
+
+
+async def client_serve(n: int) -> dict[str, float]:
+    """The serving node alone: pre-built CALLs (signed by the caller) fed through the decoder,
+    the plain handler runs, its RESULT is signed and handed to the connection."""
+    node, session = _offline_node()
+    await node.advertise(REALM, PROCEDURE, _echo)
+    caller = _seeded(5)
+    now = int(time.time() * 1000)
+    calls = [
+        Call(
+            frame_id=new_frame_id(now, os.urandom(10)),
+            sent_at_ms=now,
+            call_id=os.urandom(16),
+            procedure=PROCEDURE,
+            realm=REALM,
+            payload=PAYLOAD,
+            deadline_ms=now + 60_000,
+            caller=caller.node_id,
+        ).sign_and_encode(caller)
+        for _ in range(_prebuilt(n) + 50)
+    ]
+    wire: Any = session.protocol
+    decoder = FrameDecoder()
+    for data in calls[:50]:
+        session.frames_received(0, decoder.feed(data))
+    sent = wire.sent
+    start = _start()
+    for data in calls[50 : n + 50]:
+        session.frames_received(0, decoder.feed(data))
+    spent = time.process_time() - start
+    assert node.stats.calls_served == n + 50 and wire.sent > sent, session.dropped
+    return {"serve_us": spent / n * 1e6, **_counted("serve", n)}
 
 
 @contextlib.asynccontextmanager
@@ -233,10 +371,15 @@ def _count_turns() -> Callable[[], int]:
 WORKLOADS: dict[str, Callable[[int], Awaitable[dict[str, float]]]] = {
     "publish": client_publish,
     "deliver": client_deliver,
+    "call": client_call,
+    "serve": client_serve,
     "e2e_pubsub": e2e_pubsub,
     "e2e_fanout": e2e_fanout,
     "e2e_rpc": e2e_rpc,
 }
+
+
+CLIENT_ONLY = ("publish", "deliver", "call", "serve")
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -245,15 +388,22 @@ async def main(args: argparse.Namespace) -> None:
     for name in names:
         runs: list[dict[str, float]] = []
         for _ in range(args.repeat):
-            if profiler:
+            timed_only = name in CLIENT_ONLY  # these profile their timed loop alone
+            if profiler and timed_only:
+                PROFILER[:] = [profiler]
+            if profiler and not timed_only:
                 profiler.enable()
             runs.append(await WORKLOADS[name](args.n))
-            if profiler:
+            PROFILER.clear()
+            if profiler and not timed_only:
                 profiler.disable()
         for key in runs[0]:
             values = sorted(run[key] for run in runs)
             every = " ".join(f"{v:.1f}" for v in values)
-            print(f"{key:32s} {values[0]:10.1f}  (min of {len(values)}: {every})", flush=True)
+            if "/op" in key:
+                print(f"{key:32s} {values[0]:10.2f}", flush=True)
+            else:
+                print(f"{key:32s} {values[0]:10.1f}  (min of {len(values)}: {every})", flush=True)
     if profiler:
         profiler.dump_stats(args.profile)
 
@@ -264,4 +414,8 @@ if __name__ == "__main__":
     parser.add_argument("--profile", metavar="OUT")
     parser.add_argument("--repeat", type=int, default=1, help="report the minimum of R runs")
     parser.add_argument("--only", action="append", choices=list(WORKLOADS))
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--count", action="store_true", help="count signs, verifies, encodes")
+    arguments = parser.parse_args()
+    if arguments.count:
+        _count_calls()
+    asyncio.run(main(arguments))

@@ -239,6 +239,9 @@ def join_pairs(pairs: list[tuple[bytes, bytes]]) -> bytes:
     return _head(5, len(pairs)) + b"".join(k + v for k, v in pairs)
 
 
+encode_value = _encode_value  # one field's value, as ``encode_pairs`` encodes it
+
+
 def encode_key(key: str | int) -> bytes:
     return _encode_key(key, False)
 

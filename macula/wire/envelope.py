@@ -140,9 +140,9 @@ class Frame:
     extras: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     def __post_init__(self) -> None:
-        for name, kind in field_specs(type(self)):
-            value = getattr(self, name)
-            if not kind.check(value):
+        for name, check in _checks(type(self)):
+            if not check(getattr(self, name)):
+                kind = dict(field_specs(type(self)))[name]
                 raise LocalProtocolError(
                     "bad_field", f"{self.FRAME_TYPE}.{name} must be {kind.describe}"
                 )
@@ -165,7 +165,10 @@ class Frame:
 
     def signable_bytes(self) -> bytes:
         """``macula-v2-frame\\0 || canonical CBOR(map without signature/publisher_sig)`` (§4.2)."""
-        return DOMAIN_FRAME + cbor.encode(self.to_map(signed=False))
+        if self.extras:
+            return DOMAIN_FRAME + cbor.encode(self.to_map(signed=False))
+        signed = [pair for pair in self.encoded_pairs() if pair[0] != _PUBLISHER_SIG_KEY]
+        return DOMAIN_FRAME + cbor.join_pairs(signed)
 
     def signed_by(self: F, identity: Identity) -> F:
         return dataclasses.replace(self, signature=identity.sign(self.signable_bytes()))
@@ -173,13 +176,39 @@ class Frame:
     def sign_and_encode(self, identity: Identity) -> bytes:
         """``signed_by(identity).encode()`` with every field encoded once: the signed bytes
         and the frame share the same encoded pairs, the signature pair is slotted in."""
-        unsigned = self.to_map()
-        unsigned.pop("signature", None)
-        pairs = cbor.encode_pairs(unsigned)
+        pairs = self.encoded_pairs()
         signable = [pair for pair in pairs if pair[0] != _PUBLISHER_SIG_KEY]
         signature = identity.sign(DOMAIN_FRAME + cbor.join_pairs(signable))
         bisect.insort(pairs, (_SIGNATURE_KEY, cbor.encode(signature)))
         return frame_bytes(cbor.join_pairs(pairs))
+
+    def encoded_pairs(self) -> list[tuple[bytes, bytes]]:
+        """``cbor.encode_pairs`` of ``to_map()`` without ``signature``: the frame's fields as
+        sorted (encoded key, encoded value) pairs. Without ``extras`` they are encoded straight
+        from the fields in the class's precomputed key order (no map built, nothing sorted)."""
+        if self.extras:
+            unsigned = self.to_map()
+            unsigned.pop("signature", None)
+            return cbor.encode_pairs(unsigned)
+        encode_value = cbor.encode_value
+        pairs: list[tuple[bytes, bytes]] = []
+        append = pairs.append
+        for key, name, to_wire, omit, constant in _encode_table(type(self)):
+            if constant is not None:
+                append((key, constant))
+                continue
+            value = getattr(self, name)
+            if value is None:
+                if not omit:
+                    append((key, b"\xf6"))
+                continue
+            if to_wire is not None:
+                value = to_wire(value)
+            if type(value) is bytes and len(value) < 256:  # ids, keys, signatures
+                append((key, _BYTES_HEAD[len(value)] + value))
+            else:
+                append((key, encode_value(value)))
+        return pairs
 
     def verifies(self, public_key: bytes) -> bool:
         """True iff ``signature`` is present, 64 bytes, and valid for ``public_key``."""
@@ -205,7 +234,44 @@ class Frame:
 
 F = TypeVar("F", bound=Frame)
 
+# (encoded key, field name, to_wire or None, omit when None, encoded constant or None) per key
+# of a frame class's map but ``signature``, sorted by encoded key (PROTOCOL.md §2.2)
+_EncodeRow = tuple[bytes, str, Callable[[Any], Any] | None, bool, bytes | None]
+_ENCODE_CACHE: dict[type[Frame], tuple[_EncodeRow, ...]] = {}
+# the canonical head of a byte string of each length under 256 (PROTOCOL.md §2.2)
+_BYTES_HEAD = tuple(cbor.encode(bytes(n))[: 1 if n < 24 else 2] for n in range(256))
+_NO_CONVERSION = next(f.default for f in dataclasses.fields(Wire) if f.name == "to_wire")
+
+
+def _encode_table(cls: type[Frame]) -> tuple[_EncodeRow, ...]:
+    table = _ENCODE_CACHE.get(cls)
+    if table is None:
+        rows: list[_EncodeRow] = [
+            (cbor.encode_key("version"), "", None, False, cbor.encode(PROTOCOL_VERSION)),
+            (cbor.encode_key("frame_type"), "", None, False, cbor.encode(cls.FRAME_TYPE)),
+        ]
+        rows += [(cbor.encode_key(slot), "", None, False, b"\xf6") for slot in cls.NULL_SLOTS]
+        for name, kind in field_specs(cls):
+            if name != "signature":
+                to_wire = None if kind.to_wire is _NO_CONVERSION else kind.to_wire
+                rows.append((cbor.encode_key(name), name, to_wire, kind.omit_when_none, None))
+        table = _ENCODE_CACHE[cls] = tuple(sorted(rows, key=lambda row: row[0]))
+    return table
+
+
 _SPEC_CACHE: dict[type[Frame], tuple[tuple[str, Wire], ...]] = {}
+
+
+_CHECK_CACHE: dict[type[Frame], tuple[tuple[str, Callable[[Any], bool]], ...]] = {}
+
+
+def _checks(cls: type[Frame]) -> tuple[tuple[str, Callable[[Any], bool]], ...]:
+    """(name, check) of every field whose kind restricts its value (``ANY`` does not)."""
+    checks = _CHECK_CACHE.get(cls)
+    if checks is None:
+        checks = tuple((name, k.check) for name, k in field_specs(cls) if k is not ANY)
+        _CHECK_CACHE[cls] = checks
+    return checks
 
 
 def field_specs(cls: type[Frame]) -> tuple[tuple[str, Wire], ...]:

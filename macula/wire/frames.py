@@ -362,17 +362,20 @@ def parse_frame(frame_map: object) -> Frame:
     if cls is None:
         raise UnknownFrameType("unknown_frame_type", f"frame_type {frame_type!r}")
     values: dict[str, Any] = {}
-    for name, kind in field_specs(cls):
+    absent = 0  # optional fields left out of the map
+    for name, kind, from_wire in _parse_table(cls):
         if name not in frame_map:
             if kind.omit_when_none:
                 values[name] = None
+                absent += 1
                 continue
             raise ProtocolError("missing_field", f"{frame_type}.{name} is missing")
-        raw = frame_map[name]
-        try:
-            value = kind.from_wire(raw)
-        except ProtocolError as exc:
-            raise ProtocolError("bad_field", f"{frame_type}.{name}: {exc.detail}") from None
+        value = frame_map[name]
+        if from_wire is not None:
+            try:
+                value = from_wire(value)
+            except ProtocolError as exc:
+                raise ProtocolError("bad_field", f"{frame_type}.{name}: {exc.detail}") from None
         if not kind.check(value):
             raise ProtocolError("bad_field", f"{frame_type}.{name} must be {kind.describe}")
         values[name] = value
@@ -382,13 +385,47 @@ def parse_frame(frame_map: object) -> Frame:
         if frame_map[slot] is not None:
             raise ProtocolError("bad_field", f"{frame_type}.{slot} must be null")
     known = _known_keys(cls)
-    extras = {k: v for k, v in frame_map.items() if k not in known}
+    extras = None
+    if len(frame_map) > len(known) - absent:  # keys beyond the known ones it holds
+        extras = {k: v for k, v in frame_map.items() if k not in known}
+    if cls in _CHECKED_ONLY:
+        # every field was checked above, which is all ``Frame.__post_init__`` would do again:
+        # fill the slots directly (every field has a value here: present, or None when omitted)
+        frame = object.__new__(cls)
+        for name, value in values.items():
+            _set(frame, name, value)
+        _set(frame, "extras", MappingProxyType(extras) if extras else _EMPTY_EXTRAS)
+        return frame
     if extras:
         values["extras"] = MappingProxyType(extras)
     try:
         return cls(**values)
     except LocalProtocolError as exc:  # cross-field rules (e.g. raw body must be bytes)
         raise ProtocolError(exc.reason, exc.detail) from None
+
+
+_set = object.__setattr__
+_EMPTY_EXTRAS: Mapping[str, Any] = MappingProxyType({})
+_IDENTITY = next(f.default for f in dataclasses.fields(Wire) if f.name == "from_wire")
+_PARSE_CACHE: dict[type[Frame], tuple[tuple[str, Wire, Any], ...]] = {}
+# frame classes whose only construction rule is the per-field check (no ``__post_init__`` of
+# their own: ERROR fills ``name``, STREAM_DATA checks a cross-field rule): parsed without
+# running the checks a second time
+_CHECKED_ONLY = frozenset(
+    cls for cls in FRAME_TYPES.values() if cls.__post_init__ is Frame.__post_init__
+)
+
+
+def _parse_table(cls: type[Frame]) -> tuple[tuple[str, Wire, Any], ...]:
+    """``field_specs(cls)`` with each kind's ``from_wire`` (None where it converts nothing)."""
+    table = _PARSE_CACHE.get(cls)
+    if table is None:
+        table = tuple(
+            (name, kind, None if kind.from_wire is _IDENTITY else kind.from_wire)
+            for name, kind in field_specs(cls)
+        )
+        _PARSE_CACHE[cls] = table
+    return table
 
 
 _KNOWN_CACHE: dict[type[Frame], frozenset[str]] = {}
@@ -432,14 +469,33 @@ def verifies_received(frame: Frame, frame_map: Mapping[str, Any], public_key: by
 def publication_signable(
     topic: str, realm: bytes, publisher: bytes, seq: int, payload: Any
 ) -> bytes:
-    body = {
-        "topic": topic.encode("utf-8"),
-        "realm": realm,
-        "publisher": publisher,
-        "seq": seq,
-        "payload": payload,
-    }
-    return DOMAIN_EVENT_PUB + cbor.encode(body)
+    """``DOMAIN_EVENT_PUB || CBOR{topic (UTF-8 bytes), realm, publisher, seq, payload}`` (§4.4),
+    its five pairs written in their canonical order (no map built, nothing sorted)."""
+    value = cbor.encode_value
+    return b"".join(
+        (
+            _PUBLICATION_HEAD,
+            _SEQ_KEY,
+            value(seq),
+            _REALM_KEY,
+            value(realm),
+            _TOPIC_KEY,
+            value(topic.encode("utf-8")),
+            _PAYLOAD_KEY,
+            cbor.encode(payload, max_depth=_PAYLOAD_DEPTH),
+            _PUBLISHER_KEY,
+            value(publisher),
+        )
+    )
+
+
+# the publication map's keys in canonical order (§2.2: by encoded key): seq, realm, topic,
+# payload, publisher (tests hold this equal to encoding the map)
+_SEQ_KEY, _REALM_KEY, _TOPIC_KEY, _PAYLOAD_KEY, _PUBLISHER_KEY = (
+    cbor.encode_key(key) for key in ("seq", "realm", "topic", "payload", "publisher")
+)
+_PUBLICATION_HEAD = DOMAIN_EVENT_PUB + b"\xa5"
+_PAYLOAD_DEPTH = cbor.DEFAULT_MAX_DEPTH - 1  # a value inside the map, as when the map is encoded
 
 
 def publisher_sig_valid(frame: Publish | Event) -> bool:

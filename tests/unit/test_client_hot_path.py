@@ -303,6 +303,26 @@ async def test_an_async_handler_is_awaited_in_a_task_and_counted_in_flight() -> 
         assert result.payload == 42 and node._served.in_flight == 0
 
 
+class _AwaitableDict(dict[str, Any]):
+    """A handler result whose type is a subclass of a plain one, and awaitable."""
+
+    def __await__(self) -> Any:
+        yield from asyncio.sleep(0).__await__()
+        return {"awaited": 1}
+
+
+async def test_a_subclass_of_a_plain_result_type_is_still_awaited() -> None:
+    async with serving_node() as node:
+        session, wire = offline(node)
+        await node.advertise(REALM, "org.example.odd_v1", lambda call: _AwaitableDict())
+        session.frames_received(0, [_call_map("org.example.odd_v1", 1, 1)])
+        assert wire.take(Result) == []  # not answered inline: a task awaits it
+        (task,) = node._handlers
+        await task
+        (result,) = wire.take(Result)
+        assert result.payload == {"awaited": 1}
+
+
 async def test_a_closing_node_runs_no_handler() -> None:
     ran: list[IncomingCall] = []
     async with serving_node() as node:
