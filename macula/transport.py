@@ -57,6 +57,7 @@ from macula.quic_backend import (
     QuicFrameType,
     application_space,
     events,
+    lean_handshake,
     offer_x25519_only,
     peer_certificate,
     set_ack_delay,
@@ -518,7 +519,13 @@ class ClientConnection(QuicConnection):
     """A client QUIC connection whose ClientHello offers one key share, X25519, instead of
     aioquic's four (P-256, P-384, X25519, X448): every share offered is a key generated per
     connect. Callgrind, one sans-I/O handshake (both sides): 21.0 M instructions with four,
-    7.5 M with X25519 alone (docs/perf/perf-conn.md). Every aioquic station accepts X25519."""
+    7.5 M with X25519 alone (docs/perf/perf-conn.md). Every aioquic station accepts X25519.
+    It also asks for one spare connection id and skips PADDING natively (``lean_handshake``,
+    docs/perf/perf-connect.md)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        lean_handshake(self)
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)

@@ -34,6 +34,7 @@ from macula.quic_backend import (
     QuicConfiguration,
     QuicConnection,
     QuicServer,
+    lean_handshake,
     release_crypto_buffers,
 )
 from macula.transport import (
@@ -414,6 +415,7 @@ class Station:
 
     def _protocol(self, quic: QuicConnection, **kwargs: Any) -> FrameProtocol:
         policy = self.config.policy
+        lean_handshake(quic)  # one spare connection id, PADDING skipped natively
         connection = FrameProtocol(quic, **kwargs)
         connection.limits = StreamLimits(policy.max_frame_size, policy.max_stream_frame_items)
         connection.control_limits = StreamLimits(

@@ -1,4 +1,5 @@
-"""Per-connection state after the handshake: one key share offered, TLS buffers released."""
+"""Per-connection state after the handshake: one key share offered, TLS buffers released, one
+spare connection id each way and PADDING skipped natively."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from aioquic.tls import Group
 from meshkit import REALM
 
 from macula.node import Node
+from macula.quic_backend import ACTIVE_CONNECTION_ID_LIMIT, _skip_padding
 from relay.station import Station
 
 pytestmark = pytest.mark.anyio
@@ -37,3 +39,18 @@ async def test_station_releases_handshake_buffers_and_still_relays(
         await bob.flush()  # the station has the subscription
         await alice.publish(REALM, "after.handshake", b"hi")
         assert (await sub.next(10.0)).payload == b"hi"
+
+
+async def test_both_ends_ask_for_one_spare_connection_id_and_skip_padding_natively(
+    station: Station, make_node: Callable[..., Node]
+) -> None:
+    async with make_node(probe_interval_s=0) as node:
+        await node.flush()
+        session = node._session
+        assert session is not None
+        (served,) = station._connections.values()
+        for quic in (session.protocol._quic, served._quic):
+            assert quic._local_active_connection_id_limit == ACTIVE_CONNECTION_ID_LIMIT
+            assert len(quic._peer_cid_available) <= ACTIVE_CONNECTION_ID_LIMIT - 1
+            handlers = quic._QuicConnection__frame_handlers  # type: ignore[attr-defined]
+            assert handlers[0x00][0] is _skip_padding
