@@ -78,7 +78,7 @@ def test_encoding_is_byte_identical_to_the_reference(value: Any) -> None:
     assert_agree(encoded)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.dictionaries(keys, values, max_size=12))
 def test_encoded_pairs_are_identical_to_the_reference(value: dict[Any, Any]) -> None:
     pairs = cbor.encode_pairs(value)
