@@ -14,12 +14,8 @@ The only module of ``macula`` that imports ``aioquic.asyncio``. Invariants:
   so many frames written in one callback go out in as few datagrams as possible; a datagram
   received is processed at once (its events reach the sink synchronously) but its transmit
   (ACKs, replies) is that same one-per-loop-turn transmit, not aioquic's one per datagram;
-- an ACK for 1-RTT packets rides on the next packet this side sends anyway (a reply, a
-  forwarded frame) when one leaves within ``ack_delay_s`` (at most ``MAX_ACK_DELAY_S``, under
-  the 25 ms aioquic advertises); it leaves at once, in the loop turn's transmit, when
-  ``ack_every`` ack-eliciting datagrams are owed one or a packet number was skipped (a loss
-  the sender must hear of quickly, RFC 9000 §13.2.1); Initial and Handshake packets are
-  acknowledged at once, as aioquic does;
+- ACKs ride on the packets this side sends anyway, within a bound (``macula.quic_acks``,
+  which ``FrameProtocol`` builds on);
 - connection loss is reported exactly once (``connection_lost``), with the reason;
 - ``pause_reading(stream)`` stops handing that stream's frames to the sink: its bytes are held
   (in arrival order) and it gets no new QUIC credit (``macula.stream_credit``), so the sender is
@@ -48,6 +44,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from macula.datagram_reader import open_draining
+from macula.quic_acks import AckRidingProtocol
 from macula.quic_backend import (
     NetworkAddress,
     QuicConfiguration,
@@ -55,12 +52,10 @@ from macula.quic_backend import (
     QuicConnectionProtocol,
     QuicErrorCode,
     QuicFrameType,
-    application_space,
     events,
     lean_handshake,
     offer_x25519_only,
     peer_certificate,
-    set_ack_delay,
     unsent_bytes,
 )
 from macula.stream_credit import ReceiveCredit
@@ -82,16 +77,6 @@ RELEASE_CHUNK = 64 * 1024  # held bytes handed over per loop turn after a resume
 # keeps aioquic's 1,200 (it has no path-MTU discovery)
 LOOPBACK_DATAGRAM_SIZE = 16_000
 DATAGRAM_SIZE = 1200  # aioquic's default: RFC 9000's smallest maximum datagram size
-# How long an ACK-only datagram may wait for a packet to ride on. aioquic's own is 1 ms: in a
-# request/response exchange (an RPC hop takes longer) each data packet then costs an ACK-only
-# datagram each way, a packet build, AEAD, syscall and parse on both ends, where the ACK could
-# ride on the reply or the next request. Bounded by MAX_ACK_DELAY_S, under the 25 ms
-# max_ack_delay aioquic advertises (the peer's loss timers already allow for that much)
-ACK_DELAY_S = 0.010
-MAX_ACK_DELAY_S = 0.020
-# ack-eliciting datagrams owed an ACK that make it leave in the loop turn's transmit at once (a
-# bulk sender's congestion window keeps moving); RFC 9000 §13.2.2 suggests two
-ACK_EVERY = 2
 # QUIC carries a close reason in one packet; a longer one is cut (at a character boundary)
 MAX_CLOSE_REASON_BYTES = 100
 
@@ -122,7 +107,7 @@ class FrameSink(Protocol):
     def connection_lost(self, reason: str) -> None: ...
 
 
-class FrameProtocol(QuicConnectionProtocol):
+class FrameProtocol(AckRidingProtocol):
     """A QUIC connection that speaks length-prefixed frames on every bidi stream."""
 
     def __init__(self, quic: QuicConnection, **kwargs: Any) -> None:
@@ -148,24 +133,6 @@ class FrameProtocol(QuicConnectionProtocol):
         self._held: dict[int, deque[bytes]] = {}  # paused (or still releasing) streams' bytes
         self._held_end: set[int] = set()  # streams whose end arrived while held
         self._written: dict[int, int] = {}  # stream id -> bytes given to ``send``
-        self.ack_delay_s = ACK_DELAY_S
-        self.ack_every = ACK_EVERY
-        set_ack_delay(quic, ACK_DELAY_S)
-        self._space: Any | None = None  # aioquic's 1-RTT packet space, once there is one
-        self._unacked = 0  # datagrams received while an ACK is owed, since the last ACK sent
-        self._ack_at_once = False  # a packet number was skipped: the ACK leaves this turn
-        self._payload_queued = False  # an ack-eliciting frame waits for the next transmit
-
-    def configure_acks(self, delay_s: float, every: int) -> None:
-        """How long an ACK may wait for a packet to ride on (0 to ``MAX_ACK_DELAY_S``
-        seconds), and after how many ack-eliciting datagrams it leaves at once (at least 1)."""
-        if not 0 <= delay_s <= MAX_ACK_DELAY_S:
-            raise ValueError(f"ack delay must be 0 to {MAX_ACK_DELAY_S} s, not {delay_s}")
-        if every < 1:
-            raise ValueError(f"ack_every must be at least 1, not {every}")
-        self.ack_delay_s = delay_s
-        self.ack_every = every
-        set_ack_delay(self._quic, delay_s)
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         if self.peer_host is None:
@@ -176,66 +143,9 @@ class FrameProtocol(QuicConnectionProtocol):
         # datagram is fed and its events handled at once, but the transmit (ACKs, frames the
         # events produced) waits for the end of the loop turn, so every datagram read in one
         # turn shares one ``transmit`` (one packet build, fewer datagrams sent)
-        space = self._space
-        # until a 1-RTT packet arrived the space may still be replaced (a Retry: aioquic starts
-        # over with new spaces), so it is looked up again
-        if space is None or space.largest_received_packet < 0:
-            self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
-            self._space = application_space(self._quic)
-        else:
-            before = space.largest_received_packet
-            self._quic.receive_datagram(cast(bytes, data), addr, now=self._loop.time())
-            if space.ack_at is not None:
-                self._unacked += 1
-                after = space.largest_received_packet
-                if after > before + 1:  # packets between are missing (or reordered)
-                    self._ack_at_once = True
+        self._feed(cast(bytes, data), addr)
         self._process_events()
         self._schedule_transmit()
-
-    def transmit(self) -> None:
-        """aioquic's transmit; an ACK owed for 1-RTT packets is made due now when a packet
-        leaves anyway (it rides on it) or when ``ack_every`` datagrams or a gap are owed one;
-        otherwise aioquic's timer sends it ``ack_delay_s`` after the first packet it covers."""
-        space = self._space
-        if (
-            space is not None
-            and space.ack_at is not None
-            and (self._payload_queued or self._ack_at_once or self._unacked >= self.ack_every)
-        ):
-            space.ack_at = self._loop.time()
-        self._payload_queued = False
-        self._ack_at_once = False
-        # aioquic's transmit, but an armed timer is moved only when the deadline comes earlier:
-        # aioquic cancels and re-arms it whenever the deadline changes, several times per
-        # request/response (each packet sent or acknowledged moves the loss deadline later)
-        self._transmit_task = None
-        quic, transport = self._quic, self._transport
-        assert transport is not None
-        for data, addr in quic.datagrams_to_send(now=self._loop.time()):
-            transport.sendto(data, addr)
-        if space is not None and space.ack_at is None:
-            self._unacked = 0
-        due = quic.get_timer()
-        timer, timer_at = self._timer, self._timer_at
-        if timer is not None and (due is None or timer_at is None or due < timer_at):
-            timer.cancel()
-            timer = self._timer = None
-        if timer is None and due is not None:
-            self._timer = self._loop.call_at(due, self._handle_timer)
-            self._timer_at = due
-
-    def _handle_timer(self) -> None:
-        # ``transmit`` keeps an armed timer that fires no later than the connection's deadline,
-        # so it may fire before anything is due (a datagram since moved the deadline later):
-        # then it is re-armed for the deadline (``get_timer`` also refreshes aioquic's cached
-        # loss deadline); otherwise aioquic handles it as usual. A timer is never late.
-        due = self._quic.get_timer()
-        if due is not None and due > max(self._timer_at or 0.0, self._loop.time()):
-            self._timer = self._loop.call_at(due, self._handle_timer)
-            self._timer_at = due
-            return
-        super()._handle_timer()
 
     def refuse(self, reason: str) -> None:
         """Close before the QUIC handshake is answered: QUIC ``CONNECTION_REFUSED`` with
