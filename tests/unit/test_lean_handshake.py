@@ -51,6 +51,12 @@ def _handshake(*, lean_server: bool = True) -> tuple[QuicConnection, QuicConnect
     )
     if lean_server:
         lean_handshake(server)
+    _exchange(client, server)
+    return client, server
+
+
+def _exchange(client: QuicConnection, server: QuicConnection) -> None:
+    """Connect, then pass datagrams both ways until neither side has any (at most 20 rounds)."""
     now = 0.0
     client.connect(SERVER_ADDR, now=now)
     for _ in range(20):
@@ -64,7 +70,6 @@ def _handshake(*, lean_server: bool = True) -> tuple[QuicConnection, QuicConnect
             moved = True
         if not moved:
             break
-    return client, server
 
 
 def _completed(quic: QuicConnection) -> bool:
@@ -150,18 +155,6 @@ def test_large_loopback_datagrams_still_handshake_through_the_native_skip() -> N
         calls.append(buf.tell() - before)
 
     handlers[0x00] = (counting, epochs)
-    now = 0.0
-    client.connect(SERVER_ADDR, now=now)
-    for _ in range(20):
-        now += 0.01
-        moved = False
-        for datagram, _addr in client.datagrams_to_send(now=now):
-            server.receive_datagram(datagram, CLIENT_ADDR, now=now)
-            moved = True
-        for datagram, _addr in server.datagrams_to_send(now=now):
-            client.receive_datagram(datagram, SERVER_ADDR, now=now)
-            moved = True
-        if not moved:
-            break
+    _exchange(client, server)
     assert _completed(client) and _completed(server)
     assert calls and max(calls) > 10_000  # the long PADDING run went through the native skip
