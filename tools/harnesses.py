@@ -30,6 +30,10 @@ from tools.config_formats import ConfigFormat, JsonFormat, TomlFormat, YamlForma
 ENTRY_NAME = "macula"
 ENV_KEYS = frozenset({"MACULA_MESH_STATIONS"})  # the only variables register writes
 GOOSE_TIMEOUT_S = 300  # goose's own default for a stdio extension
+# Gemini CLI's own default for a session's requests (connect included); stated in the entry
+# because `gemini mcp list` otherwise gives a server 5 s to start and calls a slower start
+# "Disconnected" (MCP_LIST_DEFAULT_TIMEOUT_MSEC vs MCP_DEFAULT_TIMEOUT_MSEC in its bundle)
+GEMINI_TIMEOUT_MS = 600_000
 
 
 def _home(env: Mapping[str, str]) -> Path:
@@ -130,6 +134,12 @@ def _mcp_servers_command(entry: Mapping[str, Any]) -> tuple[list[str], dict[str,
     return [command, *args], env
 
 
+def _gemini_entry(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
+    entry = _mcp_servers_entry(with_type=False)(command, environment)
+    entry["timeout"] = GEMINI_TIMEOUT_MS
+    return entry
+
+
 def _opencode_entry(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
     entry: dict[str, Any] = {"type": "local", "command": list(command)}
     if environment:
@@ -215,7 +225,6 @@ def _mcp_servers_harness(
     locate: Callable[[Mapping[str, str], str], Path],
     *,
     with_type: bool = False,
-    jsonc: bool = False,
     executables: tuple[str, ...] = (),
     marker_dirs: Callable[[Mapping[str, str], str], list[Path]] = lambda env, platform: [],
 ) -> Harness:
@@ -225,7 +234,7 @@ def _mcp_servers_harness(
         name=name,
         title=title,
         locate=locate,
-        format=JsonFormat(lambda root: ("mcpServers",), jsonc=jsonc),
+        format=JsonFormat(lambda root: ("mcpServers",), jsonc=False),
         build=_mcp_servers_entry(with_type=with_type),
         command_of=_mcp_servers_command,
         executables=executables,
@@ -313,9 +322,17 @@ HARNESSES: tuple[Harness, ...] = (
     ),
     # Gemini CLI: ~/.gemini/settings.json ($GEMINI_CLI_HOME replaces HOME), read through
     # strip-json-comments, so JSON with comments; "mcpServers": {name: {command, args, env}} as
-    # `gemini mcp add -s user` writes it. Sources: the package's docs/reference/configuration.md
-    # and docs/tools/mcp-server.md; checked against @google/gemini-cli 0.61.0 here.
-    _mcp_servers_harness("gemini", "Gemini CLI", _gemini_file, jsonc=True),
+    # `gemini mcp add -s user` writes it, plus "timeout" (see GEMINI_TIMEOUT_MS). Sources: the
+    # package's docs/reference/configuration.md and docs/tools/mcp-server.md; checked against
+    # @google/gemini-cli 0.61.0 here.
+    Harness(
+        name="gemini",
+        title="Gemini CLI",
+        locate=_gemini_file,
+        format=JsonFormat(lambda root: ("mcpServers",), jsonc=True),
+        build=_gemini_entry,
+        command_of=_mcp_servers_command,
+    ),
     # VS Code: the user profile's mcp.json (~/.config/Code/User on Linux, XDG_CONFIG_HOME
     # honoured; ~/Library/Application Support/Code/User on macOS), JSON with comments;
     # "servers": {name: {"type": "stdio", "command", "args", "env"}}. Source:

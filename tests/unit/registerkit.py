@@ -86,7 +86,7 @@ EXISTING.update(
             "  // Gemini CLI: chosen with /auth\n"
             '  "security": {"auth": {"selectedType": "oauth-personal"}},\n'
             '  "mcpServers": {\n'
-            '    "fetch": {"command": "uvx", "args": ["mcp-server-fetch"], "trust": false}\n'
+            '    "notes": {"command": "/opt/notes/bin/notes-mcp", "args": [], "trust": false}\n'
             "  },\n"
             '  "ui": {"theme": "GitHub"}\n'
             "}\n"
@@ -112,6 +112,6 @@ MALFORMED: dict[str, str] = {
     "opencode": '{\n  "mcp": {"fs": {"type": "local" "command": ["x"]}}\n}',
     "goose": "extensions:\n  developer: {enabled: true\n  github: [\n",
     "codex": '[mcp_servers.github\ncommand = "npx"\n',
-    "gemini": '{"mcpServers": {"fetch": {"command": "uvx"}}\n',
+    "gemini": '{"mcpServers": {"notes": {"command": "notes-mcp"}}\n',
     "vscode": '{"servers": {"a": {"command" "x"}}}',
 }
