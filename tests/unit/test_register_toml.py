@@ -16,7 +16,7 @@ from tests.unit.registerkit import EXISTING
 from tests.unit.test_register import MACULA, everything_beside, options, place, text_of
 from tools.config_formats import ConfigParseError, TomlFormat
 from tools.harnesses import BY_NAME, ENTRY_NAME
-from tools.register import Options, backups, register_one, uninstall_one
+from tools.register import Options, backups, register_one, registration_checks, uninstall_one
 
 CODEX = BY_NAME["codex"]
 TOML = TomlFormat(("mcp_servers",))
@@ -175,3 +175,24 @@ def test_any_codex_file_comes_back_byte_for_byte(
 def test_read_entry_reports_a_broken_file_with_its_line() -> None:
     with pytest.raises(ConfigParseError, match="line 3"):
         TOML.read_entry("[a]\nx = 1\ny = = 2\n", ENTRY_NAME)
+
+
+def test_doctor_lists_the_new_harnesses_like_the_others(tmp_path: Path) -> None:
+    opts = options(tmp_path)
+    real = tmp_path / "bin" / "macula-mcp"
+    real.parent.mkdir()
+    real.write_text("#!/bin/sh\n")
+    real.chmod(0o755)
+    for name in ("codex", "gemini", "vscode"):
+        place(BY_NAME[name], opts, EXISTING[name])
+        assert register_one(BY_NAME[name], [str(real)], opts).status == "registered"
+    checks = {name: (good, detail) for name, good, detail in registration_checks(opts.env, "linux")}
+    for title in ("Codex CLI", "Gemini CLI", "VS Code"):
+        good, detail = checks[f"registered in {title}"]
+        assert good is True and str(real) in detail
+    broken = BY_NAME["codex"].config_path(opts.env, "linux")
+    broken.write_text("[mcp_servers.macula\n")
+    good, detail = dict((n, (g, d)) for n, g, d in registration_checks(opts.env, "linux"))[
+        "registered in Codex CLI"
+    ]
+    assert good is False and str(broken) in detail and "not valid TOML" in detail
