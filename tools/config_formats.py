@@ -253,8 +253,8 @@ class TomlFormat:
         servers = self._servers(self._data(text))
         return None if servers is None else servers.get(name)
 
-    def _block(self, text: str, name: str, entry: Mapping[str, Any]) -> str:
-        """What ``with_entry`` appends to ``text``: a separator and the server's table."""
+    def _table(self, name: str, entry: Mapping[str, Any], eol: str) -> str:
+        """The server's ``[path.name]`` table as text, lines ending in ``eol``."""
         import tomlkit
 
         table = tomlkit.table()
@@ -268,11 +268,17 @@ class TomlFormat:
             outer = inner
         outer.append(name, table)
         document.append(self.path[0], node)
-        rendered = tomlkit.dumps(document)
+        return tomlkit.dumps(document).replace("\n", eol)
+
+    def _block(self, text: str, name: str, entry: Mapping[str, Any]) -> str:
+        """What ``with_entry`` appends to ``text``: a separator and the server's table, in the
+        text's own line endings."""
+        eol = "\r\n" if "\r\n" in text else "\n"
+        rendered = self._table(name, entry, eol)
         if not text:
             return rendered
-        newline = "" if text.endswith("\n") else "\n"
-        blank = "\n" if text.strip() else ""
+        newline = "" if text.endswith("\n") else eol
+        blank = eol if text.strip() else ""
         return newline + blank + rendered
 
     def with_entry(self, text: str | None, name: str, entry: Mapping[str, Any]) -> str:
@@ -294,10 +300,11 @@ class TomlFormat:
         if servers is None or name not in servers:
             return text
         entry = servers[name]
-        rendered = self._block("", name, entry)
+        rendered = self._table(name, entry, "\r\n" if "\r\n" in text else "\n")
         if text.endswith(rendered):  # our own block at the end: take it off, byte for byte
             base = text[: len(text) - len(rendered)]
-            for prefix in (base[:-1], base, base[:-2]):  # less the separator _block adds
+            cuts = (base[:-2], base, base[:-4]) if rendered.endswith("\r\n") else ()
+            for prefix in cuts or (base[:-1], base, base[:-2]):  # less the separator _block adds
                 if prefix + self._block(prefix, name, entry) == text:
                     with contextlib.suppress(ConfigParseError):
                         if self.read_entry(prefix, name) is None:

@@ -196,3 +196,12 @@ def test_doctor_lists_the_new_harnesses_like_the_others(tmp_path: Path) -> None:
         "registered in Codex CLI"
     ]
     assert good is False and str(broken) in detail and "not valid TOML" in detail
+
+
+def test_a_crlf_file_gets_crlf_lines_and_comes_back() -> None:
+    original = '# on Windows once\r\nmodel = "o3"\r\n\r\n[mcp_servers.gh]\r\ncommand = "npx"\r\n'
+    entry = CODEX.build([MACULA], {"MACULA_MESH_STATIONS": STATIONS})
+    written = TOML.with_entry(original, ENTRY_NAME, entry)
+    assert written.startswith(original) and "\n" not in written.replace("\r\n", "")
+    assert TOML.read_entry(written, ENTRY_NAME) == entry
+    assert TOML.without_entry(written, ENTRY_NAME) == original
