@@ -357,8 +357,8 @@ class TomlFormat:
         if not ok:
             where = ".".join(self.path)
             raise ConfigParseError(
-                f"cannot add a [{where}.{name}] table to this TOML ({where} is defined in a way "
-                "that a table cannot extend, e.g. inline or by dotted keys)"
+                f"cannot add a [{where}.{name}] table to this TOML ({where} is written in a way "
+                "a table cannot extend, such as an inline table); add the entry by hand"
             )
 
 
