@@ -8,13 +8,23 @@ Invariants:
 - JSON and JSONC are edited surgically (``tools/json_text.py``): bytes outside the entry stay.
   YAML goes through ruamel.yaml's round trip, which keeps comments, key order and quoting; the
   document's indentation is guessed and reused.
+- TOML is read with the standard library's strict parser (``tomllib``, TOML 1.0, as strict as
+  Codex's own). A server is written as a ``[<path>.<name>]`` table (maps in it, ``env``, as
+  inline tables) appended at the end of the text after one blank line: every byte before it
+  stays, and taking it off the end gives them back. An entry anywhere else (written by hand,
+  or followed by later edits) is taken out with tomlkit, which keeps comments and layout.
+  Every TOML edit is checked by parsing its result: the data must be the old data with just
+  that one server added or removed.
 - ``with_entry(None, ...)`` is the whole text of a file that did not exist before.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import io
 import re
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -214,3 +224,148 @@ def _plain(value: Any) -> Any:
     if isinstance(value, str):
         return str(value)
     return value
+
+
+@dataclass(frozen=True)
+class TomlFormat:
+    """Servers as tables under ``path`` of a TOML document (Codex's ``[mcp_servers.NAME]``)."""
+
+    path: tuple[str, ...]
+    kind: str = "TOML"
+
+    def _data(self, text: str) -> dict[str, Any]:
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigParseError(f"not valid TOML: {exc}") from None
+
+    def _servers(self, data: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        node: Any = data
+        for depth, key in enumerate(self.path):
+            node = node.get(key)
+            if node is None:
+                return None
+            if not isinstance(node, dict):
+                raise ConfigParseError(f"{'.'.join(self.path[: depth + 1])} is not a table")
+        return node  # type: ignore[no-any-return]
+
+    def read_entry(self, text: str, name: str) -> Any:
+        servers = self._servers(self._data(text))
+        return None if servers is None else servers.get(name)
+
+    def _table(self, name: str, entry: Mapping[str, Any], eol: str) -> str:
+        """The server's ``[path.name]`` table as text, lines ending in ``eol``."""
+        import tomlkit
+
+        table = tomlkit.table()
+        for key, value in entry.items():
+            table.append(key, _toml_inline(value) if isinstance(value, Mapping) else value)
+        node: Any = tomlkit.table(is_super_table=True)
+        document, outer = tomlkit.document(), node
+        for key in self.path[1:]:
+            inner = tomlkit.table(is_super_table=True)
+            outer.append(key, inner)
+            outer = inner
+        outer.append(name, table)
+        document.append(self.path[0], node)
+        return tomlkit.dumps(document).replace("\n", eol)
+
+    def _block(self, text: str, name: str, entry: Mapping[str, Any]) -> str:
+        """What ``with_entry`` appends to ``text``: a separator and the server's table, in the
+        text's own line endings."""
+        eol = "\r\n" if "\r\n" in text else "\n"
+        rendered = self._table(name, entry, eol)
+        if not text:
+            return rendered
+        newline = "" if text.endswith("\n") else eol
+        blank = eol if text.strip() else ""
+        return newline + blank + rendered
+
+    def with_entry(self, text: str | None, name: str, entry: Mapping[str, Any]) -> str:
+        source = text or ""
+        data = self._data(source)
+        servers = self._servers(data)
+        if servers is not None and name in servers:
+            if servers[name] == dict(entry):
+                return source
+            source = self.without_entry(source, name)
+            data = self._data(source)
+        after = source + self._block(source, name, entry)
+        self._check(after, data, name, dict(entry))
+        return after
+
+    def without_entry(self, text: str, name: str) -> str:
+        data = self._data(text)
+        servers = self._servers(data)
+        if servers is None or name not in servers:
+            return text
+        entry = servers[name]
+        rendered = self._table(name, entry, "\r\n" if "\r\n" in text else "\n")
+        if text.endswith(rendered):  # our own block at the end: take it off, byte for byte
+            base = text[: len(text) - len(rendered)]
+            cuts = (base[:-2], base, base[:-4]) if rendered.endswith("\r\n") else ()
+            for prefix in cuts or (base[:-1], base, base[:-2]):  # less the separator _block adds
+                if prefix + self._block(prefix, name, entry) == text:
+                    with contextlib.suppress(ConfigParseError):
+                        if self.read_entry(prefix, name) is None:
+                            return prefix
+        return self._remove_with_tomlkit(text, name)
+
+    def _remove_with_tomlkit(self, text: str, name: str) -> str:
+        import tomlkit
+        from tomlkit.exceptions import TOMLKitError
+
+        try:
+            document = tomlkit.parse(text)
+            node: Any = document
+            for key in self.path:
+                node = node[key]
+            del node[name]
+            after = tomlkit.dumps(document)
+        except (TOMLKitError, KeyError, TypeError) as exc:
+            raise ConfigParseError(f"cannot take '{name}' out of this TOML: {exc}") from None
+        expected = self._data(text)
+        servers: Any = expected
+        for key in self.path:
+            servers = servers[key]
+        del servers[name]
+        if self._pruned(self._data(after)) != self._pruned(expected):
+            raise ConfigParseError(f"taking '{name}' out would change other settings")
+        return after
+
+    def _pruned(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` without the servers' table when it is empty (absent and empty agree)."""
+        if self._servers(data) == {}:
+            pruned = copy.deepcopy(data)
+            node = pruned
+            for key in self.path[:-1]:
+                node = node[key]
+            del node[self.path[-1]]
+            return pruned
+        return data
+
+    def _check(self, after: str, before: dict[str, Any], name: str, entry: Any) -> None:
+        expected = copy.deepcopy(before)
+        node = expected
+        for key in self.path:
+            node = node.setdefault(key, {})
+        node[name] = entry
+        try:
+            ok = self._data(after) == expected
+        except ConfigParseError:
+            ok = False
+        if not ok:
+            where = ".".join(self.path)
+            raise ConfigParseError(
+                f"cannot add a [{where}.{name}] table to this TOML ({where} is written in a way "
+                "a table cannot extend, such as an inline table); add the entry by hand"
+            )
+
+
+def _toml_inline(value: Mapping[str, Any]) -> Any:
+    import tomlkit
+
+    table = tomlkit.inline_table()
+    for key, item in value.items():
+        table.append(key, _toml_inline(item) if isinstance(item, Mapping) else item)
+    return table

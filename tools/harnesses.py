@@ -4,7 +4,8 @@ macOS, in which format, and the shape of one stdio server entry in it.
 Invariants:
 - everything is computed from an environment mapping (``HOME``, ``XDG_CONFIG_HOME``, ``PATH``)
   and a platform name passed in, never from the process's own: tests run in a temporary HOME.
-- a harness is *present* when its configuration file or its configuration folder exists; for
+- a harness is *present* when its configuration file or its configuration folder exists (a
+  harness on PATH whose folder is missing has not been run yet: register does not create it); for
   Claude Code, whose file lives directly in HOME (which always exists), also when its ``~/.claude``
   folder exists or ``claude`` is on PATH (its own convention: it is a command-line tool).
 - register never creates a folder: it writes a file into a folder that is already there.
@@ -24,11 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
-from tools.config_formats import ConfigFormat, JsonFormat, YamlFormat
+from tools.config_formats import ConfigFormat, JsonFormat, TomlFormat, YamlFormat
 
 ENTRY_NAME = "macula"
 ENV_KEYS = frozenset({"MACULA_MESH_STATIONS"})  # the only variables register writes
 GOOSE_TIMEOUT_S = 300  # goose's own default for a stdio extension
+# Gemini CLI's own default for a session's requests (connect included); stated in the entry
+# because `gemini mcp list` otherwise gives a server 5 s to start and calls a slower start
+# "Disconnected" (MCP_LIST_DEFAULT_TIMEOUT_MSEC vs MCP_DEFAULT_TIMEOUT_MSEC in its bundle)
+GEMINI_TIMEOUT_MS = 600_000
 
 
 def _home(env: Mapping[str, str]) -> Path:
@@ -129,6 +134,12 @@ def _mcp_servers_command(entry: Mapping[str, Any]) -> tuple[list[str], dict[str,
     return [command, *args], env
 
 
+def _gemini_entry(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
+    entry = _mcp_servers_entry(with_type=False)(command, environment)
+    entry["timeout"] = GEMINI_TIMEOUT_MS
+    return entry
+
+
 def _opencode_entry(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
     entry: dict[str, Any] = {"type": "local", "command": list(command)}
     if environment:
@@ -190,6 +201,22 @@ def _claude_desktop_file(env: Mapping[str, str], platform: str) -> Path:
     if platform == "darwin":
         return _home(env) / "Library/Application Support/Claude/claude_desktop_config.json"
     return _xdg_config(env) / "Claude" / "claude_desktop_config.json"
+
+
+def _codex_file(env: Mapping[str, str], platform: str) -> Path:
+    configured = env.get("CODEX_HOME")
+    return (Path(configured) if configured else _home(env) / ".codex") / "config.toml"
+
+
+def _gemini_file(env: Mapping[str, str], platform: str) -> Path:
+    configured = env.get("GEMINI_CLI_HOME")  # replaces HOME; the .gemini folder stays
+    return (Path(configured) if configured else _home(env)) / ".gemini" / "settings.json"
+
+
+def _vscode_file(env: Mapping[str, str], platform: str) -> Path:
+    if platform == "darwin":
+        return _home(env) / "Library/Application Support/Code/User/mcp.json"
+    return _xdg_config(env) / "Code" / "User" / "mcp.json"
 
 
 def _mcp_servers_harness(
@@ -280,6 +307,43 @@ HARNESSES: tuple[Harness, ...] = (
         format=YamlFormat(("extensions",)),
         build=_goose_entry,
         command_of=_goose_command,
+    ),
+    # Codex CLI: ~/.codex/config.toml, or $CODEX_HOME/config.toml, on both platforms; servers
+    # are [mcp_servers.NAME] tables {command, args, env, ...}, which `codex mcp add` writes and
+    # `codex mcp list` reads. Sources: developers.openai.com/codex/mcp and config reference;
+    # checked against @openai/codex 0.171.0 here (`codex mcp add`, `codex mcp list --json`).
+    Harness(
+        name="codex",
+        title="Codex CLI",
+        locate=_codex_file,
+        format=TomlFormat(("mcp_servers",)),
+        build=_mcp_servers_entry(with_type=False),
+        command_of=_mcp_servers_command,
+    ),
+    # Gemini CLI: ~/.gemini/settings.json ($GEMINI_CLI_HOME replaces HOME), read through
+    # strip-json-comments, so JSON with comments; "mcpServers": {name: {command, args, env}} as
+    # `gemini mcp add -s user` writes it, plus "timeout" (see GEMINI_TIMEOUT_MS). Sources: the
+    # package's docs/reference/configuration.md and docs/tools/mcp-server.md; checked against
+    # @google/gemini-cli 0.61.0 here.
+    Harness(
+        name="gemini",
+        title="Gemini CLI",
+        locate=_gemini_file,
+        format=JsonFormat(lambda root: ("mcpServers",), jsonc=True),
+        build=_gemini_entry,
+        command_of=_mcp_servers_command,
+    ),
+    # VS Code: the user profile's mcp.json (~/.config/Code/User on Linux, XDG_CONFIG_HOME
+    # honoured; ~/Library/Application Support/Code/User on macOS), JSON with comments;
+    # "servers": {name: {"type": "stdio", "command", "args", "env"}}. Source:
+    # code.visualstudio.com/docs/agents/reference/mcp-configuration.
+    Harness(
+        name="vscode",
+        title="VS Code",
+        locate=_vscode_file,
+        format=JsonFormat(lambda root: ("servers",), jsonc=True),
+        build=_mcp_servers_entry(with_type=True),
+        command_of=_mcp_servers_command,
     ),
 )
 

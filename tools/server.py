@@ -26,11 +26,26 @@ from tools import (
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime
 from tools.tool_schema import SHARED, MeshServer
+from tools.tool_search import mark_always_loaded
 
 GROUPS = (rpc, pubsub, content, dht, presence, rooms, rings, memory, realms, surface)
 
+# What the model reads at start (tool search shows it names and these instructions, cut at
+# 2 KB): when to search for the mesh tools, which few stay loaded (tools.tool_search), the
+# etiquette, and the parameters many tools share. Kept under 2048 bytes by a test.
 INSTRUCTIONS = (
-    "You are on the Macula mesh: other agents are present, reachable and talkative. "
+    "Macula mesh: other agents are present, reachable and talkative. Loaded at once: "
+    "mesh_hello (announce yourself, first), mesh_read_inbox (what arrived), mesh_wait_room "
+    "(block for the next message instead of sleeping), mesh_say (speak in a room you are in), "
+    "mesh_ring (invite one agent into a room). Every other tool is named mesh_*: when the user "
+    "mentions other agents, rooms, rings, tasks, shared memory or the mesh, search your tools "
+    "for mesh and the area: rooms (mesh_open_room, mesh_join_room, mesh_leave_room, "
+    "mesh_rooms), rings (mesh_wait_ring, mesh_answer_ring, mesh_trust_agent), who is here "
+    "(mesh_agents, mesh_observe_lobby, mesh_goodbye), tasks (mesh_task_send, mesh_task_wait, "
+    "mesh_task_get, mesh_task_complete), memory (mesh_remember, mesh_recall), topics "
+    "(mesh_publish, mesh_watch), procedures (mesh_call, mesh_serve), content (mesh_put, "
+    "mesh_get), records (mesh_find_record), realms and stations (mesh_join_realm, "
+    "mesh_list_stations). "
     "Etiquette: payloads never carry booleans (use 0/1); names of facts are past-tense verbs; "
     "wait with the blocking tools (mesh_wait_room, mesh_wait_ring, mesh_watch) instead of sleeping "
     "and polling; ring an agent (mesh_ring) before talking to it, never write into a room nobody "
@@ -69,5 +84,6 @@ def build_server(
     binding = channel.install(app, environ)  # None with MACULA_MCP_CHANNEL=0
     for group in GROUPS:
         group.register(app, describe)
+    mark_always_loaded(app)
     app.descriptions = describe  # type: ignore[attr-defined]
     return app

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.mcpkit import cli
-from tests.unit.test_register import EXISTING, MALFORMED
+from tests.unit.registerkit import EXISTING, MALFORMED
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES
 
 PLATFORM = "darwin" if sys.platform == "darwin" else "linux"
@@ -44,7 +44,7 @@ def test_register_twice_then_uninstall_in_a_temporary_home(tmp_path: Path) -> No
     for harness in HARNESSES:  # every harness installed; half with a config already there
         path = harness.config_path(env, PLATFORM)
         path.parent.mkdir(parents=True, exist_ok=True)
-        if harness.name in ("claude-code", "cursor", "opencode", "goose"):
+        if harness.name in ("claude-code", "cursor", "opencode", "goose", "codex", "vscode"):
             path.write_bytes(EXISTING[harness.name].encode())
     (Path(env["HOME"]) / ".claude").mkdir()
     before = files(env)
@@ -55,12 +55,12 @@ def test_register_twice_then_uninstall_in_a_temporary_home(tmp_path: Path) -> No
 
     first = cli(["register"], env)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count(": registered: ") == 6
+    assert first.stdout.count(": registered: ") == len(HARNESSES)
     registered = files(env)
     for path, data in registered.items():
         assert data is not None and b"macula-mcp" in data, path
     second = cli(["register"], env)
-    assert second.returncode == 0 and second.stdout.count(": unchanged: ") == 6
+    assert second.returncode == 0 and second.stdout.count(": unchanged: ") == len(HARNESSES)
     assert files(env) == registered
 
     config = cli(["mcp-config", "--attach"], env)
@@ -77,7 +77,7 @@ def test_register_twice_then_uninstall_in_a_temporary_home(tmp_path: Path) -> No
     gone = cli(["uninstall"], env)
     assert gone.returncode == 0, gone.stderr
     assert files(env) == before  # byte for byte, and absent where it was absent
-    assert cli(["uninstall"], env).stdout.count(": not-registered: ") == 6
+    assert cli(["uninstall"], env).stdout.count(": not-registered: ") == len(HARNESSES)
 
 
 def test_a_malformed_config_is_untouched_and_the_others_still_register(tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ def test_a_malformed_config_is_untouched_and_the_others_still_register(tmp_path:
     assert str(goose) in error and "not valid YAML" in error and "left untouched" in error
     assert "Traceback" not in done.stderr
     assert goose.read_text() == MALFORMED["goose"] and sorted(goose.parent.iterdir()) == [goose]
-    assert done.stdout.count(": registered: ") == 5
+    assert done.stdout.count(": registered: ") == len(HARNESSES) - 1
 
 
 # slow: doctor flagging a moved executable is unit-tested (test_register.py); this runs the whole

@@ -1,4 +1,4 @@
-"""``register`` / ``uninstall`` for each of the six harnesses, in a temporary HOME.
+"""``register`` / ``uninstall`` for each harness it knows, in a temporary HOME.
 
 Every test builds its environment from ``tmp_path`` (HOME, XDG_CONFIG_HOME, an empty PATH) and
 passes it in: the real HOME is never read or written.
@@ -11,12 +11,14 @@ import io
 import json
 import os
 import stat
+import tomllib
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.registerkit import EXISTING, MALFORMED
 from tools import json_text
 from tools.config_formats import ConfigParseError
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
@@ -32,75 +34,6 @@ from tools.register import (
 )
 
 MACULA = "/opt/macula/bin/macula-mcp"
-
-# Realistic content: other servers, comments where the format has them, unusual indentation.
-EXISTING: dict[str, str] = {
-    "claude-code": (
-        "{\n"
-        '    "numStartups": 41,\n'
-        '    "projects": {\n'
-        '        "/home/me/src/app": {"mcpServers": {"local-db": {"command": "db-mcp"}}}\n'
-        "    },\n"
-        '    "mcpServers": {\n'
-        '        "github": {"type": "stdio", "command": "npx", "args": ["-y", "gh"], "env": {}}\n'
-        "    },\n"
-        '    "oauthAccount": {"emailAddress": "me@example.org"}\n'
-        "}\n"
-    ),
-    "claude-desktop": (
-        '{\r\n\t"mcpServers": {\r\n\t\t"filesystem": {\r\n\t\t\t"command": "npx",\r\n'
-        '\t\t\t"args": ["-y", "@modelcontextprotocol/server-filesystem", "/home/me"]\r\n'
-        '\t\t}\r\n\t},\r\n\t"globalShortcut": "Ctrl+Space"\r\n}'
-    ),
-    "cursor": '{"mcpServers": {"browser": {"command": "npx", "args": ["@playwright/mcp"]}}}\n',
-    "windsurf": (
-        '{\n   "mcpServers": {\n      "zapier": {"serverUrl": "https://actions.example/sse"},\n'
-        '      "git": {"command": "uvx", "args": ["mcp-server-git"], "disabled": true}\n'
-        "   }\n}\n"
-    ),
-    "opencode": (
-        "{\n"
-        "  // opencode: my global settings\n"
-        '  "$schema": "https://opencode.ai/config.json",\n'
-        '  "theme": "tokyonight",\n'
-        '  "mcp": {\n'
-        '    "fs": {"type": "local", "command": ["npx", "fs"]}, // the filesystem\n'
-        "    /* a remote one */\n"
-        '    "docs": {"type": "remote", "url": "https://docs.example/mcp"},\n'
-        "  },\n"
-        "}\n"
-    ),
-    "goose": (
-        "# goose configuration, edited by hand\n"
-        "GOOSE_PROVIDER: anthropic   # the provider\n"
-        "GOOSE_MODEL: claude-sonnet-4\n"
-        "extensions:\n"
-        "    developer:\n"
-        "        bundled: true\n"
-        "        enabled: true      # keep this one on\n"
-        "        name: developer\n"
-        "        timeout: 300\n"
-        "        type: builtin\n"
-        "    github:\n"
-        "        args:\n"
-        "        - -y\n"
-        '        - "@modelcontextprotocol/server-github"\n'
-        "        cmd: npx\n"
-        "        enabled: false\n"
-        "        envs: {}\n"
-        "        type: stdio\n"
-        "GOOSE_MODE: smart_approve\n"
-    ),
-}
-
-MALFORMED: dict[str, str] = {
-    "claude-code": '{"mcpServers": {"github": {"command": "npx",}}}',  # trailing comma: not JSON
-    "claude-desktop": '{"mcpServers": {\n  "a": {"command": "x"}\n',
-    "cursor": '{"mcpServers": {"a": {"command": "x"}} // a comment\n}',
-    "windsurf": "[1, 2]",
-    "opencode": '{\n  "mcp": {"fs": {"type": "local" "command": ["x"]}}\n}',
-    "goose": "extensions:\n  developer: {enabled: true\n  github: [\n",
-}
 
 
 def environment(tmp_path: Path) -> dict[str, str]:
@@ -168,8 +101,11 @@ def _servers(harness: Harness, text: str) -> dict[str, object]:
         from ruamel.yaml import YAML
 
         return dict(YAML(typ="safe").load(text)["extensions"])
-    root = json_text.parse(text, jsonc=harness.name == "opencode").value
-    return dict(root["mcp"] if harness.name == "opencode" else root["mcpServers"])
+    if harness.name == "codex":
+        return dict(tomllib.loads(text)["mcp_servers"])
+    root = json_text.parse(text, jsonc=harness.format.kind == "JSONC").value
+    key = {"opencode": "mcp", "vscode": "servers"}.get(harness.name, "mcpServers")
+    return dict(root[key])
 
 
 def test_register_adds_lines_and_changes_no_other_line(harness: Harness, tmp_path: Path) -> None:
@@ -340,6 +276,13 @@ def test_platform_paths(tmp_path: Path) -> None:
     assert mac["windsurf"] == home / ".codeium/windsurf/mcp_config.json"
     assert mac["opencode"] == home / ".config/opencode/opencode.json"
     assert mac["goose"] == home / ".config/goose/config.yaml"
+    assert mac["codex"] == home / ".codex/config.toml"
+    assert mac["gemini"] == home / ".gemini/settings.json"
+    assert mac["vscode"] == home / "Library/Application Support/Code/User/mcp.json"
+    assert BY_NAME["vscode"].config_path(env, "linux") == home / ".config/Code/User/mcp.json"
+    moved = dict(env, CODEX_HOME=str(home / "codex-work"), GEMINI_CLI_HOME=str(home / "g"))
+    assert BY_NAME["codex"].config_path(moved, "linux") == home / "codex-work/config.toml"
+    assert BY_NAME["gemini"].config_path(moved, "linux") == home / "g/.gemini/settings.json"
     linux = BY_NAME["claude-desktop"].config_path(env, "linux")
     assert linux == home / ".config/Claude/claude_desktop_config.json"
     jsonc = home / ".config/opencode/opencode.jsonc"
