@@ -147,4 +147,9 @@ class HouseClient:
     async def list_agents(self, limit: int = 200) -> list[dict[str, Any]]:
         result = await self.call(AGENTS_LIST, {"limit": limit})
         agents = result.get("agents", []) if isinstance(result, dict) else []
-        return [dict(a) for a in agents if isinstance(a, dict)]
+        # a listing proof is for stations checking rows they relay, not for readers
+        return [
+            {k: v for k, v in a.items() if k != "listing_proof"}
+            for a in agents
+            if isinstance(a, dict)
+        ]

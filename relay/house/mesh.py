@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -62,6 +62,7 @@ __all__ = [
     "AskLinked",
     "LinkedReply",
     "MeshAgentList",
+    "VerifiedProofs",
     "linked_asker",
     "linked_entry",
     "merge_agent_lists",
@@ -177,7 +178,35 @@ class _Relayed:
         return {**self.entry, "station": self.station.hex(), "relayed": 1}
 
 
-def linked_entry(value: object, station: bytes, now_ms: int) -> tuple[_Relayed | None, str]:
+class VerifiedProofs:
+    """The listing proofs that verified lately (at most ``capacity``, least recent forgotten
+    first), so that listing the same rows again costs no Ed25519. A key is everything the
+    signature covers, so a hit is as good as verifying again."""
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        self.capacity = capacity
+        self._held: OrderedDict[tuple[str, int, str, str], None] = OrderedDict()
+
+    def verify(self, proof: dict[str, Any], node: bytes, bound: str) -> bool:
+        """Whether ``proof`` is ``node``'s signature over ``bound`` (its age is not checked)."""
+        timestamp, signature = proof.get("timestamp"), proof.get("signature")
+        if type(timestamp) is not int or type(signature) is not str:
+            return False  # malformed: it could never verify
+        key = (node.hex(), timestamp, bound, signature)
+        if key in self._held:
+            self._held.move_to_end(key)
+            return True
+        if verify_proof(proof, node, bound, 0, _ANY_AGE) is not None:
+            return False
+        self._held[key] = None
+        while len(self._held) > self.capacity:
+            self._held.popitem(last=False)
+        return True
+
+
+def linked_entry(
+    value: object, station: bytes, now_ms: int, verified: VerifiedProofs | None = None
+) -> tuple[_Relayed | None, str]:
     """A row ``station`` relays, rebuilt from its known fields and dated by what the agent
     signed for ``station`` (``macula.directory_listing``); else None and the stats counter
     saying why (``linked_agents_invalid``, ``_unsigned``, ``_forged``, ``_future``,
@@ -192,9 +221,9 @@ def linked_entry(value: object, station: bytes, now_ms: int) -> tuple[_Relayed |
         return None, "linked_agents_unsigned"
     node = bytes.fromhex(str(entry["node_id"]))
     bound = listing_procedure(station, ttl, entry)
-    if verify_proof(proof, node, bound, now_ms, _ANY_AGE) is not None:
-        return None, "linked_agents_forged"
     assert isinstance(proof, dict)
+    if not (verified or VerifiedProofs(0)).verify(proof, node, bound):
+        return None, "linked_agents_forged"
     signed: int = proof["timestamp"]
     if signed > now_ms + FUTURE_SKEW_MS:
         return None, "linked_agents_future"
@@ -213,6 +242,7 @@ def merge_agent_lists(
     now_ms: int,
     stats: Counter[str],
     per_station: int = DEFAULT_PER_STATION,
+    verified: VerifiedProofs | None = None,
 ) -> list[dict[str, object]]:
     """This station's listed agents and the linked stations' (checked), one row per node id,
     newest first, at most ``limit``; each with its ``station`` and ``relayed`` (0/1).
@@ -229,7 +259,8 @@ def merge_agent_lists(
             local[node] = {**clean, "station": own_station.hex(), "relayed": 0}
     relayed: dict[str, _Relayed] = {}
     for reply in replies:
-        for candidate in _checked_rows(own_station, reply, min(limit, per_station), now_ms, stats):
+        most = min(limit, per_station)
+        for candidate in _checked_rows(own_station, reply, most, now_ms, stats, verified):
             node = str(candidate.entry["node_id"])
             held = relayed.get(node)
             if node in local or held is not None:
@@ -243,7 +274,12 @@ def merge_agent_lists(
 
 
 def _checked_rows(
-    own_station: bytes, reply: LinkedReply, most: int, now_ms: int, stats: Counter[str]
+    own_station: bytes,
+    reply: LinkedReply,
+    most: int,
+    now_ms: int,
+    stats: Counter[str],
+    verified: VerifiedProofs | None,
 ) -> list[_Relayed]:
     """The rows of one linked station's reply that pass ``linked_entry``."""
     if reply.station == own_station:
@@ -259,7 +295,7 @@ def _checked_rows(
         stats["linked_agents_over_limit"] += len(agents) - most
     rows = []
     for value in agents[:most]:
-        checked, counter = linked_entry(value, reply.station, now_ms)
+        checked, counter = linked_entry(value, reply.station, now_ms, verified)
         stats[counter] += 1
         if checked is not None:
             rows.append(checked)
@@ -304,6 +340,7 @@ class MeshAgentList:
         self.local = local
         self.ask_linked = ask_linked
         self.stats: Counter[str] = Counter()
+        self.verified = VerifiedProofs()
 
     async def list(self, payload: object, caller: bytes, now_ms: int) -> Outcome:
         """The merged listing; the local refusal (bad arguments) when there is one."""
@@ -318,7 +355,9 @@ class MeshAgentList:
             replies = []
         self.stats["mesh_lists"] += 1
         own_agents = [a for a in own.payload.get("agents", []) if isinstance(a, dict)]
-        merged = merge_agent_lists(self.station_id, own_agents, replies, limit, now_ms, self.stats)
+        merged = merge_agent_lists(
+            self.station_id, own_agents, replies, limit, now_ms, self.stats, verified=self.verified
+        )
         return Outcome.result(
             {
                 "count": len(merged),

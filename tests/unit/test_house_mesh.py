@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from housekit import assert_no_booleans, ok, refused, run
 
+import relay.house.mesh as mesh_module
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
 from macula.directory_listing import listing_procedure
@@ -22,7 +23,13 @@ from macula.wire.identity import Identity
 from relay.actions import StationReplied
 from relay.federation.addresses import StationAddress
 from relay.house.agents import PROCEDURE_LIST, PROCEDURE_REGISTER, key_holder_procedure
-from relay.house.mesh import LinkedReply, MeshAgentList, linked_asker, merge_agent_lists
+from relay.house.mesh import (
+    LinkedReply,
+    MeshAgentList,
+    VerifiedProofs,
+    linked_asker,
+    merge_agent_lists,
+)
 from relay.house.mesh import station_entry as entry_of
 from relay.house.services import HouseConfig, HouseServices
 from relay.house.stations import (
@@ -549,3 +556,36 @@ def test_refusals_of_the_list_stay_local(tmp_path: Path) -> None:
     house, _ = _house_with(tmp_path, None)
     refused(run(house.handle(PROCEDURE_LIST_STATIONS, {"city": 5}, B, NOW)), "bad_request")
     run(house.close())
+
+
+def test_verified_listing_proofs_are_remembered_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = [signed(B, agent(node())) for _ in range(3)]
+    verified = VerifiedProofs(capacity=2)
+    calls: list[object] = []
+    real = mesh_module.verify_proof
+
+    def counting(*args: Any) -> str | None:
+        calls.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(mesh_module, "verify_proof", counting)
+    merged = merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(*rows))], 10, NOW, Counter(), verified=verified
+    )
+    assert len(merged) == 3 and len(calls) == 3
+    merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(*rows[1:]))], 10, NOW, Counter(), verified=verified
+    )
+    assert len(calls) == 3  # the two newest held: no Ed25519 again
+    forged = {**rows[1], "model": "changed"}  # another digest: not a hit, and refused
+    stats: Counter[str] = Counter()
+    merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(forged))], 10, NOW, stats, verified=verified
+    )
+    assert stats["linked_agents_forged"] == 1 and len(calls) == 4
+    merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(rows[0]))], 10, NOW, Counter(), verified=verified
+    )
+    assert len(calls) == 5  # forgotten: at most 2 held
