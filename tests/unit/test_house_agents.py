@@ -444,3 +444,28 @@ def test_a_registration_without_listing_proof_is_listed_here_without_one(
     ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
     [row] = listed(agents)
     assert "listing_proof" not in row
+
+
+def test_a_directory_of_the_first_schema_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
+    import relay.house.agents as agents_module
+    from macula.store.base import SqliteStore
+
+    class FirstSchema(SqliteStore):
+        MIGRATIONS = (agents_module._AGENTS_V1,)
+
+    path = tmp_path / "agents.sqlite3"
+    old = run(FirstSchema.open(path))
+    insert = (
+        "INSERT INTO agents (node_id, petname, offers, registered_ms, expires_ms)"
+        " VALUES (?, ?, '[]', ?, ?)"
+    )
+    run(old._execute(insert, (ALICE.node_id, petname(ALICE.node_id), NOW_MS, NOW_MS + 60_000)))
+    run(old.close())
+    directory = AgentDirectory(run(AgentDirectoryStore.open(path)), station_id=STATION)
+    assert run(directory.store.schema_version()) == 2
+    [row] = listed(directory)
+    assert row["node_id"] == ALICE.node_id.hex() and "listing_proof" not in row
+    ok(call(directory, PROCEDURE_REGISTER, listing_payload(ALICE), ALICE, NOW_MS))  # renewed
+    [row] = listed(directory)
+    assert row["listing_proof"]["node_id"] == ALICE.node_id.hex()
+    run(directory.store.close())
