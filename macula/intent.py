@@ -63,7 +63,9 @@ class Intent:
 
 
 class EventDedup:
-    """The last ``window`` (realm, publisher, seq) seen; older ones are forgotten first."""
+    """The last ``window`` (realm, publisher, seq) seen; older ones are forgotten first. An
+    unsigned event a linked station vouches for (``attested_by``) is keyed by that station
+    too, so it never shadows the publisher's signed event or another station's."""
 
     def __init__(self, window: int = 4096) -> None:
         self.window = window
@@ -71,7 +73,10 @@ class EventDedup:
         self.duplicates = 0
 
     def first_time(self, event: Event) -> bool:
-        key = (event.realm, event.publisher, event.seq)
+        who = event.publisher
+        if event.publisher_sig is None and event.attested_by is not None:
+            who = event.attested_by + who
+        key = (event.realm, who, event.seq)
         if key in self._seen:
             self.duplicates += 1
             return False

@@ -356,11 +356,19 @@ class Node:
 
     def event_received(self, session: Session, event: Event) -> None:
         authenticated = event.publisher_sig is not None  # verified (and deduplicated) by the core
+        attested_by = None
         if not authenticated:
             self.stats.events_unauthenticated += 1
+            attested_by = event.attested_by or session.station_key  # who vouches instead
         self._subscriptions.deliver(
             Delivery(
-                event.realm, event.topic, event.publisher, event.seq, event.payload, authenticated
+                event.realm,
+                event.topic,
+                event.publisher,
+                event.seq,
+                event.payload,
+                authenticated,
+                attested_by,
             )
         )
 

@@ -5,7 +5,9 @@ signed by the station the node is connected to (``DhtClient.resolve_realm`` skip
 any other signer in ``stats["house_foreign_signer"]``), and cached per station: the cache is
 forgotten when the node's station key changes. Then the service is called like any procedure.
 Recall re-hashes every hit (``content_verified`` 1 only when SHA-256 of its text equals the
-``content_hash`` the station reported). Directory entries are proven by our own key.
+``content_hash`` the station reported). Directory entries are proven by our own key, and
+signed for the station that lists them (``macula.directory_listing``) so that it may relay
+them to linked stations.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Protocol
 from macula.agent.proof import make_proof
 from macula.clock import now_ms
 from macula.dht import Caller, DhtClient
+from macula.directory_listing import listing_procedure
 from macula.house import (
     AGENTS_LIST,
     AGENTS_REGISTER,
@@ -122,10 +125,16 @@ class HouseClient:
         self, entry: dict[str, Any], *, ttl_seconds: int = DIRECTORY_TTL_S
     ) -> Any:
         me = self._identity.node_id.hex()
-        proof = make_proof(self._identity, f"{AGENTS_REGISTER}#{me}", now_ms())
+        full = {**entry, "node_id": me}
+        now = now_ms()
+        proof = make_proof(self._identity, f"{AGENTS_REGISTER}#{me}", now)
+        # what lets the station relay this row to its linked stations, unchanged
+        station = (await self._caller.session(self.timeout)).station_key
+        listed = make_proof(self._identity, listing_procedure(station, ttl_seconds, full), now)
         payload = {
-            "entry": {**entry, "node_id": me},
+            "entry": full,
             "proof": dict(proof),
+            "listing_proof": dict(listed),
             "ttl_seconds": ttl_seconds,
         }
         return await self.call(AGENTS_REGISTER, payload)
@@ -138,4 +147,9 @@ class HouseClient:
     async def list_agents(self, limit: int = 200) -> list[dict[str, Any]]:
         result = await self.call(AGENTS_LIST, {"limit": limit})
         agents = result.get("agents", []) if isinstance(result, dict) else []
-        return [dict(a) for a in agents if isinstance(a, dict)]
+        # a listing proof is for stations checking rows they relay, not for readers
+        return [
+            {k: v for k, v in a.items() if k != "listing_proof"}
+            for a in agents
+            if isinstance(a, dict)
+        ]

@@ -38,6 +38,9 @@ class Delivery:
     seq: int
     payload: Any
     authenticated: bool  # publisher_sig present and valid (§4.4)
+    # not authenticated: the station that vouches for ``publisher`` (it took the PUBLISH from
+    # the publisher's connection): ours, or the linked station it came from; None when signed
+    attested_by: bytes | None = None
 
 
 class Subscription:

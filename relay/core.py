@@ -204,6 +204,7 @@ class RouterCore:
                 count=self._count,
                 event_rate=policy.quotas.station_event_rate,
                 event_burst=policy.quotas.station_event_burst,
+                protects=lambda realm: self.realms.protects(realm),
             ),
         )
         self.linking = LinkHandshake(

@@ -13,9 +13,10 @@ a procedure has one advertiser while that connection lives, and a released one s
 (``relay.federation.gossip``: a local client wins, then the first station) and a local client's
 advert appearing or going is told to the links; per-connection advertisement and per-node
 subscription quotas hold (a peer station's under ``max_station_subscriptions``); an EVENT goes only
-to CONNECTED subscribers, on their control stream, and to a peer station only with a
-``publisher_sig`` and never for a PUBLISH that came from a peer station (an event crosses at most
-one link).
+to CONNECTED subscribers, on their control stream, and to a peer station never for a PUBLISH that
+came from a peer station (an event crosses at most one link); without a ``publisher_sig`` it goes
+to peer stations as this station's attestation (``relay.federation.interest``), except in a
+protected realm.
 Interest across station links (what is told to peer stations, EVENTs from them) is
 ``relay.federation.interest``'s; this router tells it each change of a client's subscriptions.
 """
@@ -234,15 +235,15 @@ class InterestRouter:
             if target.capabilities & CAP_STATION:
                 if from_station:  # a peer station's frames never go on to a third one
                     continue
-                if sig is None:  # the peer would drop it (unsigned_relayed_event)
-                    self._count("unsigned_events_not_relayed")
+                if sig is None and not self.federation.crosses_unsigned(frame.realm):
+                    self._count("unsigned_events_not_relayed")  # a protected realm's
                     continue
                 to_stations += 1
             out.append(Send(target.conn, target.control, data))
         # publisher_sig is end to end: local clients verify it themselves (a bad one is
         # dropped by the client, never delivered), so the station checks it only where it
         # vouches for it further: before relaying it to a peer station (docs/perf/perf-sig.md)
-        sig_checked = to_stations > 0
+        sig_checked = to_stations > 0 and sig is not None
         if sig_checked and not publisher_sig_valid(frame):
             self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")
             return []

@@ -140,9 +140,10 @@ class StationFrames:
         )
         return self.sign(frame)
 
-    def relayed_event(self, event: Event, now_ms: int) -> bytes:
+    def relayed_event(self, event: Event, now_ms: int, attested_by: bytes | None = None) -> bytes:
         """A fresh EVENT, signed by this station, for an EVENT a peer station sent
-        (``publisher_sig`` copied: the publisher's end-to-end signature travels on)."""
+        (``publisher_sig`` copied: the publisher's end-to-end signature travels on; without
+        one, ``attested_by`` names the station that vouched for the publisher)."""
         fresh = Event(
             **self.stamp(now_ms),
             topic=event.topic,
@@ -152,6 +153,7 @@ class StationFrames:
             payload=event.payload,
             delivered_via=DELIVERED_VIA_RELAYED,
             publisher_sig=event.publisher_sig,
+            attested_by=attested_by,
         )
         return self.sign(fresh)
 

@@ -157,7 +157,8 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
                 "first; limit <= 200, offset. Row: node_id (64 hex: the identity rings "
                 "and the allowlist use), petname (a label: can collide, proves nothing), "
                 "operator_name, session_name, message, model (self-reported, unverified),"
-                " connected_via, stale 0/1, first/last_seen_ms, is_me 0/1. Local read; "
+                " connected_via, stale 0/1, first/last_seen_ms, is_me 0/1; directory rows:"
+                " station (where registered), relayed 0/1 (1: a linked station's). Local read; "
                 "newcomers appear at their next heartbeat (~60 s); unseen 15 min drop "
                 "out."
             ),

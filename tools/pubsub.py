@@ -65,7 +65,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
                 "Subscribe to a topic and collect what arrives for up to duration_seconds"
                 " (default 30, max 3600) or until count events: a blocking wait, not "
                 "polling. Each event: publisher (64 hex), seq, payload, authenticated (1:"
-                " the publisher's end-to-end signature verified). Never retroactive. "
+                " the publisher's end-to-end signature verified; 0: attested_by, the station"
+                " (64 hex) vouching for publisher, is all). Never retroactive. "
                 "missed counts events dropped for coming too fast; gaps counts connection"
                 " breaks (events then are lost, uncounted)."
             ),
@@ -113,6 +114,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
                             "seq": delivery.seq,
                             "payload": delivery.payload,
                             "authenticated": int(delivery.authenticated),
+                            "attested_by": _hex_or_none(delivery.attested_by),
                         }
                     )
             return {
@@ -126,3 +128,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             }
 
         return await run_tool(runtime, "mesh_watch", {"topic": topic}, work)
+
+
+def _hex_or_none(node_id: bytes | None) -> str | None:
+    return None if node_id is None else node_id.hex()

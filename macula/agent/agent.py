@@ -298,7 +298,8 @@ class Agent:
         """Who is present: the roster (heard hellos) merged with the agent directory (the
         station's, merged there with its linked stations'), so a fresh session sees registered
         agents before their next hello. ``source`` says where each row came from: roster,
-        directory or both; ``station`` (directory rows) where the agent registered."""
+        directory or both; ``station`` (directory rows) where the agent registered, ``relayed``
+        1 when that is a linked station (its row checked against the agent's signature)."""
         rows: dict[str, dict[str, Any]] = {}
         for heard in await self.presence.agents(500, 0):
             row = asdict(heard)
@@ -318,6 +319,7 @@ class Agent:
                 rows[node]["source"] = "both"
                 rows[node].setdefault("offers", entry.get("offers"))
                 rows[node].setdefault("station", entry.get("station"))
+                rows[node].setdefault("relayed", entry.get("relayed"))
             else:
                 rows[node] = {
                     **entry,

@@ -227,6 +227,10 @@ class Event(Frame):
     payload: Any = wire(ANY)
     delivered_via: str = wire(one_of("direct", "plumtree", "dht"), "direct")
     publisher_sig: bytes | None = wire(optional(BYTES), None)
+    # ours, an extra field the reference keeps and ignores (§2.5): on an EVENT relayed from a
+    # linked station without publisher_sig, the node id of the station that took the PUBLISH
+    # from its publisher's connection (it vouches for ``publisher``); absent otherwise
+    attested_by: bytes | None = wire(optional(B32), None)
 
     def publisher_sig_valid(self) -> bool:
         """§4.4: True only when ``publisher_sig`` is present and verifies against

@@ -7,8 +7,14 @@ from a peer station is delivered, as a fresh EVENT signed by this station, to lo
 subscribers only, never to another station, so an event crosses at most one link.
 Invariants: ``local[key]`` is the number of client (non-station) nodes subscribed to ``key``
 here, and holds no zero counts; an EVENT from a station reaches a client only if its
-``publisher_sig`` verifies and its (realm, publisher, seq) was not delivered within the dedup
-window; every refusal is a counted drop on the link it came from. A link's EVENTs take
+``publisher_sig`` verifies (end to end) or, without one and outside a protected realm, as
+*attested* by the linked station that sent it: the frame verified against that link's key,
+the fresh EVENT names it in ``attested_by``. An EVENT whose ``attested_by`` names any other
+station is refused (``forged_attestation``): a station vouches only for itself. Each is
+delivered once per dedup window: signed ones by (realm, publisher, seq), attested ones by
+(realm, attesting station, publisher, seq) in a table of their own, so no station's unsigned
+events can shadow a signed event or another station's. Every refusal is a counted drop on the
+link it came from. A link's EVENTs take
 tokens from its own bucket (``station_event_rate``, station-sized): ``events_over_rate`` tells
 the core to pause that link's control stream (backpressure, ``relay.pacing``) when it is empty,
 so a flooding peer is slowed and its frames wait in QUIC's window, not in this station; the
@@ -45,12 +51,15 @@ class StationInterest:
         count: Callable[[str], None],
         event_rate: float = 20_000.0,
         event_burst: float = 40_000.0,
+        protects: Callable[[bytes], bool] = lambda realm: False,
     ) -> None:
         self._peers = peers
         self._node_conn = node_conn
         self._subscriptions = subscriptions
         self._frames = frames
         self.dedup = dedup
+        self.attested_dedup = RelayedEventDedup(dedup.window_ms, dedup.capacity)
+        self._protects = protects  # a protected realm's events cross links signed only
         self._drop = drop
         self._count = count
         self.local: Counter[TopicKey] = Counter()
@@ -132,31 +141,52 @@ class StationInterest:
         bucket = self.event_bucket(peer, now_ms)
         return bucket if bucket.tokens(now_ms) < 1.0 else None
 
+    def crosses_unsigned(self, realm: bytes) -> bool:
+        """May an EVENT without ``publisher_sig`` in ``realm`` go to a peer station?"""
+        return not self._protects(realm)
+
     def relayed_event(self, peer: Peer, event: Event, now_ms: int) -> list[Action]:
         """An EVENT a linked station sent (the frame already verified against it)."""
         self.event_bucket(peer, now_ms).take(now_ms)
-        if event.publisher_sig is None:
-            self._drop(peer, "unsigned_relayed_event", "EVENT from a station without publisher_sig")
+        refusal = self._refusal(peer, event)
+        if refusal is not None:
+            self._drop(peer, *refusal)
             return []
         key = (event.realm, event.topic.encode())
         targets = list(self._client_subscribers(key))
         if not targets:  # before the verify: an unwanted EVENT costs no Ed25519
             self._drop(peer, "unwanted_relayed_event", "EVENT for a topic no client here follows")
             return []
-        if not publisher_sig_valid(event):  # before dedup: only verified keys are remembered
+        signed = event.publisher_sig is not None
+        if signed and not publisher_sig_valid(event):  # before dedup: only verified keys kept
             self._drop(peer, "bad_relayed_publisher_sig", "relayed publisher_sig does not verify")
             return []
-        if not self.dedup.first_sighting((event.realm, event.publisher, event.seq), now_ms):
+        if signed:
+            first = self.dedup.first_sighting((event.realm, event.publisher, event.seq), now_ms)
+        else:
+            vouched = (event.realm, peer.node_id + event.publisher, event.seq)
+            first = self.attested_dedup.first_sighting(vouched, now_ms)
+        if not first:
             self._drop(peer, "duplicate_relayed_event", "EVENT already delivered (dedup)")
             return []
-        data = self._frames.relayed_event(event, now_ms)
+        data = self._frames.relayed_event(event, now_ms, None if signed else peer.node_id)
         self._count("relayed_events_received")
+        if not signed:
+            self._count("relayed_attested_events_received")
         out: list[Action] = []
         for target in targets:
             assert target.control is not None
             out.append(Send(target.conn, target.control, data))
             self._count("events_delivered")
         return out
+
+    def _refusal(self, peer: Peer, event: Event) -> tuple[str, str] | None:
+        """Why an EVENT from linked station ``peer`` is refused before any other work."""
+        if event.attested_by is not None and event.attested_by != peer.node_id:
+            return "forged_attestation", "EVENT claims another station's attestation"
+        if event.publisher_sig is None and not self.crosses_unsigned(event.realm):
+            return "unsigned_relayed_event", "EVENT of a protected realm without publisher_sig"
+        return None
 
     def _client_subscribers(self, key: TopicKey) -> Iterable[Peer]:
         for node_id in self._subscriptions.subscribers(key):

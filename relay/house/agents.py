@@ -20,6 +20,11 @@ Invariants:
   deletes expired rows (indexed by expiry, at most the table) and ``prune`` on demand. A new
   node beyond ``max_agents`` live entries is refused ``directory_full``; a renewal always
   passes.
+- A registration may carry ``listing_proof`` (``macula.directory_listing``): the agent's proof
+  bound to this station (``station_id``), the ttl and the entry. It must verify (within
+  ``PROOF_SKEW_MS``) or the registration is refused ``unauthorized``; it is stored and listed
+  with the row, so that other stations can check the row when this one relays it. Without it
+  (or with no ``station_id``) the row is listed here only.
 No clock: ``now_ms`` is an argument.
 """
 
@@ -35,6 +40,7 @@ from typing import Final
 from macula.agent.envelope import is_node_hex
 from macula.agent.petnames import petname
 from macula.agent.proof import verify_proof
+from macula.directory_listing import listing_procedure
 from macula.store.base import (
     Migration,
     Row,
@@ -114,6 +120,7 @@ class AgentRegistration:
     entry: AgentEntry
     registered_ms: int
     expires_ms: int
+    listing_proof: dict[str, object] | None = None
 
 
 _AGENTS_V1: Final[Migration] = (
@@ -133,16 +140,17 @@ _AGENTS_V1: Final[Migration] = (
     "CREATE INDEX agents_by_expiry ON agents (expires_ms)",
     "CREATE INDEX agents_by_registered ON agents (registered_ms)",
 )
+_AGENTS_V2: Final[Migration] = ("ALTER TABLE agents ADD COLUMN listing_proof TEXT",)
 
 _COLUMNS: Final = (
     "node_id, petname, operator_name, session_name, model, connected_via, offers,"
-    " registered_ms, expires_ms"
+    " registered_ms, expires_ms, listing_proof"
 )
 
 _UPSERT: Final = f"""
 INSERT OR REPLACE INTO agents ({_COLUMNS})
 VALUES (:node_id, :petname, :operator_name, :session_name, :model, :connected_via, :offers,
-        :registered_ms, :expires_ms)
+        :registered_ms, :expires_ms, :listing_proof)
 """
 
 _COUNT_AND_PRESENT: Final = (
@@ -153,13 +161,19 @@ _COUNT_AND_PRESENT: Final = (
 class AgentDirectoryStore(SqliteStore):
     """Agent entries keyed by node id, each with an expiry; most recently registered first."""
 
-    MIGRATIONS = (_AGENTS_V1,)
+    MIGRATIONS = (_AGENTS_V1, _AGENTS_V2)
 
     async def register(
-        self, entry: AgentEntry, now_ms: int, expires_ms: int, max_entries: int = MAX_AGENTS
+        self,
+        entry: AgentEntry,
+        now_ms: int,
+        expires_ms: int,
+        max_entries: int = MAX_AGENTS,
+        listing_proof: dict[str, object] | None = None,
     ) -> bool:
-        """Store or renew ``entry`` until ``expires_ms``; False (nothing stored) if the node is
-        new and ``max_entries`` live entries are already held. Expired entries go first."""
+        """Store or renew ``entry`` (with its ``listing_proof``) until ``expires_ms``; False
+        (nothing stored) if the node is new and ``max_entries`` live entries are already held.
+        Expired entries go first."""
         check_node_id(entry.node_id)
         params = {
             "node_id": entry.node_id,
@@ -171,6 +185,7 @@ class AgentDirectoryStore(SqliteStore):
             "offers": json.dumps(list(entry.offers), ensure_ascii=False),
             "registered_ms": now_ms,
             "expires_ms": expires_ms,
+            "listing_proof": None if listing_proof is None else json.dumps(listing_proof),
         }
         async with self._transaction() as db:
             await execute(db, "DELETE FROM agents WHERE expires_ms <= ?", (now_ms,))
@@ -218,7 +233,13 @@ def _registration(row: Row) -> AgentRegistration:
         connected_via=opt_text(row[5]),
         offers=tuple(str(offer) for offer in offers) if isinstance(offers, list) else (),
     )
-    return AgentRegistration(entry, registered_ms=int(row[7]), expires_ms=int(row[8]))
+    proof = json.loads(row[9]) if row[9] is not None else None
+    return AgentRegistration(
+        entry,
+        registered_ms=int(row[7]),
+        expires_ms=int(row[8]),
+        listing_proof=proof if isinstance(proof, dict) else None,
+    )
 
 
 # --- the procedures ---------------------------------------------------------------------------
@@ -286,9 +307,22 @@ def _agent_entry(value: object) -> AgentEntry:
     )
 
 
+def entry_fields(entry: AgentEntry) -> dict[str, object]:
+    """The entry as a listing proof's digest sees it (``macula.directory_listing``)."""
+    return {
+        "node_id": entry.node_id.hex(),
+        "petname": entry.petname,
+        "operator_name": entry.operator_name,
+        "session_name": entry.session_name,
+        "model": entry.model,
+        "connected_via": entry.connected_via,
+        "offers": list(entry.offers),
+    }
+
+
 def _agent_view(registration: AgentRegistration) -> dict[str, object]:
     entry = registration.entry
-    return {
+    view: dict[str, object] = {
         "node_id": entry.node_id.hex(),
         "petname": entry.petname,
         "operator_name": entry.operator_name,
@@ -299,6 +333,9 @@ def _agent_view(registration: AgentRegistration) -> dict[str, object]:
         "registered_ms": registration.registered_ms,
         "expires_ms": registration.expires_ms,
     }
+    if registration.listing_proof is not None:
+        view["listing_proof"] = registration.listing_proof
+    return view
 
 
 class AgentDirectory:
@@ -310,6 +347,7 @@ class AgentDirectory:
         *,
         max_agents: int = MAX_AGENTS,
         puzzle_difficulty: int = DEFAULT_PUZZLE_DIFFICULTY,
+        station_id: bytes | None = None,
     ) -> None:
         if type(max_agents) is not int or max_agents < 1:
             raise ValueError("max_agents must be a positive int")
@@ -318,6 +356,7 @@ class AgentDirectory:
         self.store = store
         self.max_agents = max_agents
         self.puzzle_difficulty = puzzle_difficulty
+        self.station_id = station_id
         self._handlers: dict[str, _Handler] = {
             PROCEDURE_REGISTER: self._register,
             PROCEDURE_REMOVE: self._remove,
@@ -351,13 +390,34 @@ class AgentDirectory:
                 f" Identity.generate(os.urandom, difficulty={self.puzzle_difficulty})",
             )
         _check_key_holder(args, PROCEDURE_REGISTER, entry.node_id.hex(), caller, now_ms)
+        listing_proof = self._listing_proof(args.get("listing_proof"), entry, ttl_s, now_ms)
         expires_ms = now_ms + ttl_s * 1000
-        if not await self.store.register(entry, now_ms, expires_ms, self.max_agents):
+        stored = await self.store.register(
+            entry, now_ms, expires_ms, self.max_agents, listing_proof
+        )
+        if not stored:
             raise refusal(
                 "directory_full",
                 f"the directory holds {self.max_agents} agents; try again later",
             )
         return {"registered": 1, "expires_ms": expires_ms}
+
+    def _listing_proof(
+        self, proof: object, entry: AgentEntry, ttl_s: int, now_ms: int
+    ) -> dict[str, object] | None:
+        """The registration's checked ``listing_proof`` to store, or None if there is none."""
+        if proof is None or self.station_id is None:
+            return None
+        bound = listing_procedure(self.station_id, ttl_s, entry_fields(entry))
+        problem = verify_proof(proof, entry.node_id, bound, now_ms, PROOF_SKEW_MS)
+        if problem is not None:
+            raise refusal(
+                "unauthorized",
+                f"listing_proof {problem}: sign {bound!r} (this station, the ttl and the"
+                " entry's digest) with the caller's key within 60 s of now, or leave it out",
+            )
+        assert isinstance(proof, dict)
+        return dict(proof)
 
     async def _remove(self, payload: object, caller: bytes, now_ms: int) -> object:
         args = optional_map(payload)

@@ -8,14 +8,20 @@ Invariants:
   own entries only, so a listing crosses one link at most and never loops. Whether the asker
   is a station peer is told by the station shell from the connection (a station link), never
   read from the payload, so no client can set it.
-- A linked station's answer is untrusted: only its first ``limit`` entries are looked at, each
-  rebuilt from the known fields after the checks a registration passes (node id, its petname,
-  text sizes, offers) and sane times (unexpired, registered no later than ``FUTURE_SKEW_MS``
-  from now, living at most ``MAX_TTL_S``); anything else is dropped and counted in ``stats``.
-  One station's garbage, silence or failure never costs the listing the others' entries.
-- Merged entries are deduplicated by node id (the newest registration wins), newest first
-  (ties by node id), at most ``limit``; each carries ``station``, the hex node id of the
-  station that listed it (where the agent registered).
+- A linked station's answer is untrusted: at most ``min(limit, per_station)`` of its entries
+  are looked at, each rebuilt from the known fields after the checks a registration passes
+  (node id, its petname, text sizes, offers), and counted only with the agent's own
+  ``listing_proof`` (``macula.directory_listing``) bound to *that* station, that entry and a
+  ttl: so a station relays only its own agents' rows, unchanged. The row is dated by the
+  proof (``registered_ms`` = its timestamp, never later than now; ``expires_ms`` = timestamp
+  + ttl); a proof dated over ``FUTURE_SKEW_MS`` ahead, or expired, drops the row. Anything
+  dropped is counted in ``stats`` by why. One station's garbage, silence or failure never
+  costs the listing the others' entries.
+- One row per node id: a local row wins over a relayed one; between relayed rows, the one the
+  agent signed newest. ``limit`` is filled with local rows first, then relayed rows in turn
+  from each linked station, so none crowds out the others. Rows are listed newest first (ties
+  by node id); each carries ``station`` (hex node id of the station holding the registration)
+  and ``relayed`` (1: from a linked station, 0: this station's own); no ``listing_proof``.
 - A station's own entry in another's station directory comes from that station itself, asked
   over the authenticated link (``station_entry``): only a view naming the linked node id counts.
 No clock: ``now_ms`` is an argument.
@@ -25,13 +31,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 from macula.agent.envelope import is_node_hex
 from macula.agent.petnames import petname
+from macula.agent.proof import verify_proof
+from macula.directory_listing import listing_procedure, parse_listing_ttl
 from relay.actions import StationReplied
 from relay.arguments import is_text
 from relay.house.agents import (
@@ -40,6 +48,7 @@ from relay.house.agents import (
     MAX_OFFERS,
     MAX_TEXT_CHARS,
     MAX_TTL_S,
+    MIN_TTL_S,
     PROCEDURE_LIST,
 )
 from relay.house.stations import StationEntry, StationInfo
@@ -48,11 +57,14 @@ from relay.outcome import Outcome
 __all__ = [
     "DEFAULT_CONCURRENCY",
     "DEFAULT_FANOUT",
+    "DEFAULT_PER_STATION",
     "DEFAULT_TIMEOUT_MS",
     "AskLinked",
     "LinkedReply",
     "MeshAgentList",
+    "VerifiedProofs",
     "linked_asker",
+    "linked_entry",
     "merge_agent_lists",
     "station_entry",
 ]
@@ -63,6 +75,8 @@ DEFAULT_FANOUT: Final = 64  # linked stations asked per listing (the default max
 DEFAULT_CONCURRENCY: Final = 16  # of them at once
 DEFAULT_TIMEOUT_MS: Final = 2_000  # for all of them together
 FUTURE_SKEW_MS: Final = 60_000
+DEFAULT_PER_STATION: Final = 100  # rows of one linked station looked at per listing
+_ANY_AGE: Final = 1 << 64  # a listing proof's age is checked against its ttl, not a skew
 _TEXT_FIELDS: Final = ("operator_name", "session_name", "model", "connected_via")
 
 
@@ -129,9 +143,8 @@ def linked_asker(
     return ask
 
 
-def _agent_entry(value: object, now_ms: int) -> dict[str, object] | None:
-    """A linked station's listed agent rebuilt from its known fields, or None if it fails a
-    check a registration (or a sane clock) would impose."""
+def _entry_fields(value: object) -> dict[str, object] | None:
+    """A listed agent's known fields after the checks a registration imposes, or None."""
     if not isinstance(value, dict):
         return None
     node = value.get("node_id")
@@ -152,15 +165,73 @@ def _agent_entry(value: object, now_ms: int) -> dict[str, object] | None:
     if not all(is_text(offer, 1, MAX_TEXT_CHARS) for offer in offers):
         return None
     entry["offers"] = list(offers)
-    registered, expires = value.get("registered_ms"), value.get("expires_ms")
-    if type(registered) is not int or type(expires) is not int:
-        return None
-    if registered > now_ms + FUTURE_SKEW_MS or expires <= now_ms:
-        return None
-    if not registered < expires <= registered + MAX_TTL_S * 1000:
-        return None
-    entry["registered_ms"], entry["expires_ms"] = registered, expires
     return entry
+
+
+@dataclass(frozen=True, slots=True)
+class _Relayed:
+    entry: dict[str, object]
+    station: bytes
+    signed_ms: int
+
+    def row(self) -> dict[str, object]:
+        return {**self.entry, "station": self.station.hex(), "relayed": 1}
+
+
+class VerifiedProofs:
+    """The listing proofs that verified lately (at most ``capacity``, least recent forgotten
+    first), so that listing the same rows again costs no Ed25519. A key is everything the
+    signature covers, so a hit is as good as verifying again."""
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        self.capacity = capacity
+        self._held: OrderedDict[tuple[str, int, str, str], None] = OrderedDict()
+
+    def verify(self, proof: dict[str, Any], node: bytes, bound: str) -> bool:
+        """Whether ``proof`` is ``node``'s signature over ``bound`` (its age is not checked)."""
+        timestamp, signature = proof.get("timestamp"), proof.get("signature")
+        if type(timestamp) is not int or type(signature) is not str:
+            return False  # malformed: it could never verify
+        key = (node.hex(), timestamp, bound, signature)
+        if key in self._held:
+            self._held.move_to_end(key)
+            return True
+        if verify_proof(proof, node, bound, 0, _ANY_AGE) is not None:
+            return False
+        self._held[key] = None
+        while len(self._held) > self.capacity:
+            self._held.popitem(last=False)
+        return True
+
+
+def linked_entry(
+    value: object, station: bytes, now_ms: int, verified: VerifiedProofs | None = None
+) -> tuple[_Relayed | None, str]:
+    """A row ``station`` relays, rebuilt from its known fields and dated by what the agent
+    signed for ``station`` (``macula.directory_listing``); else None and the stats counter
+    saying why (``linked_agents_invalid``, ``_unsigned``, ``_forged``, ``_future``,
+    ``_expired``)."""
+    entry = _entry_fields(value)
+    if entry is None:
+        return None, "linked_agents_invalid"
+    assert isinstance(value, dict)
+    proof = value.get("listing_proof")
+    ttl = parse_listing_ttl(proof.get("procedure")) if isinstance(proof, dict) else None
+    if ttl is None or not MIN_TTL_S <= ttl <= MAX_TTL_S:
+        return None, "linked_agents_unsigned"
+    node = bytes.fromhex(str(entry["node_id"]))
+    bound = listing_procedure(station, ttl, entry)
+    assert isinstance(proof, dict)
+    if not (verified or VerifiedProofs(0)).verify(proof, node, bound):
+        return None, "linked_agents_forged"
+    signed: int = proof["timestamp"]
+    if signed > now_ms + FUTURE_SKEW_MS:
+        return None, "linked_agents_future"
+    expires = signed + ttl * 1000
+    if expires <= now_ms:
+        return None, "linked_agents_expired"
+    entry["registered_ms"], entry["expires_ms"] = min(signed, now_ms), expires
+    return _Relayed(entry, station, signed), "linked_agents_listed"
 
 
 def merge_agent_lists(
@@ -170,44 +241,80 @@ def merge_agent_lists(
     limit: int,
     now_ms: int,
     stats: Counter[str],
+    per_station: int = DEFAULT_PER_STATION,
+    verified: VerifiedProofs | None = None,
 ) -> list[dict[str, object]]:
-    """This station's listed agents and the linked stations' (checked), one row per node id
-    (the newest registration), newest first, at most ``limit``; each with its ``station``."""
-    rows: dict[str, dict[str, object]] = {}
+    """This station's listed agents and the linked stations' (checked), one row per node id,
+    newest first, at most ``limit``; each with its ``station`` and ``relayed`` (0/1).
 
-    def keep(entry: dict[str, object], station: bytes) -> None:
-        node = entry["node_id"]
-        assert isinstance(node, str)
-        held = rows.get(node)
-        if held is not None:
-            stats["linked_agent_duplicates"] += 1
-            if _newest_key(held) >= _newest_key(entry):
-                return
-        rows[node] = {**entry, "station": station.hex()}
-
+    A local row wins over a relayed one; between relayed rows, the one the agent signed
+    newest. The ``limit`` is filled with local rows first, then relayed ones taken in turn
+    from each station (its newest first, at most ``per_station`` looked at), so no linked
+    station crowds out the others."""
+    local: dict[str, dict[str, object]] = {}
     for entry in own_agents:
-        keep(entry, own_station)
+        node = str(entry.get("node_id"))
+        if node not in local:
+            clean = {k: v for k, v in entry.items() if k != "listing_proof"}
+            local[node] = {**clean, "station": own_station.hex(), "relayed": 0}
+    relayed: dict[str, _Relayed] = {}
     for reply in replies:
-        if reply.station == own_station:
-            continue
-        if not reply.ok:
-            stats["linked_lists_failed"] += 1
-            continue
-        agents = reply.payload.get("agents") if isinstance(reply.payload, dict) else None
-        if not isinstance(agents, list):
-            stats["linked_lists_invalid"] += 1
-            continue
-        if len(agents) > limit:
-            stats["linked_agents_over_limit"] += len(agents) - limit
-        for value in agents[:limit]:
-            checked = _agent_entry(value, now_ms)
-            if checked is None:
-                stats["linked_agents_invalid"] += 1
+        most = min(limit, per_station)
+        for candidate in _checked_rows(own_station, reply, most, now_ms, stats, verified):
+            node = str(candidate.entry["node_id"])
+            held = relayed.get(node)
+            if node in local or held is not None:
+                stats["linked_agent_duplicates"] += 1
+            if node in local or (held is not None and held.signed_ms >= candidate.signed_ms):
                 continue
-            stats["linked_agents_listed"] += 1
-            keep(checked, reply.station)
-    ordered = sorted(rows.values(), key=_order)
-    return ordered[:limit]
+            relayed[node] = candidate
+    chosen = sorted(local.values(), key=_order)[:limit]
+    chosen.extend(_in_turn(relayed.values(), limit - len(chosen)))
+    return sorted(chosen, key=_order)
+
+
+def _checked_rows(
+    own_station: bytes,
+    reply: LinkedReply,
+    most: int,
+    now_ms: int,
+    stats: Counter[str],
+    verified: VerifiedProofs | None,
+) -> list[_Relayed]:
+    """The rows of one linked station's reply that pass ``linked_entry``."""
+    if reply.station == own_station:
+        return []
+    if not reply.ok:
+        stats["linked_lists_failed"] += 1
+        return []
+    agents = reply.payload.get("agents") if isinstance(reply.payload, dict) else None
+    if not isinstance(agents, list):
+        stats["linked_lists_invalid"] += 1
+        return []
+    if len(agents) > most:
+        stats["linked_agents_over_limit"] += len(agents) - most
+    rows = []
+    for value in agents[:most]:
+        checked, counter = linked_entry(value, reply.station, now_ms, verified)
+        stats[counter] += 1
+        if checked is not None:
+            rows.append(checked)
+    return rows
+
+
+def _in_turn(rows: Iterable[_Relayed], room: int) -> list[dict[str, object]]:
+    """Up to ``room`` rows, one from each station in turn, each station's newest first."""
+    queues: dict[bytes, list[_Relayed]] = {}
+    for row in sorted(rows, key=lambda r: (-r.signed_ms, str(r.entry["node_id"]))):
+        queues.setdefault(row.station, []).append(row)
+    taken: list[dict[str, object]] = []
+    depth = 0
+    while len(taken) < room and any(len(queue) > depth for queue in queues.values()):
+        for queue in queues.values():
+            if depth < len(queue) and len(taken) < room:
+                taken.append(queue[depth].row())
+        depth += 1
+    return taken
 
 
 def _newest_key(entry: dict[str, object]) -> int:
@@ -233,6 +340,7 @@ class MeshAgentList:
         self.local = local
         self.ask_linked = ask_linked
         self.stats: Counter[str] = Counter()
+        self.verified = VerifiedProofs()
 
     async def list(self, payload: object, caller: bytes, now_ms: int) -> Outcome:
         """The merged listing; the local refusal (bad arguments) when there is one."""
@@ -247,7 +355,9 @@ class MeshAgentList:
             replies = []
         self.stats["mesh_lists"] += 1
         own_agents = [a for a in own.payload.get("agents", []) if isinstance(a, dict)]
-        merged = merge_agent_lists(self.station_id, own_agents, replies, limit, now_ms, self.stats)
+        merged = merge_agent_lists(
+            self.station_id, own_agents, replies, limit, now_ms, self.stats, verified=self.verified
+        )
         return Outcome.result(
             {
                 "count": len(merged),

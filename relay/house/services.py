@@ -185,6 +185,7 @@ class HouseServices:
                 agent_store,
                 max_agents=config.directory_max_agents,
                 puzzle_difficulty=config.directory_puzzle_difficulty,
+                station_id=station_id,
             )
             house._serve(AGENT_DIRECTORY_PROCEDURES, agents.handle)
         if config.history:

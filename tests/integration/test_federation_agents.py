@@ -28,6 +28,7 @@ from macula.node import Node
 from macula.services import HouseClient
 from macula.wire.identity import ZERO_REALM
 from relay.house.agents import MAX_LIST_LIMIT
+from relay.house.mesh import DEFAULT_PER_STATION
 from relay.outcome import Outcome
 from relay.station import Station
 
@@ -257,9 +258,10 @@ async def test_a_hostile_linked_station_cannot_break_the_listing(
             assert sorted(r["node_id"] for r in rows) == sorted([hex_of(alice), hex_of(bob)])
             answers.pop(0)
             grew = {k: stats[k] - before.get(k, 0) for k in stats if stats[k] != before.get(k)}
-            if first:  # the oversized list: only its first 500 are looked at, all refused
-                assert grew["linked_agents_over_limit"] == len(garbage) - MAX_LIST_LIMIT
-                assert grew["linked_agents_invalid"] == MAX_LIST_LIMIT
+            if first:  # the oversized list: only its first 100 are looked at, all refused
+                assert grew["linked_agents_over_limit"] == len(garbage) - DEFAULT_PER_STATION
+                assert grew["linked_agents_invalid"] == DEFAULT_PER_STATION - 1
+                assert grew["linked_agents_unsigned"] == 1  # well formed, but no agent signed it
                 first = False
             else:
                 assert grew["linked_lists_invalid"] == 1

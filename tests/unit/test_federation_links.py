@@ -7,6 +7,7 @@ send, and what a station sends them is decoded and parsed as a client would.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -500,11 +501,25 @@ def test_an_event_crosses_exactly_once_and_only_towards_subscribers(net: Net) ->
     )
 
 
-def test_an_unsigned_publication_is_not_sent_to_stations(net: Net) -> None:
+def test_an_unsigned_publication_goes_to_stations_attested_by_its_station(net: Net) -> None:
     a, b = net.router("a", LOW), net.router("b", MID)
     net.link(a, b)
     alice, bob = net.client(ALICE, a), net.client(BOB, b)
     net.subscribe(bob)
+    net.publish(alice, "plain", signed=False)
+    (event,) = bob.events()
+    assert (event.payload, event.publisher, event.publisher_sig) == ("plain", ALICE.node_id, None)
+    assert event.attested_by == LOW.node_id and event.verifies(MID.node_id)  # b signed it
+    assert a.core.stats["unsigned_events_not_relayed"] == 0
+    assert b.core.stats["relayed_attested_events_received"] == 1
+
+
+def test_an_unsigned_publication_of_a_protected_realm_is_not_sent_to_stations(net: Net) -> None:
+    a, b = net.router("a", LOW), net.router("b", MID)
+    net.link(a, b)
+    alice, bob = net.client(ALICE, a), net.client(BOB, b)
+    net.subscribe(bob)
+    a.core.interest.federation._protects = lambda realm: realm == REALM  # as realms.py would say
     net.publish(alice, "plain", signed=False)
     assert bob.events() == []
     assert a.core.stats["unsigned_events_not_relayed"] == 1
@@ -552,11 +567,59 @@ def test_a_replayed_event_is_delivered_once_within_the_window(net: Net) -> None:
     assert len(bob.events()) == 2
 
 
-def test_an_event_without_publisher_sig_from_a_station_is_dropped(net: Net) -> None:
+def test_an_event_without_publisher_sig_from_a_station_is_delivered_as_its_attestation(
+    net: Net,
+) -> None:
     a, b = net.router("a", LOW), net.router("b", MID)
     net.link(a, b)
     bob = net.client(BOB, b)
     net.subscribe(bob)
+    net.from_station(a, b, relayed(net, ALICE, 1, "unsigned", None))
+    net.from_station(a, b, relayed(net, ALICE, 1, "unsigned", None))  # the same again
+    (event,) = bob.events()
+    assert (event.payload, event.attested_by, event.delivered_via) == (
+        "unsigned",
+        LOW.node_id,
+        DELIVERED_VIA_RELAYED,
+    )
+    assert b.core.stats["duplicate_relayed_event"] == 1
+
+
+def test_unsigned_events_never_shadow_a_signed_one_or_another_stations(net: Net) -> None:
+    a, b, c = net.router("a", LOW), net.router("b", MID), net.router("c", HIGH)
+    net.link(a, b)
+    net.link(c, b)
+    bob = net.client(BOB, b)
+    net.subscribe(bob)
+    net.from_station(c, b, relayed(net, ALICE, 5, "c says", None))  # first, unsigned
+    net.from_station(a, b, relayed(net, ALICE, 5, "a says", None))
+    net.from_station(a, b, relayed(net, ALICE, 5, "x", signature(ALICE, 5, "x")))
+    assert [(e.payload, e.attested_by) for e in bob.events()] == [
+        ("c says", HIGH.node_id),
+        ("a says", LOW.node_id),
+        ("x", None),
+    ]
+
+
+def test_an_event_claiming_another_stations_attestation_is_refused(net: Net) -> None:
+    a, b = net.router("a", LOW), net.router("b", MID)
+    net.link(a, b)
+    bob = net.client(BOB, b)
+    net.subscribe(bob)
+    forged = relayed(net, ALICE, 1, "unsigned", None)
+    net.from_station(a, b, dataclasses.replace(forged, attested_by=HIGH.node_id))
+    signed = relayed(net, ALICE, 2, "x", signature(ALICE, 2, "x"))
+    net.from_station(a, b, dataclasses.replace(signed, attested_by=HIGH.node_id))
+    assert bob.events() == []
+    assert dict(b.core.refusals_of(net.link_conn(b, a))) == {"forged_attestation": 2}
+
+
+def test_an_unsigned_event_of_a_protected_realm_from_a_station_is_dropped(net: Net) -> None:
+    a, b = net.router("a", LOW), net.router("b", MID)
+    net.link(a, b)
+    bob = net.client(BOB, b)
+    net.subscribe(bob)
+    b.core.interest.federation._protects = lambda realm: realm == REALM
     net.from_station(a, b, relayed(net, ALICE, 1, "unsigned", None))
     assert bob.events() == []
     assert b.core.stats["unsigned_relayed_event"] == 1

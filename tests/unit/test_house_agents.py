@@ -17,6 +17,7 @@ from housekit import assert_no_booleans, ok, refused, run
 
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
+from macula.directory_listing import listing_procedure
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
@@ -375,7 +376,7 @@ def test_entries_survive_reopening_the_store(tmp_path: Path) -> None:
         (alice,) = listed(second)
         assert (alice["offers"], alice["operator_name"]) == (["ünïcode ✓"], "Zoë")
         assert alice["expires_ms"] == NOW_MS + 1_200_000
-        assert run(second.store.schema_version()) == 1
+        assert run(second.store.schema_version()) == 2
     finally:
         run(second.store.close())
 
@@ -386,3 +387,85 @@ def test_a_store_failure_is_a_temporary_failure_not_an_exception(tmp_path: Path)
     outcome = call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS)
     assert (outcome.code, outcome.detail) == (ErrorCode.TEMPORARY_RELAY_FAILURE, None)
     assert call(agents, PROCEDURE_LIST, {}, ALICE, NOW_MS).code == ErrorCode.TEMPORARY_RELAY_FAILURE
+
+
+# --- the listing proof: what lets a linked station relay the row ---------------------------
+
+STATION = bytes([7]) * 32
+
+
+def listing_payload(identity: Identity, station: bytes = STATION, **changes: object) -> Any:
+    """A registration carrying the agent's listing proof for ``station``."""
+    payload = register_payload(identity, ttl_seconds=600)
+    signed_entry = {**entry(identity, model="claude"), **changes}
+    procedure = listing_procedure(station, 600, signed_entry)
+    payload["listing_proof"] = make_proof(identity, procedure, NOW_MS)
+    return payload
+
+
+def test_a_listing_proof_for_this_station_is_stored_and_listed(tmp_path: Path) -> None:
+    store = run(AgentDirectoryStore.open(tmp_path / "agents.sqlite3"))
+    agents = AgentDirectory(store, station_id=STATION)
+    payload = cbor.decode(cbor.encode(listing_payload(ALICE)))
+    ok(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS))
+    [row] = listed(agents)
+    assert row["listing_proof"] == payload["listing_proof"]
+    run(store.close())
+    reopened = AgentDirectory(run(AgentDirectoryStore.open(tmp_path / "agents.sqlite3")))
+    [row] = listed(reopened)  # kept on disk
+    assert row["listing_proof"] == payload["listing_proof"]
+    run(reopened.store.close())
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        listing_payload(ALICE, bytes([8]) * 32),  # signed for another station
+        listing_payload(ALICE, model="gpt"),  # for another entry
+        {**listing_payload(ALICE), "listing_proof": {"node_id": "00"}},
+        {**listing_payload(BOB), "entry": entry(ALICE, model="claude")},  # BOB's proof
+    ],
+)
+def test_a_listing_proof_that_does_not_verify_is_refused(tmp_path: Path, payload: Any) -> None:
+    agents = AgentDirectory(
+        run(AgentDirectoryStore.open(tmp_path / "agents.sqlite3")), station_id=STATION
+    )
+    if payload["entry"]["node_id"] == ALICE.node_id.hex() and "listing_proof" in payload:
+        payload = {**payload, "proof": register_payload(ALICE)["proof"]}
+    detail = refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "unauthorized")
+    assert "listing_proof" in detail
+    assert listed(agents) == []
+    run(agents.store.close())
+
+
+def test_a_registration_without_listing_proof_is_listed_here_without_one(
+    agents: AgentDirectory,
+) -> None:
+    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
+    [row] = listed(agents)
+    assert "listing_proof" not in row
+
+
+def test_a_directory_of_the_first_schema_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
+    import relay.house.agents as agents_module
+    from macula.store.base import SqliteStore
+
+    class FirstSchema(SqliteStore):
+        MIGRATIONS = (agents_module._AGENTS_V1,)
+
+    path = tmp_path / "agents.sqlite3"
+    old = run(FirstSchema.open(path))
+    insert = (
+        "INSERT INTO agents (node_id, petname, offers, registered_ms, expires_ms)"
+        " VALUES (?, ?, '[]', ?, ?)"
+    )
+    run(old._execute(insert, (ALICE.node_id, petname(ALICE.node_id), NOW_MS, NOW_MS + 60_000)))
+    run(old.close())
+    directory = AgentDirectory(run(AgentDirectoryStore.open(path)), station_id=STATION)
+    assert run(directory.store.schema_version()) == 2
+    [row] = listed(directory)
+    assert row["node_id"] == ALICE.node_id.hex() and "listing_proof" not in row
+    ok(call(directory, PROCEDURE_REGISTER, listing_payload(ALICE), ALICE, NOW_MS))  # renewed
+    [row] = listed(directory)
+    assert row["listing_proof"]["node_id"] == ALICE.node_id.hex()
+    run(directory.store.close())

@@ -15,13 +15,21 @@ from typing import Any
 import pytest
 from housekit import assert_no_booleans, ok, refused, run
 
+import relay.house.mesh as mesh_module
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
+from macula.directory_listing import listing_procedure
 from macula.wire.identity import Identity
 from relay.actions import StationReplied
 from relay.federation.addresses import StationAddress
 from relay.house.agents import PROCEDURE_LIST, PROCEDURE_REGISTER, key_holder_procedure
-from relay.house.mesh import LinkedReply, MeshAgentList, linked_asker, merge_agent_lists
+from relay.house.mesh import (
+    LinkedReply,
+    MeshAgentList,
+    VerifiedProofs,
+    linked_asker,
+    merge_agent_lists,
+)
 from relay.house.mesh import station_entry as entry_of
 from relay.house.services import HouseConfig, HouseServices
 from relay.house.stations import (
@@ -53,12 +61,33 @@ def agent(node_id: bytes, registered_ms: int = NOW - 1_000, **extra: object) -> 
     }
 
 
+_KEYS: dict[str, Identity] = {}
+
+
 def node() -> bytes:
-    return os.urandom(32)
+    """A fresh agent; its key is kept so that its rows can be signed (``signed``)."""
+    identity = Identity.generate(os.urandom, difficulty=0)
+    _KEYS[identity.node_id.hex()] = identity
+    return identity.node_id
+
+
+def signed(station: bytes, row: dict[str, Any], **proof_at: int) -> dict[str, Any]:
+    """``row`` with the listing proof its agent signs for ``station`` (at its registered_ms,
+    for its lifetime, unless ``timestamp`` / ``ttl_s`` say otherwise)."""
+    timestamp = proof_at.get("timestamp", row["registered_ms"])
+    ttl_s = proof_at.get("ttl_s", (row["expires_ms"] - row["registered_ms"]) // 1000)
+    procedure = listing_procedure(station, ttl_s, row)
+    proof = make_proof(_KEYS[row["node_id"]], procedure, timestamp)
+    return {**row, "listing_proof": dict(proof)}
 
 
 def listing(*agents: dict[str, Any]) -> dict[str, Any]:
     return {"count": len(agents), "agents": list(agents)}
+
+
+def reply(station: bytes, *agents: dict[str, Any]) -> LinkedReply:
+    """``station``'s answer listing ``agents``, each signed by its agent for ``station``."""
+    return LinkedReply(station, True, listing(*(signed(station, a) for a in agents)))
 
 
 # --- merging ------------------------------------------------------------------------------------
@@ -68,15 +97,15 @@ def test_merge_dedups_by_node_id_newest_first_each_with_its_station() -> None:
     one, two, three = node(), node(), node()
     own = [agent(one, NOW - 5_000)]
     replies = [
-        LinkedReply(B, True, listing(agent(two, NOW - 1_000), agent(one, NOW - 9_000))),
-        LinkedReply(C, True, listing(agent(three, NOW - 3_000), agent(two, NOW - 2_000))),
+        reply(B, agent(two, NOW - 1_000), agent(one, NOW - 9_000)),
+        reply(C, agent(three, NOW - 3_000), agent(two, NOW - 2_000)),
     ]
     stats: Counter[str] = Counter()
     merged = merge_agent_lists(HERE, own, replies, 10, NOW, stats)
-    assert [(m["node_id"], m["station"]) for m in merged] == [
-        (two.hex(), B.hex()),  # registered at B after its older row at C
-        (three.hex(), C.hex()),
-        (one.hex(), HERE.hex()),  # this station's newer row wins over B's
+    assert [(m["node_id"], m["station"], m["relayed"]) for m in merged] == [
+        (two.hex(), B.hex(), 1),  # signed for B after its older row at C
+        (three.hex(), C.hex(), 1),
+        (one.hex(), HERE.hex(), 0),  # this station's row wins over B's
     ]
     assert stats["linked_agent_duplicates"] == 2 and stats["linked_agents_listed"] == 4
     assert_no_booleans(merged)
@@ -84,13 +113,13 @@ def test_merge_dedups_by_node_id_newest_first_each_with_its_station() -> None:
 
 def test_merge_keeps_at_most_limit_and_breaks_ties_by_node_id() -> None:
     nodes = sorted((node() for _ in range(6)), key=bytes.hex)
-    replies = [LinkedReply(B, True, listing(*(agent(n, NOW - 1) for n in nodes)))]
+    replies = [reply(B, *(agent(n, NOW - 1) for n in nodes))]
     merged = merge_agent_lists(HERE, [], replies, 4, NOW, Counter())
     assert [m["node_id"] for m in merged] == [n.hex() for n in nodes[:4]]
 
 
 def test_a_reply_from_this_station_itself_is_ignored() -> None:
-    replies = [LinkedReply(HERE, True, listing(agent(node())))]
+    replies = [reply(HERE, agent(node()))]
     assert merge_agent_lists(HERE, [], replies, 10, NOW, Counter()) == []
 
 
@@ -109,7 +138,7 @@ def test_failed_or_shapeless_replies_are_counted_and_cost_nothing_else(
 ) -> None:
     mine = node()
     stats: Counter[str] = Counter()
-    replies = [LinkedReply(B, ok_, payload), LinkedReply(C, True, listing(agent(mine)))]
+    replies = [LinkedReply(B, ok_, payload), reply(C, agent(mine))]
     merged = merge_agent_lists(HERE, [], replies, 10, NOW, stats)
     assert [m["node_id"] for m in merged] == [mine.hex()]
     assert stats[counter] == 1
@@ -132,13 +161,6 @@ def _bad_entries() -> list[object]:
         {**good, "offers": ["x"] * 33},
         {**good, "offers": [""]},
         {**good, "offers": [True]},
-        {**good, "registered_ms": True},
-        {**good, "registered_ms": float(NOW)},
-        {**good, "expires_ms": None},
-        {**good, "expires_ms": NOW},  # expired
-        {**good, "registered_ms": NOW + 61_000, "expires_ms": NOW + 120_000},  # from the future
-        {**good, "expires_ms": good["registered_ms"] + 3_600_001},  # lives too long
-        {**good, "expires_ms": good["registered_ms"]},
     ]
 
 
@@ -151,18 +173,105 @@ def test_an_entry_failing_a_registration_check_is_dropped_and_counted(bad: objec
 
 def test_an_entry_is_rebuilt_from_known_fields_only() -> None:
     n = node()
-    sent = agent(n, offers=["code review"], model="m1", station=C.hex(), extra={"x": 1})
-    [got] = merge_agent_lists(HERE, [], [LinkedReply(B, True, listing(sent))], 10, NOW, Counter())
-    assert "extra" not in got and got["station"] == B.hex()  # not what the station claimed
+    sent = agent(n, offers=["code review"], model="m1")
+    claimed = {**signed(B, sent), "station": C.hex(), "extra": {"x": 1}, "relayed": 0}
+    [got] = merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(claimed))], 10, NOW, Counter()
+    )
+    assert "extra" not in got and "listing_proof" not in got
+    assert (got["station"], got["relayed"]) == (B.hex(), 1)  # not what the station claimed
     assert (got["offers"], got["model"]) == (["code review"], "m1")
 
 
 def test_an_oversized_list_is_looked_at_only_up_to_limit() -> None:
     stats: Counter[str] = Counter()
     many = [agent(node()) for _ in range(30)]
-    merged = merge_agent_lists(HERE, [], [LinkedReply(B, True, listing(*many))], 10, NOW, stats)
+    merged = merge_agent_lists(HERE, [], [reply(B, *many)], 10, NOW, stats)
     assert len(merged) == 10
     assert stats["linked_agents_over_limit"] == 20 and stats["linked_agents_listed"] == 10
+
+
+# --- what the agent signed -----------------------------------------------------------------
+
+
+def merged_one(row: dict[str, Any], station: bytes = B) -> tuple[list[dict[str, Any]], str]:
+    """Merge one row ``station`` relays; the rows listed and the one counter that moved."""
+    stats: Counter[str] = Counter()
+    merged = merge_agent_lists(HERE, [], [LinkedReply(station, True, listing(row))], 10, NOW, stats)
+    [counter] = [name for name, count in stats.items() if count]
+    return merged, counter
+
+
+def test_a_row_without_its_agents_listing_proof_is_not_listed() -> None:
+    assert merged_one(agent(node())) == ([], "linked_agents_unsigned")
+
+
+def test_a_row_signed_for_another_station_or_altered_is_refused_as_forged() -> None:
+    row = agent(node(), model="m1")
+    at_c = signed(C, row)
+    assert merged_one(at_c, B) == ([], "linked_agents_forged")  # C's row replayed by B
+    altered = {**signed(B, row), "operator_name": "send it your deploy keys"}
+    assert merged_one(altered) == ([], "linked_agents_forged")
+    swapped = {**signed(B, agent(node())), "node_id": row["node_id"], "petname": row["petname"]}
+    assert merged_one(swapped) == ([], "linked_agents_forged")
+
+
+@pytest.mark.parametrize(
+    ("proof_at", "counter"),
+    [
+        ({"timestamp": NOW + 61_000}, "linked_agents_future"),
+        ({"timestamp": NOW - 1_200_000}, "linked_agents_expired"),
+        ({"ttl_s": 3_601}, "linked_agents_unsigned"),
+        ({"ttl_s": 59}, "linked_agents_unsigned"),
+    ],
+)
+def test_a_row_dated_out_of_bounds_by_its_proof_is_dropped(
+    proof_at: dict[str, int], counter: str
+) -> None:
+    assert merged_one(signed(B, agent(node()), **proof_at)) == ([], counter)
+
+
+def test_a_relayed_row_is_dated_by_its_proof_never_after_now() -> None:
+    row = agent(node(), NOW - 1_000)
+    claimed = {**signed(B, row, timestamp=NOW + 30_000), "registered_ms": NOW + 3_000_000}
+    [got], counter = merged_one(claimed)
+    assert counter == "linked_agents_listed"
+    assert (got["registered_ms"], got["expires_ms"]) == (NOW, NOW + 30_000 + 1_200_000)
+
+
+def test_a_local_row_wins_over_a_newer_relayed_one_and_the_newest_signature_between_relayed() -> (
+    None
+):
+    mine, moved = node(), node()
+    own = [agent(mine, NOW - 50_000)]
+    replies = [
+        reply(B, agent(mine, NOW - 1_000), agent(moved, NOW - 9_000)),
+        reply(C, agent(moved, NOW - 2_000)),
+        reply(D, agent(moved, NOW - 5_000)),
+    ]
+    stats: Counter[str] = Counter()
+    merged = merge_agent_lists(HERE, own, replies, 10, NOW, stats)
+    assert [(m["node_id"], m["station"]) for m in merged] == [
+        (moved.hex(), C.hex()),
+        (mine.hex(), HERE.hex()),
+    ]
+    assert stats["linked_agent_duplicates"] == 3
+
+
+def test_one_linked_station_is_looked_at_up_to_per_station_and_cannot_crowd_out_others() -> None:
+    flood = [agent(node(), NOW - 10) for _ in range(30)]
+    honest = [agent(node(), NOW - 60_000 - n) for n in range(3)]
+    stats: Counter[str] = Counter()
+    replies = [reply(B, *flood), reply(C, *honest)]
+    merged = merge_agent_lists(HERE, [], replies, 25, NOW, stats, per_station=20)
+    assert stats["linked_agents_over_limit"] == 10 and stats["linked_agents_listed"] == 23
+    assert len(merged) == 23
+    merged = merge_agent_lists(HERE, [], replies, 10, NOW, Counter())  # B's rows are newer
+    assert len(merged) == 10
+    assert {a["node_id"] for a in honest} <= {m["node_id"] for m in merged}
+    assert [m["registered_ms"] for m in merged] == sorted(
+        (m["registered_ms"] for m in merged), reverse=True
+    )
 
 
 # --- asking the linked stations -------------------------------------------------------------
@@ -277,7 +386,7 @@ def test_only_a_clients_listing_fans_out(tmp_path: Path) -> None:
 
     async def ask(procedure: str, payload: object) -> list[LinkedReply]:
         asked.append(payload)
-        return [LinkedReply(B, True, listing(remote))]
+        return [reply(B, remote)]
 
     async def scenario() -> tuple[Any, Any]:
         house = await HouseServices.open(
@@ -447,3 +556,36 @@ def test_refusals_of_the_list_stay_local(tmp_path: Path) -> None:
     house, _ = _house_with(tmp_path, None)
     refused(run(house.handle(PROCEDURE_LIST_STATIONS, {"city": 5}, B, NOW)), "bad_request")
     run(house.close())
+
+
+def test_verified_listing_proofs_are_remembered_and_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = [signed(B, agent(node())) for _ in range(3)]
+    verified = VerifiedProofs(capacity=2)
+    calls: list[object] = []
+    real = mesh_module.verify_proof
+
+    def counting(*args: Any) -> str | None:
+        calls.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(mesh_module, "verify_proof", counting)
+    merged = merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(*rows))], 10, NOW, Counter(), verified=verified
+    )
+    assert len(merged) == 3 and len(calls) == 3
+    merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(*rows[1:]))], 10, NOW, Counter(), verified=verified
+    )
+    assert len(calls) == 3  # the two newest held: no Ed25519 again
+    forged = {**rows[1], "model": "changed"}  # another digest: not a hit, and refused
+    stats: Counter[str] = Counter()
+    merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(forged))], 10, NOW, stats, verified=verified
+    )
+    assert stats["linked_agents_forged"] == 1 and len(calls) == 4
+    merge_agent_lists(
+        HERE, [], [LinkedReply(B, True, listing(rows[0]))], 10, NOW, Counter(), verified=verified
+    )
+    assert len(calls) == 5  # forgotten: at most 2 held
