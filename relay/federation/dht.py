@@ -103,6 +103,8 @@ class DhtConfig:
     # station ids remembered as already welcomed; record bytes remembered as checked
     welcome_memory: int = 4_096
     verified_cache: int = 8_192
+    # pages of records read from one station's answer to a find (each one UDP datagram)
+    find_pages: int = 8
     # a return-address token got from a station is used this long before asking anew
     token_reuse_s: float = 60.0
     limits: DhtLimits = field(default_factory=DhtLimits)
@@ -116,6 +118,7 @@ class DhtConfig:
             "stations_concurrency",
             "evict_after_timeouts",
             "welcome_memory",
+            "find_pages",
         ):
             if type(getattr(self, name)) is not int or getattr(self, name) < 1:
                 raise ValueError(f"DhtConfig.{name} must be a positive int")
@@ -150,17 +153,34 @@ class _RecordCrawl(SpiderCrawl):  # type: ignore[misc]
         return result
 
     async def _nodes_found(self, responses: dict[bytes, Any]) -> list[bytes]:
-        gone = []
+        gone, more = [], []
         for peer_id, (answered, data) in responses.items():
             if not answered:
                 gone.append(peer_id)
                 continue
             self.values.append(data["value"])
+            peer = self.nearest.get_node(peer_id)
+            if data.get("next", 0) and peer is not None:
+                more.append(self._more(peer, data["next"]))
             self.nearest.push([Node(*triple) for triple in data["nodes"]])
+        await asyncio.gather(*more)
         self.nearest.remove(gone)
         if self.nearest.have_contacted_all():
             return self.values
         return await self.find()
+
+    async def _more(self, peer: Node, following: int) -> None:
+        """The further pages ``peer`` holds, at most ``find_pages`` in all."""
+        protocol: DhtProtocol = self.protocol
+        for _ in range(protocol.config.find_pages - 1):
+            answered, data = await protocol.call_find_more(peer, self.node.id, following)
+            if not answered:
+                return
+            self.values.append(data["value"])
+            following = data.get("next", 0)
+            if not following:
+                return
+        protocol.stats["find_pages_capped"] += 1
 
 
 class _Server(Server):  # type: ignore[misc]

@@ -5,7 +5,8 @@ Invariants: every check is a pure predicate on decoded msgpack (never raises); a
 most ``MAX_NODES`` triples. A request is ``[name, [args..., token?]]``: the arguments of
 ``REQUEST_ARGS[name]``, then optionally the return-address token this station handed out
 (``dht_guard``); a ``token`` request asks for one, and a challenge ``{"token": t}`` answers it
-(and any request that needed a token and carried no good one).
+(and any request that needed a token and carried no good one). A find_value answer's ``next``
+says where a further page of its records starts (``find_more``; 0 or absent: none).
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ __all__ = [
     "is_count",
     "is_found",
     "is_id",
+    "is_index",
     "is_node",
     "is_node_list",
+    "is_page",
     "parse_request",
 ]
 
@@ -57,12 +60,27 @@ def is_node_list(value: object) -> bool:
     return isinstance(value, list) and len(value) <= MAX_NODES and all(map(is_node, value))
 
 
+def is_index(value: object) -> bool:
+    """Where a further page of records starts: 1..65535."""
+    return type(value) is int and 0 < value <= 0xFFFF
+
+
+def _next_page(value: dict[object, object]) -> bool:
+    following = value.get("next", 0)
+    return following == 0 or is_index(following)
+
+
 def is_found(value: object) -> bool:
     return (
         isinstance(value, dict)
         and type(value.get("value")) is bytes
         and is_node_list(value.get("nodes"))
+        and _next_page(value)
     )
+
+
+def is_page(value: object) -> bool:
+    return isinstance(value, dict) and type(value.get("value")) is bytes and _next_page(value)
 
 
 def is_count(value: object) -> bool:
@@ -83,6 +101,7 @@ REQUEST_ARGS: Final[dict[str, tuple[Callable[[object], bool], ...]]] = {
     "store": (is_id, is_id, lambda v: type(v) is bytes),
     "find_node": (is_id, is_id),
     "find_value": (is_id, is_id),
+    "find_more": (is_id, is_id, is_index),
 }
 
 

@@ -9,8 +9,9 @@ decides about each source:
   source that carries no good return-address token gets a ping's id, or a challenge carrying
   a token, and nothing larger than ``reply_ratio`` times what it sent
   (``dht_refused_amplification`` otherwise); it does not enter the routing table. A proven
-  source gets the answer (find_value: the records held, bounded by ``max_reply_bytes``, and
-  the closest nodes), and enters the routing table.
+  source gets the answer (find_value: the records held, a page of at most
+  ``max_reply_bytes``, where the next page starts, and the closest nodes; ``find_more``: a
+  further page), and enters the routing table.
 - STORE is taken only from a linked station at its bound address (``dht_refused_unlinked``),
   within its budget (``dht_refused_budget``); what it stores is held under its source
   (``RecordShelf``'s per-source caps).
@@ -43,6 +44,7 @@ from relay.federation.dht_checks import (
     is_found,
     is_id,
     is_node_list,
+    is_page,
     parse_request,
 )
 from relay.federation.dht_guard import Address, DhtGuard
@@ -213,10 +215,14 @@ class DhtProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no 
         self.welcome_if_new(source)
         if name == "store":
             return self._store(source, args[1], args[2], now)
+        if name == "find_more":
+            value, following = self.storage.reply_page(args[1], now, args[2])
+            return {"value": value, "next": following}
         neighbors = [tuple(n) for n in self.router.find_neighbors(Node(args[1]), exclude=source)]
         if name == "find_node":
             return neighbors
-        return {"value": self.storage.reply_value(args[1], now), "nodes": neighbors}
+        value, following = self.storage.reply_page(args[1], now)
+        return {"value": value, "nodes": neighbors, "next": following}
 
     def _store(self, source: Node, dkey: bytes, value: bytes, now: int) -> int:
         if not self.pushable(source):
@@ -307,6 +313,12 @@ class DhtProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no 
         address = (node_to_ask.ip, node_to_ask.port)
         result = await self._call(address, "find_value", self.source_node.id, node_to_find.id)
         return self._answered(result, is_found, node_to_ask)
+
+    async def call_find_more(self, node_to_ask: Node, key: bytes, skip: int) -> Any:
+        """A further page of the records ``node_to_ask`` holds under ``key``."""
+        address = (node_to_ask.ip, node_to_ask.port)
+        result = await self._call(address, "find_more", self.source_node.id, key, skip)
+        return self._answered(result, is_page, node_to_ask)
 
     async def call_store(self, node_to_ask: Node, key: bytes, value: bytes) -> Any:
         address = (node_to_ask.ip, node_to_ask.port)

@@ -23,7 +23,8 @@ Invariants:
   ``check_record``, and a record identical to one held is ``same`` without a check; expiry is
   checked again on every use, and any new bytes get every check.
 - Reads never return an expired record; a reply value is bounded by ``max_reply_bytes``
-  (newest first), what it leaves out is counted (``reply_truncated``).
+  (newest first); the rest is read in further pages (``reply_page``), and what a
+  ``reply_value`` leaves out is counted (``reply_truncated``).
 """
 
 from __future__ import annotations
@@ -96,8 +97,8 @@ class DhtLimits:
     # shelf makes room by dropping the oldest records of the source holding the most bytes
     records_per_source: int = 10_000
     bytes_per_source: int = 8 * MIB
-    # the records in one find_value reply (one UDP datagram, at most 65,507 bytes)
-    max_reply_bytes: int = 48 * 1024
+    # the records in one find_value reply (one UDP datagram); more come in further pages
+    max_reply_bytes: int = 16 * 1024
     # records decoded from one peer value (a STORE or a find_value reply)
     max_records_per_value: int = 1_024
 
@@ -454,17 +455,32 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
 
     def reply_value(self, dkey: bytes, now_ms: int) -> bytes:
         """The value a find_value answers: newest first within ``max_reply_bytes``."""
-        return self._batches(self.records(dkey, now_ms), self.limits.max_reply_bytes, cut=True)[0]
+        value, following = self.reply_page(dkey, now_ms)
+        if following:
+            self.stats["reply_truncated"] += 1
+        return value
 
-    def _batches(self, records: list[Record], budget: int, *, cut: bool) -> list[bytes]:
+    def reply_page(self, dkey: bytes, now_ms: int, skip: int = 0) -> tuple[bytes, int]:
+        """The records under ``dkey`` newest first from the ``skip``-th, within
+        ``max_reply_bytes`` (one record at least), and where the next page starts (0: none)."""
+        records = self.records(dkey, now_ms)[skip:]
+        budget, used = self.limits.max_reply_bytes - 8, 0
+        page: list[Record] = []
+        for record in records:
+            size = len(cbor.encode(record.to_wire()))
+            if page and used + size > budget:
+                break
+            page.append(record)
+            used += size
+        return encode_value(page), (skip + len(page) if len(page) < len(records) else 0)
+
+    @staticmethod
+    def _batches(records: list[Record], budget: int) -> list[bytes]:
         batches: list[list[Record]] = [[]]
         used = 0
         for record in records:
             size = len(cbor.encode(record.to_wire()))
             if used + size > budget - 8 and batches[-1]:
-                if cut:
-                    self.stats["reply_truncated"] += 1
-                    break
                 batches.append([])
                 used = 0
             batches[-1].append(record)
@@ -473,7 +489,7 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
 
     def store_batches(self, records: list[Record]) -> list[bytes]:
         """``records`` as values that each fit one STORE request."""
-        return self._batches(records, STORE_BATCH_BYTES, cut=False) if records else []
+        return self._batches(records, STORE_BATCH_BYTES) if records else []
 
     # -- kademlia's IStorage --
 

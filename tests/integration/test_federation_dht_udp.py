@@ -236,3 +236,42 @@ async def test_a_linked_station_flooding_holds_its_share_and_an_honest_record_st
             assert target.storage.records(dht_id(mine.storage_key()), now_ms()) == [mine]
         assert target.storage.records(dkey, now_ms()) == [honest]
         assert target.stats["dropped_for_room"] >= 1
+
+
+async def test_many_records_under_one_key_come_in_pages_each_one_small_datagram() -> None:
+    config = DhtConfig(rpc_timeout_s=0.5, limits=DhtLimits(max_reply_bytes=2_000))
+    async with stations(2, config) as (holder, reader):
+        signers = [new_identity() for _ in range(40)]
+        records = [announcement(who) for who in signers]
+        dkey = dht_id(records[0].storage_key())
+        for rec in records:  # ~7 KiB under one key, held at one station only
+            assert holder.storage.accept(dkey, rec, now_ms())
+        found = await reader.find(records[0].storage_key())
+        assert sorted(r.key for r in found) == sorted(w.node_id for w in signers)
+        async with stranger() as s:  # a proven source reads them page by page
+            me = os.urandom(20)
+            token = cast(dict[str, Any], await s.ask(holder.port, "token", me))["token"]
+            pages = [cast(dict[str, Any], await s.ask(holder.port, "find_value", me, dkey, token))]
+            while pages[-1]["next"]:
+                skip = pages[-1]["next"]
+                page = await s.ask(holder.port, "find_more", me, dkey, skip, token)
+                pages.append(cast(dict[str, Any], page))
+            assert len(pages) >= 4
+            assert all(len(p["value"]) <= 2_000 for p in pages)
+        config = DhtConfig(rpc_timeout_s=0.5, find_pages=2)
+        capped = StationDht(new_identity(), quic_port=1, hosts=[LOOPBACK], config=config)
+        await capped.start(LOOPBACK, 0)
+        try:
+            await capped.bootstrap([(LOOPBACK, holder.port)])
+            assert 0 < len(await capped.find(records[0].storage_key())) < len(records)
+            assert capped.stats["find_pages_capped"] >= 1
+        finally:
+            await capped.stop()
+
+
+async def test_a_linked_station_storing_garbage_is_counted() -> None:
+    async with stations(2) as (target, linked):
+        protocol = linked._server.protocol
+        (peer,) = [n for b in protocol.router.buckets for n in b.get_nodes()]
+        assert await protocol.call_store(peer, os.urandom(20), b"\xff") == (True, 0)
+        assert target.stats["refused_bad_value"] == 1
