@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 from collections import Counter
@@ -62,7 +61,13 @@ from macula.wire.records import (
 )
 from relay.federation.addresses import StationAddress
 from relay.federation.dht_checks import is_id
-from relay.federation.dht_guard import Address, DhtGuard, GuardLimits
+from relay.federation.dht_guard import (
+    Address,
+    DhtGuard,
+    GuardLimits,
+    endpoint_addresses,
+    is_ip,
+)
 from relay.federation.dht_protocol import DhtProtocol
 from relay.federation.dht_storage import (
     DhtLimits,
@@ -294,13 +299,13 @@ class StationDht:
         """Station ``node_id`` is linked (authenticated over QUIC), its DHT at
         ``host:dht_port`` (0: not told; then its signed station_endpoint record names it):
         it may STORE here and be sent records, from now on (then run ``join_link``)."""
-        self.guard.link_up(node_id, host, dht_port if _is_ip(host) else 0)
+        self.guard.link_up(node_id, host, dht_port if is_ip(host) else 0)
 
     async def join_link(self, node_id: bytes, host: str, dht_port: int) -> None:
         """Join the DHT through a linked station (its host name resolved and bound first)."""
         if not dht_port:
             return
-        if not _is_ip(host):
+        if not is_ip(host):
             with contextlib.suppress(OSError):
                 infos = await asyncio.get_running_loop().getaddrinfo(host, dht_port, type=2)
                 for info in infos[:4]:
@@ -311,15 +316,19 @@ class StationDht:
         self.guard.link_down(node_id)
 
     def _endpoint_addresses(self, node_id: bytes) -> list[Address]:
-        """The DHT addresses station ``node_id``'s own station_endpoint records held here
-        name (checked when stored: signed by it)."""
+        """The DHT addresses station ``node_id``'s own station_endpoint records name: those
+        held here, and the one stations() learned (each checked: signed by it)."""
         dkey = dht_id(station_endpoint_key(node_id))
-        return [
-            (host, port)
+        found = [
+            address
             for record in self.storage.records(dkey, self.clock())
             if record.key == node_id
-            for host, port in _dht_addresses(record)
+            for address in endpoint_addresses(record)
         ]
+        learned = self._addresses.get(node_id)  # by stations(), from its checked record
+        if learned is not None and is_ip(learned[0].host) and learned[0].dht_port:
+            found.append((learned[0].host, learned[0].dht_port))
+        return found
 
     def _pushable(self, nodes: list[Node]) -> list[Node]:
         """The stations records may be stored at: linked ones, at their bound address."""
@@ -495,29 +504,6 @@ def _key_of(record: Record) -> bytes:
         return dht_storage_key(record)
     except RecordInvalid as exc:
         raise DhtRefused(exc.reason, exc.detail) from None
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def _dht_addresses(record: Record) -> list[Address]:
-    """The DHT addresses a station_endpoint record names (its IP literal hosts)."""
-    hosts, port = record.payload.get("host_advertised"), record.payload.get("dht_port", 0)
-    if record.type != RecordType.STATION_ENDPOINT or not isinstance(hosts, list):
-        return []
-    if type(port) is not int or not 0 < port <= 0xFFFF:
-        return []
-    found = []
-    for host in hosts[:8]:
-        with contextlib.suppress(UnicodeDecodeError, AttributeError):
-            if _is_ip(host.decode()):
-                found.append((host.decode(), port))
-    return found
 
 
 def _address(record: Record) -> StationAddress | None:

@@ -21,17 +21,20 @@ a peer sent; refusals are counted in ``stats`` by the caller's pattern (``dht_re
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import ipaddress
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from macula.wire.records import Record, RecordType
 from relay.federation.dht_checks import TOKEN_SIZE
 from relay.federation.dht_storage import dht_id
 
-__all__ = ["Address", "DhtGuard", "GuardLimits"]
+__all__ = ["Address", "DhtGuard", "GuardLimits", "endpoint_addresses", "is_ip"]
 
 _DOMAIN: Final = b"macula-v2-dht-token\0"
 _MAX_ADDRESSES: Final = 8  # DHT addresses remembered per linked station
@@ -139,6 +142,11 @@ class DhtGuard:
     def linked(self, dht_node_id: bytes) -> bool:
         return dht_node_id in self._linked
 
+    def node_of(self, dht_node_id: bytes) -> bytes | None:
+        """The 32-byte node id of linked station ``dht_node_id`` (None: not linked)."""
+        held = self._linked.get(dht_node_id)
+        return None if held is None else held[0]
+
     def bound(self, dht_node_id: bytes, addr: Address) -> bool:
         """``addr`` is where linked station ``dht_node_id`` runs its DHT: named by its link,
         or by its own signed station_endpoint record."""
@@ -166,3 +174,27 @@ class DhtGuard:
         while len(self._budgets) > limits.max_sources:
             self._budgets.popitem(last=False)
         return fits
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def endpoint_addresses(record: Record) -> list[Address]:
+    """The DHT addresses a station_endpoint record names (its IP literal hosts); the caller
+    has checked the record (signed by the station)."""
+    hosts, port = record.payload.get("host_advertised"), record.payload.get("dht_port", 0)
+    if record.type != RecordType.STATION_ENDPOINT or not isinstance(hosts, list):
+        return []
+    if type(port) is not int or not 0 < port <= 0xFFFF:
+        return []
+    found = []
+    for host in hosts[:_MAX_ADDRESSES]:
+        with contextlib.suppress(UnicodeDecodeError, AttributeError):
+            if is_ip(host.decode()):
+                found.append((host.decode(), port))
+    return found

@@ -38,6 +38,7 @@ import umsgpack
 from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
 
+from macula.wire.records import Record
 from relay.federation.dht_checks import (
     is_challenge,
     is_count,
@@ -47,8 +48,8 @@ from relay.federation.dht_checks import (
     is_page,
     parse_request,
 )
-from relay.federation.dht_guard import Address, DhtGuard
-from relay.federation.dht_storage import RecordShelf, decode_value
+from relay.federation.dht_guard import Address, DhtGuard, endpoint_addresses
+from relay.federation.dht_storage import DhtRefused, RecordShelf, check_record, decode_value
 
 if TYPE_CHECKING:
     from relay.federation.dht import DhtConfig
@@ -225,14 +226,31 @@ class DhtProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no 
         return {"value": value, "nodes": neighbors, "next": following}
 
     def _store(self, source: Node, dkey: bytes, value: bytes, now: int) -> int:
-        if not self.pushable(source):
+        records = decode_value(value, self.storage.limits, self.stats)
+        if not self.pushable(source) and not self._binds(source, dkey, records, now):
             self.stats["dht_refused_unlinked"] += 1
             return 0
-        records = decode_value(value, self.storage.limits, self.stats)
         if not self.guard.spend(source.id, len(records), len(value), now):
             self.stats["dht_refused_budget"] += 1
             return 0
         return sum(self.storage.accept(dkey, r, now, source.id) for r in records)
+
+    def _binds(self, source: Node, dkey: bytes, records: list[Record], now: int) -> bool:
+        """A linked station's STORE carries its own station_endpoint record naming the address
+        it came from (its link did not): bound from now on."""
+        node_id = self.guard.node_of(source.id)
+        address = (source.ip, source.port)
+        for record in records:
+            if record.key != node_id or address not in endpoint_addresses(record):
+                continue
+            try:
+                check_record(record, dkey, now, self.storage.limits, verified=self.storage.verified)
+            except DhtRefused:
+                continue
+            self.guard.add_address(node_id, address)
+            self.stats["dht_bound_by_endpoint"] += 1
+            return True
+        return False
 
     # -- requests out --
 

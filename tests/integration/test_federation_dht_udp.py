@@ -17,7 +17,9 @@ from meshkit import new_identity
 from waiting import eventually
 
 from macula.clock import now_ms
+from macula.transport import ALPN
 from macula.wire.identity import Identity
+from macula.wire.record_keys import station_endpoint_key
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_storage import DhtLimits, dht_id, encode_value
@@ -275,3 +277,48 @@ async def test_a_linked_station_storing_garbage_is_counted() -> None:
         (peer,) = [n for b in protocol.router.buckets for n in b.get_nodes()]
         assert await protocol.call_store(peer, os.urandom(20), b"\xff") == (True, 0)
         assert target.stats["refused_bad_value"] == 1
+
+
+async def test_a_linked_station_whose_link_named_no_port_is_bound_by_its_endpoint() -> None:
+    a = StationDht(new_identity(), quic_port=1, hosts=[LOOPBACK], config=FAST)
+    b = StationDht(new_identity(), quic_port=2, hosts=[LOOPBACK], config=FAST)
+    await a.start(LOOPBACK, 0)
+    await b.start(LOOPBACK, 0)
+    try:
+        a.link_up(b.identity.node_id, LOOPBACK, 0)  # the link told no DHT port
+        b.link_up(a.identity.node_id, LOOPBACK, a.port)
+        await b.bootstrap([(LOOPBACK, a.port)])  # b publishes its endpoint at a first
+        endpoint = dht_id(station_endpoint_key(b.identity.node_id))
+        assert [r.key for r in a.storage.records(endpoint, now_ms())] == [b.identity.node_id]
+        assert a.stats["dht_bound_by_endpoint"] == 1
+        rec = note(new_identity())
+        assert await b.put(rec) == 2
+        assert a.storage.records(dht_id(rec.storage_key()), now_ms()) == [rec]
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_an_endpoint_record_binds_no_station_that_is_not_linked() -> None:
+    async with stations(1) as (target,), stranger() as s:
+        assert s.transport is not None
+        port = s.transport.get_extra_info("sockname")[1]
+        who, now = new_identity(), now_ms()
+        endpoint = new_record(
+            who,
+            RecordType.STATION_ENDPOINT,
+            {
+                "quic_port": 1,
+                "host_advertised": [LOOPBACK.encode()],
+                "alpn": ALPN,
+                "dht_port": port,
+            },
+            now_ms=now,
+            version=record_version(now, os.urandom(10)),
+        )
+        me = dht_id(who.node_id)
+        dkey = dht_id(endpoint.storage_key())
+        token = cast(dict[str, Any], await s.ask(target.port, "token", me))["token"]
+        assert await s.ask(target.port, "store", me, dkey, encode_value([endpoint]), token) == 0
+        assert target.storage.records(dkey, now_ms()) == []
+        assert target.stats["dht_refused_unlinked"] == 1
