@@ -4,27 +4,22 @@
 closest to their key, and lists the live stations from their own records.
 
 How the package is adapted (no fork; its pickle ``save_state``/``load_state`` are never used):
-- ``_Protocol(KademliaProtocol)``: every datagram and request is checked before the package
-  sees it (``relay.federation.dht_checks``: msgpack garbage, unknown procedures, wrong argument
-  types are counted in ``stats`` and dropped, never raised into the loop); every reply from a
-  peer is checked before a crawler reads it (a bad one counts as no reply, and the peer leaves
-  the routing table at once). STORE takes a
+- ``DhtProtocol`` (``relay.federation.dht_protocol``) replaces the package's protocol: every
+  datagram is checked before anything reads it, a source that has not proven its address
+  (``relay.federation.dht_guard``'s return-address tokens) gets at most 3x the bytes it sent,
+  STORE and pushes of held records are for linked stations only (``link_up``/``link_down``, told
+  by the QUIC link layer), replies are pages of at most ``max_reply_bytes``. STORE takes a
   CBOR array of wire-form records (``RecordShelf.accept_value`` validates each); FIND_VALUE
   answers the records it holds *and* the closest nodes it knows, so a find crawls to the k
-  closest stations and merges them all (newest per signer) instead of stopping at the first.
+  closest stations and merges them all (newest per signer) instead of stopping at the first,
+  reading further pages of an answer with ``find_more`` (at most ``find_pages``).
 - ``RecordShelf`` (``relay.federation.dht_storage``) replaces the one-value-per-key storage.
-- ``_Protocol.welcome_if_new`` adds a station to the routing table without the package's push of
-  every held value to it: only a station never welcomed before (ids remembered, bounded) gets
-  the values it should hold by the package's rule (it is closer than the k-th, this station is
-  the closest holder), at most ``welcome_max_values`` STOREs; one seen again after leaving the
-  table gets nothing (the replication loop re-stores to the k closest anyway). Kademlia's rule
-  is applied to the digest itself (the package hashes the digest once more, a bug).
-- ``_Protocol.handle_call_response``: a station leaves the routing table after
-  ``evict_after_timeouts`` consecutive unanswered requests (any answer resets the count), or at
-  once after a malformed answer; one lost datagram does not evict it.
 - ``_Server(Server)``: our protocol, our id (``dht_id`` of the station's node id), a checked
   bootstrap ping, and no hourly table refresh of its own: ``StationDht`` runs the loops.
 Invariants:
+- Records are stored at (``put``, ``replicate``) and pushed to linked stations only; a linked
+  station's DHT address is the one its link named (host names resolved) or the one its own
+  signed station_endpoint record names.
 - A record is held here or sent to a peer only after ``check_record``; every record a find
   returns was checked again here (the reader), whoever sent it.
 - ``StationDht`` owns its loops (own records every ``own_period_s``, re-storing everything it
