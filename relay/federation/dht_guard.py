@@ -12,8 +12,8 @@ request a datagram carries, how much this station may answer and what it may tak
 - Linked stations: ``link_up``/``link_down`` come from the QUIC link layer (authenticated by
   its handshake). A STORE, and any push of held records, is for a linked station only, at an
   address its link named or its own signed ``station_endpoint`` record names (``bound``).
-- Per-source budgets: records and bytes a source may STORE per ``budget_window_ms``
-  (``spend``); sources tracked at most ``max_sources`` (the oldest forgotten first).
+- Per-source budgets: new records and bytes a source may STORE per ``budget_window_ms``
+  (``allows``, ``charge``); sources tracked at most ``max_sources`` (the oldest forgotten first).
 
 Invariants: every table here is bounded; nothing here reads a clock, sends or raises on what
 a peer sent; refusals are counted in ``stats`` by the caller's pattern (``dht_refused_*``).
@@ -157,23 +157,29 @@ class DhtGuard:
 
     # -- per-source budgets --
 
-    def spend(self, source: bytes, records: int, nbytes: int, now_ms: int) -> bool:
-        """Charge ``source`` for a STORE of ``records`` records in ``nbytes``; False (and
-        nothing charged) when that would pass its budget for this window."""
+    def allows(self, source: bytes, now_ms: int) -> bool:
+        """``source`` has budget left in this window (a STORE may overshoot it by its own
+        records: at most one datagram's worth)."""
+        _, records, nbytes = self._window(source, now_ms)
         limits = self.limits
-        start, used_records, used_bytes = self._budgets.pop(source, (now_ms, 0, 0))
-        if now_ms - start >= limits.budget_window_ms or now_ms < start:
-            start, used_records, used_bytes = now_ms, 0, 0
-        fits = (
-            used_records + records <= limits.records_per_source_window
-            and used_bytes + nbytes <= limits.bytes_per_source_window
+        return records < limits.records_per_source_window and (
+            nbytes < limits.bytes_per_source_window
         )
-        if fits:
-            used_records, used_bytes = used_records + records, used_bytes + nbytes
-        self._budgets[source] = (start, used_records, used_bytes)
-        while len(self._budgets) > limits.max_sources:
+
+    def charge(self, source: bytes, records: int, nbytes: int, now_ms: int) -> None:
+        """``source`` stored ``records`` new records in ``nbytes`` (what it re-sent unchanged
+        costs nothing: replication re-sends everything on its period)."""
+        start, used_records, used_bytes = self._window(source, now_ms)
+        self._budgets.pop(source, None)
+        self._budgets[source] = (start, used_records + records, used_bytes + nbytes)
+        while len(self._budgets) > self.limits.max_sources:
             self._budgets.popitem(last=False)
-        return fits
+
+    def _window(self, source: bytes, now_ms: int) -> tuple[int, int, int]:
+        start, records, nbytes = self._budgets.get(source, (now_ms, 0, 0))
+        if now_ms - start >= self.limits.budget_window_ms or now_ms < start:
+            return (now_ms, 0, 0)
+        return (start, records, nbytes)
 
 
 def is_ip(host: str) -> bool:

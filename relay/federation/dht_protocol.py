@@ -13,8 +13,8 @@ decides about each source:
   ``max_reply_bytes``, where the next page starts, and the closest nodes; ``find_more``: a
   further page), and enters the routing table.
 - STORE is taken only from a linked station at its bound address (``dht_refused_unlinked``),
-  within its budget (``dht_refused_budget``); what it stores is held under its source
-  (``RecordShelf``'s per-source caps).
+  within its budget of new records a window (``dht_refused_budget``); what it stores is held
+  under its source (``RecordShelf``'s per-source caps).
 - Requests out carry the token of the station asked (fetched by a ``token`` request, kept for
   ``token_reuse_s``; a challenge answer refreshes it and the request is sent again once).
 - ``welcome_if_new`` adds a station to the routing table; only a linked station never
@@ -230,10 +230,14 @@ class DhtProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no 
         if not self.pushable(source) and not self._binds(source, dkey, records, now):
             self.stats["dht_refused_unlinked"] += 1
             return 0
-        if not self.guard.spend(source.id, len(records), len(value), now):
+        if not self.guard.allows(source.id, now):
             self.stats["dht_refused_budget"] += 1
             return 0
-        return sum(self.storage.accept(dkey, r, now, source.id) for r in records)
+        before = self.stats["stored"]
+        taken = sum(self.storage.accept(dkey, r, now, source.id) for r in records)
+        stored = self.stats["stored"] - before
+        self.guard.charge(source.id, stored, len(value) if stored else 0, now)
+        return taken
 
     def _binds(self, source: Node, dkey: bytes, records: list[Record], now: int) -> bool:
         """A linked station's STORE carries its own station_endpoint record naming the address

@@ -22,6 +22,7 @@ from macula.wire.identity import Identity
 from macula.wire.record_keys import station_endpoint_key
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
+from relay.federation.dht_guard import GuardLimits
 from relay.federation.dht_storage import DhtLimits, dht_id, encode_value
 
 pytestmark = pytest.mark.anyio
@@ -322,3 +323,25 @@ async def test_an_endpoint_record_binds_no_station_that_is_not_linked() -> None:
         assert await s.ask(target.port, "store", me, dkey, encode_value([endpoint]), token) == 0
         assert target.storage.records(dkey, now_ms()) == []
         assert target.stats["dht_refused_unlinked"] == 1
+
+
+async def test_a_linked_station_stores_new_records_within_its_budget_resent_ones_are_free() -> None:
+    config = DhtConfig(rpc_timeout_s=0.5, guard=GuardLimits(records_per_source_window=12))
+    async with stations(2, config) as (target, linked):
+        protocol = linked._server.protocol
+        (peer,) = [n for b in protocol.router.buckets for n in b.get_nodes()]
+        rec = note(new_identity())
+        value = encode_value([rec])
+        for _ in range(20):  # re-sent unchanged (as replication does): no budget spent
+            assert await protocol.call_store(peer, dht_id(rec.storage_key()), value) == (True, 1)
+        author = new_identity()
+        flood = [note(author, i.to_bytes(2, "big")) for i in range(30)]
+        taken = [
+            await protocol.call_store(peer, dht_id(r.storage_key()), encode_value([r]))
+            for r in flood
+        ]
+        # 12 new records a window: its own (2 or 4: published on starting and on joining,
+        # the first may reach the target or not), the first one, and the rest of the 12
+        took = sum(t[1] for t in taken)
+        assert 7 <= took <= 9
+        assert took + target.stats["dht_refused_budget"] == 30

@@ -66,19 +66,21 @@ def test_linked_stations_and_budgets_are_bounded() -> None:
     assert not g.linked(dht_id(bytes(32)))  # the oldest forgotten
     assert g.linked(dht_id(bytes([2]) * 32))
     for source in (b"a", b"b", b"c"):
-        g.spend(source, 1, 1, NOW)
+        g.charge(source, 1, 1, NOW)
     assert len(g._budgets) == 2
 
 
 def test_a_source_spends_its_budget_per_window() -> None:
     g = guard(budget_window_ms=1_000, records_per_source_window=3, bytes_per_source_window=100)
-    assert g.spend(b"s", 2, 10, NOW)
-    assert not g.spend(b"s", 2, 10, NOW + 1)  # 4 records > 3: refused, nothing charged
-    assert g.spend(b"s", 1, 10, NOW + 2)
-    assert not g.spend(b"s", 1, 10, NOW + 3)
-    assert g.spend(b"other", 3, 90, NOW + 3)  # each source its own budget
-    assert not g.spend(b"other", 0, 11, NOW + 4)  # bytes too
-    assert g.spend(b"s", 3, 10, NOW + 1_000)  # a new window
+    assert g.allows(b"s", NOW)
+    g.charge(b"s", 2, 10, NOW)
+    assert g.allows(b"s", NOW + 1)
+    g.charge(b"s", 1, 10, NOW + 1)
+    assert not g.allows(b"s", NOW + 2)  # 3 new records this window
+    assert g.allows(b"other", NOW + 2)  # each source its own budget
+    g.charge(b"other", 0, 100, NOW + 2)
+    assert not g.allows(b"other", NOW + 3)  # bytes too
+    assert g.allows(b"s", NOW + 1_000)  # a new window
 
 
 def test_the_guard_settings_are_checked() -> None:
