@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import umsgpack
 from meshkit import new_identity
+from test_federation_mesh import start_mesh
 from waiting import eventually
 
 from macula.clock import now_ms
@@ -345,3 +347,20 @@ async def test_a_linked_station_stores_new_records_within_its_budget_resent_ones
         took = sum(t[1] for t in taken)
         assert 7 <= took <= 9
         assert took + target.stats["dht_refused_budget"] == 30
+
+
+# --- real stations: the link layer tells the DHT who is linked ------------------------------
+
+
+async def test_stations_linked_through_discovery_store_records_at_each_other(
+    tmp_path: Path,
+) -> None:
+    async with AsyncExitStack() as stack:
+        a, b, c = await start_mesh(stack, tmp_path)  # B and C learned of each other by the DHT
+        assert c.dht.guard.bound(dht_id(b.node_id), (LOOPBACK, b.dht.port))
+        rec = note(new_identity())
+        dkey = dht_id(rec.storage_key())
+        assert await b.dht.put(rec) == 3  # held at B, and stored at A and C over the DHT
+        for station in (a, c):
+            assert station.dht.storage.records(dkey, now_ms()) == [rec]
+        assert c.dht.stats["dht_refused_unlinked"] == 0
