@@ -8,6 +8,7 @@ import pytest
 from macula.wire import cbor
 from macula.wire.identity import Identity
 from macula.wire.records import Record, new_record, record_version
+from relay.federation.dht import DhtConfig
 from relay.federation.dht_checks import is_challenge, parse_request
 from relay.federation.dht_guard import DhtGuard, GuardLimits
 from relay.federation.dht_storage import LOCAL, DhtLimits, RecordShelf, dht_id
@@ -88,6 +89,12 @@ def test_the_guard_settings_are_checked() -> None:
         GuardLimits(reply_ratio=0)
     with pytest.raises(ValueError):
         DhtGuard(b"short")
+    for bad in ({"find_pages": 0}, {"token_reuse_s": 0}):
+        with pytest.raises(ValueError):
+            DhtConfig(**bad)  # type: ignore[arg-type]
+    for field in ("records_per_source", "bytes_per_source"):
+        with pytest.raises(ValueError):
+            DhtLimits(**{field: 0})
 
 
 def test_a_request_carries_an_optional_token_after_its_arguments() -> None:
