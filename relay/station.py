@@ -539,9 +539,12 @@ class Station:
                 self.known_peers.saw([target])  # a station we reached: remembered
             if self.link_up_hook is not None:
                 self.link_up_hook(action.node_id, action.host, action.dht_port)
-            if self._dht is not None and action.dht_port:
-                self._spawn(self._dht.bootstrap([(action.host, action.dht_port)]))
+            if self._dht is not None:  # a linked station may STORE at this one's DHT
+                self._dht.link_up(action.node_id, action.host, action.dht_port)
+                self._spawn(self._dht.join_link(action.node_id, action.host, action.dht_port))
         else:
+            if self._dht is not None:
+                self._dht.link_down(action.node_id)
             connection = self._connections.get(action.conn)
             where = label or (connection.peer_host if connection is not None else None) or "?"
             log.info("link down: %s %s", action.node_id.hex()[:16], where)

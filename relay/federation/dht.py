@@ -4,27 +4,22 @@
 closest to their key, and lists the live stations from their own records.
 
 How the package is adapted (no fork; its pickle ``save_state``/``load_state`` are never used):
-- ``_Protocol(KademliaProtocol)``: every datagram and request is checked before the package
-  sees it (``relay.federation.dht_checks``: msgpack garbage, unknown procedures, wrong argument
-  types are counted in ``stats`` and dropped, never raised into the loop); every reply from a
-  peer is checked before a crawler reads it (a bad one counts as no reply, and the peer leaves
-  the routing table at once). STORE takes a
+- ``DhtProtocol`` (``relay.federation.dht_protocol``) replaces the package's protocol: every
+  datagram is checked before anything reads it, a source that has not proven its address
+  (``relay.federation.dht_guard``'s return-address tokens) gets at most 3x the bytes it sent,
+  STORE and pushes of held records are for linked stations only (``link_up``/``link_down``, told
+  by the QUIC link layer), replies are pages of at most ``max_reply_bytes``. STORE takes a
   CBOR array of wire-form records (``RecordShelf.accept_value`` validates each); FIND_VALUE
   answers the records it holds *and* the closest nodes it knows, so a find crawls to the k
-  closest stations and merges them all (newest per signer) instead of stopping at the first.
+  closest stations and merges them all (newest per signer) instead of stopping at the first,
+  reading further pages of an answer with ``find_more`` (at most ``find_pages``).
 - ``RecordShelf`` (``relay.federation.dht_storage``) replaces the one-value-per-key storage.
-- ``_Protocol.welcome_if_new`` adds a station to the routing table without the package's push of
-  every held value to it: only a station never welcomed before (ids remembered, bounded) gets
-  the values it should hold by the package's rule (it is closer than the k-th, this station is
-  the closest holder), at most ``welcome_max_values`` STOREs; one seen again after leaving the
-  table gets nothing (the replication loop re-stores to the k closest anyway). Kademlia's rule
-  is applied to the digest itself (the package hashes the digest once more, a bug).
-- ``_Protocol.handle_call_response``: a station leaves the routing table after
-  ``evict_after_timeouts`` consecutive unanswered requests (any answer resets the count), or at
-  once after a malformed answer; one lost datagram does not evict it.
 - ``_Server(Server)``: our protocol, our id (``dht_id`` of the station's node id), a checked
   bootstrap ping, and no hourly table refresh of its own: ``StationDht`` runs the loops.
 Invariants:
+- Records are stored at (``put``, ``replicate``) and pushed to linked stations only; a linked
+  station's DHT address is the one its link named (host names resolved) or the one its own
+  signed station_endpoint record names.
 - A record is held here or sent to a peer only after ``check_record``; every record a find
   returns was checked again here (the reader), whoever sent it.
 - ``StationDht`` owns its loops (own records every ``own_period_s``, re-storing everything it
@@ -38,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +41,6 @@ from typing import Any
 from kademlia.crawling import NodeSpiderCrawl, SpiderCrawl
 from kademlia.network import Server
 from kademlia.node import Node
-from kademlia.protocol import KademliaProtocol
 
 from macula.clock import now_ms
 from macula.transport import ALPN, enlarge_receive_buffer
@@ -61,7 +55,15 @@ from macula.wire.records import (
     record_version,
 )
 from relay.federation.addresses import StationAddress
-from relay.federation.dht_checks import REQUEST_ARGS, is_count, is_found, is_id, is_node_list
+from relay.federation.dht_checks import is_id
+from relay.federation.dht_guard import (
+    Address,
+    DhtGuard,
+    GuardLimits,
+    endpoint_addresses,
+    is_ip,
+)
+from relay.federation.dht_protocol import DhtProtocol
 from relay.federation.dht_storage import (
     DhtLimits,
     DhtRefused,
@@ -101,7 +103,12 @@ class DhtConfig:
     # station ids remembered as already welcomed; record bytes remembered as checked
     welcome_memory: int = 4_096
     verified_cache: int = 8_192
+    # pages of records read from one station's answer to a find (each one UDP datagram)
+    find_pages: int = 8
+    # a return-address token got from a station is used this long before asking anew
+    token_reuse_s: float = 60.0
     limits: DhtLimits = field(default_factory=DhtLimits)
+    guard: GuardLimits = field(default_factory=GuardLimits)
 
     def __post_init__(self) -> None:
         for name in (
@@ -111,6 +118,7 @@ class DhtConfig:
             "stations_concurrency",
             "evict_after_timeouts",
             "welcome_memory",
+            "find_pages",
         ):
             if type(getattr(self, name)) is not int or getattr(self, name) < 1:
                 raise ValueError(f"DhtConfig.{name} must be a positive int")
@@ -120,162 +128,23 @@ class DhtConfig:
         percent = self.endpoint_refresh_percent
         if type(percent) is not int or not 1 <= percent <= 100:
             raise ValueError("DhtConfig.endpoint_refresh_percent must be an int in 1..100")
-        for name in ("rpc_timeout_s", "own_period_s", "replicate_period_s", "refresh_period_s"):
+        for name in (
+            "rpc_timeout_s",
+            "own_period_s",
+            "replicate_period_s",
+            "refresh_period_s",
+            "token_reuse_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"DhtConfig.{name} must be positive")
-
-
-class _Protocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no type hints
-    storage: RecordShelf
-
-    def __init__(self, source_node: Node, storage: RecordShelf, config: DhtConfig):
-        super().__init__(source_node, storage, config.ksize)
-        self._wait_timeout = config.rpc_timeout_s
-        self.stats = storage.stats
-        self.config = config
-        self._misses: OrderedDict[bytes, int] = OrderedDict()  # consecutive, by node id
-        self._welcomed: OrderedDict[bytes, None] = OrderedDict()
-        self._pushes: set[asyncio.Task[Any]] = set()
-
-    # -- the routing table --
-
-    def welcome_if_new(self, node: Node) -> None:
-        if not self.router.is_new_node(node):
-            return
-        first_time = node.id not in self._welcomed
-        if first_time:
-            self._welcomed[node.id] = None
-            while len(self._welcomed) > self.config.welcome_memory:
-                self._welcomed.popitem(last=False)
-            self._push_to_newcomer(node)
-        else:
-            self._welcomed.move_to_end(node.id)
-            self.stats["rewelcomed"] += 1
-        self.router.add_contact(node)
-
-    def _push_to_newcomer(self, node: Node) -> None:
-        """The package's rule (§2.5 of the paper), bounded: values ``node`` should hold."""
-        budget = self.config.welcome_max_values
-        if not budget:
-            return
-        now = self.storage.clock()
-        for dkey in self.storage.digests():
-            keynode = Node(dkey)
-            neighbors = self.router.find_neighbors(keynode)
-            if neighbors and not (
-                node.distance_to(keynode) < neighbors[-1].distance_to(keynode)
-                and self.source_node.distance_to(keynode) < neighbors[0].distance_to(keynode)
-            ):
-                continue
-            for batch in self.storage.store_batches(self.storage.records(dkey, now)):
-                if budget == 0:
-                    self.stats["welcome_push_capped"] += 1
-                    return
-                budget -= 1
-                self.stats["welcome_pushed"] += 1
-                task = asyncio.ensure_future(self.call_store(node, dkey, batch))
-                self._pushes.add(task)
-                task.add_done_callback(self._pushes.discard)
-
-    def handle_call_response(self, result: Any, node: Node) -> Any:
-        if result[0]:
-            self._misses.pop(node.id, None)
-            self.welcome_if_new(node)
-            return result
-        if self.router.is_new_node(node):  # not in the table: nothing to evict
-            self._misses.pop(node.id, None)
-            return result
-        misses = self._misses.pop(node.id, 0) + 1
-        if misses >= self.config.evict_after_timeouts:
-            self._evict(node)
-        else:
-            self._misses[node.id] = misses
-            while len(self._misses) > self.config.welcome_memory:
-                self._misses.popitem(last=False)
-            self.stats["timeout_tolerated"] += 1
-        return result
-
-    def _evict(self, node: Node) -> None:
-        self._misses.pop(node.id, None)
-        self.router.remove_contact(node)
-        self.stats["evicted"] += 1
-
-    # -- requests in --
-
-    async def _solve_datagram(self, datagram: bytes, address: tuple[str, int]) -> None:
-        try:
-            await super()._solve_datagram(datagram, address)
-        except Exception:  # msgpack garbage and anything else a stranger can send
-            self.stats["malformed_datagram"] += 1
-
-    async def _accept_request(self, msg_id: bytes, data: object, address: Any) -> None:
-        if not isinstance(data, list) or len(data) != 2:
-            self.stats["malformed_request"] += 1
-            return
-        name, args = data
-        checks = REQUEST_ARGS.get(name) if type(name) is str else None
-        if (
-            checks is None
-            or not isinstance(args, list)
-            or len(args) != len(checks)
-            or not all(check(arg) for check, arg in zip(checks, args, strict=True))
-        ):
-            self.stats["malformed_request"] += 1
-            return
-        try:
-            await super()._accept_request(msg_id, data, address)
-        except Exception:
-            self.stats["request_failed"] += 1
-            log.debug("DHT request %s from %s failed", name, address, exc_info=True)
-
-    def rpc_store(self, sender: Any, nodeid: bytes, key: bytes, value: bytes) -> int:
-        self.welcome_if_new(Node(nodeid, sender[0], sender[1]))
-        return self.storage.accept_value(key, value, self.storage.clock())
-
-    def rpc_find_value(self, sender: Any, nodeid: bytes, key: bytes) -> dict[str, Any]:
-        nodes = self.rpc_find_node(sender, nodeid, key)  # welcomes the sender
-        return {"value": self.storage.reply_value(key, self.storage.clock()), "nodes": nodes}
-
-    def _timeout(self, msg_id: bytes) -> None:
-        future = self._outstanding.pop(msg_id, (None, None))[0]
-        if future is not None and not future.done():
-            future.set_result((False, None))
-        self.stats["rpc_timeout"] += 1
-
-    # -- replies in --
-
-    def _answered(self, result: Any, check: Callable[[object], bool], node: Node) -> Any:
-        """A malformed answer counts as none, and the station leaves the table at once."""
-        if result[0] and not check(result[1]):
-            self.stats["bad_reply"] += 1
-            self._evict(node)
-            return (False, None)
-        return self.handle_call_response(result, node)
-
-    async def call_ping(self, node_to_ask: Node) -> Any:
-        result = await self.ping((node_to_ask.ip, node_to_ask.port), self.source_node.id)
-        return self._answered(result, is_id, node_to_ask)
-
-    async def call_find_node(self, node_to_ask: Node, node_to_find: Node) -> Any:
-        address = (node_to_ask.ip, node_to_ask.port)
-        result = await self.find_node(address, self.source_node.id, node_to_find.id)
-        return self._answered(result, is_node_list, node_to_ask)
-
-    async def call_find_value(self, node_to_ask: Node, node_to_find: Node) -> Any:
-        address = (node_to_ask.ip, node_to_ask.port)
-        result = await self.find_value(address, self.source_node.id, node_to_find.id)
-        return self._answered(result, is_found, node_to_ask)
-
-    async def call_store(self, node_to_ask: Node, key: bytes, value: bytes) -> Any:
-        address = (node_to_ask.ip, node_to_ask.port)
-        result = await self.store(address, self.source_node.id, key, value)
-        return self._answered(result, is_count, node_to_ask)
 
 
 class _RecordCrawl(SpiderCrawl):  # type: ignore[misc]
     """Crawls to the k closest stations, keeping every value they answer (not the first)."""
 
-    def __init__(self, protocol: _Protocol, node: Node, peers: list[Node], ksize: int, alpha: int):
+    def __init__(
+        self, protocol: DhtProtocol, node: Node, peers: list[Node], ksize: int, alpha: int
+    ) -> None:
         super().__init__(protocol, node, peers, ksize, alpha)
         self.values: list[bytes] = []
 
@@ -284,34 +153,54 @@ class _RecordCrawl(SpiderCrawl):  # type: ignore[misc]
         return result
 
     async def _nodes_found(self, responses: dict[bytes, Any]) -> list[bytes]:
-        gone = []
+        gone, more = [], []
         for peer_id, (answered, data) in responses.items():
             if not answered:
                 gone.append(peer_id)
                 continue
             self.values.append(data["value"])
+            peer = self.nearest.get_node(peer_id)
+            if data.get("next", 0) and peer is not None:
+                more.append(self._more(peer, data["next"]))
             self.nearest.push([Node(*triple) for triple in data["nodes"]])
+        await asyncio.gather(*more)
         self.nearest.remove(gone)
         if self.nearest.have_contacted_all():
             return self.values
         return await self.find()
 
+    async def _more(self, peer: Node, following: int) -> None:
+        """The further pages ``peer`` holds, at most ``find_pages`` in all."""
+        protocol: DhtProtocol = self.protocol
+        for _ in range(protocol.config.find_pages - 1):
+            answered, data = await protocol.call_find_more(peer, self.node.id, following)
+            if not answered:
+                return
+            self.values.append(data["value"])
+            following = data.get("next", 0)
+            if not following:
+                return
+        protocol.stats["find_pages_capped"] += 1
+
 
 class _Server(Server):  # type: ignore[misc]
-    protocol: _Protocol
+    protocol: DhtProtocol
 
-    def __init__(self, config: DhtConfig, node_id: bytes, storage: RecordShelf) -> None:
+    def __init__(
+        self, config: DhtConfig, node_id: bytes, storage: RecordShelf, guard: DhtGuard
+    ) -> None:
         super().__init__(config.ksize, config.alpha, node_id, storage)
         self.config = config
+        self.guard = guard
 
-    def _create_protocol(self) -> _Protocol:
-        return _Protocol(self.node, self.storage, self.config)
+    def _create_protocol(self) -> DhtProtocol:
+        return DhtProtocol(self.node, self.storage, self.config, self.guard)
 
     def refresh_table(self, interval: int = 3600) -> None:
         pass  # StationDht runs the refresh on its own period (and cancels it on stop)
 
     async def bootstrap_node(self, addr: tuple[str, int]) -> Node | None:
-        result = await self.protocol.ping(addr, self.node.id)
+        result = await self.protocol.ping_address(addr)
         if result[0] and is_id(result[1]):
             return Node(result[1], addr[0], addr[1])
         return None
@@ -340,7 +229,8 @@ class StationDht:
         self.storage = RecordShelf(
             self.config.limits, clock, VerifiedRecords(self.config.verified_cache)
         )
-        self._server = _Server(self.config, dht_id(identity.node_id), self.storage)
+        self.guard = DhtGuard(os.urandom(32), self.config.guard, endpoints=self._endpoint_addresses)
+        self._server = _Server(self.config, dht_id(identity.node_id), self.storage, self.guard)
         self._tasks: set[asyncio.Task[None]] = set()
         self.port = 0
         # stations() learned: node id -> (address, when to look it up again, expires_at)
@@ -398,6 +288,50 @@ class StationDht:
         task = asyncio.get_running_loop().create_task(loop())
         self._tasks.add(task)
 
+    # -- linked stations (told by the QUIC link layer) ------------------------------------------
+
+    def link_up(self, node_id: bytes, host: str, dht_port: int) -> None:
+        """Station ``node_id`` is linked (authenticated over QUIC), its DHT at
+        ``host:dht_port`` (0: not told; then its signed station_endpoint record names it):
+        it may STORE here and be sent records, from now on (then run ``join_link``)."""
+        self.guard.link_up(node_id, host, dht_port if is_ip(host) else 0)
+
+    async def join_link(self, node_id: bytes, host: str, dht_port: int) -> None:
+        """Join the DHT through a linked station (its host name resolved and bound first)."""
+        if not dht_port:
+            return
+        if not is_ip(host):
+            with contextlib.suppress(OSError):
+                infos = await asyncio.get_running_loop().getaddrinfo(host, dht_port, type=2)
+                for info in infos[:4]:
+                    self.guard.add_address(node_id, (str(info[4][0]), dht_port))
+        await self.bootstrap([(host, dht_port)])
+
+    def link_down(self, node_id: bytes) -> None:
+        self.guard.link_down(node_id)
+
+    def _endpoint_addresses(self, node_id: bytes) -> list[Address]:
+        """The DHT addresses station ``node_id``'s own station_endpoint records name: those
+        held here, and the one stations() learned (each checked: signed by it)."""
+        dkey = dht_id(station_endpoint_key(node_id))
+        found = [
+            address
+            for record in self.storage.records(dkey, self.clock())
+            if record.key == node_id
+            for address in endpoint_addresses(record)
+        ]
+        learned = self._addresses.get(node_id)  # by stations(), from its checked record
+        if learned is not None and is_ip(learned[0].host) and learned[0].dht_port:
+            found.append((learned[0].host, learned[0].dht_port))
+        return found
+
+    def _pushable(self, nodes: list[Node]) -> list[Node]:
+        """The stations records may be stored at: linked ones, at their bound address."""
+        protocol = self._server.protocol
+        kept = [n for n in nodes if protocol.pushable(n)]
+        self.stats["store_not_linked"] += len(nodes) - len(kept)
+        return kept
+
     async def bootstrap(self, addrs: list[tuple[str, int]]) -> None:
         """Join through stations' DHT addresses (host names resolved), then publish."""
         loop = asyncio.get_running_loop()
@@ -454,8 +388,9 @@ class StationDht:
         target = Node(dkey)
         nodes = await self._closest(target)
         stored = 0
-        if len(nodes) < self.config.ksize or self._server.node.distance_to(target) < max(
-            n.distance_to(target) for n in nodes
+        closest, nodes = nodes, self._pushable(nodes)
+        if len(closest) < self.config.ksize or self._server.node.distance_to(target) < max(
+            n.distance_to(target) for n in closest
         ):
             stored += self.storage.accept(dkey, record, now)
         value = encode_value([record])
@@ -512,7 +447,7 @@ class StationDht:
         sent = 0
         for dkey in self.storage.digests():
             batches = self.storage.store_batches(self.storage.records(dkey, now))
-            nodes = await self._closest(Node(dkey))
+            nodes = self._pushable(await self._closest(Node(dkey)))
             calls = [self._server.protocol.call_store(n, dkey, b) for n in nodes for b in batches]
             sent += len(await asyncio.gather(*calls))
         self.stats["replicated"] += sent

@@ -12,15 +12,19 @@ Invariants:
 - Every record a peer or this station offers is checked by ``check_record`` before it is held
   (signature, expiry, lifetime cap, clock skew, size, storage key = the type's rule, the trust
   rules of DESIGN.md §3a that the record itself can prove), then by the caps of ``DhtLimits``
-  (per signer, per key, for the whole shelf; expired records are reaped first when the shelf is
-  full). A refusal is counted in ``stats`` (``refused_<reason>``); nothing a peer sends raises
-  out of ``accept_value`` or the ``IStorage`` methods.
+  (per signer, per key, per source, for the whole shelf). A full shelf reaps expired records,
+  then drops the oldest records of the remote source holding the most bytes, and only if it
+  holds more than the offering source would: one source's flood displaces only its own records,
+  never those put here (``LOCAL``) or of a smaller source. A refusal is counted in ``stats``
+  (``refused_<reason>``); nothing a peer sends raises out of ``accept_value`` or the
+  ``IStorage`` methods.
 - The Ed25519 check of the same record bytes runs once: ``VerifiedRecords`` (bounded, oldest
   out first) remembers (digest, SHA-256 of the wire bytes) of records that passed
   ``check_record``, and a record identical to one held is ``same`` without a check; expiry is
   checked again on every use, and any new bytes get every check.
 - Reads never return an expired record; a reply value is bounded by ``max_reply_bytes``
-  (newest first), what it leaves out is counted (``reply_truncated``).
+  (newest first); the rest is read in further pages (``reply_page``), and what a
+  ``reply_value`` leaves out is counted (``reply_truncated``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from macula.wire.records import (
 
 __all__ = [
     "DHT_ID_SIZE",
+    "LOCAL",
     "DhtLimits",
     "DhtRefused",
     "RecordShelf",
@@ -64,6 +69,8 @@ _ID_DOMAIN: Final = b"macula-v2-dht\0"
 MIB: Final = 1024 * 1024
 # a STORE is one rpcudp request, which refuses more than 8 KiB of msgpack (name + arguments)
 STORE_BATCH_BYTES: Final = 7 * 1024 + 512
+# the source of a record this station put itself (for itself or for a node attached to it)
+LOCAL: Final = b""
 
 
 def dht_id(key: bytes) -> bytes:
@@ -86,8 +93,12 @@ class DhtLimits:
     records_per_key: int = 1_024
     records_total: int = 100_000
     bytes_total: int = 64 * MIB
-    # the records in one find_value reply (one UDP datagram, at most 65,507 bytes)
-    max_reply_bytes: int = 48 * 1024
+    # what the records one source (a linked station) stored may take of the shelf; a full
+    # shelf makes room by dropping the oldest records of the source holding the most bytes
+    records_per_source: int = 10_000
+    bytes_per_source: int = 8 * MIB
+    # the records in one find_value reply (one UDP datagram); more come in further pages
+    max_reply_bytes: int = 16 * 1024
     # records decoded from one peer value (a STORE or a find_value reply)
     max_records_per_value: int = 1_024
 
@@ -261,6 +272,7 @@ class _Held(NamedTuple):
     record: Record
     wire: bytes  # canonical CBOR of the wire form
     dkey: bytes
+    source: bytes  # who stored it: LOCAL, or the storing station's DHT id
 
 
 class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hints
@@ -279,13 +291,17 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
         self._keys: dict[bytes, dict[bytes, _Held]] = {}
         self._signer_rows: Counter[bytes] = Counter()
         self._signer_bytes: Counter[bytes] = Counter()
+        # per source: what it holds, oldest first (the order a full shelf drops them in)
+        self._source_held: dict[bytes, OrderedDict[tuple[bytes, bytes], None]] = {}
+        self._source_bytes: Counter[bytes] = Counter()
         self.rows = 0
         self.bytes = 0
 
     # -- putting --
 
-    def offer(self, dkey: bytes, record: Record, now_ms: int) -> str:
-        """Hold ``record`` under ``dkey``: ``stored``, ``same``, ``stale``, or ``DhtRefused``."""
+    def offer(self, dkey: bytes, record: Record, now_ms: int, source: bytes = LOCAL) -> str:
+        """Hold ``record`` under ``dkey`` for ``source``: ``stored``, ``same``, ``stale``, or
+        ``DhtRefused``."""
         wire = wire_bytes(record)
         held = self._keys.get(dkey, {}).get(record.key)
         if held is not None and not held.record.is_expired(now_ms) and held.wire == wire:
@@ -297,9 +313,11 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
             self.stats["stale"] += 1
             return "stale"
         self._check_caps(dkey, record.key, len(wire), held, now_ms)
+        self._check_source(source, len(wire), held, now_ms)
+        held = self._keys.get(dkey, {}).get(record.key)  # making room may have dropped it
         if held is not None:
             self._drop(held)
-        self._add(_Held(record, wire, dkey))
+        self._add(_Held(record, wire, dkey, source))
         self.stats["stored"] += 1
         return "stored"
 
@@ -315,19 +333,63 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
             raise DhtRefused("signer_bytes", f"{limits.bytes_per_signer} bytes per signer")
         if new_row and len(self._keys.get(dkey, {})) >= limits.records_per_key:
             raise DhtRefused("key_records", f"{limits.records_per_key} records per key")
-        if self.rows + new_row > limits.records_total or self.bytes - old + size > (
-            limits.bytes_total
-        ):
-            self.reap(now_ms)
-            if new_row and self.rows + 1 > limits.records_total:
-                raise DhtRefused("total_records", f"{limits.records_total} records held")
-            if size > old and self.bytes - old + size > limits.bytes_total:
+
+    def _check_source(self, source: bytes, size: int, held: _Held | None, now_ms: int) -> None:
+        """The source's own caps, then room in the whole shelf: expired records reaped, then
+        the oldest records of the source holding the most bytes dropped, if that is not
+        ``source`` and holds more than ``source`` would (a flood only ever displaces itself)."""
+        limits = self.limits
+        mine = held is not None and held.source == source
+        old = len(held.wire) if mine and held is not None else 0
+        rows = len(self._source_held.get(source, ()))
+        if source != LOCAL:
+            if not mine and rows >= limits.records_per_source:
+                raise DhtRefused("source_records", f"{limits.records_per_source} per source")
+            if self._source_bytes[source] - old + size > limits.bytes_per_source:
+                raise DhtRefused("source_bytes", f"{limits.bytes_per_source} bytes per source")
+        new_row = int(held is None)
+        freed = 0 if held is None else len(held.wire)
+
+        def full() -> bool:
+            return (
+                self.rows + new_row > limits.records_total
+                or self.bytes - freed + size > limits.bytes_total
+            )
+
+        if not full():
+            return
+        self.reap(now_ms)
+        if held is not None and self._keys.get(held.dkey, {}).get(held.record.key) is not held:
+            held, new_row, freed = None, 1, 0  # reaped: a new row after all
+        while full():
+            victim = self._fattest(source, size)
+            if victim is None:
+                if self.rows + new_row > limits.records_total:
+                    raise DhtRefused("total_records", f"{limits.records_total} records held")
                 raise DhtRefused("total_bytes", f"{limits.bytes_total} bytes held")
+            self._drop(victim)
+            self.stats["dropped_for_room"] += 1
+            if held is not None and victim is held:
+                held, new_row, freed = None, 1, 0
+
+    def _fattest(self, source: bytes, size: int) -> _Held | None:
+        """The oldest record of the remote source holding the most bytes, if it holds more
+        than ``source`` would with ``size`` more (never one of ``source``'s own)."""
+        remote = [s for s in self._source_held if s != LOCAL and s != source]
+        if not remote:
+            return None
+        fattest = max(remote, key=lambda s: self._source_bytes[s])
+        if source != LOCAL and self._source_bytes[fattest] <= self._source_bytes[source] + size:
+            return None
+        dkey, signer = next(iter(self._source_held[fattest]))
+        return self._keys[dkey][signer]
 
     def _add(self, held: _Held) -> None:
         self._keys.setdefault(held.dkey, {})[held.record.key] = held
         self._signer_rows[held.record.key] += 1
         self._signer_bytes[held.record.key] += len(held.wire)
+        self._source_held.setdefault(held.source, OrderedDict())[held.dkey, held.record.key] = None
+        self._source_bytes[held.source] += len(held.wire)
         self.rows += 1
         self.bytes += len(held.wire)
 
@@ -342,24 +404,30 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
         if self._signer_rows[signer] <= 0:
             del self._signer_rows[signer]
             del self._signer_bytes[signer]
+        mine = self._source_held[held.source]
+        del mine[held.dkey, signer]
+        self._source_bytes[held.source] -= len(held.wire)
+        if not mine:
+            del self._source_held[held.source]
+            del self._source_bytes[held.source]
         self.rows -= 1
         self.bytes -= len(held.wire)
 
-    def accept(self, dkey: bytes, record: Record, now_ms: int) -> bool:
+    def accept(self, dkey: bytes, record: Record, now_ms: int, source: bytes = LOCAL) -> bool:
         """``offer`` that counts a refusal instead of raising; True if now held."""
         try:
-            return self.offer(dkey, record, now_ms) != "stale"
+            return self.offer(dkey, record, now_ms, source) != "stale"
         except DhtRefused as exc:
             self.stats[f"refused_{exc.reason}"] += 1
             return False
 
-    def accept_value(self, dkey: object, value: object, now_ms: int) -> int:
+    def accept_value(self, dkey: object, value: object, now_ms: int, source: bytes = LOCAL) -> int:
         """A peer's STORE: every record it carries offered; how many are now held."""
         if type(dkey) is not bytes or len(dkey) != DHT_ID_SIZE:
             self.stats["refused_bad_key"] += 1
             return 0
         records = decode_value(value, self.limits, self.stats)
-        return sum(self.accept(dkey, record, now_ms) for record in records)
+        return sum(self.accept(dkey, record, now_ms, source) for record in records)
 
     def reap(self, now_ms: int) -> int:
         """Drop expired records; how many."""
@@ -387,17 +455,32 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
 
     def reply_value(self, dkey: bytes, now_ms: int) -> bytes:
         """The value a find_value answers: newest first within ``max_reply_bytes``."""
-        return self._batches(self.records(dkey, now_ms), self.limits.max_reply_bytes, cut=True)[0]
+        value, following = self.reply_page(dkey, now_ms)
+        if following:
+            self.stats["reply_truncated"] += 1
+        return value
 
-    def _batches(self, records: list[Record], budget: int, *, cut: bool) -> list[bytes]:
+    def reply_page(self, dkey: bytes, now_ms: int, skip: int = 0) -> tuple[bytes, int]:
+        """The records under ``dkey`` newest first from the ``skip``-th, within
+        ``max_reply_bytes`` (one record at least), and where the next page starts (0: none)."""
+        records = self.records(dkey, now_ms)[skip:]
+        budget, used = self.limits.max_reply_bytes - 8, 0
+        page: list[Record] = []
+        for record in records:
+            size = len(cbor.encode(record.to_wire()))
+            if page and used + size > budget:
+                break
+            page.append(record)
+            used += size
+        return encode_value(page), (skip + len(page) if len(page) < len(records) else 0)
+
+    @staticmethod
+    def _batches(records: list[Record], budget: int) -> list[bytes]:
         batches: list[list[Record]] = [[]]
         used = 0
         for record in records:
             size = len(cbor.encode(record.to_wire()))
             if used + size > budget - 8 and batches[-1]:
-                if cut:
-                    self.stats["reply_truncated"] += 1
-                    break
                 batches.append([])
                 used = 0
             batches[-1].append(record)
@@ -406,7 +489,7 @@ class RecordShelf(IStorage):  # type: ignore[misc]  # kademlia ships no type hin
 
     def store_batches(self, records: list[Record]) -> list[bytes]:
         """``records`` as values that each fit one STORE request."""
-        return self._batches(records, STORE_BATCH_BYTES, cut=False) if records else []
+        return self._batches(records, STORE_BATCH_BYTES) if records else []
 
     # -- kademlia's IStorage --
 

@@ -52,6 +52,10 @@ async def mesh(
             )
             nodes.append(dht)
             await dht.start(LOOPBACK, 0)
+        for a in nodes:  # linked with each other, as the QUIC link layer would tell them
+            for b in nodes:
+                if a is not b:
+                    a.link_up(b.identity.node_id, LOOPBACK, b.port)
         for dht in nodes[1:]:
             await dht.bootstrap([(LOOPBACK, nodes[0].port)])
         yield nodes
@@ -99,6 +103,12 @@ async def test_a_station_seen_again_gets_no_records_pushed_a_new_one_a_bounded_p
             sent = count_stores(holder)
             protocol = holder._server.protocol
             node = KadNode(newcomer._server.node.id, LOOPBACK, newcomer.port)
+            protocol.welcome_if_new(node)
+            await asyncio.sleep(0)  # one loop turn, so any push scheduled would have started
+            assert sent == []  # not linked: nothing pushed
+            assert holder.stats["welcome_unlinked"] == 1
+            protocol.router.remove_contact(node)
+            holder.link_up(newcomer.identity.node_id, LOOPBACK, newcomer.port)
             protocol.welcome_if_new(node)
             await asyncio.sleep(0)  # one loop turn: the pushes it scheduled start
             assert len(sent) == 3  # the package would push all ten
