@@ -95,6 +95,12 @@ from relay.peers import Peer, PeerState
 from relay.pending import ORIGIN, PendingCalls
 from relay.policy import StationPolicy
 from relay.realm_admission import ConnectRule
+from relay.realm_links import (
+    forget_link_adverts,
+    linked_realms,
+    provider_allowed,
+    unsigned_in_protected_realm,
+)
 from relay.realms import RealmGate
 from relay.routes import RouteTable
 from relay.station_frames import StationFrames, dht_port_of
@@ -263,9 +269,10 @@ class RouterCore:
             if peer is None or peer.state in _GONE:
                 break
             if peer.state is PeerState.HANDSHAKING and peer.dialled:
+                if frame_map.get("frame_type") == "hello":  # before the link is up (issue 26)
+                    presented = frame_map.get("endorsements")
+                    self.realms.present_station(conn, peer.expected_node_id, presented, now_ms)
                 self.linking.hello(peer, stream, frame_map, now_ms, out)
-                if peer.linked:  # its verified HELLO names the realms it protects
-                    self.realms.declare_station(conn, frame_map.get("realms"))
             elif peer.state is PeerState.HANDSHAKING:
                 self._handshake(peer, stream, frame_map, now_ms, out)
             elif stream == peer.control:
@@ -475,7 +482,9 @@ class RouterCore:
             for key in self.adverts.keys_for(conn):
                 if key[0] == realm:
                     self.adverts.remove(key, now_ms + self.policy.advertise_tombstone_ms)
-                    out += self.gossip.local_removed(key, now_ms)
+                    removed = self.gossip.local_removed(key, now_ms)
+                    out += self._members_only(realm, removed, now_ms)
+            self.stats["realm_link_adverts_ended"] += forget_link_adverts(self.gossip, conn, realm)
         return out
 
     def shutdown(self, now_ms: int) -> list[Action]:
@@ -534,10 +543,10 @@ class RouterCore:
         peer.capabilities = connect.capabilities
         peer.state = PeerState.CONNECTED
         self.stats["handshakes"] += 1
-        if peer.is_station:
-            self.realms.declare_station(peer.conn, connect.realms)
+        if peer.is_station:  # what it may carry: its station endorsements (relay.realms)
+            self.realms.present_station(peer.conn, peer.node_id, connect.endorsements, now_ms)
             peer.dht_port = dht_port_of(connect.addresses)
-            hello = self.frames.hello(True, None, now_ms, dht_port=self.dht_port)
+            hello = self.frames.hello(True, None, now_ms, dht_port=self.dht_port, to_station=True)
             out.append(Send(peer.conn, stream, hello))
             self.linking.link_up(peer, now_ms, out)
             return
@@ -558,8 +567,9 @@ class RouterCore:
     def _station_linked(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
         """The one place that runs when a link comes up, on either side: the peer station
         learns this station's clients' interest and adverts."""
-        out += self.interest.station_linked(peer, now_ms)
-        out += self._gossip_linked(peer, now_ms)
+        carries = linked_realms(self.realms, peer, now_ms)  # protected realms: endorsed only
+        out += self.interest.station_linked(peer, now_ms, carries)
+        out += self.gossip.station_linked(peer, now_ms, carries)
 
     def _replace(self, older: Peer, now_ms: int) -> list[Action]:
         """Same identity, newer handshake: the older connection is told and closed (§5.4)."""
@@ -597,6 +607,9 @@ class RouterCore:
         elif isinstance(frame, Event):
             if peer.is_station and peer.linked:
                 if self._realm_refused(peer, frame, now_ms):
+                    return
+                if unsigned_in_protected_realm(self.realms, frame):
+                    self._drop(peer, "realm_event_unsigned", "protected realm EVENT without sig")
                     return
                 relayed = self.interest.relayed_event(peer, frame, now_ms)
                 out += self._members_only(frame.realm, relayed, now_ms)
@@ -661,7 +674,7 @@ class RouterCore:
             self.builtins_running[peer.conn] += 1
             out.append(RunBuiltin(peer.conn, stream, call))  # a house service: same path
             return
-        if builtins_only:
+        if builtins_only or not provider_allowed(self.gossip, self.realms, peer, call, now_ms):
             out += self.calls.no_route(peer, stream, call, now_ms)
         else:
             out += self.calls.forward(peer, stream, call, now_ms, body)
@@ -736,10 +749,6 @@ class RouterCore:
             for p in self.peers.values()
             if p.is_station and p.state is PeerState.CONNECTED
         ]
-
-    def _gossip_linked(self, peer: Peer, now_ms: int) -> list[Action]:
-        """A station peer's link came up: it is told the procedures our clients serve."""
-        return self.gossip.station_linked(peer, now_ms)
 
     # --- dedicated streams (§6.3, §8) ---------------------------------------------------------
 

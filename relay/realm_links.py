@@ -1,0 +1,108 @@
+"""Which links may carry a protected realm (issue 26): station endorsements, sans-I/O.
+
+A protected realm's traffic crosses a link only to (and from) a station the realm's authority
+endorsed for that realm: a 0x05 record of role ``station`` for the station's node id
+(``macula.realm.records.check_station_endorsement``; ``macula-realm endorse-station``). A
+station is given its own endorsements as files (``macula-relay --realm-endorsement FILE``,
+the record's RPC form in CBOR, as ``macula-realm endorse-station --out`` writes it) and
+presents them on every link: in the CONNECT ``endorsements`` of a link it dials, in the
+``endorsements`` key of the HELLO it answers (``StationFrames.endorsements``). The peer checks
+them itself (``RealmGate.present_station``); what a station says it protects grants nothing.
+
+Invariants (the gate's ``allows`` is the one test, checked at each use, so a revocation acts
+at once and ``sweep`` ends it at the latest one ``sweep_ms`` later):
+- a link that comes up is told local interest and advertisements only in realms it may carry
+  (``linked_realms``); a CALL in a protected realm is forwarded to a linked station only if
+  that link may carry the realm (``provider_allowed``), else the caller gets "no route";
+- when a link's endorsement ends, what it advertised in that realm is forgotten
+  (``forget_link_adverts``);
+- an EVENT of a protected realm arriving over a link must carry a ``publisher_sig``
+  (``unsigned_in_protected_realm``): a station-attested event (no publisher signature) does not
+  cross into a protected realm, whatever the general relay rules for unsigned events are.
+- a station's own endorsements are checked at start (``own_station_endorsements``): each must
+  be a valid station endorsement, for this station's node id, of a realm it protects, signed
+  by that realm's authority key; otherwise the station does not start (``ValueError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from macula.wire import cbor
+from macula.wire.errors import ProtocolError
+from macula.wire.frames import Call, Event
+from macula.wire.records import Record
+from relay.federation.gossip import AdvertGossip
+from relay.peers import Peer
+from relay.realms import EndorsementRefused, ProtectedRealm, RealmGate, check_endorsement
+
+MAX_ENDORSEMENT_FILE_BYTES = 64 * 1024
+
+
+def linked_realms(gate: RealmGate, link: Peer, now_ms: int) -> Callable[[bytes], bool]:
+    """Whether ``link`` may carry a realm (unprotected realms: always)."""
+    return lambda realm: gate.allows(link.conn, True, realm, now_ms)
+
+
+def provider_allowed(
+    gossip: AdvertGossip, gate: RealmGate, caller: Peer, call: Call, now_ms: int
+) -> bool:
+    """May ``call`` go where it would be forwarded? False only for a protected realm's CALL
+    whose provider is a linked station that may not carry the realm."""
+    if not gate.protects(call.realm):
+        return True
+    provider = gossip.serving((call.realm, call.procedure), local_only=caller.is_station)
+    if provider is None or not provider.is_station:
+        return True
+    return gate.allows(provider.conn, True, call.realm, now_ms)
+
+
+def forget_link_adverts(gossip: AdvertGossip, conn: int, realm: bytes) -> int:
+    """Forget what link ``conn`` advertised in ``realm``; how many."""
+    keys = [key for key in gossip.remote.keys_of(conn) if key[0] == realm]
+    return sum(gossip.remote.remove(key, conn) for key in keys)
+
+
+def unsigned_in_protected_realm(gate: RealmGate, event: Event) -> bool:
+    return gate.protects(event.realm) and event.publisher_sig is None
+
+
+def load_station_endorsement(path: Path) -> Record:
+    """The record in ``path`` (CBOR of its RPC form); ``ValueError`` saying what is wrong."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from None
+    if len(data) > MAX_ENDORSEMENT_FILE_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_ENDORSEMENT_FILE_BYTES} bytes")
+    try:
+        return Record.from_rpc(cbor.decode(data))
+    except (ProtocolError, ValueError) as exc:
+        raise ValueError(f"{path}: not a record (CBOR of its RPC form): {exc}") from None
+
+
+def own_station_endorsements(
+    records: Iterable[Record],
+    node_id: bytes,
+    realms: Mapping[bytes, ProtectedRealm],
+    now_ms: int,
+) -> list[dict[str, Any]]:
+    """The RPC forms this station presents on its links, each checked as a peer will check
+    it; ``ValueError`` naming the first that a peer would refuse, and why."""
+    presented: list[dict[str, Any]] = []
+    for record in records:
+        try:
+            check_endorsement(
+                record.to_rpc(),
+                node_id=node_id,
+                realms=realms,
+                revocations={},
+                now_ms=now_ms,
+                station=True,
+            )
+        except EndorsementRefused as exc:
+            raise ValueError(f"station endorsement refused: {exc.reason}: {exc.detail}") from None
+        presented.append(record.to_rpc())
+    return presented
