@@ -134,7 +134,11 @@ class StationFrames:
             realms=self.realms,
             addresses=dht_addresses(dht_port),
             # a key HELLO does not define (kept and signed like any extra, §2.5)
-            extras={"endorsements": self.endorsements} if to_station and self.endorsements else {},
+            extras=(
+                {"endorsements": self.endorsements}
+                if to_station and accepted and self.endorsements
+                else {}
+            ),
         )
         return self.sign(hello)
 
