@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from macula.rate import TokenBucket
+from macula.realm.records import Endorsement
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
@@ -96,10 +97,14 @@ from relay.pending import ORIGIN, PendingCalls
 from relay.policy import StationPolicy
 from relay.realm_admission import ConnectRule
 from relay.realm_links import (
+    VOUCH_DEADLINE_MS,
+    VOUCH_PROCEDURE,
     forget_link_adverts,
     linked_realms,
     provider_allowed,
     unsigned_in_protected_realm,
+    unvouched,
+    vouch_actions,
 )
 from relay.realms import RealmGate
 from relay.routes import RouteTable
@@ -405,6 +410,8 @@ class RouterCore:
         if peer is None or peer.state is PeerState.CLOSED:
             return []
         out: list[Action] = []
+        if self.realms.to_vouch:  # a member accepted: its links hear before it does
+            out += self._vouch(self.realms.drain_vouches(), now_ms)
         if outcome.code is not None:
             out.append(
                 self._error(peer, stream, call.call_id, outcome.code, outcome.detail, now_ms)
@@ -550,6 +557,8 @@ class RouterCore:
             out.append(Send(peer.conn, stream, hello))
             self.linking.link_up(peer, now_ms, out)
             return
+        if self.realms.to_vouch:  # its CONNECT endorsements: the links hear first
+            out += self._vouch(self.realms.drain_vouches(), now_ms)
         out.append(Send(peer.conn, stream, self.frames.hello(True, None, now_ms)))
         older = self.node_conn.get(peer.node_id)
         self.node_conn[peer.node_id] = peer.conn
@@ -570,6 +579,8 @@ class RouterCore:
         carries = linked_realms(self.realms, peer, now_ms)  # protected realms: endorsed only
         out += self.interest.station_linked(peer, now_ms, carries)
         out += self.gossip.station_linked(peer, now_ms, carries)
+        ours = [e for realm in self.realms.tags for e in self.realms.local_members(realm)]
+        out += self._vouch(ours, now_ms, [peer])
 
     def _replace(self, older: Peer, now_ms: int) -> list[Action]:
         """Same identity, newer handshake: the older connection is told and closed (§5.4)."""
@@ -610,6 +621,9 @@ class RouterCore:
                     return
                 if unsigned_in_protected_realm(self.realms, frame):
                     self._drop(peer, "realm_event_unsigned", "protected realm EVENT without sig")
+                    return
+                if unvouched(self.realms, peer, frame.realm, frame.publisher, now_ms):
+                    self._drop(peer, "realm_publisher_unvouched", "publisher not vouched for")
                     return
                 relayed = self.interest.relayed_event(peer, frame, now_ms)
                 out += self._members_only(frame.realm, relayed, now_ms)
@@ -659,6 +673,12 @@ class RouterCore:
             code, detail = refusal
             out.append(self._error(peer, stream, call.call_id, code, detail.encode(), now_ms))
             return
+        if call.procedure == VOUCH_PROCEDURE and peer.is_station and peer.linked:
+            payload = call.payload if isinstance(call.payload, dict) else {}
+            answer = self.realms.take_vouches(peer.conn, payload.get("endorsements"), now_ms)
+            self.stats["realm_members_vouched"] += answer["kept"]
+            out.append(Send(peer.conn, stream, self.frames.result(call.call_id, answer, now_ms)))
+            return
         if call.procedure in BUILTINS:
             self.stats["builtin_calls"] += 1
             if stream in peer.content_streams:
@@ -704,6 +724,10 @@ class RouterCore:
         ):
             self.stats["realm_calls_refused"] += 1
             return ErrorCode.TARGET_REALM_REFUSED, "not a member of this protected realm"
+        relayed = peer.is_station and call.procedure not in BUILTINS
+        if relayed and unvouched(self.realms, peer, call.realm, call.caller, now_ms):
+            self.stats["realm_calls_refused"] += 1
+            return ErrorCode.TARGET_REALM_REFUSED, "caller not vouched for on this link"
         return None
 
     # --- federation: this station's own CALLs and its adverts on a new link ------------------
@@ -741,6 +765,21 @@ class RouterCore:
             caller=self.identity.node_id,
         )
         return call_id, self.calls.originate(link, call, now_ms)
+
+    def _vouch(
+        self, endorsements: list[Endorsement], now_ms: int, links: list[Peer] | None = None
+    ) -> list[Action]:
+        """Tell ``links`` (default: every link) these members' endorsements (relay.realm_links)."""
+        if not endorsements:
+            return []
+        if links is None:
+            links = [p for p in self.peers.values() if p.is_station and p.linked]
+
+        def call(node_id: bytes, payload: dict[str, Any]) -> list[Action]:
+            deadline = now_ms + VOUCH_DEADLINE_MS
+            return self.call_station(node_id, VOUCH_PROCEDURE, payload, deadline, now_ms)[1]
+
+        return vouch_actions(self.realms, links, endorsements, now_ms, call)
 
     def linked_stations(self) -> list[bytes]:
         """The node ids of the stations linked now (CONNECTED station peers)."""

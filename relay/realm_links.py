@@ -19,6 +19,14 @@ at once and ``sweep`` ends it at the latest one ``sweep_ms`` later):
 - an EVENT of a protected realm arriving over a link must carry a ``publisher_sig``
   (``unsigned_in_protected_realm``): a station-attested event (no publisher signature) does not
   cross into a protected realm, whatever the general relay rules for unsigned events are.
+- a link vouches for the members behind it: each station CALLs ``_realm.vouch``
+  (``VOUCH_PROCEDURE``, payload ``{"endorsements": [...]}``, at most ``VOUCH_BATCH`` a CALL) on
+  every link that may carry the realm, with its members' endorsements, when the link comes up
+  and whenever a membership is accepted (before the member hears it is in, so the vouch is on
+  the link before any frame the member sends). The receiving station checks each itself
+  (``RealmGate.take_vouches``); a protected realm's EVENT from a link counts only if its
+  publisher was vouched for on that link, a CALL only if its caller was
+  (``unvouched``). So an endorsed station cannot pass off a key of its own as a member.
 - a station's own endorsements are checked at start (``own_station_endorsements``): each must
   be a valid station endorsement, for this station's node id, of a realm it protects, signed
   by that realm's authority key; otherwise the station does not start (``ValueError``).
@@ -30,15 +38,20 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from macula.realm.records import Endorsement
 from macula.wire import cbor
 from macula.wire.errors import ProtocolError
 from macula.wire.frames import Call, Event
 from macula.wire.records import Record
+from relay.actions import Action
 from relay.federation.gossip import AdvertGossip
 from relay.peers import Peer
 from relay.realms import EndorsementRefused, ProtectedRealm, RealmGate, check_endorsement
 
 MAX_ENDORSEMENT_FILE_BYTES = 64 * 1024
+VOUCH_PROCEDURE = "_realm.vouch"
+VOUCH_BATCH = 64
+VOUCH_DEADLINE_MS = 10_000
 
 
 def linked_realms(gate: RealmGate, link: Peer, now_ms: int) -> Callable[[bytes], bool]:
@@ -63,6 +76,31 @@ def forget_link_adverts(gossip: AdvertGossip, conn: int, realm: bytes) -> int:
     """Forget what link ``conn`` advertised in ``realm``; how many."""
     keys = [key for key in gossip.remote.keys_of(conn) if key[0] == realm]
     return sum(gossip.remote.remove(key, conn) for key in keys)
+
+
+def unvouched(gate: RealmGate, link: Peer, realm: bytes, member: bytes, now_ms: int) -> bool:
+    """A frame link ``link`` relays in ``realm`` for ``member``: refused, as the link never
+    vouched for that member there? (Unprotected realms: never.)"""
+    return gate.protects(realm) and not gate.vouched_for(link.conn, realm, member, now_ms)
+
+
+def vouch_actions(
+    gate: RealmGate,
+    links: Iterable[Peer],
+    endorsements: Iterable[Endorsement],
+    now_ms: int,
+    call: Callable[[bytes, dict[str, Any]], list[Action]],
+) -> list[Action]:
+    """``_realm.vouch`` CALLs (made by ``call(station id, payload)``) telling each of
+    ``links`` the ``endorsements`` of realms it may carry."""
+    held = list(endorsements)
+    out: list[Action] = []
+    for link in links:
+        carries = gate.endorsed_realms(link.conn, now_ms)
+        mine = [e.record.to_rpc() for e in held if e.realm in carries]
+        for start in range(0, len(mine), VOUCH_BATCH):
+            out += call(link.node_id, {"endorsements": mine[start : start + VOUCH_BATCH]})
+    return out
 
 
 def unsigned_in_protected_realm(gate: RealmGate, event: Event) -> bool:

@@ -23,6 +23,13 @@ Invariants:
   (CONNECT/HELLO ``realms``) grants nothing: the same name under another authority key is
   another realm, and any connection may set the station bit. Unprotected realms are always
   allowed.
+- A linked station vouches for its members (issue 26): it hands over their endorsements
+  (``take_vouches``), which this station checks itself (signed by the realm's authority, for
+  that member, unrevoked) and keeps per link, at most ``max_vouched`` a link, only for realms
+  the link may carry. ``vouched_for`` is True only for such a checked endorsement, still valid:
+  a frame a link relays in a protected realm counts only if its publisher or caller is one.
+  Memberships accepted here wait in ``to_vouch`` until the core tells its links
+  (``drain_vouches``; the queue holds at most ``max_vouched``).
 - Revocations are kept newest per endorsement key, at most ``max_revocations`` (the oldest
   to expire goes first), and forgotten once their record expires.
 """
@@ -44,6 +51,7 @@ from macula.wire.records import Record, RecordType, is_newer
 DEFAULT_SWEEP_MS: Final = 60_000
 DEFAULT_MAX_PRESENTED: Final = 16
 DEFAULT_MAX_REVOCATIONS: Final = 100_000
+DEFAULT_MAX_VOUCHED: Final = 10_000  # members a link may vouch for
 
 # The reasons a station reports (``_realm.present``), and the record rules' reasons they map.
 STATION_REASONS: Final = (
@@ -207,8 +215,11 @@ class RealmGate:
     sweep_ms: int = DEFAULT_SWEEP_MS
     max_presented: int = DEFAULT_MAX_PRESENTED
     max_revocations: int = DEFAULT_MAX_REVOCATIONS
+    max_vouched: int = DEFAULT_MAX_VOUCHED
     members: dict[int, dict[bytes, Endorsement]] = field(default_factory=dict)
     stations: dict[int, dict[bytes, Endorsement]] = field(default_factory=dict)  # endorsed links
+    vouched: dict[int, dict[tuple[bytes, bytes], Endorsement]] = field(default_factory=dict)
+    to_vouch: list[Endorsement] = field(default_factory=list)  # local, not yet told to links
     revocations: dict[bytes, Revocation] = field(default_factory=dict)
     last_sweep_ms: int = 0
     swept: int = 0  # memberships ended by sweeps, all told
@@ -278,6 +289,8 @@ class RealmGate:
                 refused.append(refusal)
                 continue
             held.setdefault(conn, {})[endorsement.realm] = endorsement
+            if not station and len(self.to_vouch) < self.max_vouched:
+                self.to_vouch.append(endorsement)
             accepted.append(
                 {
                     "realm": endorsement.realm,
@@ -315,6 +328,57 @@ class RealmGate:
     def forget(self, conn: int) -> None:
         self.members.pop(conn, None)
         self.stations.pop(conn, None)
+        self.vouched.pop(conn, None)
+
+    # --- members vouched for by a linked station ---------------------------------------
+
+    def take_vouches(self, conn: int, endorsements: object, now_ms: int) -> dict[str, Any]:
+        """Link ``conn`` vouches for these members (their endorsements, RPC form): each is
+        checked here and kept if the link may carry its realm. How many were kept, and per
+        refused one its index and reason."""
+        if not isinstance(endorsements, list):
+            endorsements = []
+        carries = self.endorsed_realms(conn, now_ms)
+        held = self.vouched.setdefault(conn, {})
+        kept = 0
+        refused: list[dict[str, Any]] = []
+        for index, raw in enumerate(endorsements[: self.max_vouched]):
+            member = _member_of(raw)
+            try:
+                if member is None:
+                    raise EndorsementRefused("bad_payload", "no member_node bytes(32)")
+                endorsement = check_endorsement(
+                    raw,
+                    node_id=member,
+                    realms=self.realms,
+                    revocations=self.revocations,
+                    now_ms=now_ms,
+                )
+                if endorsement.realm not in carries:
+                    raise EndorsementRefused("realm_not_protected", "this link may not carry it")
+                key = (endorsement.realm, member)
+                if key not in held and len(held) >= self.max_vouched:
+                    raise EndorsementRefused("bad_record", f"over {self.max_vouched} a link")
+            except EndorsementRefused as exc:
+                refused.append({"index": index, "reason": exc.reason})
+                continue
+            held[key] = endorsement
+            kept += 1
+        return {"kept": kept, "refused": refused}
+
+    def vouched_for(self, conn: int, realm: bytes, member: bytes, now_ms: int) -> bool:
+        """Did link ``conn`` vouch for ``member`` in ``realm`` with a still valid endorsement?"""
+        endorsement = self.vouched.get(conn, {}).get((realm, member))
+        return endorsement is not None and self._valid(endorsement, now_ms, live_record=False)
+
+    def drain_vouches(self) -> list[Endorsement]:
+        """The memberships accepted here since the last drain (for the links)."""
+        fresh, self.to_vouch = self.to_vouch, []
+        return fresh
+
+    def local_members(self, realm: bytes) -> list[Endorsement]:
+        """The endorsements of this station's own members in ``realm``."""
+        return [held[realm] for held in self.members.values() if realm in held]
 
     # --- revocations ------------------------------------------------------------------
 
@@ -353,11 +417,24 @@ class RealmGate:
                     if not self._valid(endorsement, now_ms, live_record=live):
                         del held[realm]
                         ended.append((conn, realm))
+        for vouched in self.vouched.values():
+            for pair, endorsement in list(vouched.items()):
+                if not self._valid(endorsement, now_ms, live_record=False):
+                    del vouched[pair]
         for key, revocation in list(self.revocations.items()):
             if revocation.expires_at <= now_ms:
                 del self.revocations[key]
         self.swept += len(ended)
         return ended
+
+
+def _member_of(raw: object) -> bytes | None:
+    if isinstance(raw, Mapping):
+        payload = raw.get("payload")
+        if isinstance(payload, Mapping) and _id32(payload.get("member_node")):
+            member: bytes = payload["member_node"]
+            return member
+    return None
 
 
 def _realm_of(raw: object) -> bytes | None:
