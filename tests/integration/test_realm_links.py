@@ -26,6 +26,7 @@ from realmkit import (
     REALM_NAME,
     advertise,
     call,
+    call_frame,
     endorse,
     is_event,
     present,
@@ -53,6 +54,7 @@ OTHER = Identity.generate(os.urandom)  # C's key for "the same" realm
 NEWS = "linked.private.news"
 ECHO = "org.example.linked_echo_v1"
 ROUNDS = 10
+VOUCHES = ("_realm.vouch", b"_realm.vouch")
 
 
 def station_endorsement(authority: Identity, station: bytes) -> Record:
@@ -163,7 +165,7 @@ async def test_a_station_of_another_key_cannot_answer_a_members_call(
         assert reply["frame_type"] == "result" and reply["payload"] == "from b", reply
 
 
-async def link_in(raw: RawClient) -> dict[str, Any]:
+async def link_in(raw: RawClient, *endorsements: Record) -> dict[str, Any]:
     """CONNECT with the station bit, claiming R (CONNECT ``realms``): the HELLO."""
     raw.control = raw.new_stream()
     connect = Connect(
@@ -173,6 +175,7 @@ async def link_in(raw: RawClient) -> dict[str, Any]:
         station_id=raw.node_id,
         puzzle_evidence=raw.identity.puzzle_evidence,
         realms=[PRIVATE],
+        endorsements=[e.to_rpc() for e in endorsements],
     )
     raw.send(connect)
     hello = await raw.expect(lambda r: r.frame_type == "hello")
@@ -272,3 +275,64 @@ async def test_a_revocation_put_at_the_station_stops_the_flow_at_once(
         publish(on_a, NEWS, 1, "after", e2e=True)
         await on_b.quiet(is_event(NEWS, "after"))
         assert a.core.stats["realm_sends_withheld"] >= 1
+
+
+async def test_an_endorsed_station_cannot_pass_off_its_own_keys_as_members(
+    tmp_path: Path,
+) -> None:
+    """Even a station K endorsed (a raw one here) delivers in R only what members it vouched
+    for (with their endorsements, checked at A) published, and calls only as them."""
+    async with (
+        Station(make(tmp_path / "a", [], AUTHORITY)) as a,
+        raw_client(a) as member,
+        raw_client(a, handshake=False) as rogue,
+    ):
+        await joined(member, AUTHORITY)
+        subscribe(member, NEWS)
+        advertise(member, ECHO)
+        await member.flush()
+        hello = await link_in(rogue, station_endorsement(AUTHORITY, rogue.node_id))
+        assert hello.get("accepted") == "true"
+        conn = a.core.node_conn[rogue.node_id]
+        assert a.core.realms.endorsed_realms(conn, now_ms()) == {PRIVATE}
+        # A vouched for its member to the link, and told it the member's interest
+        vouch = await rogue.expect(
+            lambda r: r.frame_type == "call" and r.frame.get("procedure") in VOUCHES
+        )
+        vouched = [e["payload"]["member_node"] for e in vouch.frame["payload"]["endorsements"]]
+        assert vouched == [member.node_id]
+        seen = len(member.received)
+        for n in range(ROUNDS):  # its own key, a valid publisher_sig, but no member
+            rogue.send(relayed_event(rogue.identity, rogue.identity, n + 1, f"r{n}"))
+        await rogue.flush()
+        await member.quiet(is_event(NEWS))
+        assert events(member, seen) == []
+        assert a.core.stats["realm_refused"] == 0  # the link may carry R: refused per publisher
+        call = call_frame(rogue, ECHO, "hi", PRIVATE)  # as itself: not a member
+        rogue.send(call)
+        reply = await rogue.reply_to(call.call_id)
+        assert reply["frame_type"] == "error" and reply["code"] == ErrorCode.TARGET_REALM_REFUSED
+        await member.quiet(lambda r: r.frame_type == "call")
+        # a vouch signed by another key is refused; a real member's endorsement is kept
+        puppet = Identity.generate(os.urandom)
+        forged = endorse(OTHER, puppet.node_id)
+        answer = await call_raw(rogue, "_realm.vouch", {"endorsements": [forged.to_rpc()]})
+        assert answer["kept"] == 0 and [r["reason"] for r in answer["refused"]] == [
+            "wrong_authority"
+        ]
+        rogue.send(relayed_event(rogue.identity, puppet, 1, "forged"))
+        real = endorse(AUTHORITY, puppet.node_id)
+        answer = await call_raw(rogue, "_realm.vouch", {"endorsements": [real.to_rpc()]})
+        assert answer == {"kept": 1, "refused": []}
+        rogue.send(relayed_event(rogue.identity, puppet, 2, "vouched"))
+        await member.expect(is_event(NEWS, "vouched"), start=seen)
+        assert events(member, seen) == ["vouched"]
+        assert a.core.stats["realm_members_vouched"] == 1
+
+
+async def call_raw(raw: RawClient, procedure: str, payload: Any) -> Any:
+    frame = call_frame(raw, procedure, payload)
+    raw.send(frame)
+    reply = await raw.reply_to(frame.call_id)
+    assert reply["frame_type"] == "result", reply
+    return reply["payload"]
