@@ -46,11 +46,16 @@ from macula.wire.records import Record
 from relay.actions import Action
 from relay.federation.gossip import AdvertGossip
 from relay.peers import Peer
-from relay.realms import EndorsementRefused, ProtectedRealm, RealmGate, check_endorsement
+from relay.realms import (
+    VOUCH_BATCH,
+    EndorsementRefused,
+    ProtectedRealm,
+    RealmGate,
+    check_endorsement,
+)
 
 MAX_ENDORSEMENT_FILE_BYTES = 64 * 1024
 VOUCH_PROCEDURE = "_realm.vouch"
-VOUCH_BATCH = 64
 VOUCH_DEADLINE_MS = 10_000
 
 

@@ -52,6 +52,7 @@ DEFAULT_SWEEP_MS: Final = 60_000
 DEFAULT_MAX_PRESENTED: Final = 16
 DEFAULT_MAX_REVOCATIONS: Final = 100_000
 DEFAULT_MAX_VOUCHED: Final = 10_000  # members a link may vouch for
+VOUCH_BATCH: Final = 64  # endorsements one vouch may carry
 
 # The reasons a station reports (``_realm.present``), and the record rules' reasons they map.
 STATION_REASONS: Final = (
@@ -65,6 +66,7 @@ STATION_REASONS: Final = (
     "expired",
     "revoked",
     "not_a_station",  # a station presented an endorsement whose role is not ``station``
+    "too_many",  # a vouch over ``VOUCH_BATCH`` endorsements, or a link over ``max_vouched``
 )
 _REASON_OF: Final = {
     "malformed": "bad_payload",
@@ -342,9 +344,11 @@ class RealmGate:
         held = self.vouched.setdefault(conn, {})
         kept = 0
         refused: list[dict[str, Any]] = []
-        for index, raw in enumerate(endorsements[: self.max_vouched]):
+        for index, raw in enumerate(endorsements):
             member = _member_of(raw)
             try:
+                if index >= VOUCH_BATCH:
+                    raise EndorsementRefused("too_many", f"at most {VOUCH_BATCH} a vouch")
                 if member is None:
                     raise EndorsementRefused("bad_payload", "no member_node bytes(32)")
                 endorsement = check_endorsement(
@@ -358,7 +362,7 @@ class RealmGate:
                     raise EndorsementRefused("realm_not_protected", "this link may not carry it")
                 key = (endorsement.realm, member)
                 if key not in held and len(held) >= self.max_vouched:
-                    raise EndorsementRefused("bad_record", f"over {self.max_vouched} a link")
+                    raise EndorsementRefused("too_many", f"over {self.max_vouched} a link")
             except EndorsementRefused as exc:
                 refused.append({"index": index, "reason": exc.reason})
                 continue

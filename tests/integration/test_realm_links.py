@@ -324,10 +324,15 @@ async def test_an_endorsed_station_cannot_pass_off_its_own_keys_as_members(
         real = endorse(AUTHORITY, puppet.node_id)
         answer = await call_raw(rogue, "_realm.vouch", {"endorsements": [real.to_rpc()]})
         assert answer == {"kept": 1, "refused": []}
-        rogue.send(relayed_event(rogue.identity, puppet, 2, "vouched"))
+        unsigned = dataclasses.replace(
+            relayed_event(rogue.identity, puppet, 2, "station-attested"), publisher_sig=None
+        )
+        rogue.send(unsigned.signed_by(rogue.identity))  # no publisher_sig: never in R
+        rogue.send(relayed_event(rogue.identity, puppet, 3, "vouched"))
         await member.expect(is_event(NEWS, "vouched"), start=seen)
         assert events(member, seen) == ["vouched"]
         assert a.core.stats["realm_members_vouched"] == 1
+        assert a.core.stats["realm_event_unsigned"] == 1
 
 
 async def call_raw(raw: RawClient, procedure: str, payload: Any) -> Any:

@@ -212,3 +212,41 @@ def test_a_station_presents_its_endorsements_in_connect_and_in_hello_to_stations
     assert to_station.extras["endorsements"] == frames.endorsements  # signed with the rest
     assert "endorsements" not in parsed(frames.hello(True, None, NOW)).extras  # to a client
     assert "endorsements" not in parsed(frames.hello(False, 16, NOW, to_station=True)).extras
+
+
+def test_a_link_vouches_only_for_members_of_realms_it_may_carry_and_within_bounds() -> None:
+    gate = RealmGate.protecting(PROTECTED.values(), max_vouched=2)
+    members = [Identity.generate(os.urandom).node_id for _ in range(3)]
+    records = [station_record(m, role="member") for m in members]
+    answer = gate.take_vouches(1, records[:1], NOW)  # the link is not endorsed for R
+    assert answer == {"kept": 0, "refused": [{"index": 0, "reason": "realm_not_protected"}]}
+    gate.present_station(1, STATION.node_id, [station_record()], NOW)
+    answer = gate.take_vouches(1, [*records, {"payload": {}}, "junk"], NOW)
+    reasons = [r["reason"] for r in answer["refused"]]
+    assert answer["kept"] == 2 and reasons == ["too_many", "bad_payload", "bad_payload"]
+    assert gate.vouched_for(1, REALM, members[0], NOW)
+    assert not gate.vouched_for(1, REALM, members[2], NOW)  # over the bound: not kept
+    assert not gate.vouched_for(2, REALM, members[0], NOW)  # per link
+    assert gate.take_vouches(1, "not a list", NOW) == {"kept": 0, "refused": []}
+    over = gate.take_vouches(1, [records[0]] * 65, NOW)  # a vouch carries at most 64
+    assert over["kept"] == 64 and over["refused"] == [{"index": 64, "reason": "too_many"}]
+    revocation = build_revocation(
+        AUTHORITY, NAME, members[0], now_ms=NOW + 1, random10=os.urandom(10)
+    )
+    assert gate.learn(revocation, NOW + 1)
+    assert not gate.vouched_for(1, REALM, members[0], NOW + 1)  # at once
+    gate.sweep(NOW + 1)
+    assert (REALM, members[0]) not in gate.vouched[1]
+    gate.forget(1)
+    assert not gate.vouched_for(1, REALM, members[1], NOW + 1)
+
+
+def test_memberships_accepted_here_wait_to_be_vouched_for_on_the_links() -> None:
+    gate = RealmGate.protecting(PROTECTED.values())
+    member = Identity.generate(os.urandom).node_id
+    gate.present(7, member, [station_record(member, role="member")], NOW)
+    fresh = gate.drain_vouches()
+    assert [e.member for e in fresh] == [member] and gate.drain_vouches() == []
+    assert [e.member for e in gate.local_members(REALM)] == [member]
+    gate.present_station(8, STATION.node_id, [station_record()], NOW)
+    assert gate.drain_vouches() == []  # a station's endorsement is not a member to vouch for
