@@ -34,7 +34,7 @@ from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.realm_admission import AdmissionMode, Allowlist, AllowlistError
-from relay.realm_links import load_station_endorsement
+from relay.realm_links import StationEndorsementError, load_station_endorsement
 from relay.realms import ProtectedRealm, parse_realm_flag
 from relay.station import Station, StationConfig
 from relay.store import StoreLimits
@@ -611,7 +611,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = config_from_args(args)
     try:
         run_loop(serve(config, args.endpoint_file, args.pid_file))
-    except ConfigError as exc:  # MACULA_LOOP names no usable loop
+    except (ConfigError, StationEndorsementError) as exc:  # e.g. MACULA_LOOP names no loop
         raise SystemExit(f"macula-relay: {exc}") from None
     except OSError as exc:
         raise SystemExit(

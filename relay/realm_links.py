@@ -56,6 +56,13 @@ from relay.realms import (
 
 MAX_ENDORSEMENT_FILE_BYTES = 64 * 1024
 VOUCH_PROCEDURE = "_realm.vouch"
+
+
+class StationEndorsementError(ValueError):
+    """This station's own station endorsement would be refused by its peers (it does not
+    start)."""
+
+
 VOUCH_DEADLINE_MS = 10_000
 
 
@@ -133,7 +140,7 @@ def own_station_endorsements(
     now_ms: int,
 ) -> list[dict[str, Any]]:
     """The RPC forms this station presents on its links, each checked as a peer will check
-    it; ``ValueError`` naming the first that a peer would refuse, and why."""
+    it; ``StationEndorsementError`` naming the first that a peer would refuse, and why."""
     presented: list[dict[str, Any]] = []
     for record in records:
         try:
@@ -146,6 +153,7 @@ def own_station_endorsements(
                 station=True,
             )
         except EndorsementRefused as exc:
-            raise ValueError(f"station endorsement refused: {exc.reason}: {exc.detail}") from None
+            why = f"--realm-endorsement refused: {exc.reason}: {exc.detail}"
+            raise StationEndorsementError(why) from None
         presented.append(record.to_rpc())
     return presented

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from macula.realm.records import (
     build_revocation,
     check_station_endorsement,
 )
+from macula.wire import cbor
 from macula.wire.frames import Connect, Hello, parse_frame
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, realm_tag
@@ -250,3 +253,25 @@ def test_memberships_accepted_here_wait_to_be_vouched_for_on_the_links() -> None
     assert [e.member for e in gate.local_members(REALM)] == [member]
     gate.present_station(8, STATION.node_id, [station_record()], NOW)
     assert gate.drain_vouches() == []  # a station's endorsement is not a member to vouch for
+
+
+def test_macula_relay_refuses_to_start_with_an_endorsement_of_another_station(
+    tmp_path: Path,
+) -> None:
+    """A real ``macula-relay`` process: the endorsement is for another node, so it exits 1
+    with the reason on stderr (no traceback) instead of starting a station no peer accepts."""
+    record = load_record(station_record())  # for STATION, not for this data dir's key
+    path = tmp_path / "x.endorsement"
+    path.write_bytes(cbor.encode(record.to_rpc()))
+    command = [sys.executable, "-m", "relay.cli", "--port", "0", "--dht-port", "0"]
+    command += ["--data-dir", str(tmp_path / "s"), "--realm", f"{NAME}={AUTHORITY.node_id.hex()}"]
+    done = subprocess.run(
+        [*command, "--realm-endorsement", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "--realm-endorsement refused: other_node" in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
