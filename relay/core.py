@@ -99,6 +99,7 @@ from relay.realm_admission import ConnectRule
 from relay.realm_links import (
     VOUCH_DEADLINE_MS,
     VOUCH_PROCEDURE,
+    RealmCalls,
     forget_link_adverts,
     linked_realms,
     provider_allowed,
@@ -158,6 +159,7 @@ class RouterCore:
         self.admission = FrameAdmission(policy)
         self.realms = RealmGate() if realms is None else realms  # protected realms (issue 13)
         self.connect_rule = ConnectRule() if connect_rule is None else connect_rule
+        self.realm_calls = RealmCalls()  # protected realms' CALLs out on links (relay.realm_links)
         self.frames.realms = self.realms.tags  # peer stations learn what this one protects
         self.stats: Counter[str] = Counter()
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
@@ -606,6 +608,11 @@ class RouterCore:
         if isinstance(frame, Call):
             self._call(peer, peer.control or 0, frame, now_ms, out, builtins_only=False, body=body)
         elif isinstance(frame, (Result, Error)):
+            if isinstance(frame, Result) and self.realm_calls.refused(
+                self.realms, peer, frame, now_ms
+            ):  # a protected realm's CALL answered over a link by a non-member
+                self._drop(peer, "realm_result_unvouched", "answered by a non-member")
+                return
             out += self.calls.reply(peer, frame, body)
         elif isinstance(frame, DECLARATIONS):
             if self._realm_refused(peer, frame, now_ms):
@@ -698,6 +705,7 @@ class RouterCore:
             out += self.calls.no_route(peer, stream, call, now_ms)
         else:
             out += self.calls.forward(peer, stream, call, now_ms, body)
+            self.realm_calls.forwarded(self.gossip, self.realms, peer, call, now_ms)
 
     def _call_refusal(self, peer: Peer, call: Call, now_ms: int) -> tuple[int, str] | None:
         quotas = self.policy.quotas
@@ -813,8 +821,12 @@ class RouterCore:
             kind = frame_map.get("frame_type")
             if kind == "stream_open":
                 opened = self._accept(peer, stream, frame_map, now_ms, out)
-                if isinstance(opened, StreamOpen) and not self.realms.allows(
-                    peer.conn, peer.is_station, opened.realm, now_ms
+                if isinstance(opened, StreamOpen) and (
+                    not self.realms.allows(peer.conn, peer.is_station, opened.realm, now_ms)
+                    or (
+                        peer.is_station
+                        and unvouched(self.realms, peer, opened.realm, opened.caller, now_ms)
+                    )
                 ):  # stream RPC in a protected realm: members only, as CALL
                     self._drop(peer, "realm_refused", "stream_open in a protected realm")
                     msg = b"not a member of this protected realm"

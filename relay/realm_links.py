@@ -26,7 +26,10 @@ at once and ``sweep`` ends it at the latest one ``sweep_ms`` later):
   the link before any frame the member sends). The receiving station checks each itself
   (``RealmGate.take_vouches``); a protected realm's EVENT from a link counts only if its
   publisher was vouched for on that link, a CALL only if its caller was
-  (``unvouched``). So an endorsed station cannot pass off a key of its own as a member.
+  (``unvouched``), a STREAM_OPEN likewise, and the RESULT of a protected realm's CALL this
+  station forwarded to a link only if the node that answered (``responded_by``) is a member
+  that link vouched for (``RealmCalls``; else it is dropped, counted, and the caller's deadline
+  ends the call). So an endorsed station cannot pass off a key of its own as a member.
 - a station's own endorsements are checked at start (``own_station_endorsements``): each must
   be a valid station endorsement, for this station's node id, of a realm it protects, signed
   by that realm's authority key; otherwise the station does not start (``ValueError``).
@@ -41,7 +44,7 @@ from typing import Any
 from macula.realm.records import Endorsement
 from macula.wire import cbor
 from macula.wire.errors import ProtocolError
-from macula.wire.frames import Call, Event
+from macula.wire.frames import Call, Event, Result
 from macula.wire.records import Record
 from relay.actions import Action
 from relay.federation.gossip import AdvertGossip
@@ -113,6 +116,42 @@ def vouch_actions(
         for start in range(0, len(mine), VOUCH_BATCH):
             out += call(link.node_id, {"endorsements": mine[start : start + VOUCH_BATCH]})
     return out
+
+
+class RealmCalls:
+    """The protected realms' CALLs forwarded to links and not answered yet: call_id ->
+    (realm, link conn), at most ``limit`` (the oldest forgotten first; its answer then goes
+    unchecked, as before this existed; ``forgotten`` counts how often)."""
+
+    def __init__(self, limit: int = 16_384) -> None:
+        self.limit = limit
+        self.forgotten = 0
+        self._calls: dict[bytes, tuple[bytes, int]] = {}
+
+    def forwarded(
+        self, gossip: AdvertGossip, gate: RealmGate, caller: Peer, call: Call, now_ms: int
+    ) -> None:
+        """``call`` was just forwarded: remember it if it went to a link in a protected realm."""
+        if not gate.protects(call.realm):
+            return
+        provider = gossip.serving((call.realm, call.procedure), local_only=caller.is_station)
+        if provider is None or not provider.is_station:
+            return
+        if len(self._calls) >= self.limit:
+            del self._calls[next(iter(self._calls))]
+            self.forgotten += 1
+        self._calls[call.call_id] = (call.realm, provider.conn)
+
+    def refused(self, gate: RealmGate, link: Peer, result: Result, now_ms: int) -> bool:
+        """Is ``result``, from ``link``, the answer of a non-member to such a CALL?"""
+        sent = self._calls.get(result.call_id)
+        if sent is None or sent[1] != link.conn:
+            return False
+        del self._calls[result.call_id]
+        return unvouched(gate, link, sent[0], result.responded_by, now_ms)
+
+    def __len__(self) -> int:
+        return len(self._calls)
 
 
 def unsigned_in_protected_realm(gate: RealmGate, event: Event) -> bool:

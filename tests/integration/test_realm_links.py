@@ -40,7 +40,7 @@ from waiting import eventually
 
 from macula.keyfile import load_or_create_identity
 from macula.wire.codes import ErrorCode
-from macula.wire.frames import CAP_STATION, Connect, Event, publication_signable
+from macula.wire.frames import CAP_STATION, Connect, Event, Result, publication_signable
 from macula.wire.identity import Identity
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record
@@ -341,3 +341,48 @@ async def call_raw(raw: RawClient, procedure: str, payload: Any) -> Any:
     reply = await raw.reply_to(frame.call_id)
     assert reply["frame_type"] == "result", reply
     return reply["payload"]
+
+
+async def test_an_endorsed_station_answers_a_members_call_only_as_a_vouched_member(
+    tmp_path: Path,
+) -> None:
+    async with (
+        Station(make(tmp_path / "a", [], AUTHORITY)) as a,
+        raw_client(a) as member,
+        raw_client(a, handshake=False) as rogue,
+    ):
+        await joined(member, AUTHORITY)
+        hello = await link_in(rogue, station_endorsement(AUTHORITY, rogue.node_id))
+        assert hello.get("accepted") == "true"
+        advertise(rogue, ECHO)  # as a station gossips: advertiser = the station
+        await rogue.flush()
+        await eventually(
+            lambda: a.core.gossip.serving((PRIVATE, ECHO), local_only=False) is not None,
+            message="the endorsed link's advertisement was not taken",
+        )
+
+        async def answered_by(server: Identity, answer: str) -> dict[str, Any]:
+            start = len(rogue.received)
+            frame = call_frame(member, ECHO, "hi", PRIVATE)
+            frame = dataclasses.replace(frame, deadline_ms=now_ms() + 1_000)
+            member.send(frame)
+            forwarded = await rogue.expect(lambda r: r.frame_type == "call", start=start)
+            assert forwarded.frame["call_id"] == frame.call_id
+            result = Result(
+                **stamp(), call_id=frame.call_id, payload=answer, responded_by=server.node_id
+            )
+            rogue.send(result, signer=server)
+            return await member.reply_to(frame.call_id)
+
+        reply = await answered_by(rogue.identity, "from the station's own key")
+        assert reply["frame_type"] == "error"  # its RESULT was dropped: the deadline ended it
+        assert a.core.stats["realm_result_unvouched"] == 1
+        puppet = Identity.generate(os.urandom)
+        answer = await call_raw(
+            rogue, "_realm.vouch", {"endorsements": [endorse(AUTHORITY, puppet.node_id).to_rpc()]}
+        )
+        assert answer["kept"] == 1
+        reply = await answered_by(puppet, "from a vouched member")
+        assert reply["frame_type"] == "result", reply
+        assert reply["payload"] == "from a vouched member"
+        assert len(a.core.realm_calls) == 0
