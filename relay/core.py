@@ -577,7 +577,8 @@ class RouterCore:
 
     def _station_linked(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
         """The one place that runs when a link comes up, on either side: the peer station
-        learns this station's clients' interest and adverts."""
+        learns this station's clients' interest and adverts, and (in the protected realms it
+        may carry) this station's members (relay.realm_links)."""
         carries = linked_realms(self.realms, peer, now_ms)  # protected realms: endorsed only
         out += self.interest.station_linked(peer, now_ms, carries)
         out += self.gossip.station_linked(peer, now_ms, carries)
