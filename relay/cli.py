@@ -34,6 +34,7 @@ from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.realm_admission import AdmissionMode, Allowlist, AllowlistError
+from relay.realm_links import StationEndorsementError, load_station_endorsement
 from relay.realms import ProtectedRealm, parse_realm_flag
 from relay.station import Station, StationConfig
 from relay.store import StoreLimits
@@ -306,6 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(64 hex) may subscribe, publish, advertise or call in it; repeatable",
     )
     parser.add_argument(
+        "--realm-endorsement",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="this station's station endorsement of a --realm (macula-realm endorse-station "
+        "--out FILE), presented on every link: peers carry the realm only to endorsed "
+        "stations; repeatable",
+    )
+    parser.add_argument(
         "--admission",
         choices=[m.value for m in AdmissionMode],
         default=AdmissionMode.OPEN.value,
@@ -465,6 +476,12 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
     names = [realm.name for realm in args.realm]
     if len(set(names)) != len(names):
         raise SystemExit("macula-relay: a --realm is named twice")
+    station_endorsements = []
+    for path in args.realm_endorsement:
+        try:
+            station_endorsements.append(load_station_endorsement(path))
+        except ValueError as exc:
+            raise SystemExit(f"macula-relay: --realm-endorsement {exc}") from None
     if args.content_keep_ms < 0:
         raise SystemExit("macula-relay: --content-keep-ms must be >= 0")
     store_limits = StoreLimits(
@@ -526,6 +543,7 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
         known_peers_max=args.known_peers_max,
         dht=DhtConfig(limits=dht_limits),
         realms=args.realm,
+        station_endorsements=station_endorsements,
         admission=admission,
         allowlist=args.allowlist,
     )
@@ -593,7 +611,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = config_from_args(args)
     try:
         run_loop(serve(config, args.endpoint_file, args.pid_file))
-    except ConfigError as exc:  # MACULA_LOOP names no usable loop
+    except (ConfigError, StationEndorsementError) as exc:  # e.g. MACULA_LOOP names no loop
         raise SystemExit(f"macula-relay: {exc}") from None
     except OSError as exc:
         raise SystemExit(

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from macula.rate import TokenBucket
+from macula.realm.records import Endorsement
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
@@ -95,6 +96,17 @@ from relay.peers import Peer, PeerState
 from relay.pending import ORIGIN, PendingCalls
 from relay.policy import StationPolicy
 from relay.realm_admission import ConnectRule
+from relay.realm_links import (
+    VOUCH_DEADLINE_MS,
+    VOUCH_PROCEDURE,
+    RealmCalls,
+    forget_link_adverts,
+    linked_realms,
+    provider_allowed,
+    unsigned_in_protected_realm,
+    unvouched,
+    vouch_actions,
+)
 from relay.realms import RealmGate
 from relay.routes import RouteTable
 from relay.station_frames import StationFrames, dht_port_of
@@ -147,6 +159,7 @@ class RouterCore:
         self.admission = FrameAdmission(policy)
         self.realms = RealmGate() if realms is None else realms  # protected realms (issue 13)
         self.connect_rule = ConnectRule() if connect_rule is None else connect_rule
+        self.realm_calls = RealmCalls()  # protected realms' CALLs out on links (relay.realm_links)
         self.frames.realms = self.realms.tags  # peer stations learn what this one protects
         self.stats: Counter[str] = Counter()
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
@@ -264,9 +277,10 @@ class RouterCore:
             if peer is None or peer.state in _GONE:
                 break
             if peer.state is PeerState.HANDSHAKING and peer.dialled:
+                if frame_map.get("frame_type") == "hello":  # before the link is up (issue 26)
+                    presented = frame_map.get("endorsements")
+                    self.realms.present_station(conn, peer.expected_node_id, presented, now_ms)
                 self.linking.hello(peer, stream, frame_map, now_ms, out)
-                if peer.linked:  # its verified HELLO names the realms it protects
-                    self.realms.declare_station(conn, frame_map.get("realms"))
             elif peer.state is PeerState.HANDSHAKING:
                 self._handshake(peer, stream, frame_map, now_ms, out)
             elif stream == peer.control:
@@ -399,6 +413,8 @@ class RouterCore:
         if peer is None or peer.state is PeerState.CLOSED:
             return []
         out: list[Action] = []
+        if self.realms.to_vouch:  # a member accepted: its links hear before it does
+            out += self._vouch(self.realms.drain_vouches(), now_ms)
         if outcome.code is not None:
             out.append(
                 self._error(peer, stream, call.call_id, outcome.code, outcome.detail, now_ms)
@@ -476,7 +492,9 @@ class RouterCore:
             for key in self.adverts.keys_for(conn):
                 if key[0] == realm:
                     self.adverts.remove(key, now_ms + self.policy.advertise_tombstone_ms)
-                    out += self.gossip.local_removed(key, now_ms)
+                    removed = self.gossip.local_removed(key, now_ms)
+                    out += self._members_only(realm, removed, now_ms)
+            self.stats["realm_link_adverts_ended"] += forget_link_adverts(self.gossip, conn, realm)
         return out
 
     def shutdown(self, now_ms: int) -> list[Action]:
@@ -535,13 +553,15 @@ class RouterCore:
         peer.capabilities = connect.capabilities
         peer.state = PeerState.CONNECTED
         self.stats["handshakes"] += 1
-        if peer.is_station:
-            self.realms.declare_station(peer.conn, connect.realms)
+        if peer.is_station:  # what it may carry: its station endorsements (relay.realms)
+            self.realms.present_station(peer.conn, peer.node_id, connect.endorsements, now_ms)
             peer.dht_port = dht_port_of(connect.addresses)
-            hello = self.frames.hello(True, None, now_ms, dht_port=self.dht_port)
+            hello = self.frames.hello(True, None, now_ms, dht_port=self.dht_port, to_station=True)
             out.append(Send(peer.conn, stream, hello))
             self.linking.link_up(peer, now_ms, out)
             return
+        if self.realms.to_vouch:  # its CONNECT endorsements: the links hear first
+            out += self._vouch(self.realms.drain_vouches(), now_ms)
         out.append(Send(peer.conn, stream, self.frames.hello(True, None, now_ms)))
         older = self.node_conn.get(peer.node_id)
         self.node_conn[peer.node_id] = peer.conn
@@ -558,9 +578,13 @@ class RouterCore:
 
     def _station_linked(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
         """The one place that runs when a link comes up, on either side: the peer station
-        learns this station's clients' interest and adverts."""
-        out += self.interest.station_linked(peer, now_ms)
-        out += self._gossip_linked(peer, now_ms)
+        learns this station's clients' interest and adverts, and (in the protected realms it
+        may carry) this station's members (relay.realm_links)."""
+        carries = linked_realms(self.realms, peer, now_ms)  # protected realms: endorsed only
+        out += self.interest.station_linked(peer, now_ms, carries)
+        out += self.gossip.station_linked(peer, now_ms, carries)
+        ours = [e for realm in self.realms.tags for e in self.realms.local_members(realm)]
+        out += self._vouch(ours, now_ms, [peer])
 
     def _replace(self, older: Peer, now_ms: int) -> list[Action]:
         """Same identity, newer handshake: the older connection is told and closed (§5.4)."""
@@ -586,6 +610,11 @@ class RouterCore:
         if isinstance(frame, Call):
             self._call(peer, peer.control or 0, frame, now_ms, out, builtins_only=False, body=body)
         elif isinstance(frame, (Result, Error)):
+            if isinstance(frame, Result) and self.realm_calls.refused(
+                self.realms, peer, frame, now_ms
+            ):  # a protected realm's CALL answered over a link by a non-member
+                self._drop(peer, "realm_result_unvouched", "answered by a non-member")
+                return
             out += self.calls.reply(peer, frame, body)
         elif isinstance(frame, DECLARATIONS):
             if self._realm_refused(peer, frame, now_ms):
@@ -598,6 +627,12 @@ class RouterCore:
         elif isinstance(frame, Event):
             if peer.is_station and peer.linked:
                 if self._realm_refused(peer, frame, now_ms):
+                    return
+                if unsigned_in_protected_realm(self.realms, frame):
+                    self._drop(peer, "realm_event_unsigned", "protected realm EVENT without sig")
+                    return
+                if unvouched(self.realms, peer, frame.realm, frame.publisher, now_ms):
+                    self._drop(peer, "realm_publisher_unvouched", "publisher not vouched for")
                     return
                 relayed = self.interest.relayed_event(peer, frame, now_ms)
                 out += self._members_only(frame.realm, relayed, now_ms)
@@ -647,6 +682,12 @@ class RouterCore:
             code, detail = refusal
             out.append(self._error(peer, stream, call.call_id, code, detail.encode(), now_ms))
             return
+        if call.procedure == VOUCH_PROCEDURE and peer.is_station and peer.linked:
+            payload = call.payload if isinstance(call.payload, dict) else {}
+            answer = self.realms.take_vouches(peer.conn, payload.get("endorsements"), now_ms)
+            self.stats["realm_members_vouched"] += answer["kept"]
+            out.append(Send(peer.conn, stream, self.frames.result(call.call_id, answer, now_ms)))
+            return
         if call.procedure in BUILTINS:
             self.stats["builtin_calls"] += 1
             if stream in peer.content_streams:
@@ -662,10 +703,11 @@ class RouterCore:
             self.builtins_running[peer.conn] += 1
             out.append(RunBuiltin(peer.conn, stream, call))  # a house service: same path
             return
-        if builtins_only:
+        if builtins_only or not provider_allowed(self.gossip, self.realms, peer, call, now_ms):
             out += self.calls.no_route(peer, stream, call, now_ms)
         else:
             out += self.calls.forward(peer, stream, call, now_ms, body)
+            self.realm_calls.forwarded(self.gossip, self.realms, peer, call, now_ms)
 
     def _call_refusal(self, peer: Peer, call: Call, now_ms: int) -> tuple[int, str] | None:
         quotas = self.policy.quotas
@@ -692,6 +734,10 @@ class RouterCore:
         ):
             self.stats["realm_calls_refused"] += 1
             return ErrorCode.TARGET_REALM_REFUSED, "not a member of this protected realm"
+        relayed = peer.is_station and call.procedure not in BUILTINS
+        if relayed and unvouched(self.realms, peer, call.realm, call.caller, now_ms):
+            self.stats["realm_calls_refused"] += 1
+            return ErrorCode.TARGET_REALM_REFUSED, "caller not vouched for on this link"
         return None
 
     # --- federation: this station's own CALLs and its adverts on a new link ------------------
@@ -730,6 +776,21 @@ class RouterCore:
         )
         return call_id, self.calls.originate(link, call, now_ms)
 
+    def _vouch(
+        self, endorsements: list[Endorsement], now_ms: int, links: list[Peer] | None = None
+    ) -> list[Action]:
+        """Tell ``links`` (default: every link) these members' endorsements (relay.realm_links)."""
+        if not endorsements:
+            return []
+        if links is None:
+            links = [p for p in self.peers.values() if p.is_station and p.linked]
+
+        def call(node_id: bytes, payload: dict[str, Any]) -> list[Action]:
+            deadline = now_ms + VOUCH_DEADLINE_MS
+            return self.call_station(node_id, VOUCH_PROCEDURE, payload, deadline, now_ms)[1]
+
+        return vouch_actions(self.realms, links, endorsements, now_ms, call)
+
     def linked_stations(self) -> list[bytes]:
         """The node ids of the stations linked now (CONNECTED station peers)."""
         return [
@@ -737,10 +798,6 @@ class RouterCore:
             for p in self.peers.values()
             if p.is_station and p.state is PeerState.CONNECTED
         ]
-
-    def _gossip_linked(self, peer: Peer, now_ms: int) -> list[Action]:
-        """A station peer's link came up: it is told the procedures our clients serve."""
-        return self.gossip.station_linked(peer, now_ms)
 
     # --- dedicated streams (§6.3, §8) ---------------------------------------------------------
 
@@ -766,8 +823,12 @@ class RouterCore:
             kind = frame_map.get("frame_type")
             if kind == "stream_open":
                 opened = self._accept(peer, stream, frame_map, now_ms, out)
-                if isinstance(opened, StreamOpen) and not self.realms.allows(
-                    peer.conn, peer.is_station, opened.realm, now_ms
+                if isinstance(opened, StreamOpen) and (
+                    not self.realms.allows(peer.conn, peer.is_station, opened.realm, now_ms)
+                    or (
+                        peer.is_station
+                        and unvouched(self.realms, peer, opened.realm, opened.caller, now_ms)
+                    )
                 ):  # stream RPC in a protected realm: members only, as CALL
                     self._drop(peer, "realm_refused", "stream_open in a protected realm")
                     msg = b"not a member of this protected realm"

@@ -202,9 +202,12 @@ class InterestRouter:
         self._subscriptions.purge(peer.node_id)
         return [] if peer.is_station else self.federation.clients_gone(keys, now_ms)
 
-    def station_linked(self, peer: Peer, now_ms: int) -> list[Action]:
-        """A link came up: the peer station learns every key this station's clients hold."""
-        return self.federation.replay(peer, now_ms)
+    def station_linked(
+        self, peer: Peer, now_ms: int, realm_ok: Callable[[bytes], bool] | None = None
+    ) -> list[Action]:
+        """A link came up: the peer station learns every key this station's clients hold
+        (only in the realms ``realm_ok`` lets this link carry: protected realms, issue 26)."""
+        return self.federation.replay(peer, now_ms, realm_ok)
 
     def relayed_event(self, peer: Peer, frame: Event, now_ms: int) -> list[Action]:
         """An EVENT from a linked station: to local client subscribers, once."""

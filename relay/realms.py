@@ -16,8 +16,20 @@ Invariants:
   id; a membership ends when its connection goes, its ``valid_until`` passes, or a revocation
   for it is learned (checked on every ``allows``, so delivery stops at once; ``sweep`` also
   drops it, at least every ``sweep_ms``). A station peer is never a member: it ``allows`` a
-  protected realm only if it declared that realm as one it protects (CONNECT/HELLO
-  ``realms``). Unprotected realms are always allowed.
+  protected realm only while it holds a *station endorsement* of that realm (role ``station``,
+  signed by this station's authority for the realm, for the peer's own node id; issue 26),
+  presented in its CONNECT ``endorsements`` or its HELLO's ``endorsements`` key, checked here,
+  ended like a membership (valid_until, revocation, sweep). What a station says about itself
+  (CONNECT/HELLO ``realms``) grants nothing: the same name under another authority key is
+  another realm, and any connection may set the station bit. Unprotected realms are always
+  allowed.
+- A linked station vouches for its members (issue 26): it hands over their endorsements
+  (``take_vouches``), which this station checks itself (signed by the realm's authority, for
+  that member, unrevoked) and keeps per link, at most ``max_vouched`` a link, only for realms
+  the link may carry. ``vouched_for`` is True only for such a checked endorsement, still valid:
+  a frame a link relays in a protected realm counts only if its publisher or caller is one.
+  Memberships accepted here wait in ``to_vouch`` until the core tells its links
+  (``drain_vouches``; the queue holds at most ``max_vouched``).
 - Revocations are kept newest per endorsement key, at most ``max_revocations`` (the oldest
   to expire goes first), and forgotten once their record expires.
 """
@@ -39,6 +51,8 @@ from macula.wire.records import Record, RecordType, is_newer
 DEFAULT_SWEEP_MS: Final = 60_000
 DEFAULT_MAX_PRESENTED: Final = 16
 DEFAULT_MAX_REVOCATIONS: Final = 100_000
+DEFAULT_MAX_VOUCHED: Final = 10_000  # members a link may vouch for
+VOUCH_BATCH: Final = 64  # endorsements one vouch may carry
 
 # The reasons a station reports (``_realm.present``), and the record rules' reasons they map.
 STATION_REASONS: Final = (
@@ -51,6 +65,8 @@ STATION_REASONS: Final = (
     "other_node",
     "expired",
     "revoked",
+    "not_a_station",  # a station presented an endorsement whose role is not ``station``
+    "too_many",  # a vouch over ``VOUCH_BATCH`` endorsements, or a link over ``max_vouched``
 )
 _REASON_OF: Final = {
     "malformed": "bad_payload",
@@ -136,8 +152,10 @@ def check_endorsement(
     realms: Mapping[bytes, ProtectedRealm],
     revocations: Mapping[bytes, Revocation],
     now_ms: int,
+    station: bool = False,
 ) -> Endorsement:
-    """The endorsement ``raw`` (RPC form) grants ``node_id``, or ``EndorsementRefused``."""
+    """The endorsement ``raw`` (RPC form) grants ``node_id``, or ``EndorsementRefused``; with
+    ``station``, a station endorsement (``records.check_station_endorsement``)."""
     try:
         record = Record.from_rpc(raw)
     except RecordInvalid as exc:
@@ -153,13 +171,22 @@ def check_endorsement(
     if protected is None:
         raise EndorsementRefused("realm_not_protected", "this station does not protect that realm")
     try:
-        endorsement = rules.check_endorsement(
-            record,
-            realm=protected.tag,
-            authority=protected.authority,
-            member=node_id,
-            now_ms=now_ms,
-        )
+        if station:
+            endorsement = rules.check_station_endorsement(
+                record,
+                realm=protected.tag,
+                authority=protected.authority,
+                station=node_id,
+                now_ms=now_ms,
+            )
+        else:
+            endorsement = rules.check_endorsement(
+                record,
+                realm=protected.tag,
+                authority=protected.authority,
+                member=node_id,
+                now_ms=now_ms,
+            )
     except RealmRecordError as exc:
         raise EndorsementRefused(_REASON_OF.get(exc.reason, exc.reason), exc.detail) from None
     revocation = revocations.get(endorsement.storage_key)
@@ -190,8 +217,11 @@ class RealmGate:
     sweep_ms: int = DEFAULT_SWEEP_MS
     max_presented: int = DEFAULT_MAX_PRESENTED
     max_revocations: int = DEFAULT_MAX_REVOCATIONS
+    max_vouched: int = DEFAULT_MAX_VOUCHED
     members: dict[int, dict[bytes, Endorsement]] = field(default_factory=dict)
-    station_realms: dict[int, frozenset[bytes]] = field(default_factory=dict)
+    stations: dict[int, dict[bytes, Endorsement]] = field(default_factory=dict)  # endorsed links
+    vouched: dict[int, dict[tuple[bytes, bytes], Endorsement]] = field(default_factory=dict)
+    to_vouch: list[Endorsement] = field(default_factory=list)  # local, not yet told to links
     revocations: dict[bytes, Revocation] = field(default_factory=dict)
     last_sweep_ms: int = 0
     swept: int = 0  # memberships ended by sweeps, all told
@@ -214,23 +244,34 @@ class RealmGate:
         if realm not in self.realms:
             return True
         if is_station:
-            return realm in self.station_realms.get(conn, frozenset())
+            grant = self.stations.get(conn, {}).get(realm)
+            return grant is not None and self._valid(grant, now_ms, live_record=False)
         endorsement = self.members.get(conn, {}).get(realm)
         return endorsement is not None and self._valid(endorsement, now_ms)
 
-    def _valid(self, endorsement: Endorsement, now_ms: int) -> bool:
-        if endorsement.valid_until <= now_ms or endorsement.record.is_expired(now_ms):
+    def _valid(self, endorsement: Endorsement, now_ms: int, *, live_record: bool = True) -> bool:
+        if endorsement.valid_until <= now_ms:
+            return False
+        if live_record and endorsement.record.is_expired(now_ms):
             return False
         revocation = self.revocations.get(endorsement.storage_key)
         return revocation is None or not revocation.revokes(endorsement)
 
     def present(
-        self, conn: int, node_id: bytes, endorsements: list[object], now_ms: int
+        self,
+        conn: int,
+        node_id: bytes,
+        endorsements: list[object],
+        now_ms: int,
+        *,
+        station: bool = False,
     ) -> dict[str, Any]:
         """Check each endorsement for ``conn`` (of ``node_id``); the accepted ones make it a
-        member. The answer lists accepted realms and, per refused one, a reason."""
+        member (with ``station``: a station endorsed for the realm). The answer lists accepted
+        realms and, per refused one, a reason."""
         accepted: list[dict[str, Any]] = []
         refused: list[dict[str, Any]] = []
+        held = self.stations if station else self.members
         for index, raw in enumerate(endorsements):
             try:
                 endorsement = check_endorsement(
@@ -239,6 +280,7 @@ class RealmGate:
                     realms=self.realms,
                     revocations=self.revocations,
                     now_ms=now_ms,
+                    station=station,
                 )
             except EndorsementRefused as exc:
                 refusal: dict[str, Any] = {"index": index, "reason": exc.reason}
@@ -248,7 +290,9 @@ class RealmGate:
                     refusal["realm"] = realm
                 refused.append(refusal)
                 continue
-            self.members.setdefault(conn, {})[endorsement.realm] = endorsement
+            held.setdefault(conn, {})[endorsement.realm] = endorsement
+            if not station and len(self.to_vouch) < self.max_vouched:
+                self.to_vouch.append(endorsement)
             accepted.append(
                 {
                     "realm": endorsement.realm,
@@ -266,14 +310,79 @@ class RealmGate:
             self.present(conn, connect.node_id, connect.endorsements[: self.max_presented], now_ms)
         return len(self.members.get(conn, {}))
 
-    def declare_station(self, conn: int, realms: object) -> None:
-        """A station peer said (CONNECT/HELLO ``realms``) which realms it protects."""
-        if isinstance(realms, list):
-            self.station_realms[conn] = frozenset(r for r in realms if _id32(r))
+    def present_station(
+        self, conn: int, node_id: bytes, endorsements: object, now_ms: int
+    ) -> dict[str, Any]:
+        """A station peer's station endorsements (its CONNECT ``endorsements`` or HELLO
+        ``endorsements``; at most ``max_presented``, anything not a list is none): the
+        accepted ones let link ``conn`` carry their realms. Replaces what it held before."""
+        self.stations.pop(conn, None)
+        if not self.realms or not isinstance(endorsements, list):
+            return {"accepted": [], "refused": []}
+        raw = endorsements[: self.max_presented]
+        return self.present(conn, node_id, raw, now_ms, station=True)
+
+    def endorsed_realms(self, conn: int, now_ms: int) -> frozenset[bytes]:
+        """The protected realms link ``conn`` may carry now."""
+        held = self.stations.get(conn, {})
+        return frozenset(r for r, e in held.items() if self._valid(e, now_ms, live_record=False))
 
     def forget(self, conn: int) -> None:
         self.members.pop(conn, None)
-        self.station_realms.pop(conn, None)
+        self.stations.pop(conn, None)
+        self.vouched.pop(conn, None)
+
+    # --- members vouched for by a linked station ---------------------------------------
+
+    def take_vouches(self, conn: int, endorsements: object, now_ms: int) -> dict[str, Any]:
+        """Link ``conn`` vouches for these members (their endorsements, RPC form): each is
+        checked here and kept if the link may carry its realm. How many were kept, and per
+        refused one its index and reason."""
+        if not isinstance(endorsements, list):
+            endorsements = []
+        carries = self.endorsed_realms(conn, now_ms)
+        held = self.vouched.setdefault(conn, {})
+        kept = 0
+        refused: list[dict[str, Any]] = []
+        for index, raw in enumerate(endorsements):
+            member = _member_of(raw)
+            try:
+                if index >= VOUCH_BATCH:
+                    raise EndorsementRefused("too_many", f"at most {VOUCH_BATCH} a vouch")
+                if member is None:
+                    raise EndorsementRefused("bad_payload", "no member_node bytes(32)")
+                endorsement = check_endorsement(
+                    raw,
+                    node_id=member,
+                    realms=self.realms,
+                    revocations=self.revocations,
+                    now_ms=now_ms,
+                )
+                if endorsement.realm not in carries:
+                    raise EndorsementRefused("realm_not_protected", "this link may not carry it")
+                key = (endorsement.realm, member)
+                if key not in held and len(held) >= self.max_vouched:
+                    raise EndorsementRefused("too_many", f"over {self.max_vouched} a link")
+            except EndorsementRefused as exc:
+                refused.append({"index": index, "reason": exc.reason})
+                continue
+            held[key] = endorsement
+            kept += 1
+        return {"kept": kept, "refused": refused}
+
+    def vouched_for(self, conn: int, realm: bytes, member: bytes, now_ms: int) -> bool:
+        """Did link ``conn`` vouch for ``member`` in ``realm`` with a still valid endorsement?"""
+        endorsement = self.vouched.get(conn, {}).get((realm, member))
+        return endorsement is not None and self._valid(endorsement, now_ms, live_record=False)
+
+    def drain_vouches(self) -> list[Endorsement]:
+        """The memberships accepted here since the last drain (for the links)."""
+        fresh, self.to_vouch = self.to_vouch, []
+        return fresh
+
+    def local_members(self, realm: bytes) -> list[Endorsement]:
+        """The endorsements of this station's own members in ``realm``."""
+        return [held[realm] for held in self.members.values() if realm in held]
 
     # --- revocations ------------------------------------------------------------------
 
@@ -295,25 +404,41 @@ class RealmGate:
     def lookup_keys(self) -> set[bytes]:
         """Storage keys where a revocation of a current member may be stored: each
         endorsement's key (a revocation is a newer 0x05 under it)."""
-        return {e.storage_key for held in self.members.values() for e in held.values()}
+        held = [*self.members.values(), *self.stations.values()]
+        return {e.storage_key for grants in held for e in grants.values()}
 
     def sweep_due(self, now_ms: int) -> bool:
         return bool(self.realms) and now_ms - self.last_sweep_ms >= self.sweep_ms
 
     def sweep(self, now_ms: int) -> list[tuple[int, bytes]]:
-        """End the memberships that expired or were revoked; (conn, realm) of each."""
+        """End the memberships and station endorsements that expired or were revoked;
+        (conn, realm) of each."""
         self.last_sweep_ms = now_ms
         ended: list[tuple[int, bytes]] = []
-        for conn, held in self.members.items():
-            for realm, endorsement in list(held.items()):
-                if not self._valid(endorsement, now_ms):
-                    del held[realm]
-                    ended.append((conn, realm))
+        for table, live in ((self.members, True), (self.stations, False)):
+            for conn, held in table.items():
+                for realm, endorsement in list(held.items()):
+                    if not self._valid(endorsement, now_ms, live_record=live):
+                        del held[realm]
+                        ended.append((conn, realm))
+        for vouched in self.vouched.values():
+            for pair, endorsement in list(vouched.items()):
+                if not self._valid(endorsement, now_ms, live_record=False):
+                    del vouched[pair]
         for key, revocation in list(self.revocations.items()):
             if revocation.expires_at <= now_ms:
                 del self.revocations[key]
         self.swept += len(ended)
         return ended
+
+
+def _member_of(raw: object) -> bytes | None:
+    if isinstance(raw, Mapping):
+        payload = raw.get("payload")
+        if isinstance(payload, Mapping) and _id32(payload.get("member_node")):
+            member: bytes = payload["member_node"]
+            return member
+    return None
 
 
 def _realm_of(raw: object) -> bytes | None:

@@ -52,7 +52,7 @@ from macula.transport import (
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.identity import Identity
-from macula.wire.records import RecordType, new_record, record_version
+from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.actions import (
     Action,
     Close,
@@ -78,6 +78,7 @@ from relay.logbook import clip
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
 from relay.realm_admission import AdmissionMode, Allowlist, ConnectRule
+from relay.realm_links import own_station_endorsements
 from relay.realms import ProtectedRealm, RealmGate
 from relay.store import ContentStore, RecordStore, StoreLimits
 from relay.tls import ensure_certificate
@@ -114,6 +115,8 @@ class StationConfig:
     known_peers_max: int = 256
     # --- protected realms and admission (relay.realms, relay.realm_admission; issue 13) ---
     realms: list[ProtectedRealm] = field(default_factory=list)  # ``--realm NAME=KEY``
+    # this station's station endorsements (``--realm-endorsement FILE``), shown on its links
+    station_endorsements: list[Record] = field(default_factory=list)
     admission: AdmissionMode = AdmissionMode.OPEN
     allowlist: Path | None = None  # node ids, one a line; re-read when it changes
 
@@ -235,6 +238,9 @@ class Station:
             services=HouseServices.keys_for(config.house),
             realms=realms,
             connect_rule=connect_rule,
+        )
+        self._core.frames.endorsements = own_station_endorsements(  # ValueError: not started
+            config.station_endorsements, self.identity.node_id, realms.realms, now_ms()
         )
         quic = QuicConfiguration(
             is_client=False,

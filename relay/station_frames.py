@@ -82,6 +82,8 @@ class StationFrames:
         self.identity = identity
         self._random = random_bytes
         self.realms: list[bytes] = []  # the realms this station protects, told in CONNECT/HELLO
+        # its station endorsements (RPC forms), presented on each link (relay.realm_links)
+        self.endorsements: list[dict[str, Any]] = []
 
     def stamp(self, now_ms: int) -> dict[str, Any]:
         return {"frame_id": new_frame_id(now_ms, self._random(10)), "sent_at_ms": now_ms}
@@ -108,11 +110,18 @@ class StationFrames:
             puzzle_evidence=self.identity.puzzle_evidence,
             realms=self.realms,
             addresses=dht_addresses(dht_port),
+            endorsements=self.endorsements,
         )
         return self.sign(connect)
 
     def hello(
-        self, accepted: bool, refusal: int | None, now_ms: int, *, dht_port: int = 0
+        self,
+        accepted: bool,
+        refusal: int | None,
+        now_ms: int,
+        *,
+        dht_port: int = 0,
+        to_station: bool = False,
     ) -> bytes:
         hello = Hello(
             **self.stamp(now_ms),
@@ -124,6 +133,12 @@ class StationFrames:
             refusal_code=refusal,
             realms=self.realms,
             addresses=dht_addresses(dht_port),
+            # a key HELLO does not define (kept and signed like any extra, §2.5)
+            extras=(
+                {"endorsements": self.endorsements}
+                if to_station and accepted and self.endorsements
+                else {}
+            ),
         )
         return self.sign(hello)
 

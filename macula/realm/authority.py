@@ -32,6 +32,7 @@ from macula.realm.codes import GuessLimiter, new_code, normalize
 from macula.realm.records import (
     DEFAULT_ROLE,
     DEFAULT_VALID_MS,
+    STATION_ROLE,
     RealmRecordError,
     build_directory,
     build_endorsement,
@@ -334,6 +335,12 @@ class Realm:
                 ),
             )
         return record
+
+    def endorse_station(self, station: bytes, valid_until: int, now_ms: int) -> Record:
+        """A station endorsement (role ``station``) of ``station``: it may carry this realm's
+        traffic over its links. Kept like a member (``revoke`` ends it, ``serve`` publishes
+        and refreshes it)."""
+        return self._endorse(station, STATION_ROLE, valid_until, now_ms)
 
     def revoke(self, node: bytes, now_ms: int) -> Record:
         member = self.member(node)

@@ -4,7 +4,8 @@
     macula-realm serve --station ID@HOST:PORT   # the join service; publishes the realm's records
     macula-realm pending                  # join requests waiting for a decision
     macula-realm approve CODE | deny CODE # CODE as shown (ABCD-EFGH) or the whole link
-    macula-realm revoke NODE_ID
+    macula-realm endorse-station STATION_ID --out FILE   # a station may carry the realm
+    macula-realm revoke NODE_ID           # a member, or a station endorsed with endorse-station
     macula-realm members
 
 ``--realm NAME`` picks the realm when this home owns several. ``--json`` prints one JSON object.
@@ -19,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -43,6 +45,7 @@ from macula.realm.codes import DEFAULT_MAX_WRONG, DEFAULT_WINDOW_MS, GuessLimite
 from macula.realm.records import DEFAULT_ROLE, DEFAULT_VALID_MS, join_procedure
 from macula.realm.service import DEFAULT_PUBLISH_EVERY_S, JoinService
 from macula.stations import parse_station
+from macula.wire import cbor
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RATE_LIMITED, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
@@ -74,6 +77,14 @@ def _parser() -> argparse.ArgumentParser:
     approve = sub.choices["approve"]
     approve.add_argument("--role", default=DEFAULT_ROLE)
     approve.add_argument("--valid-days", type=float, default=DEFAULT_VALID_MS / 86_400_000)
+    station = sub.add_parser(
+        "endorse-station", help="let a station carry this realm over its links (issue 26)"
+    )
+    station.add_argument("station_id", help="the station's node id, 64 hex")
+    station.add_argument("--valid-days", type=float, default=DEFAULT_VALID_MS / 86_400_000)
+    station.add_argument(
+        "--out", type=Path, help="write the record here for macula-relay --realm-endorsement"
+    )
     revoke = sub.add_parser("revoke", help="revoke a member (a signed revocation record)")
     revoke.add_argument("node_id", help="64 hex")
     sub.add_parser("members", help="members, with role and validity")
@@ -163,13 +174,10 @@ def _run(args: argparse.Namespace, out: _Out) -> int:
             {"realm": realm.name, "node": session.node.hex(), "status": session.status},
             f"{session.status}: {session.node.hex()} in realm {realm.name}",
         )
+    if args.command == "endorse-station":
+        return _endorse_station(realm, args, out, now)
     if args.command == "revoke":
-        try:
-            node = bytes.fromhex(args.node_id)
-        except ValueError:
-            node = b""
-        if len(node) != 32:
-            raise RealmError("bad_node_id", "NODE_ID is 64 hex characters")
+        node = _node_id(args.node_id)
         realm.revoke(node, now)
         return out.done(
             {"realm": realm.name, "node": node.hex(), "status": "revoked"},
@@ -193,6 +201,51 @@ def _run(args: argparse.Namespace, out: _Out) -> int:
         ]
         return out.done({"realm": realm.name, "members": members}, "\n".join(lines) or "no members")
     return _serve(realm, args, out)
+
+
+def _node_id(text: str) -> bytes:
+    try:
+        node = bytes.fromhex(text)
+    except ValueError:
+        node = b""
+    if len(node) != 32:
+        raise RealmError("bad_node_id", "NODE_ID is 64 hex characters")
+    return node
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` (0600), whole: a temporary file renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def _endorse_station(realm: Realm, args: argparse.Namespace, out: _Out, now: int) -> int:
+    station = _node_id(args.station_id)
+    valid_until = now + int(args.valid_days * 86_400_000)
+    record = realm.endorse_station(station, valid_until, now)
+    result: dict[str, Any] = {
+        "realm": realm.name,
+        "station": station.hex(),
+        "role": "station",
+        "valid_until": valid_until,
+    }
+    text = f"endorsed station {station.hex()} for realm {realm.name} until {_when(valid_until)}"
+    if args.out is not None:
+        _write_private(args.out, cbor.encode(record.to_rpc()))
+        result["file"] = str(args.out)
+        text += f"\nwrote {args.out}; run the station with: macula-relay "
+        text += f"--realm {realm.name}={realm.authority.node_id.hex()} --realm-endorsement FILE"
+    return out.done(result, text + "\n(published to the DHT by serve; revoke with revoke ID)")
 
 
 def _serve(realm: Realm, args: argparse.Namespace, out: _Out) -> int:

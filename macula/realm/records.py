@@ -15,6 +15,11 @@ Invariants:
 - The record's ``expires_at`` is its DHT lifetime (at most 48 h, republished by the authority);
   ``valid_until`` is the membership's. ``check_endorsement`` checks both unless told the record
   may be an old stored copy (``live_record=False``).
+- A station endorsement (issue 26) is an endorsement whose ``member_node`` is a station's node
+  id and whose role is ``station``: the authority lets that station carry the realm's traffic
+  over its links. ``check_station_endorsement`` accepts only that role, and does not require the
+  record's DHT lifetime (the station presents the copy it was given; ``valid_until`` and
+  revocations bound it).
 - ``check_*`` trust nothing the record says about itself: the signer must be the *expected*
   authority, the member the *expected* node, the realm the expected tag. Each failure is one
   ``RealmRecordError`` whose ``reason`` is one of ``REASONS``; nothing else is raised.
@@ -35,6 +40,7 @@ from macula.wire.records import Record, RecordType, is_newer, new_record, record
 
 REVOKED_ROLE: Final = "revoked"
 DEFAULT_ROLE: Final = "member"
+STATION_ROLE: Final = "station"  # a station endorsement: that station may carry the realm
 DEFAULT_VALID_MS: Final = 30 * 24 * 3600 * 1000  # §10.7: valid_until defaults to 30 days
 RECORD_TTL_MS: Final = 48 * 3600 * 1000  # the DHT lifetime; the authority republishes
 POLICY_APPROVAL: Final = "approval"  # a person approves each join
@@ -50,6 +56,7 @@ REASONS: Final = (
     "wrong_member",  # for another node
     "expired",  # valid_until (or the record's own expires_at) has passed
     "revoked",  # a revocation, or superseded by one
+    "not_a_station",  # a valid endorsement, but not with the role ``station``
 )
 
 
@@ -277,6 +284,22 @@ def check_endorsement(
     if live_record and found.record.expires_at <= now_ms:
         raise RealmRecordError(
             "expired", "the record's DHT lifetime ended; the authority republishes a fresh one"
+        )
+    return found
+
+
+def check_station_endorsement(
+    raw: object, *, realm: bytes, authority: bytes, station: bytes, now_ms: int
+) -> Endorsement:
+    """The station endorsement of ``station`` for ``realm`` by ``authority``, valid at
+    ``now_ms`` (its ``valid_until``; the record's DHT lifetime is not required), or
+    ``RealmRecordError``: the reasons of ``check_endorsement``, then ``not_a_station``."""
+    found = check_endorsement(
+        raw, realm=realm, authority=authority, member=station, now_ms=now_ms, live_record=False
+    )
+    if found.role != STATION_ROLE:
+        raise RealmRecordError(
+            "not_a_station", f"role {found.role!r}: a station needs a {STATION_ROLE!r} endorsement"
         )
     return found
 

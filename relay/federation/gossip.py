@@ -16,6 +16,8 @@ stations gossip to it is kept here, apart from the clients' ``AdvertTable``, in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from macula.wire.frames import Advertise, Unadvertise
 from relay.actions import Action, Send
 from relay.adverts import AdvertTable, ProcedureKey
@@ -64,6 +66,9 @@ class StationAdverts:
     def held_by(self, conn: int, key: ProcedureKey) -> bool:
         return key in self._by_conn.get(conn, ())
 
+    def keys_of(self, conn: int) -> list[ProcedureKey]:
+        return sorted(self._by_conn.get(conn, ()))
+
     def count_for(self, conn: int) -> int:
         return len(self._by_conn.get(conn, ()))
 
@@ -106,9 +111,12 @@ class AdvertGossip:
         data = self._frames.sign(frame)
         return [Send(link.conn, link.control or 0, data) for link in self._links()]
 
-    def station_linked(self, peer: Peer, now_ms: int) -> list[Action]:
-        """A link came up: tell it every procedure a local client serves (one Send)."""
-        keys = self._local_keys()
+    def station_linked(
+        self, peer: Peer, now_ms: int, realm_ok: Callable[[bytes], bool] | None = None
+    ) -> list[Action]:
+        """A link came up: tell it every procedure a local client serves (one Send), in the
+        realms ``realm_ok`` allows."""
+        keys = [k for k in self._local_keys() if realm_ok is None or realm_ok(k[0])]
         if not keys or peer.control is None:
             return []
         data = b"".join(self._advertise(key, now_ms) for key in keys)

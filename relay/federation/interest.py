@@ -101,13 +101,18 @@ class StationInterest:
             out += self.client_unsubscribed(key, now_ms)
         return out
 
-    def replay(self, peer: Peer, now_ms: int) -> list[Action]:
-        """Every key local clients hold, as SUBSCRIBEs to a link that just came up."""
+    def replay(
+        self, peer: Peer, now_ms: int, realm_ok: Callable[[bytes], bool] | None = None
+    ) -> list[Action]:
+        """Every key local clients hold (in the realms ``realm_ok`` allows), as SUBSCRIBEs to
+        a link that just came up."""
         if peer.control is None:
             return []
         out: list[Action] = []
         batch: list[bytes] = []
         for realm, topic in self.local:
+            if realm_ok is not None and not realm_ok(realm):
+                continue
             batch.append(self._frames.subscribe(realm, topic.decode(), now_ms))
             if len(batch) >= BATCH:
                 out.append(Send(peer.conn, peer.control, b"".join(batch)))

@@ -1,8 +1,9 @@
-"""A protected realm across linked stations (issue 13): its events cross a link only to a
-station that protects the same realm (told in its CONNECT/HELLO ``realms``; it enforces on its
-side). Station B (dials A) protects the realm, station C (dials A) does not: a member on B
-gets what a member on A publishes and the other way round; C's SUBSCRIBE in the realm is
-refused by A, and nothing of the realm reaches C's client."""
+"""A protected realm across linked stations (issues 13, 26): its events cross a link only to a
+station the realm's authority endorsed for it (a station endorsement presented in its
+CONNECT/HELLO; what it says it protects grants nothing). Station B (dials A) protects the
+realm and is endorsed, station C (dials A) does not and is not: a member on B gets what a
+member on A publishes and the other way round; C's SUBSCRIBE in the realm is refused by A,
+and nothing of the realm reaches C's client."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from pathlib import Path
 
 import pytest
 from meshkit import linked, station_config, target
-from rawclient import raw_client
+from rawclient import now_ms, raw_client
 from realmkit import PRIVATE, REALM_NAME, endorse, is_event, present, publish, subscribe
 from waiting import eventually
 
+from macula.keyfile import load_or_create_identity
 from macula.wire.identity import Identity
 from relay.federation.links import LinkTarget
 from relay.realms import ProtectedRealm
@@ -39,6 +41,8 @@ def make(tmp: Path, peers: list[LinkTarget], *, protects: bool) -> StationConfig
     )
     if protects:
         config.realms = [ProtectedRealm(REALM_NAME, PRIVATE, AUTHORITY.node_id)]
+        node_id = load_or_create_identity(tmp / "station.key").node_id
+        config.station_endorsements = [endorse(AUTHORITY, node_id, role="station")]
     return config
 
 
@@ -85,10 +89,10 @@ async def test_protected_events_cross_only_to_stations_protecting_the_realm(
         await on_a.expect(is_event(NEWS, "from b"))
         await on_c.quiet(is_event(NEWS))
         assert c.core.stats["relayed_events_received"] == 0
-        # each station knows what the other protects
+        # each station knows which links may carry the realm: the endorsed ones
         b_conn = a.core.node_conn[b.node_id]
         c_conn = a.core.node_conn[c.node_id]
-        assert a.core.realms.station_realms[b_conn] == {PRIVATE}
-        assert a.core.realms.station_realms[c_conn] == frozenset()
+        assert a.core.realms.endorsed_realms(b_conn, now_ms()) == {PRIVATE}
+        assert a.core.realms.endorsed_realms(c_conn, now_ms()) == frozenset()
         a_conn = b.core.node_conn[a.node_id]
-        assert b.core.realms.station_realms[a_conn] == {PRIVATE}
+        assert b.core.realms.endorsed_realms(a_conn, now_ms()) == {PRIVATE}

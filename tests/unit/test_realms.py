@@ -36,6 +36,7 @@ from relay.realms import (
 NOW = 1_800_000_000_000
 AUTHORITY = Identity.generate(os.urandom)
 MEMBER = Identity.generate(os.urandom)
+STATION = Identity.generate(os.urandom)
 NAME = "org.example.team"
 REALM = realm_tag(NAME)
 PROTECTED = ProtectedRealm("org.example.team", REALM, AUTHORITY.node_id)
@@ -164,8 +165,10 @@ def test_the_gate_under_a_driven_clock() -> None:
     assert gate.allows(1, False, REALM, NOW)
     assert not gate.allows(2, False, REALM, NOW)  # another connection of the same node
     assert not gate.allows(1, True, REALM, NOW)  # a station peer is never a member
-    gate.declare_station(3, [REALM, b"short"])
+    station = endorsement(STATION.node_id, role="station")
+    assert gate.present_station(3, STATION.node_id, [station.to_rpc()], NOW)["refused"] == []
     assert gate.allows(3, True, REALM, NOW)
+    assert not gate.allows(4, True, REALM, NOW)  # another link
     # a revocation learned: refused at once, ended by the sweep
     assert gate.sweep_due(NOW)
     assert gate.sweep(NOW) == []
@@ -184,7 +187,7 @@ def test_the_gate_under_a_driven_clock() -> None:
     assert answer["refused"] == [], answer
     # valid_until passes: refused, and swept
     assert not gate.allows(1, False, REALM, NOW + 3_600_000)
-    assert gate.sweep(NOW + 3_600_000) == [(1, REALM)]
+    assert gate.sweep(NOW + 3_600_000) == [(1, REALM), (3, REALM)]  # the station's as well
     gate.forget(3)
     assert not gate.allows(3, True, REALM, NOW)
 
