@@ -18,7 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from macula.errors import MeshError
 from macula.wire import cbor
@@ -31,13 +31,14 @@ from macula.wire.identity import Identity
 MAX_CONTROL_FRAME = 1 << 20
 MAX_CONTROL_ITEMS = 8_192
 MAX_DEPTH = cbor.DEFAULT_MAX_DEPTH
+MAX_VALUE_DEPTH = MAX_DEPTH - 1  # a payload is a value inside the frame's map
 
 SHARE_BY_CONTENT = "share large data with put_content (mesh_put) and send its content id"
 _FIXES = {
     "payload_too_large": SHARE_BY_CONTENT,
     "too_many_items": f"send fewer values (at most {MAX_CONTROL_ITEMS} in one frame), or "
     + SHARE_BY_CONTENT,
-    "too_deep": f"flatten the value: at most {MAX_DEPTH - 2} levels of nested lists/maps",
+    "too_deep": f"flatten the value: at most {MAX_VALUE_DEPTH} levels of nested lists/maps",
     "int_out_of_range": "send integers in [-2^64, 2^64 - 1]; larger ones as text",
     "non_finite_float": "send NaN and infinities as text or null",
     "unencodable": "send only JSON values (text, numbers, lists, maps, null)",
@@ -56,6 +57,28 @@ def encoding_refusal(exc: LocalProtocolError) -> MeshError | None:
     if exc.reason not in _FIXES:
         return None
     return refusal(exc.reason, exc.detail)
+
+
+def value_depth(value: object, stop_after: int = MAX_VALUE_DEPTH) -> int:
+    """Levels of nested lists/maps in ``value`` (a scalar: 0, ``[0]``: 1), walked without
+    recursion; the walk stops as soon as the depth exceeds ``stop_after``."""
+    deepest = 0
+    pending: list[tuple[object, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > stop_after:
+                return deepest
+        pending.extend((child, depth) for child in children)
+    return deepest
 
 
 def encoded(sign_and_encode: Callable[[Identity], bytes], identity: Identity) -> bytes:
