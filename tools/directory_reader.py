@@ -194,6 +194,9 @@ def _subdirectory(
     if name.lower() in SECRET_DIRS:
         found.skip("secret_looking_folder", relative + "/")
         return
+    if found.root / relative in PSEUDO_ROOTS:  # exact: no link on the way was followed
+        found.skip("pseudo_filesystem", relative + "/")
+        return
     if name in excluded:
         found.skip("excluded_folder", relative + "/")
         return

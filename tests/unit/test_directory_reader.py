@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tools import directory_reader
 from tools.directory_reader import DirectoryRead, ReadLimits, read_directory, resolve_root
 from tools.results import InvalidArgument
 
@@ -157,3 +158,13 @@ def test_a_root_that_is_not_a_plain_directory_is_refused_saying_why(
     with pytest.raises(InvalidArgument, match="directory: ") as refused:
         resolve_root(directory.format(tree=tree))
     assert says in str(refused.value)
+
+
+def test_pseudo_filesystems_inside_the_tree_are_not_walked(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As /proc, /sys and /dev are skipped when the tree is /, without walking / here."""
+    monkeypatch.setattr(directory_reader, "PSEUDO_ROOTS", (tree / "docs",))
+    got = read(tree)
+    assert texts(got) == {"README.md": "# hello\n"}
+    assert got.samples["pseudo_filesystem"] == ["docs/"]
