@@ -64,3 +64,28 @@ async def test_a_frame_within_the_station_limits_still_goes_through(
         await node.publish(REALM, "org.example.big_v1", payload)
         await node.flush()
         assert node._live() is connection
+
+
+@pytest.mark.parametrize(
+    ("result", "name"),
+    [
+        (list(range(10_000)), "too_many_items"),
+        (nested(100), "too_deep"),
+        (nested(150), "too_deep"),
+        ({"n": 1 << 64}, "int_out_of_range"),
+    ],
+)
+async def test_a_served_result_too_much_for_a_frame_is_answered_with_an_error(
+    make_node: Callable[..., Node], result: Any, name: str
+) -> None:
+    """The caller hears why at once, rather than waiting for its timeout; the provider's
+    connection stays up."""
+    async with make_node() as provider, make_node() as caller:
+        await provider.advertise(REALM, "org.example.heavy_v1", lambda call: result)
+        await provider.flush()
+        connection = provider._live()
+        with pytest.raises(MeshError) as refused:
+            await caller.call(REALM, "org.example.heavy_v1", None, timeout=20)
+        assert refused.value.code == 0x0D and name in (refused.value.detail or ""), refused.value
+        await provider.flush()
+        assert provider._live() is connection
