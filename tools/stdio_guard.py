@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import sys
 from collections.abc import AsyncIterable, AsyncIterator
 from io import TextIOWrapper
 from typing import Any, cast
@@ -141,8 +142,12 @@ async def serve_guarded(app: MCPServer, lines: AsyncIterable[str], sink: Any) ->
 def _claimed_stdin() -> Any:
     """The process's stdin as UTF-8 lines; fd 0 points at the null device meanwhile (as the
     SDK's own stdio transport does, so children never read the protocol)."""
-    private = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
-    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        private = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+        null = os.open(os.devnull, os.O_RDONLY)
+    except OSError:  # no descriptor to spare (or none at 0): read it in place
+        yield anyio.wrap_file(TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
+        return
     os.dup2(null, 0)
     os.close(null)
     try:
