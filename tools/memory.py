@@ -113,7 +113,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "mesh_remember_directory",
             (
                 "Deposit every text file (default .md/.mdx/.txt) of a local directory "
-                "(an absolute path: no ~, no ..) into shared memory, document_id = "
+                "(its path without ~ or ..) into shared memory, document_id = "
                 "relative path, so re-runs update instead of duplicating. Only regular "
                 "files inside it: links, FIFOs, devices, binary, > 256 KiB and "
                 "secret-looking files (.env*, keys, *.pem, .ssh, .git, credentials...) are "
