@@ -29,6 +29,7 @@ import enum
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from macula.client_events import (
@@ -54,7 +55,8 @@ from macula.errors import (
 )
 from macula.intent import EventDedup, Intent, Key, Wanted
 from macula.publishing import signed_publish
-from macula.wire.codes import ErrorCode, code_name
+from macula.send_limits import MAX_CONTROL_FRAME, MAX_CONTROL_ITEMS, check_control_frame, encoded
+from macula.wire.codes import code_name
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
     Advertise,
@@ -82,9 +84,8 @@ from macula.wire.frames import (
 from macula.wire.identity import Identity
 
 RandomBytes = Callable[[int], bytes]
-# what a station accepts on a control stream by default (relay.policy.max_control_frame_size);
+# what a station accepts on a control stream by default (macula.send_limits, from relay.policy);
 # content and stream-RPC streams take the protocol's full frame size
-MAX_CONTROL_FRAME = 1 << 20
 REPLACED = "replaced_by_newer_handshake"
 
 
@@ -126,6 +127,7 @@ class ClientCore:
     pinned: bytes | None = None  # the station key we expect, if the address names one
     tls_pinned: bool = False  # TLS proved ``pinned`` (certificate key checked)
     max_control_frame: int = MAX_CONTROL_FRAME
+    max_control_items: int = MAX_CONTROL_ITEMS
     state: CoreState = CoreState.CONNECTING
     station_key: bytes = b""
     goodbye: Goodbye | None = None
@@ -157,10 +159,11 @@ class ClientCore:
 
     def send_frame(self, stream: int, frame: Frame) -> Transmit:
         """Sign and encode ``frame`` for ``stream``; raises once the connection has ended, and
-        refuses (``MeshError`` payload_too_large) a control-stream frame over the stations'
-        control-frame limit rather than have the station close the connection for it."""
+        refuses (``MeshError``, ``macula.send_limits``) a value CBOR cannot carry and a
+        control-stream frame over the stations' size, item or depth limits rather than have
+        the station close the connection for it."""
         self._open()
-        return self._transmit(stream, frame, frame.sign_and_encode(self.identity))
+        return self._transmit(stream, frame, encoded(frame.sign_and_encode, self.identity))
 
     def _open(self) -> None:
         if self.ended is not None:
@@ -169,12 +172,12 @@ class ClientCore:
             raise BrokenError(self.ended.reason)
 
     def _transmit(self, stream: int, frame: Frame, data: bytes) -> Transmit:
-        if stream == self.control and len(data) > self.max_control_frame:
-            raise MeshError(
-                ErrorCode.PAYLOAD_TOO_LARGE,
-                f"{frame.FRAME_TYPE} is {len(data)} bytes, over the {self.max_control_frame} a "
-                "station takes on the control stream: share large data with put_content "
-                "(mesh_put) and send its content id",
+        if stream == self.control:
+            check_control_frame(
+                frame.FRAME_TYPE,
+                data,
+                max_bytes=self.max_control_frame,
+                max_items=self.max_control_items,
             )
         return Transmit(stream, data)
 
@@ -249,7 +252,8 @@ class ClientCore:
             published_at_ms=now_ms,
         )
         self._open()  # both signatures from one encoding of the fields (macula.publishing)
-        return [self._transmit(self.control, frame, signed_publish(frame, self.identity))]
+        data = encoded(partial(signed_publish, frame), self.identity)
+        return [self._transmit(self.control, frame, data)]
 
     def call(
         self,

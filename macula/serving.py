@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from macula.errors import MaculaError
+from macula.errors import MaculaError, MeshError
 from macula.session import Session, StreamChannel
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import WireError
@@ -210,9 +210,13 @@ class Server:
 
 
 def _answer(session: Session, stream: int, call: Call, result: Any) -> None:
-    """Send a RESULT; a lost session is logged, an unencodable result becomes ERROR 0x0F."""
+    """Send a RESULT; a lost session is logged, an unencodable result becomes ERROR 0x0F, and
+    one more than a frame carries (``macula.send_limits``) ERROR 0x0D naming what."""
     try:
         session.reply(stream, call, result)
+    except MeshError as exc:  # refused before sending: the caller hears why, not a timeout
+        log.warning("handler result not sent: %s", exc)
+        _answer_error(session, stream, call, f"result: {exc}", exc.code)
     except MaculaError as exc:
         log.info("reply not sent: %s", exc)
     except WireError as exc:
@@ -220,8 +224,10 @@ def _answer(session: Session, stream: int, call: Call, result: Any) -> None:
         _answer_error(session, stream, call, f"result not encodable: {exc.detail}")
 
 
-def _answer_error(session: Session, stream: int, call: Call, detail: str) -> None:
+def _answer_error(
+    session: Session, stream: int, call: Call, detail: str, code: int = ErrorCode.UNKNOWN_ERROR
+) -> None:
     try:
-        session.reply_error(stream, call, ErrorCode.UNKNOWN_ERROR, detail)
+        session.reply_error(stream, call, code, detail)
     except (MaculaError, WireError) as exc:
         log.info("error reply not sent: %s", exc)

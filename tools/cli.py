@@ -35,6 +35,7 @@ def _logging(level: str = "WARNING") -> None:
 def serve() -> None:
     from tools.runtime import preflight
     from tools.server import build_server
+    from tools.stdio_guard import run_stdio_guarded
 
     _logging()
     try:
@@ -42,7 +43,7 @@ def serve() -> None:
     except MaculaError as exc:
         _fatal(exc)
     try:
-        run_loop(build_server().run_stdio_async())
+        run_loop(run_stdio_guarded(build_server()))  # the SDK's stdio, deep requests answered
     except* MaculaError as group:  # raised later, inside the server's task groups
         _fatal(group.exceptions[0])
     except* KeyboardInterrupt:

@@ -223,16 +223,13 @@ class Daemon:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        from mcp.server.stdio import stdio_server
+        from tools.stdio_guard import serve_guarded
 
         shape = _shape(env)
         app = hosted.spares.pop(shape, None) or _server(hosted, env)
         lines, sink = cast(Any, _SocketLines(reader)), cast(Any, _SocketSink(writer))
         try:
-            async with stdio_server(lines, sink) as (read_stream, write_stream):
-                lowlevel = app._lowlevel_server  # as MCPServer.run_stdio_async does
-                init = lowlevel.create_initialization_options()
-                await lowlevel.run(read_stream, write_stream, init)
+            await serve_guarded(app, lines, sink)  # a request nested too deep is answered
         finally:
             if hosted.runtime is not None and not hosted.closing.is_set():
                 hosted.spares[shape] = _server(hosted, env)  # the next attach skips building

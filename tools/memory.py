@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import asyncio
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -13,42 +12,18 @@ from pydantic import Field
 
 from macula.errors import MaculaError
 from tools.context import Descriptions, hints, runtime_of
-from tools.results import bad_argument
+from tools.directory_reader import ReadLimits, read_directory, resolve_root
+from tools.results import InvalidArgument, bad_argument
 from tools.runtime import run_tool
 
 MAX_CONTENT_BYTES = 256 * 1024
-MAX_FILE_BYTES = 256 * 1024
-MAX_FILES = 2000
+LIMITS = ReadLimits()
 DEFAULT_EXTENSIONS = (".md", ".mdx", ".txt")
 DEFAULT_EXCLUDES = (".git", "node_modules", ".venv", "__pycache__", "dist", "build")
 SHARED = (
     "Memory is SHARED, not private: every agent on this station can recall it (per station: other "
     "stations of the mesh keep their own). Never store secrets."
 )
-
-
-def _text_of(path: Path) -> str | None:
-    """The file as UTF-8 text, or None when it is binary."""
-    raw = path.read_bytes()
-    if b"\x00" in raw[:8192]:
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def _walk(root: Path, extensions: tuple[str, ...], excluded: set[str]) -> list[Path]:
-    """Files under ``root`` with one of ``extensions``, skipping excluded directory names."""
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in excluded)
-        found.extend(
-            Path(dirpath, n) for n in sorted(filenames) if Path(n).suffix.lower() in extensions
-        )
-        if len(found) >= MAX_FILES:
-            break
-    return found[:MAX_FILES]
 
 
 def register(app: MCPServer, describe: Descriptions) -> None:
@@ -138,10 +113,13 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             "mesh_remember_directory",
             (
                 "Deposit every text file (default .md/.mdx/.txt) of a local directory "
-                "into shared memory, document_id = relative path, so re-runs update "
-                "instead of duplicating. Binary and > 256 KiB files are skipped. Reports "
-                "progress. Memory is SHARED, not private: every agent on this station can"
-                " recall it (each station keeps its own). Never store secrets."
+                "(its path without ~ or ..) into shared memory, document_id = "
+                "relative path, so re-runs update instead of duplicating. Only regular "
+                "files inside it: links, FIFOs, devices, binary, > 256 KiB and "
+                "secret-looking files (.env*, keys, *.pem, .ssh, .git, credentials...) are "
+                "skipped, counted in skipped_by_reason. At most 2000 files, 8 MiB, 30 s. "
+                "Reports progress. Memory is SHARED, not private: every agent on this "
+                "station can recall it (each station keeps its own). Never store secrets."
             ),
             (
                 "Deposit a local tree's text files into shared memory (re-runs update). "
@@ -162,48 +140,43 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         idempotency_key: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
-        root = Path(directory).expanduser()
-        if not root.is_dir():
-            return bad_argument("directory", f"{directory!r} is not a directory")
+        try:
+            root = resolve_root(directory)
+        except InvalidArgument as exc:
+            return bad_argument("directory", str(exc).removeprefix("directory: "))
         extensions = tuple(
             e.lower() if e.startswith(".") else f".{e.lower()}"
             for e in include_extensions or DEFAULT_EXTENSIONS
         )
         excluded = set(exclude_dirs or DEFAULT_EXCLUDES)
-        files = _walk(root, extensions, excluded)
 
         async def work() -> dict[str, Any]:
+            # off the event loop: the server answers other calls while the tree is read
+            read = await asyncio.to_thread(read_directory, root, extensions, excluded, LIMITS)
             ingested, total_chunks = 0, 0
-            skipped: list[dict[str, str]] = []
             failed: list[dict[str, str]] = []
-            for index, path in enumerate(files):
-                relative = path.relative_to(root).as_posix()
-                await ctx.report_progress(index, len(files), f"{relative}")
-                if path.stat().st_size > MAX_FILE_BYTES:
-                    skipped.append({"path": relative, "reason": "larger than 256 KiB"})
-                    continue
-                text = _text_of(path)
-                if text is None or not text.strip():
-                    skipped.append({"path": relative, "reason": "binary or empty"})
-                    continue
-                label = f"{source_prefix or ''}{relative}"
+            for index, file in enumerate(read.files):
+                await ctx.report_progress(index, len(read.files), file.relative)
+                label = f"{source_prefix or ''}{file.relative}"
                 try:
                     result = await runtime.agent.house.remember(
-                        text, source_label=label, document_id=relative
+                        file.text, source_label=label, document_id=file.relative
                     )
                 except MaculaError as exc:
-                    failed.append({"path": relative, "error": str(exc)})
+                    failed.append({"path": file.relative, "error": str(exc)})
                     continue
                 ingested += 1
                 total_chunks += int(result.get("chunks", 0))
-            await ctx.report_progress(len(files), len(files), "done")
+            await ctx.report_progress(len(read.files), len(read.files), "done")
             return {
                 "directory": str(root),
                 "ingested_count": ingested,
-                "skipped_count": len(skipped),
+                "skipped_count": sum(read.skipped.values()),
+                "skipped_by_reason": dict(sorted(read.skipped.items())),
+                "skipped_sample": read.samples,
+                "stopped_early": read.stopped,
                 "failed_count": len(failed),
                 "total_chunks": total_chunks,
-                "skipped": skipped,
                 "failed": failed,
             }
 

@@ -13,6 +13,7 @@ from tools.context import Descriptions, hints, runtime_of
 from tools.realms import parse_realm
 from tools.results import bad_argument
 from tools.runtime import run_tool
+from tools.value_limits import too_deep
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
@@ -49,6 +50,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             return tag
         if not topic or len(topic) > 256:
             return bad_argument("topic", "must be 1-256 characters")
+        if deep := too_deep("fact", fact):
+            return deep
 
         async def work() -> dict[str, Any]:
             seq = await runtime.node.publish(tag, topic, fact)

@@ -52,6 +52,7 @@ from tools.serve_gate import (
     ServeGate,
     command_env,
 )
+from tools.value_limits import too_deep
 
 log = logging.getLogger("macula.tools")
 
@@ -305,6 +306,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             return bad_argument("timeout_ms", f"must be 1..{MAX_CALL_TIMEOUT_MS}")
         if direct not in (0, 1):
             return bad_argument("direct", "must be 0 or 1")
+        if deep := too_deep("args", args):
+            return deep
 
         async def work() -> dict[str, Any]:
             started = time.monotonic()

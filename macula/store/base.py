@@ -366,6 +366,22 @@ def check_limit(limit: int, offset: int = 0) -> None:
         raise ValueError("limit and offset must not be negative")
 
 
+SQL_INT_MAX: Final = (1 << 63) - 1
+SQL_INT_MIN: Final = -(1 << 63)
+
+
+def sql_int(value: int) -> int:
+    """``value`` clamped to SQLite's 64-bit integers (binding one outside raises
+    OverflowError): past every stored time or row, the clamped bound still is."""
+    return min(max(value, SQL_INT_MIN), SQL_INT_MAX)
+
+
+def page(limit: int, offset: int = 0) -> tuple[int, int]:
+    """``limit`` and ``offset`` checked (not negative) and clamped to SQLite's range."""
+    check_limit(limit, offset)
+    return sql_int(limit), sql_int(offset)
+
+
 def check_flag(value: int, name: str) -> int:
     """A 0/1 flag as an int (``True``/``False`` are accepted and stored as 1/0)."""
     if value not in (0, 1):

@@ -34,12 +34,12 @@ from macula.store.base import (
     Row,
     SqliteStore,
     check_flag,
-    check_limit,
     check_node_id,
     execute,
     fetchall,
     opt_int,
     opt_text,
+    page,
 )
 
 __all__ = [
@@ -269,7 +269,7 @@ class RingStore(SqliteStore):
 
     async def recent(self, limit: int = 20, direction: RingDirection | None = None) -> list[Ring]:
         """The newest ``limit`` rings (of one direction, if given), newest first."""
-        check_limit(limit)
+        limit, _ = page(limit)
         where = "" if direction is None else "WHERE direction = :direction"
         rows = await self._fetchall(
             f"SELECT {_COLUMNS} FROM rings {where}"

@@ -23,12 +23,12 @@ from macula.store.base import (
     Migration,
     Row,
     SqliteStore,
-    check_limit,
     check_node_id,
     execute,
     fetchall,
     opt_int,
     opt_text,
+    page,
 )
 
 __all__ = ["MAX_AGE_MS", "HelloFields", "RosterEntry", "RosterStore"]
@@ -160,7 +160,7 @@ class RosterStore(SqliteStore):
         self, now_ms: int, limit: int = 100, offset: int = 0
     ) -> builtins.list[RosterEntry]:
         """Entries seen within ``MAX_AGE_MS`` of ``now_ms``, most recently seen first."""
-        check_limit(limit, offset)
+        limit, offset = page(limit, offset)
         rows = await self._fetchall(
             f"SELECT {_COLUMNS},"
             " CASE WHEN :now - last_seen_ms > :k * interval_seconds * 1000 THEN 1 ELSE 0 END"

@@ -35,6 +35,7 @@ from macula.store.base import (
     fetchall,
     opt_int,
     opt_text,
+    page,
 )
 from macula.store.task_states import (
     DEFAULT_BOUNDS,
@@ -345,6 +346,7 @@ class TaskStore(SqliteStore):
         offset: int = 0,
     ) -> list[Task]:
         """Tasks newest change first, filtered by role, state, or open (non-terminal) only."""
+        limit, offset = page(limit, offset)
         where = ["owner = :owner"]
         if role is not None:
             where.append("role = :role")

@@ -45,11 +45,12 @@ from macula.store.base import (
     Params,
     Row,
     check_flag,
-    check_limit,
     execute,
     fetchall,
     opt_int,
     opt_text,
+    page,
+    sql_int,
 )
 from macula.store.room_realms import TRANSCRIPT_V3, RoomRealms, check_realm
 from macula.store.unread import TRANSCRIPT_V2
@@ -363,14 +364,14 @@ class TranscriptStore(RoomRealms):
         since_ms: int | None,
         limit: int,
     ) -> list[TranscriptMessage]:
-        check_limit(limit)
+        limit, _ = page(limit)
         params = {**params, "limit": limit}
         if room_topic is not None:
             clauses = [*clauses, "room_topic = :room_topic"]
             params["room_topic"] = room_topic
         if since_ms is not None:
             clauses = [*clauses, "received_ms >= :since"]
-            params["since"] = since_ms
+            params["since"] = sql_int(since_ms)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = await self._fetchall(
             f"SELECT * FROM (SELECT {_MESSAGE_COLUMNS} FROM messages {where}"
