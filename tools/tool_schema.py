@@ -7,8 +7,9 @@ Invariants:
   its ``default: null``. Types, ``required``, other defaults and every parameter stay; names
   and meanings are unchanged.
 - arguments are still validated by the SDK's pydantic model of the function
-  (``Tool.fn_metadata``), untouched here: a client sending ``null`` for an optional parameter
-  still works.
+  (``Tool.fn_metadata``), first at one boundary (``tools.tool_arguments``, from ``call_tool``):
+  text is kept as text and every schema-level failure is a structured ``invalid_argument``; a
+  client sending ``null`` for an optional parameter still works.
 - the parameters many tools share (``SHARED``) carry no description of their own: their rule
   is said once, in the server instructions (``tools.server.INSTRUCTIONS``).
 - with terse descriptions (``MACULA_MCP_TERSE_TOOLS=1``) a parameter keeps its description
@@ -20,8 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, InputRequiredResult
 from mcp_types import Tool as MCPTool
+
+from tools import tool_arguments
 
 # parameter name -> its rule, said once in the server instructions (tools.server.INSTRUCTIONS)
 SHARED = {
@@ -86,7 +90,8 @@ def tool_schema(tool: str, schema: dict[str, Any], terse: bool) -> dict[str, Any
 
 
 class MeshServer(MCPServer[Any]):
-    """``MCPServer`` whose ``tools/list`` carries compacted input schemas."""
+    """``MCPServer`` whose ``tools/list`` carries compacted input schemas and whose tool calls
+    cross one argument boundary (``tools.tool_arguments``) before the SDK runs the tool."""
 
     def __init__(self, *args: Any, terse: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -101,3 +106,14 @@ class MeshServer(MCPServer[Any]):
             )
             for tool in await super().list_tools()
         ]
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        tool = self._tool_manager.get_tool(name)
+        if tool is None:
+            return tool_arguments.unknown_tool(name)
+        found = tool_arguments.problems(tool, arguments)
+        if found:
+            return tool_arguments.refusal(found)
+        return await super().call_tool(name, arguments, context)
