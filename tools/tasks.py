@@ -26,6 +26,7 @@ from tools.agent_arguments import check_wait, invalid, resolve_peers, run_agent_
 from tools.context import Descriptions, hints, runtime_of
 from tools.results import bounded, plain
 from tools.runtime import Runtime, check_key
+from tools.tool_arguments import MAX_INDEX
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
@@ -161,7 +162,7 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
         input: Annotated[str, Field(description="<= 16 KB")],
         to: Annotated[str | None, Field(description="node id or petname")] = None,
         title: Annotated[str | None, Field(description="<= 280 chars (new task)")] = None,
-        wait_seconds: Annotated[float, Field(description="0-3600")] = 0,
+        wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
         task_id: Annotated[str | None, Field(description="answer this task's question")] = None,
         idempotency_key: Annotated[str | None, KEY] = None,
     ) -> CallToolResult:
@@ -255,8 +256,8 @@ def _register_reading(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_task_wait(
         ctx: Context,
         task_id: Annotated[str | None, Field(description="omit to wait for a new task")] = None,
-        wait_seconds: Annotated[float, Field(description="(0, 3600]")] = DEFAULT_WAIT_S,
-        after_state_seq: int | None = None,
+        wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
+        after_state_seq: Annotated[int | None, Field(ge=0, le=MAX_INDEX)] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
@@ -337,8 +338,8 @@ def _register_reading(app: MCPServer, describe: Descriptions) -> None:
         ctx: Context,
         role: Annotated[str | None, Field(description="requester or assignee")] = None,
         state: str | None = None,
-        limit: Annotated[int, Field(description="1-100")] = 20,
-        offset: Annotated[int, Field(description=">= 0")] = 0,
+        limit: Annotated[int, Field(ge=1, le=100)] = 20,
+        offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems: list[str] = []

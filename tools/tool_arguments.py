@@ -31,6 +31,9 @@ from pydantic.fields import FieldInfo
 from tools.results import fail
 
 MAX_LISTED = 20  # problems named in one error; the rest are counted
+MAX_INDEX = (
+    2**63 - 1
+)  # the largest integer SQLite stores: the bound of offsets and sequence numbers
 
 
 def takes_text(annotation: Any) -> bool:
@@ -59,9 +62,7 @@ class LiteralArguments(FuncMetadata):
 
 def _fields(metadata: FuncMetadata) -> dict[str, FieldInfo]:
     """Every name a caller may use for a parameter (its alias, else its name) -> its field."""
-    return {
-        info.alias or name: info for name, info in metadata.arg_model.model_fields.items()
-    }
+    return {info.alias or name: info for name, info in metadata.arg_model.model_fields.items()}
 
 
 def adopt(tool: Tool) -> LiteralArguments:
