@@ -31,9 +31,8 @@ from pydantic.fields import FieldInfo
 from tools.results import fail
 
 MAX_LISTED = 20  # problems named in one error; the rest are counted
-MAX_INDEX = (
-    2**63 - 1
-)  # the largest integer SQLite stores: the bound of offsets and sequence numbers
+# the largest integer SQLite stores: the bound of offsets and sequence numbers
+MAX_INDEX = 2**63 - 1
 
 
 def takes_text(annotation: Any) -> bool:
