@@ -21,6 +21,7 @@ from pydantic import Field
 
 from macula.agent.envelope import is_id
 from macula.agent.petnames import petname
+from macula.store.task_values import TaskValue
 from macula.store.tasks import ROLES, STATES, TERMINAL, Task, TaskError
 from tools.agent_arguments import check_wait, invalid, resolve_peers, run_agent_tool
 from tools.context import Descriptions, hints, runtime_of
@@ -159,7 +160,7 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_task_send(
         ctx: Context,
-        input: Annotated[str, Field(description="<= 16 KB")],
+        input: Annotated[TaskValue, Field(description="text or a JSON value, <= 16 KB")],
         to: Annotated[str | None, Field(description="node id or petname")] = None,
         title: Annotated[str | None, Field(description="<= 280 chars (new task)")] = None,
         wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
@@ -181,7 +182,9 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
             if title is not None:
                 problems.append("title: omit it when answering a task (task_id given)")
             problems += limits.problems(input=input)
-        if not input.strip():
+            if not isinstance(input, str):
+                problems.append("input: an answer to a question (task_id given) is text")
+        if isinstance(input, str) and not input.strip():
             problems.append("input: must not be blank")
         if problems:
             return invalid(problems)
@@ -189,6 +192,7 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
         async def work() -> dict[str, Any]:
             tasks = runtime.agent.tasks
             if task_id is not None:
+                assert isinstance(input, str)
                 task = await tasks.give_input(task_id, input, key=idempotency_key)
             else:
                 assert to is not None and title is not None
@@ -428,7 +432,9 @@ def _register_assignee(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_task_complete(
         ctx: Context,
         task_id: Annotated[str, TASK_ID],
-        result: Annotated[str | None, Field(description="<= 16 KB")] = None,
+        result: Annotated[
+            TaskValue | None, Field(description="text or a JSON value, <= 16 KB")
+        ] = None,
         error: Annotated[str | None, Field(description="<= 2 KB")] = None,
         idempotency_key: Annotated[str | None, KEY] = None,
     ) -> CallToolResult:
