@@ -104,6 +104,8 @@ async def test_json_looking_text_is_kept_as_text(
         remembered = await alice.ok("mesh_remember", content=JSONISH, source_label=JSONISH)
         assert remembered["source_label"] == JSONISH
         await alice.ok("mesh_recall", query_text=JSONISH)
+        # a parameter that cannot take text still has a JSON string parsed for it (as the SDK)
+        await alice.ok("mesh_remember", content="tagged", topics='["a", "b"]')
         await alice.ok("mesh_list_stations", continent=JSONISH)
         await alice.ok("mesh_publish", topic="boundary.t", fact=JSONISH)
 
@@ -196,7 +198,28 @@ async def test_task_input_and_result_objects_round_trip(
         flag = await alice.refused("mesh_task_send", to=bob_id, title="t", input={"ok": True})
         assert flag["code"] == "invalid_argument" and "input.ok: " in flag["detail"]
         assert "0/1" in flag["detail"]
+        answer_data = await alice.refused("mesh_task_send", task_id=sent["task_id"], input=[1])
+        assert "input: an answer to a question (task_id given) is text" in answer_data["detail"]
         huge = await alice.refused(
             "mesh_task_send", to=bob_id, title="t", input={"x": "a" * 17_000}
         )
         assert "input: " in huge["detail"] and "16384" in huge["detail"]
+
+
+WRONG = {"string": {"not": "text"}, "integer": "x", "number": "x", "array": 5, "object": 5}
+
+
+async def test_every_tool_names_a_wrongly_typed_parameter(station: Station, tmp_path: Path) -> None:
+    """The fuzz finding, for every typed parameter of every listed tool: a value of the wrong
+    type is a structured invalid_argument naming it, never the SDK's text."""
+    checked = 0
+    async with agent(station, tmp_path / "alice", "legacy") as alice:
+        for tool in (await alice.client.list_tools()).tools:
+            for param, spec in tool.input_schema.get("properties", {}).items():
+                if spec.get("type") not in WRONG:
+                    continue  # untyped (any JSON value) or a union of types
+                error = await alice.refused(tool.name, **{param: WRONG[spec["type"]]})
+                assert set(error) == ERROR_KEYS and error["code"] == "invalid_argument", error
+                assert f"{param}: " in error["detail"], (tool.name, param, error["detail"])
+                checked += 1
+    assert checked >= 100, checked
