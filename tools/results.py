@@ -121,8 +121,10 @@ def from_error(exc: BaseException) -> CallToolResult:
         action = "retry after a short backoff" if exc.retryable else "change the request"
         if exc.code == 0x01:
             action = (
-                "nobody serves that procedure here: check its name and realm "
-                "(mesh_find_records_by_type)"
+                "nobody serves that procedure in that realm: check its name and realm "
+                "(mesh_find_records_by_type); house services (macula.memory.*, "
+                "macula.stations.*, macula.agents.*, macula.history.*) answer only in realm "
+                "macula.house"
             )
         return fail(exc.name, str(exc), retryable=exc.retryable, next_action=action)
     if isinstance(exc, CallTimeout):

@@ -223,3 +223,17 @@ async def test_every_tool_names_a_wrongly_typed_parameter(station: Station, tmp_
                 assert f"{param}: " in error["detail"], (tool.name, param, error["detail"])
                 checked += 1
     assert checked >= 100, checked
+
+
+async def test_a_house_service_answers_only_in_the_house_realm(
+    station: Station, tmp_path: Path
+) -> None:
+    """docs/client.md: in the zero realm a house service is an unknown procedure (0x01), and
+    the error says where it lives; in realm macula.house it answers."""
+    query = {"procedure": "macula.memory.query_v1", "args": {"query_text": "x", "top_k": 1}}
+    async with agent(station, tmp_path / "alice", "legacy") as alice:
+        zero = await alice.refused("mesh_call", **query)
+        assert zero["code"] == "unknown_next_peer", zero
+        assert "realm macula.house" in zero["next_action"]
+        house = await alice.ok("mesh_call", realm="macula.house", **query)
+        assert house["result"] == {"hits": []}, house
