@@ -3,6 +3,8 @@
 Invariants:
 - every refusal is a structured error ``{code, detail, retryable, next_action}``; one about a
   task that exists also carries ``task`` (as it stands: its state, state_seq and outcome);
+- a task's input and result are text or a JSON value, shown back as given (an object stays an
+  object; ``macula.store.task_values``); an answer to a question (``task_id`` given) is text;
 - a task shown to a model carries ``terminal`` 0/1, ``peer`` with its petname, and ``next``:
   what to do now, for its role and state; lists show no input/result bodies (``get`` does);
 - ``idempotency_key`` is handled by the task layer itself (stored with the change it made),
@@ -144,7 +146,7 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
             "mesh_task_send",
             (
                 "Hand another agent a task; it gets exactly one outcome. title (<= "
-                "280), input (<= 16 KB; bigger content via mesh_put). Its contact "
+                "280), input (text or a JSON value, <= 16 KB; bigger via mesh_put). Its contact "
                 "policy decides (refusal: contact_refused). Returns the task (state "
                 "submitted, state_seq; delivered 0: sent when the agent is back). "
                 "wait_seconds waits for its first change. To answer its question "
@@ -160,7 +162,7 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_task_send(
         ctx: Context,
-        input: Annotated[TaskValue, Field(description="text or a JSON value, <= 16 KB")],
+        input: Annotated[TaskValue, Field(description="<= 16 KB")],
         to: Annotated[str | None, Field(description="node id or petname")] = None,
         title: Annotated[str | None, Field(description="<= 280 chars (new task)")] = None,
         wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
@@ -420,7 +422,8 @@ def _register_assignee(app: MCPServer, describe: Descriptions) -> None:
         description=describe(
             "mesh_task_complete",
             (
-                "Give a task handed to you its one outcome: result (<= 16 KB) for "
+                "Give a task handed to you its one outcome: result (text or a JSON value, "
+                "<= 16 KB) for "
                 "completed, or error (<= 2 KB) for failed or declined, exactly one. Only "
                 "once: a second completion is refused (already_terminal); the same "
                 "idempotency_key returns the first."
@@ -432,9 +435,7 @@ def _register_assignee(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_task_complete(
         ctx: Context,
         task_id: Annotated[str, TASK_ID],
-        result: Annotated[
-            TaskValue | None, Field(description="text or a JSON value, <= 16 KB")
-        ] = None,
+        result: Annotated[TaskValue | None, Field(description="<= 16 KB")] = None,
         error: Annotated[str | None, Field(description="<= 2 KB")] = None,
         idempotency_key: Annotated[str | None, KEY] = None,
     ) -> CallToolResult:

@@ -2,10 +2,11 @@
 
 Invariants:
 - only what a client does not need to fill in arguments is dropped, never a constraint:
-  pydantic's ``title`` fields (the parameter's own name, title-cased), the ``anyOf [T, null]``
-  of an optional parameter (it becomes ``T``: optional already means "not in ``required``") and
-  its ``default: null``. Types, ``required``, other defaults and every parameter stay; names
-  and meanings are unchanged.
+  pydantic's ``title`` fields (the parameter's own name, title-cased), the ``null`` option of an
+  optional parameter's ``anyOf`` (``anyOf [T, null]`` becomes ``T``, ``anyOf [T, U, null]``
+  ``anyOf [T, U]``: optional already means "not in ``required``") and its ``default: null``.
+  Types, ``required``, other defaults and every parameter stay; names and meanings are
+  unchanged.
 - arguments are still validated by the SDK's pydantic model of the function
   (``Tool.fn_metadata``), first at one boundary (``tools.tool_arguments``, from ``call_tool``):
   text is kept as text and every schema-level failure is a structured ``invalid_argument``; a
@@ -57,7 +58,8 @@ TERSE_KEPT = frozenset(
 
 
 def compact(schema: Any) -> Any:
-    """``schema`` without titles, with ``T`` for ``anyOf [T, null]`` and no ``default: null``."""
+    """``schema`` without titles, without the ``null`` option of an ``anyOf`` (``T`` for
+    ``anyOf [T, null]``) and without its ``default: null``."""
     if isinstance(schema, list):
         return [compact(item) for item in schema]
     if not isinstance(schema, dict):
@@ -69,12 +71,15 @@ def compact(schema: Any) -> Any:
         elif not (key == "title" and isinstance(value, str)):
             out[key] = compact(value)
     options = out.get("anyOf")
-    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
-        (kept,) = [option for option in options if option != {"type": "null"}]
-        del out["anyOf"]
+    if isinstance(options, list) and len(options) >= 2 and {"type": "null"} in options:
+        kept = [option for option in options if option != {"type": "null"}]
         if "default" in out and out["default"] is None:
             del out["default"]
-        out = {**kept, **out}
+        if len(kept) == 1:
+            del out["anyOf"]
+            out = {**kept[0], **out}
+        else:
+            out["anyOf"] = kept
     return out
 
 
