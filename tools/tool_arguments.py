@@ -79,10 +79,17 @@ def adopt(tool: Tool) -> LiteralArguments:
     return literal
 
 
+def _shown(name: str) -> str:
+    """A caller's parameter name as an error repeats it: one line, at most 64 characters."""
+    flat = name.replace("\n", " ").replace("\r", " ")
+    return flat if len(flat) <= 64 else flat[:64] + "…"
+
+
 def _where(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        name = _shown(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{name}" if out else name)
     return out or "arguments"
 
 
@@ -104,11 +111,10 @@ def problems(tool: Tool, arguments: dict[str, Any]) -> list[str]:
     """Every problem with ``arguments`` for ``tool``, each naming its parameter; [] if none."""
     metadata = adopt(tool)
     fields = _fields(metadata)
-    found = [
-        f"{name}: unknown parameter (this tool takes {', '.join(fields) or 'none'})"
-        for name in arguments
-        if name not in fields
-    ]
+    unknown = [name for name in arguments if name not in fields]
+    found = [f"{_shown(name)}: unknown parameter" for name in unknown]
+    if found:
+        found[0] += f" (this tool takes {', '.join(fields) or 'none'})"
     known = {key: value for key, value in arguments.items() if key in fields}
     try:
         metadata.arg_model.model_validate(metadata.pre_parse_json(known))

@@ -155,6 +155,9 @@ async def test_schema_failures_are_structured_and_name_the_parameter(
             for name in named:
                 assert name in error["detail"], (tool, args, error["detail"])
             assert "validation error" not in error["detail"], error
+        flood = {"x" * 10_000: 1} | {f"p{i}": 1 for i in range(30)}
+        many = await alice.refused("mesh_task_get", task_id="a" * 32, **flood)
+        assert "and 11 more" in many["detail"] and len(many["detail"]) < 1000, many
         unknown = await alice.refused("mesh_no_such_tool")
         assert unknown["code"] == "unknown_tool"
 
