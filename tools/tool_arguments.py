@@ -12,19 +12,21 @@ Invariants:
 - every argument is checked before the body runs: unknown parameters, missing ones, wrong
   types and values out of the schema's range are all listed, each ``"<parameter>: <problem>"``,
   in one ``invalid_argument`` error ``{code, detail, retryable 0, next_action}``
-  (``tools.results``); the values themselves are never echoed (they are the caller's data);
+  (``tools.results``) that also lists them in ``problems``, as the agent tools' own checks do;
+  the values themselves are never echoed (they are the caller's data);
 - the same validation runs again inside the SDK's ``Tool.run``, on the same model and the same
   data, so what the body receives is what was checked here.
 """
 
 from __future__ import annotations
 
+import json
 import types
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from mcp.server.mcpserver.tools.base import Tool
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
@@ -124,17 +126,20 @@ def problems(tool: Tool, arguments: dict[str, Any]) -> list[str]:
 
 
 def refusal(found: list[str]) -> CallToolResult:
-    """The ``invalid_argument`` error listing ``found`` (at most ``MAX_LISTED`` of them)."""
+    """The ``invalid_argument`` error listing ``found`` (at most ``MAX_LISTED`` of them) in
+    ``detail`` and, one by one, in ``problems`` (as the agent tools' own checks do)."""
     shown = found[:MAX_LISTED]
-    if len(found) > MAX_LISTED:
-        shown.append(f"and {len(found) - MAX_LISTED} more")
-    return fail(
+    more = [f"and {len(found) - MAX_LISTED} more"] if len(found) > MAX_LISTED else []
+    result = fail(
         "invalid_argument",
-        "; ".join(shown),
+        "; ".join(shown + more),
         retryable=False,
         next_action="fix the named parameters (tools/list gives each one's type and range) "
         "and call again",
     )
+    error = dict(result.structured_content or {}) | {"problems": shown}
+    text = TextContent(type="text", text=json.dumps(error, ensure_ascii=False))
+    return result.model_copy(update={"structured_content": error, "content": [text]})
 
 
 def unknown_tool(name: str) -> CallToolResult:

@@ -150,7 +150,8 @@ async def test_schema_failures_are_structured_and_name_the_parameter(
     async with agent(station, tmp_path / "alice", mode) as alice:
         for tool, args, named in SCHEMA_FAILURES:
             error = await alice.refused(tool, **args)
-            assert set(error) == ERROR_KEYS, error  # refused at the boundary, before the body
+            assert set(error) == ERROR_KEYS | {"problems"}, error  # at the boundary
+            assert "; ".join(error["problems"]) == error["detail"]
             assert (error["code"], error["retryable"]) == ("invalid_argument", 0), (tool, error)
             for name in named:
                 assert name in error["detail"], (tool, args, error["detail"])
@@ -222,7 +223,8 @@ async def test_every_tool_names_a_wrongly_typed_parameter(station: Station, tmp_
                 if spec.get("type") not in WRONG:
                     continue  # untyped (any JSON value) or a union of types
                 error = await alice.refused(tool.name, **{param: WRONG[spec["type"]]})
-                assert set(error) == ERROR_KEYS and error["code"] == "invalid_argument", error
+                assert set(error) == ERROR_KEYS | {"problems"}, error
+                assert error["code"] == "invalid_argument", error
                 assert f"{param}: " in error["detail"], (tool.name, param, error["detail"])
                 checked += 1
     assert checked >= 100, checked
