@@ -159,6 +159,8 @@ async def test_schema_failures_are_structured_and_name_the_parameter(
         flood = {"x" * 10_000: 1} | {f"p{i}": 1 for i in range(30)}
         many = await alice.refused("mesh_task_get", task_id="a" * 32, **flood)
         assert "and 11 more" in many["detail"] and len(many["detail"]) < 1000, many
+        edge = await alice.ok("mesh_task_list", offset=2**63 - 1, limit=100)  # the last valid
+        assert edge["tasks"] == [], edge
         unknown = await alice.refused("mesh_no_such_tool")
         assert unknown["code"] == "unknown_tool"
 
