@@ -92,7 +92,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_recall(
         ctx: Context,
         query_text: str,
-        top_k: Annotated[int, Field(description="1-100")] = 10,
+        top_k: Annotated[int, Field(ge=1, le=100)] = 10,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         if not query_text.strip():

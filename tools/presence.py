@@ -28,6 +28,7 @@ from tools.agent_views import label
 from tools.context import Descriptions, hints, runtime_of
 from tools.realm_access import check, guard
 from tools.realms import parse_realm
+from tools.tool_arguments import MAX_INDEX
 
 DEFAULT_AGENTS = 50
 MAX_AGENTS = 200
@@ -171,8 +172,8 @@ def _register_presence(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_agents(
         ctx: Context,
-        limit: Annotated[int, Field(description="1-200")] = DEFAULT_AGENTS,
-        offset: int = 0,
+        limit: Annotated[int, Field(ge=1, le=MAX_AGENTS)] = DEFAULT_AGENTS,
+        offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = []
@@ -252,7 +253,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_observe_lobby(
         ctx: Context,
-        max_rooms: Annotated[int, Field(description="1-200")] = DEFAULT_MAX_ROOMS,
+        max_rooms: Annotated[int, Field(ge=1, le=MAX_OBSERVED_ROOMS)] = DEFAULT_MAX_ROOMS,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
@@ -298,7 +299,7 @@ def _register_observing(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_lobby_transcript(
         ctx: Context,
-        limit: Annotated[int, Field(description="1-500")] = DEFAULT_TRANSCRIPT,
+        limit: Annotated[int, Field(ge=1, le=MAX_TRANSCRIPT)] = DEFAULT_TRANSCRIPT,
         topic: Annotated[str | None, Field(description="omit: all observed")] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)

@@ -84,8 +84,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_watch(
         ctx: Context,
         topic: str,
-        duration_seconds: Annotated[float, Field(description="max 3600")] = DEFAULT_WAIT_S,
-        count: Annotated[int, Field(description="1-500")] = 10,
+        duration_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
+        count: Annotated[int, Field(ge=1, le=MAX_EVENTS)] = 10,
         realm: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)

@@ -129,7 +129,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_join_realm(
         ctx: Context,
         realm: Annotated[str, Field(description="the realm's name, e.g. org.example.team")],
-        wait_seconds: Annotated[float, Field(description="0-600")] = 0.0,
+        wait_seconds: Annotated[float, Field(ge=0, le=MAX_JOIN_WAIT_S)] = 0.0,
         authority: Annotated[
             str | None, Field(description="64 hex: accept only this authority")
         ] = None,

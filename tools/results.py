@@ -6,9 +6,10 @@ Invariants (every tool goes through here):
   and the result carries ``truncated: 1`` with what was dropped;
 - a failure is ``isError`` with ``{code, detail, retryable (0/1), next_action}`` — never a
   traceback. ``MaculaError`` subclasses map to codes in exactly one function, ``from_error``;
-- ``invalid_argument`` comes only from a tool's own argument checks (``InvalidArgument``): any
-  other exception that is not a ``MaculaError`` is a bug, logged with its traceback and answered
-  as ``internal_error``.
+- ``invalid_argument`` comes only from argument checks: the schema boundary every call crosses
+  first (``tools.tool_arguments``) and a tool's own checks (``InvalidArgument``); any other
+  exception that is not a ``MaculaError`` is a bug, logged with its traceback and answered as
+  ``internal_error``.
 """
 
 from __future__ import annotations
@@ -121,8 +122,10 @@ def from_error(exc: BaseException) -> CallToolResult:
         action = "retry after a short backoff" if exc.retryable else "change the request"
         if exc.code == 0x01:
             action = (
-                "nobody serves that procedure here: check its name and realm "
-                "(mesh_find_records_by_type)"
+                "nobody serves that procedure in that realm: check its name and realm "
+                "(mesh_find_records_by_type); house services (macula.memory.*, "
+                "macula.stations.*, macula.agents.*, macula.history.*) answer only in realm "
+                "macula.house"
             )
         return fail(exc.name, str(exc), retryable=exc.retryable, next_action=action)
     if isinstance(exc, CallTimeout):

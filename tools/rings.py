@@ -158,8 +158,10 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
         to: Annotated[str, Field(description="node id or petname")],
         purpose: Annotated[str, Field(description="<= 280 chars")],
         room_topic: Annotated[str | None, Field(description="omit: a fresh room")] = None,
-        wait_join_seconds: Annotated[float, Field(description="0-3600")] = DEFAULT_JOIN_WAIT_S,
-        private: Annotated[int, Field(description="1: end-to-end encrypted fresh room")] = 0,
+        wait_join_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = DEFAULT_JOIN_WAIT_S,
+        private: Annotated[
+            int, Field(ge=0, le=1, description="1: end-to-end encrypted fresh room")
+        ] = 0,
         realm: Annotated[
             str | None,
             Field(description="of a fresh room (a room you are in keeps its own)"),
@@ -248,7 +250,7 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_answer_ring(
         ctx: Context,
         ring_id: Annotated[str, Field(description="from rings.pending")],
-        answer: Annotated[int, Field(description="1 accept (join), 2 decline")],
+        answer: Annotated[int, Field(ge=1, le=2, description="1 accept (join), 2 decline")],
         reason: Annotated[str | None, Field(description="<= 280 chars, told to the caller")] = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
@@ -300,7 +302,7 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_wait_ring(
         ctx: Context,
-        wait_seconds: Annotated[float, Field(description="(0, 3600]")] = DEFAULT_WAIT_S,
+        wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)

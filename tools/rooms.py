@@ -197,10 +197,10 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_open_room(
         ctx: Context,
         purpose: Annotated[str | None, Field(description="<= 280 chars")] = None,
-        public: Annotated[int, Field(description="1: also announce it on central")] = 0,
-        private: Annotated[int, Field(description="1: end-to-end encrypted")] = 0,
+        public: Annotated[int, Field(ge=0, le=1, description="1: also announce it on central")] = 0,
+        private: Annotated[int, Field(ge=0, le=1, description="1: end-to-end encrypted")] = 0,
         participants: Annotated[list[str] | None, Field(description="node ids or petnames")] = None,
-        wait_join_seconds: Annotated[float, Field(description="0-3600")] = DEFAULT_JOIN_WAIT_S,
+        wait_join_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = DEFAULT_JOIN_WAIT_S,
         realm: str | None = None,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
@@ -343,7 +343,9 @@ def _register_rooms(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_leave_room(
         ctx: Context,
         room_topic: str,
-        close: Annotated[int, Field(description="1: end the room for everyone (opener only)")] = 0,
+        close: Annotated[
+            int, Field(ge=0, le=1, description="1: end the room for everyone (opener only)")
+        ] = 0,
         remove: Annotated[
             list[str] | None,
             Field(description="node ids to remove (private room you opened)"),
@@ -477,7 +479,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
         kind: str = "remark_made",
         in_reply_to: Annotated[str | None, Field(description="a message_id")] = None,
         refs: list[str] | None = None,
-        wait_reply_seconds: Annotated[float, Field(description="0-3600")] = 0,
+        wait_reply_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
         idempotency_key: Annotated[str | None, KEY_FIELD] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
@@ -540,7 +542,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_wait_room(
         ctx: Context,
         room_topic: str,
-        wait_seconds: Annotated[float, Field(description="(0, 3600]")] = DEFAULT_WAIT_S,
+        wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
         after_message_id: Annotated[
             str | None,
             Field(description="a message_id in the room"),
@@ -599,7 +601,7 @@ def _register_talk(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_read_inbox(
         ctx: Context,
-        peek: Annotated[int, Field(description="1: leave read marks alone")] = 0,
+        peek: Annotated[int, Field(ge=0, le=1, description="1: leave read marks alone")] = 0,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = check_flag("peek", peek)

@@ -292,8 +292,10 @@ def register(app: MCPServer, describe: Descriptions) -> None:
         procedure: Annotated[str, Field(description="e.g. io.macula.echo")],
         args: Annotated[Any, Field(description="any JSON value (no booleans)")] = None,
         realm: str | None = None,
-        timeout_ms: Annotated[int, Field(description="1-600000")] = (DEFAULT_CALL_TIMEOUT_MS),
-        direct: Annotated[int, Field(description="1: dial the station the DHT names")] = 0,
+        timeout_ms: Annotated[int, Field(ge=1, le=MAX_CALL_TIMEOUT_MS)] = DEFAULT_CALL_TIMEOUT_MS,
+        direct: Annotated[
+            int, Field(ge=0, le=1, description="1: dial the station the DHT names")
+        ] = 0,
         idempotency_key: str | None = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
@@ -333,12 +335,14 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             str, Field(description="command line, run with no shell; payload on stdin only")
         ],
         exec_timeout_seconds: Annotated[
-            float, Field(description="per call, 0.1-60")
+            float, Field(ge=MIN_EXEC_TIMEOUT_S, le=MAX_EXEC_TIMEOUT_S, description="per call")
         ] = DEFAULT_EXEC_TIMEOUT_S,
         realm: str | None = None,
-        announce: Annotated[int, Field(description="1: also list it in the DHT (signed)")] = 1,
+        announce: Annotated[
+            int, Field(ge=0, le=1, description="1: also list it in the DHT (signed)")
+        ] = 1,
         rate_per_minute: Annotated[
-            int, Field(description="calls a minute per caller, 1-6000")
+            int, Field(ge=1, le=MAX_RATE_PER_MINUTE, description="calls a minute per caller")
         ] = DEFAULT_RATE_PER_MINUTE,
         allow: Annotated[
             str, Field(description="open: any caller; allowlist: only your contact allowlist")

@@ -3,6 +3,8 @@
 Invariants:
 - every refusal is a structured error ``{code, detail, retryable, next_action}``; one about a
   task that exists also carries ``task`` (as it stands: its state, state_seq and outcome);
+- a task's input and result are text or a JSON value, shown back as given (an object stays an
+  object; ``macula.store.task_values``); an answer to a question (``task_id`` given) is text;
 - a task shown to a model carries ``terminal`` 0/1, ``peer`` with its petname, and ``next``:
   what to do now, for its role and state; lists show no input/result bodies (``get`` does);
 - ``idempotency_key`` is handled by the task layer itself (stored with the change it made),
@@ -21,11 +23,13 @@ from pydantic import Field
 
 from macula.agent.envelope import is_id
 from macula.agent.petnames import petname
+from macula.store.task_values import TaskValue
 from macula.store.tasks import ROLES, STATES, TERMINAL, Task, TaskError
 from tools.agent_arguments import check_wait, invalid, resolve_peers, run_agent_tool
 from tools.context import Descriptions, hints, runtime_of
 from tools.results import bounded, plain
 from tools.runtime import Runtime, check_key
+from tools.tool_arguments import MAX_INDEX
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
@@ -142,7 +146,7 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
             "mesh_task_send",
             (
                 "Hand another agent a task; it gets exactly one outcome. title (<= "
-                "280), input (<= 16 KB; bigger content via mesh_put). Its contact "
+                "280), input (text or a JSON value, <= 16 KB; bigger via mesh_put). Its contact "
                 "policy decides (refusal: contact_refused). Returns the task (state "
                 "submitted, state_seq; delivered 0: sent when the agent is back). "
                 "wait_seconds waits for its first change. To answer its question "
@@ -158,10 +162,10 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
     )
     async def mesh_task_send(
         ctx: Context,
-        input: Annotated[str, Field(description="<= 16 KB")],
+        input: Annotated[TaskValue, Field(description="<= 16 KB")],
         to: Annotated[str | None, Field(description="node id or petname")] = None,
         title: Annotated[str | None, Field(description="<= 280 chars (new task)")] = None,
-        wait_seconds: Annotated[float, Field(description="0-3600")] = 0,
+        wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
         task_id: Annotated[str | None, Field(description="answer this task's question")] = None,
         idempotency_key: Annotated[str | None, KEY] = None,
     ) -> CallToolResult:
@@ -180,7 +184,9 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
             if title is not None:
                 problems.append("title: omit it when answering a task (task_id given)")
             problems += limits.problems(input=input)
-        if not input.strip():
+            if not isinstance(input, str):
+                problems.append("input: an answer to a question (task_id given) is text")
+        if isinstance(input, str) and not input.strip():
             problems.append("input: must not be blank")
         if problems:
             return invalid(problems)
@@ -188,6 +194,7 @@ def _register_requester(app: MCPServer, describe: Descriptions) -> None:
         async def work() -> dict[str, Any]:
             tasks = runtime.agent.tasks
             if task_id is not None:
+                assert isinstance(input, str)
                 task = await tasks.give_input(task_id, input, key=idempotency_key)
             else:
                 assert to is not None and title is not None
@@ -255,8 +262,8 @@ def _register_reading(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_task_wait(
         ctx: Context,
         task_id: Annotated[str | None, Field(description="omit to wait for a new task")] = None,
-        wait_seconds: Annotated[float, Field(description="(0, 3600]")] = DEFAULT_WAIT_S,
-        after_state_seq: int | None = None,
+        wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
+        after_state_seq: Annotated[int | None, Field(ge=0, le=MAX_INDEX)] = None,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
@@ -337,8 +344,8 @@ def _register_reading(app: MCPServer, describe: Descriptions) -> None:
         ctx: Context,
         role: Annotated[str | None, Field(description="requester or assignee")] = None,
         state: str | None = None,
-        limit: Annotated[int, Field(description="1-100")] = 20,
-        offset: Annotated[int, Field(description=">= 0")] = 0,
+        limit: Annotated[int, Field(ge=1, le=100)] = 20,
+        offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
     ) -> CallToolResult:
         runtime = runtime_of(ctx)
         problems: list[str] = []
@@ -415,7 +422,8 @@ def _register_assignee(app: MCPServer, describe: Descriptions) -> None:
         description=describe(
             "mesh_task_complete",
             (
-                "Give a task handed to you its one outcome: result (<= 16 KB) for "
+                "Give a task handed to you its one outcome: result (text or a JSON value, "
+                "<= 16 KB) for "
                 "completed, or error (<= 2 KB) for failed or declined, exactly one. Only "
                 "once: a second completion is refused (already_terminal); the same "
                 "idempotency_key returns the first."
@@ -427,7 +435,7 @@ def _register_assignee(app: MCPServer, describe: Descriptions) -> None:
     async def mesh_task_complete(
         ctx: Context,
         task_id: Annotated[str, TASK_ID],
-        result: Annotated[str | None, Field(description="<= 16 KB")] = None,
+        result: Annotated[TaskValue | None, Field(description="<= 16 KB")] = None,
         error: Annotated[str | None, Field(description="<= 2 KB")] = None,
         idempotency_key: Annotated[str | None, KEY] = None,
     ) -> CallToolResult:

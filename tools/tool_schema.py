@@ -2,13 +2,15 @@
 
 Invariants:
 - only what a client does not need to fill in arguments is dropped, never a constraint:
-  pydantic's ``title`` fields (the parameter's own name, title-cased), the ``anyOf [T, null]``
-  of an optional parameter (it becomes ``T``: optional already means "not in ``required``") and
-  its ``default: null``. Types, ``required``, other defaults and every parameter stay; names
-  and meanings are unchanged.
+  pydantic's ``title`` fields (the parameter's own name, title-cased), the ``null`` option of an
+  optional parameter's ``anyOf`` (``anyOf [T, null]`` becomes ``T``, ``anyOf [T, U, null]``
+  ``anyOf [T, U]``: optional already means "not in ``required``") and its ``default: null``.
+  Types, ``required``, other defaults and every parameter stay; names and meanings are
+  unchanged.
 - arguments are still validated by the SDK's pydantic model of the function
-  (``Tool.fn_metadata``), untouched here: a client sending ``null`` for an optional parameter
-  still works.
+  (``Tool.fn_metadata``), first at one boundary (``tools.tool_arguments``, from ``call_tool``):
+  text is kept as text and every schema-level failure is a structured ``invalid_argument``; a
+  client sending ``null`` for an optional parameter still works.
 - the parameters many tools share (``SHARED``) carry no description of their own: their rule
   is said once, in the server instructions (``tools.server.INSTRUCTIONS``).
 - with terse descriptions (``MACULA_MCP_TERSE_TOOLS=1``) a parameter keeps its description
@@ -20,8 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, InputRequiredResult
 from mcp_types import Tool as MCPTool
+
+from tools import tool_arguments
 
 # parameter name -> its rule, said once in the server instructions (tools.server.INSTRUCTIONS)
 SHARED = {
@@ -53,7 +58,8 @@ TERSE_KEPT = frozenset(
 
 
 def compact(schema: Any) -> Any:
-    """``schema`` without titles, with ``T`` for ``anyOf [T, null]`` and no ``default: null``."""
+    """``schema`` without titles, without the ``null`` option of an ``anyOf`` (``T`` for
+    ``anyOf [T, null]``) and without its ``default: null``."""
     if isinstance(schema, list):
         return [compact(item) for item in schema]
     if not isinstance(schema, dict):
@@ -65,12 +71,15 @@ def compact(schema: Any) -> Any:
         elif not (key == "title" and isinstance(value, str)):
             out[key] = compact(value)
     options = out.get("anyOf")
-    if isinstance(options, list) and len(options) == 2 and {"type": "null"} in options:
-        (kept,) = [option for option in options if option != {"type": "null"}]
-        del out["anyOf"]
+    if isinstance(options, list) and len(options) >= 2 and {"type": "null"} in options:
+        kept = [option for option in options if option != {"type": "null"}]
         if "default" in out and out["default"] is None:
             del out["default"]
-        out = {**kept, **out}
+        if len(kept) == 1:
+            del out["anyOf"]
+            out = {**kept[0], **out}
+        else:
+            out["anyOf"] = kept
     return out
 
 
@@ -86,7 +95,8 @@ def tool_schema(tool: str, schema: dict[str, Any], terse: bool) -> dict[str, Any
 
 
 class MeshServer(MCPServer[Any]):
-    """``MCPServer`` whose ``tools/list`` carries compacted input schemas."""
+    """``MCPServer`` whose ``tools/list`` carries compacted input schemas and whose tool calls
+    cross one argument boundary (``tools.tool_arguments``) before the SDK runs the tool."""
 
     def __init__(self, *args: Any, terse: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -101,3 +111,14 @@ class MeshServer(MCPServer[Any]):
             )
             for tool in await super().list_tools()
         ]
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        tool = self._tool_manager.get_tool(name)
+        if tool is None:
+            return tool_arguments.unknown_tool(name)
+        found = tool_arguments.problems(tool, arguments)
+        if found:
+            return tool_arguments.refusal(found)
+        return await super().call_tool(name, arguments, context)

@@ -26,6 +26,7 @@ from macula.agent.envelope import bool_problems, is_id, is_node_hex
 from macula.agent.proof import make_proof, verify_proof
 from macula.errors import ConfigError
 from macula.store.task_states import Task
+from macula.store.task_values import TaskValue, value_bytes, value_problems
 from macula.wire.identity import Identity
 
 CALL_TIMEOUT_S: Final = 10.0
@@ -68,15 +69,26 @@ class TaskLimits:
             values[item.name] = int(text)
         return cls(**values)
 
-    def problems(self, **texts: str | None) -> list[str]:
-        """Every size problem of the named texts (title, input, result, error, note)."""
+    def problems(self, **texts: TaskValue | None) -> list[str]:
+        """Every size and shape problem of the named values: title, error, note and reason
+        are text; input and result text or a JSON value (``macula.store.task_values``)."""
         found: list[str] = []
         for name, value in texts.items():
             if value is None:
                 continue
             if name == "title":
-                if not value.strip() or len(value) > self.max_title_chars:
+                if (
+                    not isinstance(value, str)
+                    or not value.strip()
+                    or (len(value) > self.max_title_chars)
+                ):
                     found.append(f"title: 1..{self.max_title_chars} characters, not blank")
+                continue
+            shape = value_problems(name, value) if name in ("input", "result") else []
+            if name not in ("input", "result") and not isinstance(value, str):
+                shape = [f"{name}: expected text"]
+            if shape:
+                found += shape
                 continue
             limit = {
                 "input": self.max_input_bytes,
@@ -85,7 +97,7 @@ class TaskLimits:
                 "note": self.max_note_bytes,
                 "reason": self.max_note_bytes,
             }[name]
-            if len(value.encode("utf-8", "surrogatepass")) > limit:
+            if value_bytes(value) > limit:
                 found.append(
                     f"{name}: longer than {limit} UTF-8 bytes; share big content by mesh_put"
                 )

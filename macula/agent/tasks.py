@@ -52,6 +52,7 @@ from macula.agent.task_messages import (
 from macula.errors import MaculaError
 from macula.node import Node
 from macula.serving import CallRefused, IncomingCall
+from macula.store.task_values import TaskValue, value_of
 from macula.store.tasks import (
     OPEN_STATES,
     TERMINAL,
@@ -146,7 +147,9 @@ class Tasks:
 
     # -- requester ------------------------------------------------------------------------------
 
-    async def send(self, to: bytes, title: str, input: str, *, key: str | None = None) -> Task:
+    async def send(
+        self, to: bytes, title: str, input: TaskValue, *, key: str | None = None
+    ) -> Task:
         """Hand ``to`` a task; the task as it stands once the first delivery attempt ended
         (``delivered`` 0: queued, retried in the background). A refusal is a ``TaskError``."""
         if to == self.me:
@@ -272,7 +275,7 @@ class Tasks:
         self,
         task_id: str,
         *,
-        result: str | None = None,
+        result: TaskValue | None = None,
         error: str | None = None,
         key: str | None = None,
     ) -> Task:
@@ -294,7 +297,7 @@ class Tasks:
         key: str | None,
         *,
         note: str | None = None,
-        result: str | None = None,
+        result: TaskValue | None = None,
         error: str | None = None,
     ) -> Task:
         changed = await self.store.transition(
@@ -416,9 +419,9 @@ class Tasks:
         held = await self.store.get(self.me, task_id)
         if held is not None and held.role == "assignee" and held.peer == sender:
             return update_body(held)  # a retried send: what we hold, no second task
-        title, text = text_of(body, "title"), text_of(body, "input")
+        title, text = text_of(body, "title"), value_of(body, "input")
         if title is None or text is None:
-            return refused(task_id, "invalid_argument", "title and input must be text", 0)
+            return refused(task_id, "invalid_argument", "title: text; input: text or JSON", 0)
         too_big = self.limits.problems(title=title, input=text)
         if too_big:
             return refused(task_id, "too_large", "; ".join(too_big), 0)
@@ -481,7 +484,7 @@ class Tasks:
         if state not in OPEN_STATES | TERMINAL or type(seq) is not int or seq < 1:
             return {"kind": "task_acked", "task_id": task_id, "known": 0}
         problems = self.limits.problems(
-            note=text_of(body, "note"), result=text_of(body, "result"), error=text_of(body, "error")
+            note=text_of(body, "note"), result=body.get("result"), error=text_of(body, "error")
         )
         if problems:
             return {"kind": "task_acked", "task_id": task_id, "known": 0}
@@ -601,7 +604,7 @@ class Tasks:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _check(self, **texts: str | None) -> None:
+    def _check(self, **texts: TaskValue | None) -> None:
         problems = self.limits.problems(**texts)
         if problems:
             raise TaskError(

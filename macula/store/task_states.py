@@ -17,6 +17,7 @@ from typing import Any, Final, Literal
 
 from macula.errors import MaculaError
 from macula.store.base import DAY_MS, Bounds
+from macula.store.task_values import TaskValue
 
 Role = Literal["requester", "assignee"]
 ROLES: Final[tuple[Role, ...]] = ("requester", "assignee")
@@ -62,11 +63,11 @@ class Task:
     role: Role
     peer: bytes
     title: str
-    input: str
+    input: TaskValue  # text or a JSON value, as given (macula.store.task_values)
     state: str
     state_seq: int
     note: str | None
-    result: str | None
+    result: TaskValue | None
     error: str | None
     contact: int | None  # assignee side: 1 sender allowed by policy, 3 deferred to the model
     delivered: int  # requester side: 1 once the assignee holds the task
@@ -82,7 +83,7 @@ class Task:
         role: Role,
         peer: bytes,
         title: str,
-        input: str,
+        input: TaskValue,
         *,
         contact: int | None = None,
         delivered: int = 0,

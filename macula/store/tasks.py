@@ -53,6 +53,7 @@ from macula.store.task_states import (
     check_transition,
     digest,
 )
+from macula.store.task_values import TaskValue, decode, encode, value_of
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -135,10 +136,18 @@ _TASKS_V1: Final[Migration] = (
     """,
     "CREATE INDEX task_outbox_by_owner ON task_outbox (owner, peer, entry_id)",
 )
+# input and result may be JSON values (macula.store.task_values): 1 marks the column's text as
+# a JSON value's, 0 as plain text (every row written before V2)
+_TASKS_V2: Final[Migration] = (
+    "ALTER TABLE tasks ADD COLUMN input_json INTEGER NOT NULL DEFAULT 0"
+    " CHECK (input_json IN (0, 1))",
+    "ALTER TABLE tasks ADD COLUMN result_json INTEGER NOT NULL DEFAULT 0"
+    " CHECK (result_json IN (0, 1))",
+)
 
 _COLUMNS: Final = (
     "task_id, role, peer, title, input, state, state_seq, note, result, error, contact,"
-    " delivered, cancel_requested, created_ms, updated_ms"
+    " delivered, cancel_requested, created_ms, updated_ms, input_json, result_json"
 )
 
 Body = Callable[[Task], dict[str, Any] | None]  # what to queue for the peer after a change
@@ -147,7 +156,7 @@ Body = Callable[[Task], dict[str, Any] | None]  # what to queue for the peer aft
 class TaskStore(SqliteStore):
     """Both sides of every task this agent sent or was handed, for one ``owner``."""
 
-    MIGRATIONS = (_TASKS_V1,)
+    MIGRATIONS = (_TASKS_V1, _TASKS_V2)
 
     def __init__(self, db: aiosqlite.Connection, path: Any) -> None:
         super().__init__(db, path)
@@ -200,7 +209,7 @@ class TaskStore(SqliteStore):
             await execute(
                 db,
                 f"INSERT INTO tasks (owner, {_COLUMNS}) VALUES"
-                " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (owner, *_values(stored)),
             )
             await _history(db, owner, stored, "requester")  # the requester submits
@@ -223,7 +232,7 @@ class TaskStore(SqliteStore):
         by: Role,
         role: Role | None = None,
         note: str | None = None,
-        result: str | None = None,
+        result: TaskValue | None = None,
         error: str | None = None,
         key: str | None = None,
         key_digest: str = "",
@@ -276,7 +285,7 @@ class TaskStore(SqliteStore):
                     state=str(fields["state"]),
                     state_seq=seq,
                     note=opt_text(fields.get("note")),
-                    result=opt_text(fields.get("result")),
+                    result=value_of(fields, "result"),
                     error=opt_text(fields.get("error")),
                 )
             await _write(db, owner, changed)
@@ -506,13 +515,14 @@ async def _count_open(db: aiosqlite.Connection, owner: bytes, peer: bytes, role:
 async def _write(db: aiosqlite.Connection, owner: bytes, task: Task) -> None:
     await execute(
         db,
-        "UPDATE tasks SET state = ?, state_seq = ?, note = ?, result = ?, error = ?,"
-        " delivered = ?, cancel_requested = ?, updated_ms = ? WHERE owner = ? AND task_id = ?",
+        "UPDATE tasks SET state = ?, state_seq = ?, note = ?, result = ?, result_json = ?,"
+        " error = ?, delivered = ?, cancel_requested = ?, updated_ms = ?"
+        " WHERE owner = ? AND task_id = ?",
         (
             task.state,
             task.state_seq,
             task.note,
-            task.result,
+            *encode(task.result),
             task.error,
             task.delivered,
             task.cancel_requested,
@@ -566,27 +576,36 @@ async def _enqueue(
 
 
 def _values(task: Task) -> tuple[Any, ...]:
+    input_text, input_json = encode(task.input)
+    result_text, result_json = encode(task.result)
     return (
         task.task_id,
         task.role,
         task.peer,
         task.title,
-        task.input,
+        input_text,
         task.state,
         task.state_seq,
         task.note,
-        task.result,
+        result_text,
         task.error,
         task.contact,
         task.delivered,
         task.cancel_requested,
         task.created_ms,
         task.updated_ms,
+        input_json,
+        result_json,
     )
 
 
 def _role(value: object) -> Role:
     return "assignee" if value == "assignee" else "requester"
+
+
+def _input(row: Row) -> TaskValue:
+    value = decode(row[4], row[15])
+    return "" if value is None else value  # the column is NOT NULL
 
 
 def _task(row: Row) -> Task:
@@ -595,11 +614,11 @@ def _task(row: Row) -> Task:
         role=_role(row[1]),
         peer=bytes(row[2]),
         title=str(row[3]),
-        input=str(row[4]),
+        input=_input(row),
         state=str(row[5]),
         state_seq=int(row[6]),
         note=opt_text(row[7]),
-        result=opt_text(row[8]),
+        result=decode(row[8], row[16]),
         error=opt_text(row[9]),
         contact=opt_int(row[10]),
         delivered=int(row[11]),

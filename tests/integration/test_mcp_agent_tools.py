@@ -23,6 +23,7 @@ from relay.station import Station
 from tools import presence, pubsub, rings, rooms
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime
+from tools.tool_schema import MeshServer
 
 pytestmark = pytest.mark.anyio
 
@@ -61,7 +62,7 @@ def build_app(env: dict[str, str], *, terse: bool = False) -> tuple[MCPServer, D
         async with open_runtime(env) as runtime:
             yield runtime
 
-    app = MCPServer(name="macula-mcp-test", lifespan=lifespan)
+    app = MeshServer(name="macula-mcp-test", lifespan=lifespan)  # the argument boundary too
     for group in GROUPS:
         group.register(app, describe)
     return app, describe
@@ -364,6 +365,8 @@ async def test_public_rooms_participants_and_observing(station: Station, tmp_pat
 async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_path: Path) -> None:
     async with mcp_agent(station, tmp_path, "alice") as alice:
         me = (await call(alice, "mesh_hello"))["node_id"]
+        # a value outside its schema (type, range) is refused at the argument boundary
+        # (tools.tool_arguments) before a tool's own checks run: only those problems are listed
         cases: list[tuple[str, dict[str, Any], str, int]] = [
             ("mesh_hello", {"operator_name": "x" * 281, "model": "y" * 281}, "invalid_argument", 2),
             ("mesh_agents", {"limit": 0, "offset": -1}, "invalid_argument", 2),
@@ -372,12 +375,12 @@ async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_pa
                 "mesh_open_room",
                 {"public": 2, "purpose": "p" * 281, "wait_join_seconds": 4000},
                 "invalid_argument",
-                3,
+                2,
             ),
             ("mesh_open_room", {"participants": ["no_such_agent", "abc123"]}, "unknown_agent", 2),
             ("mesh_open_room", {"participants": [me]}, "invalid_argument", 1),
             ("mesh_join_room", {"room_topic": "agents.room.XYZ"}, "invalid_argument", 1),
-            ("mesh_leave_room", {"room_topic": "x", "close": 2}, "invalid_argument", 2),
+            ("mesh_leave_room", {"room_topic": "x", "close": 2}, "invalid_argument", 1),
             ("mesh_leave_room", {"room_topic": UNJOINED_ROOM}, "refused", 0),
             (
                 "mesh_say",
@@ -393,16 +396,22 @@ async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_pa
                 2,
             ),
             ("mesh_say", {"room_topic": UNJOINED_ROOM, "text": "hi"}, "refused", 0),
-            ("mesh_wait_room", {"room_topic": "bogus", "wait_seconds": 0}, "invalid_argument", 2),
+            ("mesh_wait_room", {"room_topic": "bogus", "wait_seconds": 0}, "invalid_argument", 1),
             ("mesh_wait_room", {"room_topic": UNJOINED_ROOM, "wait_seconds": 1}, "refused", 0),
             ("mesh_observe_lobby", {"max_rooms": 0}, "invalid_argument", 1),
-            ("mesh_lobby_transcript", {"limit": 0, "topic": "bogus"}, "invalid_argument", 2),
+            ("mesh_lobby_transcript", {"limit": 0, "topic": "bogus"}, "invalid_argument", 1),
             ("mesh_unobserve_lobby", {"idempotency_key": "k" * 121}, "invalid_argument", 0),
             (
                 "mesh_ring",
                 {"to": " ", "purpose": "p" * 281, "room_topic": "bad", "wait_join_seconds": -1},
                 "invalid_argument",
-                4,
+                1,
+            ),
+            (
+                "mesh_ring",
+                {"to": " ", "purpose": "p" * 281, "room_topic": "bad"},
+                "invalid_argument",
+                3,
             ),
             ("mesh_ring", {"to": me, "purpose": "talk to myself"}, "refused", 0),
             ("mesh_ring", {"to": me, "purpose": "x", "room_topic": UNJOINED_ROOM}, "refused", 0),
@@ -410,7 +419,13 @@ async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_pa
                 "mesh_answer_ring",
                 {"ring_id": "no such!", "answer": 3, "reason": "r" * 281},
                 "invalid_argument",
-                3,
+                1,
+            ),
+            (
+                "mesh_answer_ring",
+                {"ring_id": "no such!", "answer": 1, "reason": "r" * 281},
+                "invalid_argument",
+                2,
             ),
             ("mesh_answer_ring", {"ring_id": "abc", "answer": 1}, "refused", 0),
             ("mesh_wait_ring", {"wait_seconds": 3601}, "invalid_argument", 1),

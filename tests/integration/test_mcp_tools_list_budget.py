@@ -156,6 +156,7 @@ def test_compact_drops_titles_and_null_options_only() -> None:
             "b": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "B"},
             "c": {"anyOf": [{"items": {"type": "string"}, "type": "array"}, {"type": "null"}]},
             "d": {"anyOf": [{"type": "string"}, {"type": "integer"}], "title": "D"},
+            "e": {"anyOf": [{"type": "string"}, {"type": "array"}, {"type": "null"}]},
             "title": {"type": "string", "title": "Title"},  # a parameter named title stays
         },
         "required": ["a"],
@@ -167,6 +168,7 @@ def test_compact_drops_titles_and_null_options_only() -> None:
             "b": {"type": "string"},
             "c": {"items": {"type": "string"}, "type": "array"},
             "d": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+            "e": {"anyOf": [{"type": "string"}, {"type": "array"}]},
             "title": {"type": "string"},
         },
         "required": ["a"],
