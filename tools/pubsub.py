@@ -1,4 +1,13 @@
-"""Pub/sub tools: ``mesh_publish`` and ``mesh_watch``."""
+"""Pub/sub tools: ``mesh_publish`` and ``mesh_watch``.
+
+Invariants:
+- neither reports success for what the station did not do: both compare the connection's
+  refusal counters before and after sending (``tools.realm_access.acting``), so a PUBLISH or
+  SUBSCRIBE the station dropped (a protected realm: ``realm_refused``; a quota, a rate) is the
+  tool's error with a ``next_action``; a watch that was refused returns at once;
+- in a realm other than the all-zero one the result gains ``realm_member`` 0/1 (and a hint
+  without a membership), as the room tools' do.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from tools.context import Descriptions, hints, runtime_of
+from tools.realm_access import PUBLISH_REFUSALS, SUBSCRIBE_REFUSALS, acting, check
 from tools.realms import parse_realm
 from tools.results import bad_argument
 from tools.runtime import run_tool
@@ -51,8 +61,10 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             return bad_argument("topic", "must be 1-256 characters")
 
         async def work() -> dict[str, Any]:
+            before = await acting(runtime, tag, PUBLISH_REFUSALS)
             seq = await runtime.node.publish(tag, topic, fact)
-            return {"topic": topic, "realm": tag.hex(), "seq": seq, "published": 1}
+            in_realm = await check(runtime, before)  # the station dropped it: an error
+            return {"topic": topic, "realm": tag.hex(), "seq": seq, "published": 1} | in_realm
 
         args = {"topic": topic, "fact": fact, "realm": tag.hex()}
         return await run_tool(runtime, "mesh_publish", args, work, idempotency_key=idempotency_key)
@@ -97,8 +109,10 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             events: list[dict[str, Any]] = []
             loop = asyncio.get_running_loop()
             deadline = loop.time() + duration_seconds
+            before = await acting(runtime, tag, SUBSCRIBE_REFUSALS)
             sub = await runtime.node.subscribe(tag, topic)
             async with sub:
+                in_realm = await check(runtime, before)  # refused: no wait for nothing
                 while len(events) < count:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
@@ -123,6 +137,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
                 "timed_out": int(len(events) < count),
                 "missed": sub.missed,
                 "gaps": sub.gaps,
+                **in_realm,
             }
 
         return await run_tool(runtime, "mesh_watch", {"topic": topic}, work)

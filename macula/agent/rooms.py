@@ -22,9 +22,10 @@ Invariants:
   every new message bumps ``_generation`` under ``_changed``, and a waiter re-reads whenever
   the generation moved since its last read, so nothing recorded between a read and the wait
   is missed;
-- unread marks (``wait_unread``, ``inbox``): the oldest unread message from someone else is
-  returned at once, else the first to be recorded; what is returned is marked read, and a
-  message marked read by one waiter is never returned to another;
+- unread marks (``wait_unread_all``, ``inbox``): every unread message from someone else is
+  returned at once (``macula.agent.room_waits``: oldest first, capped), else the first ones
+  recorded; what is returned is marked read, and a message marked read by one waiter is never
+  returned to another; ``say`` with a wait returns everything after ours once one answers it;
 - catch-up (``macula.agent.catchup``) runs at start, after every reconnect and on joining a
   room; what it fetches goes through ``_heard`` like a live delivery;
 - realms (issue 13): a room lives in one realm, stored with its membership (default all-zero);
@@ -44,7 +45,7 @@ import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from macula.agent.catchup import CatchUp, HistorySource
 from macula.agent.envelope import (
@@ -61,6 +62,7 @@ from macula.agent.envelope import (
     validate,
 )
 from macula.agent.room_keys import Heard, RoomKeys
+from macula.agent.room_waits import MAX_BATCH, MAX_BATCH_CHARS, UnreadBatch, answer_index
 from macula.errors import MaculaError
 from macula.node import Node
 from macula.services import HouseClient
@@ -72,6 +74,7 @@ log = logging.getLogger("macula.agent.rooms")
 
 HELP_KINDS = frozenset({"help_requested", "help_offered"})
 DEFAULT_MAX_ROOMS = 20
+_Found = TypeVar("_Found")
 
 
 class RoomError(MaculaError):
@@ -117,6 +120,8 @@ class Said:
     message_id: str
     waited: int  # 1 when the call waited for a reply (then ``reply`` is it, or None)
     reply: TranscriptMessage | None = None
+    heard: UnreadBatch | None = None  # after a wait: everything from others since ours
+    answer_index: int | None = None  # where ``reply`` is in ``heard.messages``
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,12 +501,18 @@ class Rooms:
         envelope = await self._publish(
             topic, kind, text, in_reply_to=in_reply_to, refs=list(refs) if refs else None
         )
+        said = str(envelope["message_id"])
         if wait_reply_seconds <= 0:
-            return Said(topic, envelope["message_id"], 0)
-        reply = await self.wait_unread(
-            topic, wait_reply_seconds, after_message_id=envelope["message_id"]
+            return Said(topic, said, 0)
+        heard = await self.wait_unread_all(
+            topic,
+            wait_reply_seconds,
+            after_message_id=said,
+            until=lambda batch: answer_index(batch.messages, said) is not None or batch.left > 0,
         )
-        return Said(topic, envelope["message_id"], 1, reply)
+        index = answer_index(heard.messages, said)
+        reply = None if index is None else heard.messages[index]
+        return Said(topic, said, 1, reply, heard, index)
 
     async def wait(
         self,
@@ -531,10 +542,26 @@ class Rooms:
     async def wait_unread(
         self, topic: str, wait_seconds: float, *, after_message_id: str | None = None
     ) -> TranscriptMessage | None:
-        """The oldest unread attested message in ``topic`` from someone else, at once if there
-        is one, else the first to arrive within ``wait_seconds``; marked read. With
-        ``after_message_id``: the first from someone else that arrived after that envelope,
-        read or not (``RoomError`` if it is not recorded in ``topic``)."""
+        """``wait_unread_all`` for one message: the oldest it would give, or None."""
+        batch = await self.wait_unread_all(
+            topic, wait_seconds, after_message_id=after_message_id, limit=1
+        )
+        return batch.messages[0] if batch.messages else None
+
+    async def wait_unread_all(
+        self,
+        topic: str,
+        wait_seconds: float,
+        *,
+        after_message_id: str | None = None,
+        until: Callable[[UnreadBatch], bool] | None = None,
+        limit: int = MAX_BATCH,
+    ) -> UnreadBatch:
+        """Every unread attested message in ``topic`` from someone else (oldest first, up to
+        ``limit``), at once if there are any, else as soon as one is recorded within
+        ``wait_seconds``; marked read. With ``after_message_id``: those that arrived after that
+        envelope, read or not (``RoomError`` if it is not recorded in ``topic``), and, with
+        ``until``, only once ``until`` holds for them (else an empty batch at the deadline)."""
         after_seq = None
         if after_message_id is not None:
             anchor = await self.transcript.message(topic, after_message_id)
@@ -545,21 +572,19 @@ class Rooms:
                 )
             after_seq = anchor.seq
 
-        async def found() -> TranscriptMessage | None:
-            while True:
-                hit = await self.transcript.first_unread(topic, self.me, after_seq=after_seq)
-                if hit is None:
-                    return None
-                taken = await self.transcript.mark_read(topic, [hit.seq], self.clock())
-                if taken or after_seq is not None:
-                    return hit
-                # another waiter marked it read between our read and our mark: look again
+        async def found() -> UnreadBatch | None:
+            taken, left = await self.transcript.take_unread(
+                topic, self.me, self.clock(), after_seq=after_seq, limit=limit,
+                max_chars=MAX_BATCH_CHARS,
+            )  # fmt: skip
+            batch = UnreadBatch(taken, left)
+            return batch if taken and (until is None or until(batch)) else None
 
-        return await self._wait_until(found, wait_seconds)
+        return await self._wait_until(found, wait_seconds) or UnreadBatch([])
 
     async def _wait_until(
-        self, found: Callable[[], Awaitable[TranscriptMessage | None]], wait_seconds: float
-    ) -> TranscriptMessage | None:
+        self, found: Callable[[], Awaitable[_Found | None]], wait_seconds: float
+    ) -> _Found | None:
         """``found()`` now, and again whenever a message is recorded, for ``wait_seconds``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(0.0, wait_seconds)
