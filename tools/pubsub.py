@@ -19,7 +19,13 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from tools.context import Descriptions, hints, runtime_of
-from tools.realm_access import PUBLISH_REFUSALS, SUBSCRIBE_REFUSALS, acting, check
+from tools.realm_access import (
+    PUBLISH_REFUSALS,
+    SUBSCRIBE_REFUSALS,
+    acting,
+    check,
+    subscribe_anew,
+)
 from tools.realms import parse_realm
 from tools.results import bad_argument
 from tools.runtime import run_tool
@@ -112,6 +118,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             before = await acting(runtime, tag, SUBSCRIBE_REFUSALS)
             sub = await runtime.node.subscribe(tag, topic)
             async with sub:
+                await subscribe_anew(runtime, tag, topic)  # told now, even if held already
                 in_realm = await check(runtime, before)  # refused: no wait for nothing
                 while len(events) < count:
                     remaining = deadline - loop.time()

@@ -147,6 +147,14 @@ async def acting(runtime: Runtime, realm: bytes, watched: frozenset[str]) -> Rea
     return RealmGuard(realm, membership, await _refusals(runtime), watched)
 
 
+async def subscribe_anew(runtime: Runtime, realm: bytes, topic: str) -> None:
+    """SUBSCRIBE on the live connection even when the node holds the key already (a room tap
+    does): the station answers a repeat of a subscription it keeps with nothing, and one it
+    refuses (a revoked membership) with a counted refusal, so ``check`` sees it."""
+    session = await runtime.node.session(FLUSH_TIMEOUT_S)
+    session.subscribe(realm, topic)
+
+
 def _station_refused(reasons: list[str]) -> ArgumentProblems:
     actions = [_NEXT_ACTIONS.get(reason, "read detail and adjust the call") for reason in reasons]
     return ArgumentProblems(
