@@ -18,10 +18,8 @@ Invariants:
 - private rooms (``keys``, see ``macula.agent.room_keys``): what we publish there is sealed,
   what we hear there is opened before it is recorded (the transcript holds plaintext only);
   a private room is never announced on central;
-- waiting never polls the station: it waits on the local transcript, which the taps fill;
-  every new message bumps ``_generation`` under ``_changed``, and a waiter re-reads whenever
-  the generation moved since its last read, so nothing recorded between a read and the wait
-  is missed;
+- waiting never polls the station: it waits on the local transcript, which the taps fill
+  (``macula.agent.room_waits``: every new message bumps ``_generation`` under ``_changed``);
 - unread marks (``wait_unread_all``, ``inbox``): every unread message from someone else is
   returned at once (``macula.agent.room_waits``: oldest first, capped), else the first ones
   recorded; what is returned is marked read, and a message marked read by one waiter is never
@@ -38,14 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from macula.agent.catchup import CatchUp, HistorySource
 from macula.agent.envelope import (
@@ -62,7 +59,7 @@ from macula.agent.envelope import (
     validate,
 )
 from macula.agent.room_keys import Heard, RoomKeys
-from macula.agent.room_waits import MAX_BATCH, MAX_BATCH_CHARS, UnreadBatch, answer_index
+from macula.agent.room_waits import RoomError, TranscriptWaits, UnreadBatch, answer_index
 from macula.errors import MaculaError
 from macula.node import Node
 from macula.services import HouseClient
@@ -74,11 +71,6 @@ log = logging.getLogger("macula.agent.rooms")
 
 HELP_KINDS = frozenset({"help_requested", "help_offered"})
 DEFAULT_MAX_ROOMS = 20
-_Found = TypeVar("_Found")
-
-
-class RoomError(MaculaError):
-    """A room operation that cannot be done; the message says why and what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +135,7 @@ class RoomsInbox:
     central_lost: int = 0
 
 
-class Rooms:
+class Rooms(TranscriptWaits):
     def __init__(
         self,
         node: Node,
@@ -513,96 +505,6 @@ class Rooms:
         index = answer_index(heard.messages, said)
         reply = None if index is None else heard.messages[index]
         return Said(topic, said, 1, reply, heard, index)
-
-    async def wait(
-        self,
-        topic: str,
-        wait_seconds: float,
-        *,
-        after_ms: int | None = None,
-        kinds: set[str] | None = None,
-        sender: str | None = None,
-    ) -> TranscriptMessage | None:
-        """The first attested message in ``topic`` from someone else received after now."""
-        since = self.clock() if after_ms is None else after_ms
-
-        async def found() -> TranscriptMessage | None:
-            for message in await self.transcript.messages(topic, since_ms=since, limit=200):
-                if (
-                    message.attested
-                    and message.from_hex != self.me
-                    and (kinds is None or message.kind in kinds)
-                    and (sender is None or message.from_hex == sender)
-                ):
-                    return message
-            return None
-
-        return await self._wait_until(found, wait_seconds)
-
-    async def wait_unread(
-        self, topic: str, wait_seconds: float, *, after_message_id: str | None = None
-    ) -> TranscriptMessage | None:
-        """``wait_unread_all`` for one message: the oldest it would give, or None."""
-        batch = await self.wait_unread_all(
-            topic, wait_seconds, after_message_id=after_message_id, limit=1
-        )
-        return batch.messages[0] if batch.messages else None
-
-    async def wait_unread_all(
-        self,
-        topic: str,
-        wait_seconds: float,
-        *,
-        after_message_id: str | None = None,
-        until: Callable[[UnreadBatch], bool] | None = None,
-        limit: int = MAX_BATCH,
-    ) -> UnreadBatch:
-        """Every unread attested message in ``topic`` from someone else (oldest first, up to
-        ``limit``), at once if there are any, else as soon as one is recorded within
-        ``wait_seconds``; marked read. With ``after_message_id``: those that arrived after that
-        envelope, read or not (``RoomError`` if it is not recorded in ``topic``), and, with
-        ``until``, only once ``until`` holds for them (else an empty batch at the deadline)."""
-        after_seq = None
-        if after_message_id is not None:
-            anchor = await self.transcript.message(topic, after_message_id)
-            if anchor is None:
-                raise RoomError(
-                    f"after_message_id {after_message_id!r} is not a message recorded in "
-                    f"{topic}: pass a message_id from mesh_read_inbox or mesh_say"
-                )
-            after_seq = anchor.seq
-
-        async def found() -> UnreadBatch | None:
-            taken, left = await self.transcript.take_unread(
-                topic, self.me, self.clock(), after_seq=after_seq, limit=limit,
-                max_chars=MAX_BATCH_CHARS,
-            )  # fmt: skip
-            batch = UnreadBatch(taken, left)
-            return batch if taken and (until is None or until(batch)) else None
-
-        return await self._wait_until(found, wait_seconds) or UnreadBatch([])
-
-    async def _wait_until(
-        self, found: Callable[[], Awaitable[_Found | None]], wait_seconds: float
-    ) -> _Found | None:
-        """``found()`` now, and again whenever a message is recorded, for ``wait_seconds``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, wait_seconds)
-        while True:
-            generation = self._generation  # read before looking: a later record moves it
-            hit = await found()
-            if hit is not None:
-                return hit
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    moved = functools.partial(self._moved_since, generation)
-                    await asyncio.wait_for(self._changed.wait_for(moved), remaining)
-
-    def _moved_since(self, generation: int) -> bool:
-        return self._generation != generation
 
     def observed(self) -> list[str]:
         """The public rooms tapped by the observer only (not joined), sorted."""
