@@ -59,7 +59,8 @@ from macula.agent.envelope import (
     validate,
 )
 from macula.agent.room_keys import Heard, RoomKeys
-from macula.agent.room_waits import RoomError, TranscriptWaits, UnreadBatch, answer_index
+from macula.agent.room_waits import RoomError as RoomError  # re-exported: raised by both
+from macula.agent.room_waits import TranscriptWaits, UnreadBatch, answer_index
 from macula.errors import MaculaError
 from macula.node import Node
 from macula.services import HouseClient
