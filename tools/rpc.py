@@ -460,13 +460,14 @@ async def _advertised(
     runtime: Runtime, realm: bytes, name: str, handler: Callable[[IncomingCall], Any]
 ) -> dict[str, Any]:
     """ADVERTISE ``name`` (no DHT record yet) and make sure the station took it: a refusal
-    (``realm_refused``, ``advertise_taken``...) withdraws the local handler and the entry and
-    fails the tool, so nothing pretends to serve what callers cannot reach."""
-    before = await acting(runtime, realm, ADVERTISE_REFUSALS)
-    await runtime.node.advertise(realm, name, handler)
+    (``realm_refused``, ``advertise_taken``...), or no station to ask, withdraws the local
+    handler and the entry and fails the tool, so nothing pretends to serve what callers
+    cannot reach."""
     try:
+        before = await acting(runtime, realm, ADVERTISE_REFUSALS)
+        await runtime.node.advertise(realm, name, handler)
         return await check(runtime, before)
-    except InvalidArgument:
-        await runtime.node.unadvertise(realm, name)
+    except (InvalidArgument, MaculaError, TimeoutError):
+        await runtime.node.unadvertise(realm, name)  # a no-op if it was never advertised
         runtime.served.pop(name, None)
         raise
