@@ -16,12 +16,16 @@ from typing import Any
 import pytest
 import test_mcp_agent_tools
 from mcp import Client
-from meshkit import station_config
-from realmkit import PRIVATE, REALM_NAME
+from meshkit import new_identity, station_config
+from rawclient import now_ms
+from realmkit import PRIVATE, REALM_NAME, endorse
 from test_mcp_agent_tools import build_app, call, refused
 from test_mcp_core_tools import DOUBLE
 from waiting import eventually
 
+from macula.keyfile import save_identity
+from macula.realm.membership import MembershipStore, memberships_path
+from macula.realm.records import check_endorsement
 from macula.wire.identity import Identity
 from relay.realms import ProtectedRealm
 from relay.station import Station
@@ -97,6 +101,42 @@ async def test_a_non_members_publish_watch_and_serve_in_a_protected_realm_are_re
         serving = await call(eve, "mesh_serve", serve | {"realm": UNPROTECTED})
         assert (serving["serving"], serving["realm_member"]) == (1, 0)
         assert protected.core.stats["realm_refused"] == refusals
+
+
+async def test_a_members_publish_watch_and_serve_in_the_protected_realm_succeed(
+    protected: Station, tmp_path: Path
+) -> None:
+    home = tmp_path / "ada"
+    identity = new_identity()
+    save_identity(home / "id.key", identity)
+    record = endorse(AUTHORITY, identity.node_id)
+    endorsement = check_endorsement(
+        record,
+        realm=PRIVATE,
+        authority=AUTHORITY.node_id,
+        member=identity.node_id,
+        now_ms=now_ms(),
+    )
+    MembershipStore(memberships_path(home, identity.node_id), identity).put(endorsement, now_ms())
+    async with agent(protected, home) as ada:
+        watch = {"topic": TOPIC, "realm": REALM_NAME, "duration_seconds": 20, "count": 1}
+        watching = asyncio.create_task(call(ada, "mesh_watch", watch))
+
+        async def heard() -> dict[str, Any] | None:  # publish until the watch (ours) hears one
+            published = await call(
+                ada, "mesh_publish", {"topic": TOPIC, "fact": {"n": 2}, "realm": REALM_NAME}
+            )
+            assert (published["published"], published["realm_member"]) == (1, 1)
+            assert "realm_hint" not in published
+            await asyncio.wait({watching}, timeout=0.2)
+            return watching.result() if watching.done() else None
+
+        got = await eventually(heard)
+        assert [e["payload"] for e in got["events"]] == [{"n": 2}] and got["realm_member"] == 1
+        serve = {"name": PROCEDURE, "exec": DOUBLE, "realm": REALM_NAME, "announce": 0}
+        served = await call(ada, "mesh_serve", serve)
+        assert (served["serving"], served["realm_member"]) == (1, 1)
+        assert protected.core.stats["realm_refused"] == 0
 
 
 async def test_a_procedure_another_node_serves_is_refused_as_taken(
