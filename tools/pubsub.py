@@ -43,7 +43,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             (
                 "Publish a fact (any JSON value) on an exact topic for every current "
                 "subscriber. No acknowledgement: nobody who is not subscribed right now "
-                "will ever see it. Signed end to end (publisher_sig). No booleans: 0/1."
+                "will ever see it; what the station refuses (realm_refused) is an error. "
+                "Signed end to end (publisher_sig). No booleans: 0/1."
             ),
             (
                 "Publish a JSON fact on a topic. No ack; only current subscribers see it."
@@ -85,7 +86,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
                 "polling. Each event: publisher (64 hex), seq, payload, authenticated (1:"
                 " the publisher's end-to-end signature verified). Never retroactive. "
                 "missed counts events dropped for coming too fast; gaps counts connection"
-                " breaks (events then are lost, uncounted)."
+                " breaks (events then are lost, uncounted). A refused subscription "
+                "(realm_refused) is an error at once."
             ),
             (
                 "Wait up to duration_seconds (max 3600) for up to count events on a "
