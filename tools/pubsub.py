@@ -1,4 +1,13 @@
-"""Pub/sub tools: ``mesh_publish`` and ``mesh_watch``."""
+"""Pub/sub tools: ``mesh_publish`` and ``mesh_watch``.
+
+Invariants:
+- neither reports success for what the station did not do: both compare the connection's
+  refusal counters before and after sending (``tools.realm_access.acting``), so a PUBLISH or
+  SUBSCRIBE the station dropped (a protected realm: ``realm_refused``; a quota, a rate) is the
+  tool's error with a ``next_action``; a watch that was refused returns at once;
+- in a realm other than the all-zero one the result gains ``realm_member`` 0/1 (and a hint
+  without a membership), as the room tools' do.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,13 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from tools.context import Descriptions, hints, runtime_of
+from tools.realm_access import (
+    PUBLISH_REFUSALS,
+    SUBSCRIBE_REFUSALS,
+    acting,
+    check,
+    subscribe_anew,
+)
 from tools.realms import parse_realm
 from tools.results import bad_argument
 from tools.runtime import run_tool
@@ -28,7 +44,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             (
                 "Publish a fact (any JSON value) on an exact topic for every current "
                 "subscriber. No acknowledgement: nobody who is not subscribed right now "
-                "will ever see it. Signed end to end (publisher_sig). No booleans: 0/1."
+                "will ever see it; what the station refuses (realm_refused) is an error. "
+                "Signed end to end (publisher_sig). No booleans: 0/1."
             ),
             (
                 "Publish a JSON fact on a topic. No ack; only current subscribers see it."
@@ -54,8 +71,10 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             return deep
 
         async def work() -> dict[str, Any]:
+            before = await acting(runtime, tag, PUBLISH_REFUSALS)
             seq = await runtime.node.publish(tag, topic, fact)
-            return {"topic": topic, "realm": tag.hex(), "seq": seq, "published": 1}
+            in_realm = await check(runtime, before)  # the station dropped it: an error
+            return {"topic": topic, "realm": tag.hex(), "seq": seq, "published": 1} | in_realm
 
         args = {"topic": topic, "fact": fact, "realm": tag.hex()}
         return await run_tool(runtime, "mesh_publish", args, work, idempotency_key=idempotency_key)
@@ -71,7 +90,8 @@ def register(app: MCPServer, describe: Descriptions) -> None:
                 " the publisher's end-to-end signature verified; 0: attested_by, the station"
                 " (64 hex) vouching for publisher, is all). Never retroactive. "
                 "missed counts events dropped for coming too fast; gaps counts connection"
-                " breaks (events then are lost, uncounted)."
+                " breaks (events then are lost, uncounted). A refused subscription "
+                "(realm_refused) is an error at once."
             ),
             (
                 "Wait up to duration_seconds (max 3600) for up to count events on a "
@@ -101,8 +121,11 @@ def register(app: MCPServer, describe: Descriptions) -> None:
             events: list[dict[str, Any]] = []
             loop = asyncio.get_running_loop()
             deadline = loop.time() + duration_seconds
+            before = await acting(runtime, tag, SUBSCRIBE_REFUSALS)
             sub = await runtime.node.subscribe(tag, topic)
             async with sub:
+                await subscribe_anew(runtime, tag, topic)  # told now, even if held already
+                in_realm = await check(runtime, before)  # refused: no wait for nothing
                 while len(events) < count:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
@@ -128,6 +151,7 @@ def register(app: MCPServer, describe: Descriptions) -> None:
                 "timed_out": int(len(events) < count),
                 "missed": sub.missed,
                 "gaps": sub.gaps,
+                **in_realm,
             }
 
         return await run_tool(runtime, "mesh_watch", {"topic": topic}, work)

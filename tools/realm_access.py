@@ -1,5 +1,5 @@
-"""Tools acting in a realm (rooms, rings, hello): make sure the station knows our membership
-first, and tell the agent when the station refused what the tool did there.
+"""Tools acting in a realm (rooms, rings, hello, publish, watch, serve): make sure the station
+knows our membership first, and tell the agent when the station refused what the tool did.
 
 Why: in a realm a station protects, a SUBSCRIBE or PUBLISH from a non-member is refused
 without an answer on the wire; only the connection's refusal counters (``_relay.ping``,
@@ -15,6 +15,9 @@ Invariants:
   membership); otherwise the result gains ``realm`` (64 hex) and ``realm_member`` 0/1, and,
   without a membership, a ``realm_hint`` saying that refusals there are silent and that
   anyone the station lets in can read (mesh_list_realms lists the memberships we hold);
+- ``acting`` watches more than realm refusals, in any realm (the all-zero one too): a
+  PUBLISH, SUBSCRIBE or ADVERTISE the station dropped for another reason (a quota, a name
+  someone else serves) fails the tool with that counter's name as its code;
 - a room the station refused us (``left_if_refused``) is left again, locally: what we would
   publish there reaches nobody, and nothing half-made remains;
 - nothing here holds a credential in a result: only tags, 0/1 and reasons.
@@ -50,11 +53,43 @@ UNHELD_HINT: Final = (
 _presented: weakref.WeakKeyDictionary[Session, set[bytes]] = weakref.WeakKeyDictionary()
 
 
+# what the station counts when it refuses each kind of frame without an answer (relay/core.py
+# ``_realm_refused``, relay/interest.py): a rise in one of them while a tool acted is a refusal
+PUBLISH_REFUSALS: Final = frozenset(
+    {REFUSED, "publish_rate_limited", "bad_publisher_sig", "foreign_publish"}
+)
+SUBSCRIBE_REFUSALS: Final = frozenset({REFUSED, "subscription_quota", "foreign_subscribe"})
+ADVERTISE_REFUSALS: Final = frozenset(
+    {
+        REFUSED,
+        "advertise_taken",
+        "advertise_tombstoned",
+        "advertise_quota",
+        "reserved_advertise",
+        "builtin_advertise",
+        "foreign_advertise",
+    }
+)
+_NEXT_ACTIONS: Final = {
+    "advertise_taken": "another node serves that procedure here: choose another name or realm",
+    "advertise_tombstoned": "another node just released that name: try again in a minute",
+    "advertise_quota": "you serve as many procedures as this station allows: mesh_unserve one",
+    "reserved_advertise": "that name is a service of the station itself: choose another",
+    "builtin_advertise": "that name is a built-in of the station: choose another",
+    "subscription_quota": (
+        "this connection holds as many subscriptions as the station allows: leave a room "
+        "(mesh_leave_room) or end another watch first"
+    ),
+    "publish_rate_limited": "you publish faster than the station allows: wait, then again",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class RealmGuard:
     realm: bytes
     membership: Membership | None
-    refused_before: int
+    refused_before: dict[str, int]
+    watched: frozenset[str] = frozenset({REFUSED})
 
 
 def _refused(detail: str, held: bool) -> ArgumentProblems:
@@ -91,32 +126,64 @@ async def _present(runtime: Runtime, membership: Membership) -> None:
             )
 
 
-async def _refused_count(runtime: Runtime) -> int:
-    return (await runtime.node.flush(FLUSH_TIMEOUT_S)).get(REFUSED, 0)
+async def _refusals(runtime: Runtime) -> dict[str, int]:
+    """This connection's refusal counters, once the station handled all we sent before."""
+    return await runtime.node.flush(FLUSH_TIMEOUT_S)
 
 
 async def guard(runtime: Runtime, realm: bytes) -> RealmGuard | None:
     """Before acting in ``realm``: None for the all-zero realm, else the guard to ``check``."""
     if realm == ZERO_REALM:
         return None
-    membership = membership_store(runtime).get(realm)
+    return await acting(runtime, realm, frozenset({REFUSED}))
+
+
+async def acting(runtime: Runtime, realm: bytes, watched: frozenset[str]) -> RealmGuard:
+    """Before sending frames in ``realm`` (the all-zero one too): the guard whose ``check``
+    fails if the station counts one of the ``watched`` refusals meanwhile."""
+    membership = None if realm == ZERO_REALM else membership_store(runtime).get(realm)
     if membership is not None:
         await _present(runtime, membership)
-    return RealmGuard(realm, membership, await _refused_count(runtime))
+    return RealmGuard(realm, membership, await _refusals(runtime), watched)
+
+
+async def subscribe_anew(runtime: Runtime, realm: bytes, topic: str) -> None:
+    """SUBSCRIBE on the live connection even when the node holds the key already (a room tap
+    does): the station answers a repeat of a subscription it keeps with nothing, and one it
+    refuses (a revoked membership) with a counted refusal, so ``check`` sees it."""
+    session = await runtime.node.session(FLUSH_TIMEOUT_S)
+    session.subscribe(realm, topic)
+
+
+def _station_refused(reasons: list[str]) -> ArgumentProblems:
+    actions = [_NEXT_ACTIONS.get(reason, "read detail and adjust the call") for reason in reasons]
+    return ArgumentProblems(
+        [f"the station refused it without an answer on the wire ({', '.join(reasons)})"],
+        code=reasons[0],
+        next_action="; ".join(dict.fromkeys(actions)),
+    )
 
 
 async def check(runtime: Runtime, realm_guard: RealmGuard | None) -> dict[str, Any]:
-    """After acting: what the result gains (empty for the all-zero realm), or ``realm_refused``
-    if the station refused anything of this connection's meanwhile."""
+    """After acting: what the result gains (empty for the all-zero realm), or the refusal
+    (``realm_refused``, else the station's counter name) if the station counted one of the
+    guard's watched refusals on this connection meanwhile."""
     if realm_guard is None:
         return {}
     held = realm_guard.membership is not None
-    if await _refused_count(runtime) > realm_guard.refused_before:
+    after = await _refusals(runtime)
+    before = realm_guard.refused_before
+    risen = sorted(n for n in realm_guard.watched if after.get(n, 0) > before.get(n, 0))
+    if REFUSED in risen:
         raise _refused(
             f"the station refused to let this connection act in realm {realm_guard.realm.hex()}"
             " (it protects the realm and holds no valid membership of yours)",
             held=held,
         )
+    if risen:
+        raise _station_refused(risen)
+    if realm_guard.realm == ZERO_REALM:
+        return {}
     view: dict[str, Any] = {"realm": realm_guard.realm.hex(), "realm_member": int(held)}
     if not held:
         view["realm_hint"] = UNHELD_HINT

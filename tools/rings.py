@@ -290,13 +290,17 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
         description=describe(
             "mesh_wait_ring",
             (
-                "Block up to wait_seconds (default 30, max 3600) for the next incoming "
-                "ring, or the late answer to a deferred ring of yours (late_answer 1). "
-                "Returns on ANY incoming ring: check its answer (3: yours to answer with "
-                "mesh_answer_ring; 1 and 2 your policy gave). ring null, timed_out 1 if "
-                "none. Earlier rings: rings.pending in mesh_read_inbox."
+                "Every incoming ring, and late answer to a deferred ring of yours "
+                "(late_answer 1), not yet returned by a wait: at once if any, else "
+                "blocks up to wait_seconds (default 30, max 3600) for the next. rings: "
+                "oldest first (<= 20; left: how many more), ring: the newest. Check each"
+                " answer (3: yours to answer with mesh_answer_ring; 1 and 2 your policy"
+                " gave). ring null, timed_out 1 if none. Pending: mesh_read_inbox."
             ),
-            ("Block (max 3600 s) for the next ring or late answer; answer 3 = yours to answer."),
+            (
+                "Every ring or late answer not yet returned, else block (max 3600 s) for the "
+                "next; answer 3 = yours to answer."
+            ),
         ),
         annotations=hints(read_only=True, destructive=False, idempotent=True),
     )
@@ -313,9 +317,16 @@ def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
             async def started() -> None:  # a progress notification, for clients that asked
                 await ctx.report_progress(0, None, "waiting for a ring")
 
-            event = await runtime.agent.rings.wait_ring(wait_seconds, started=started)
-            ring = None if event is None else _event_view(event)
-            return {"ring": ring, "timed_out": int(ring is None)}
+            waited = await runtime.agent.rings.wait_rings(wait_seconds, started=started)
+            rings = [_event_view(event) for event in waited.events]
+            newest = rings[-1] if rings else None
+            return {
+                "rings": rings,
+                "count": len(rings),
+                "left": waited.left,
+                "ring": newest,
+                "timed_out": int(newest is None),
+            }
 
         return await run_agent_tool(runtime, "mesh_wait_ring", {"wait_seconds": wait_seconds}, work)
 

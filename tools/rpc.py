@@ -42,6 +42,7 @@ from macula.clock import now_ms
 from macula.errors import MaculaError
 from macula.serving import CallRefused, IncomingCall
 from tools.context import Descriptions, hints, runtime_of
+from tools.realm_access import ADVERTISE_REFUSALS, acting, check
 from tools.realms import parse_realm
 from tools.results import InvalidArgument, bad_argument, plain
 from tools.runtime import MAX_IDEMPOTENCY_KEY, Runtime, check_key, run_tool
@@ -448,16 +449,32 @@ async def _serve(
                               "rate_per_minute": gate.rate_per_minute, "allow": gate.allow,
                               "replaced": int(previous is not None),
                               "node_id": runtime.node.identity.node_id.hex()}  # fmt: skip
-    try:  # the handler is registered before advertise's first await; only the record may fail
-        await asyncio.wait_for(
-            runtime.node.advertise(realm, name, handler, announce=announce == 1), ANNOUNCE_TIMEOUT_S
-        )
+    in_realm = await _advertised(runtime, realm, name, handler)
+    try:  # the station took the ADVERTISE; only the DHT record may fail now
+        if announce:
+            announcing = runtime.node.advertise(realm, name, handler, announce=True)
+            await asyncio.wait_for(announcing, ANNOUNCE_TIMEOUT_S)
         entry["announced"] = announce
     except (MaculaError, TimeoutError, OSError) as exc:
-        if not announce:
-            raise
         reason = str(exc) or f"no DHT answer in {ANNOUNCE_TIMEOUT_S:g} s"
         log.warning("serving %s, but its procedure_advertisement was not stored: %s", name, reason)
         result["announce_error"] = reason
     result["announced"] = entry["announced"]
-    return result
+    return result | in_realm
+
+
+async def _advertised(
+    runtime: Runtime, realm: bytes, name: str, handler: Callable[[IncomingCall], Any]
+) -> dict[str, Any]:
+    """ADVERTISE ``name`` (no DHT record yet) and make sure the station took it: a refusal
+    (``realm_refused``, ``advertise_taken``...), or no station to ask, withdraws the local
+    handler and the entry and fails the tool, so nothing pretends to serve what callers
+    cannot reach."""
+    try:
+        before = await acting(runtime, realm, ADVERTISE_REFUSALS)
+        await runtime.node.advertise(realm, name, handler)
+        return await check(runtime, before)
+    except (InvalidArgument, MaculaError, TimeoutError):
+        await runtime.node.unadvertise(realm, name)  # a no-op if it was never advertised
+        runtime.served.pop(name, None)
+        raise

@@ -20,7 +20,9 @@ epoch when they are not yet keyed) is handed to them by a call to their ring end
 a callee takes such a key only when the room's opener signed it (``RoomKeys.accept``).
 
 ``observers`` are told (synchronously) of every ``RingEvent`` after waiters are woken; they
-must not block, and one failing is logged, never fatal.
+must not block, and one failing is logged, never fatal. Waits (``wait_rings``) take every
+event not yet taken by a wait, oldest first (kept in memory, at most ``MAX_UNSEEN``: older
+ones are dropped and counted, ``ring_events_dropped``); each event goes to one wait only.
 
 Realms (issue 13): a ring into a room that lives in a realm names the realm (``realm``, 64
 hex); the callee notes it for the room (first ring wins, ``TranscriptStore.note_invited_realm``)
@@ -38,7 +40,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,8 @@ log = logging.getLogger("macula.agent.rings")
 RATE_WINDOW_MS = 2_000
 MAX_PENDING_PER_CALLER = 3
 RING_TIMEOUT_S = 10.0
+MAX_UNSEEN = 100  # ring events kept for the next wait; older ones are dropped (counted)
+MAX_RINGS_WAITED = 20  # returned by one wait
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -91,6 +95,14 @@ class RingAnswered:
     answer: int
     caller_notified: int  # 0 when the caller was gone (the answer is recorded anyway)
     state: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RingsWaited:
+    """What one wait took (oldest first) and how many more are waiting."""
+
+    events: list[RingEvent]
+    left: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -129,8 +141,7 @@ class Rings:
         self.stats: Counter[str] = Counter()
         self._last_ring: dict[bytes, int] = {}
         self._incoming = asyncio.Condition()
-        self._incoming_count = 0
-        self._latest: RingEvent | None = None
+        self._unseen: deque[RingEvent] = deque()  # not yet returned by a wait, oldest first
         self.serving = False
         self.observers: list[Callable[[RingEvent], None]] = []  # told of every RingEvent
 
@@ -258,8 +269,10 @@ class Rings:
 
     async def _notify(self, event: RingEvent) -> None:
         async with self._incoming:
-            self._incoming_count += 1
-            self._latest = event
+            if len(self._unseen) >= MAX_UNSEEN:
+                self._unseen.popleft()
+                self.stats["ring_events_dropped"] += 1
+            self._unseen.append(event)
             self._incoming.notify_all()
         for observer in list(self.observers):  # must not block: they queue, never await
             try:
@@ -270,20 +283,31 @@ class Rings:
     async def wait_ring(
         self, wait_seconds: float, *, started: Callable[[], Awaitable[None]] | None = None
     ) -> RingEvent | None:
-        """Block until the next incoming ring (or late answer) arrives, or time runs out.
-        ``started`` is awaited once the wait counts rings (one arriving from then on is
-        returned), so a caller can tell someone the wait has begun."""
-        async with self._incoming:
-            seen = self._incoming_count
+        """``wait_rings`` for one event: the oldest not yet returned, or None."""
+        waited = await self.wait_rings(wait_seconds, started=started, limit=1)
+        return waited.events[0] if waited.events else None
+
+    async def wait_rings(
+        self,
+        wait_seconds: float,
+        *,
+        started: Callable[[], Awaitable[None]] | None = None,
+        limit: int = MAX_RINGS_WAITED,
+    ) -> RingsWaited:
+        """Every ring (and late answer) that reached us since a wait last returned them,
+        oldest first (up to ``limit``; ``left`` counts the rest): at once if there are any,
+        else as soon as one arrives within ``wait_seconds``. Each is returned by one wait
+        only. ``started`` is awaited first, so a caller can tell someone the wait has begun
+        (a ring arriving from then on is returned)."""
         if started is not None:
             await started()
         async with self._incoming:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
-                    self._incoming.wait_for(lambda: self._incoming_count > seen),
-                    max(0.0, wait_seconds),
+                    self._incoming.wait_for(lambda: bool(self._unseen)), max(0.0, wait_seconds)
                 )
-            return self._latest if self._incoming_count > seen else None
+            events = [self._unseen.popleft() for _ in range(min(limit, len(self._unseen)))]
+            return RingsWaited(events, len(self._unseen))
 
     async def answer_ring(
         self, ring_id: str, answer: int, reason: str | None = None

@@ -18,13 +18,12 @@ Invariants:
 - private rooms (``keys``, see ``macula.agent.room_keys``): what we publish there is sealed,
   what we hear there is opened before it is recorded (the transcript holds plaintext only);
   a private room is never announced on central;
-- waiting never polls the station: it waits on the local transcript, which the taps fill;
-  every new message bumps ``_generation`` under ``_changed``, and a waiter re-reads whenever
-  the generation moved since its last read, so nothing recorded between a read and the wait
-  is missed;
-- unread marks (``wait_unread``, ``inbox``): the oldest unread message from someone else is
-  returned at once, else the first to be recorded; what is returned is marked read, and a
-  message marked read by one waiter is never returned to another;
+- waiting never polls the station: it waits on the local transcript, which the taps fill
+  (``macula.agent.room_waits``: every new message bumps ``_generation`` under ``_changed``);
+- unread marks (``wait_unread_all``, ``inbox``): every unread message from someone else is
+  returned at once (``macula.agent.room_waits``: oldest first, capped), else the first ones
+  recorded; what is returned is marked read, and a message marked read by one waiter is never
+  returned to another; ``say`` with a wait returns everything after ours once one answers it;
 - catch-up (``macula.agent.catchup``) runs at start, after every reconnect and on joining a
   room; what it fetches goes through ``_heard`` like a live delivery;
 - realms (issue 13): a room lives in one realm, stored with its membership (default all-zero);
@@ -37,12 +36,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +59,8 @@ from macula.agent.envelope import (
     validate,
 )
 from macula.agent.room_keys import Heard, RoomKeys
+from macula.agent.room_waits import RoomError as RoomError  # re-exported: raised by both
+from macula.agent.room_waits import TranscriptWaits, UnreadBatch, answer_index
 from macula.errors import MaculaError
 from macula.node import Node
 from macula.services import HouseClient
@@ -72,10 +72,6 @@ log = logging.getLogger("macula.agent.rooms")
 
 HELP_KINDS = frozenset({"help_requested", "help_offered"})
 DEFAULT_MAX_ROOMS = 20
-
-
-class RoomError(MaculaError):
-    """A room operation that cannot be done; the message says why and what to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +113,8 @@ class Said:
     message_id: str
     waited: int  # 1 when the call waited for a reply (then ``reply`` is it, or None)
     reply: TranscriptMessage | None = None
+    heard: UnreadBatch | None = None  # after a wait: everything from others since ours
+    answer_index: int | None = None  # where ``reply`` is in ``heard.messages``
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +136,7 @@ class RoomsInbox:
     central_lost: int = 0
 
 
-class Rooms:
+class Rooms(TranscriptWaits):
     def __init__(
         self,
         node: Node,
@@ -496,88 +494,18 @@ class Rooms:
         envelope = await self._publish(
             topic, kind, text, in_reply_to=in_reply_to, refs=list(refs) if refs else None
         )
+        said = str(envelope["message_id"])
         if wait_reply_seconds <= 0:
-            return Said(topic, envelope["message_id"], 0)
-        reply = await self.wait_unread(
-            topic, wait_reply_seconds, after_message_id=envelope["message_id"]
+            return Said(topic, said, 0)
+        heard = await self.wait_unread_all(
+            topic,
+            wait_reply_seconds,
+            after_message_id=said,
+            until=lambda batch: answer_index(batch.messages, said) is not None or batch.left > 0,
         )
-        return Said(topic, envelope["message_id"], 1, reply)
-
-    async def wait(
-        self,
-        topic: str,
-        wait_seconds: float,
-        *,
-        after_ms: int | None = None,
-        kinds: set[str] | None = None,
-        sender: str | None = None,
-    ) -> TranscriptMessage | None:
-        """The first attested message in ``topic`` from someone else received after now."""
-        since = self.clock() if after_ms is None else after_ms
-
-        async def found() -> TranscriptMessage | None:
-            for message in await self.transcript.messages(topic, since_ms=since, limit=200):
-                if (
-                    message.attested
-                    and message.from_hex != self.me
-                    and (kinds is None or message.kind in kinds)
-                    and (sender is None or message.from_hex == sender)
-                ):
-                    return message
-            return None
-
-        return await self._wait_until(found, wait_seconds)
-
-    async def wait_unread(
-        self, topic: str, wait_seconds: float, *, after_message_id: str | None = None
-    ) -> TranscriptMessage | None:
-        """The oldest unread attested message in ``topic`` from someone else, at once if there
-        is one, else the first to arrive within ``wait_seconds``; marked read. With
-        ``after_message_id``: the first from someone else that arrived after that envelope,
-        read or not (``RoomError`` if it is not recorded in ``topic``)."""
-        after_seq = None
-        if after_message_id is not None:
-            anchor = await self.transcript.message(topic, after_message_id)
-            if anchor is None:
-                raise RoomError(
-                    f"after_message_id {after_message_id!r} is not a message recorded in "
-                    f"{topic}: pass a message_id from mesh_read_inbox or mesh_say"
-                )
-            after_seq = anchor.seq
-
-        async def found() -> TranscriptMessage | None:
-            while True:
-                hit = await self.transcript.first_unread(topic, self.me, after_seq=after_seq)
-                if hit is None:
-                    return None
-                taken = await self.transcript.mark_read(topic, [hit.seq], self.clock())
-                if taken or after_seq is not None:
-                    return hit
-                # another waiter marked it read between our read and our mark: look again
-
-        return await self._wait_until(found, wait_seconds)
-
-    async def _wait_until(
-        self, found: Callable[[], Awaitable[TranscriptMessage | None]], wait_seconds: float
-    ) -> TranscriptMessage | None:
-        """``found()`` now, and again whenever a message is recorded, for ``wait_seconds``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, wait_seconds)
-        while True:
-            generation = self._generation  # read before looking: a later record moves it
-            hit = await found()
-            if hit is not None:
-                return hit
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
-            async with self._changed:
-                with contextlib.suppress(TimeoutError):
-                    moved = functools.partial(self._moved_since, generation)
-                    await asyncio.wait_for(self._changed.wait_for(moved), remaining)
-
-    def _moved_since(self, generation: int) -> bool:
-        return self._generation != generation
+        index = answer_index(heard.messages, said)
+        reply = None if index is None else heard.messages[index]
+        return Said(topic, said, 1, reply, heard, index)
 
     def observed(self) -> list[str]:
         """The public rooms tapped by the observer only (not joined), sorted."""

@@ -272,24 +272,41 @@ class TranscriptStore(RoomRealms):
         found = await self._select([], {}, room_topic, None, 1)
         return found[0] if found else None
 
-    async def first_unread(
-        self, room_topic: str, me_hex: str, *, after_seq: int | None = None
-    ) -> TranscriptMessage | None:
-        """The first attested message of ``room_topic`` from someone other than ``me_hex``:
-        the oldest unread in transcript order, or (``after_seq``) the first to arrive after
-        that ``seq``, read or not."""
-        where = "room_topic = :room AND attested = 1 AND from_hex != :me"
-        if after_seq is None:
-            where += " AND read_ms IS NULL"
-            order = "sent_at, received_ms, seq"  # transcript order: what was said first
-        else:
-            where += " AND seq > :after"
-            order = "seq"  # arrived after it here: a sender's clock cannot hide a reply
-        rows = await self._fetchall(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY {order} LIMIT 1",
-            {"room": room_topic, "me": me_hex, "after": after_seq},
-        )
-        return _message(rows[0], self.path) if rows else None
+    async def take_unread(
+        self,
+        room_topic: str,
+        me_hex: str,
+        now_ms: int,
+        *,
+        after_seq: int | None = None,
+        limit: int = 20,
+        max_chars: int = 16_384,
+    ) -> tuple[list[TranscriptMessage], int]:
+        """Attested messages of ``room_topic`` from someone other than ``me_hex``: the unread
+        in transcript order, or (``after_seq``) those that arrived after that ``seq``, read or
+        not; up to ``limit`` whose envelopes total at most ``max_chars`` (the first always
+        fits), marked read in one transaction (no other waiter gets them too), and how many
+        more are left."""
+        check_limit(limit)
+        where, order = _unread_filter(after_seq)
+        params = {"room": room_topic, "me": me_hex, "after": after_seq, "limit": limit}
+        async with self._transaction() as db:
+            rows = await fetchall(
+                db,
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY {order}"
+                " LIMIT :limit",
+                params,
+            )
+            [(total,)] = await fetchall(db, f"SELECT count(*) FROM messages WHERE {where}", params)
+            taken = _within(rows, max_chars)
+            marks = ", ".join(str(int(row[0])) for row in taken)
+            if marks:
+                await execute(
+                    db,
+                    f"UPDATE messages SET read_ms = ? WHERE seq IN ({marks}) AND read_ms IS NULL",
+                    (now_ms,),
+                )
+        return [_message(row, self.path) for row in taken], int(total) - len(taken)
 
     async def message(self, room_topic: str, message_id: str) -> TranscriptMessage | None:
         """One message by its id, if recorded."""
@@ -490,6 +507,28 @@ class TranscriptStore(RoomRealms):
 
 
 # --- arguments and rows -----------------------------------------------------------------------
+
+
+def _unread_filter(after_seq: int | None) -> tuple[str, str]:
+    """WHERE and ORDER BY of the attested messages of ``:room`` from someone other than
+    ``:me``: unread in transcript order, or (``after_seq``) arrived after ``:after``."""
+    where = "room_topic = :room AND attested = 1 AND from_hex != :me"
+    if after_seq is None:  # transcript order: what was said first
+        return where + " AND read_ms IS NULL", "sent_at, received_ms, seq"
+    return where + " AND seq > :after", "seq"  # a sender's clock cannot hide a reply
+
+
+def _within(rows: list[Row], max_chars: int) -> list[Row]:
+    """The leading rows whose envelopes (the last column) total at most ``max_chars``; the
+    first row always."""
+    kept: list[Row] = []
+    used = 0
+    for row in rows:
+        used += len(row[-1])
+        if kept and used > max_chars:
+            break
+        kept.append(row)
+    return kept
 
 
 def _check_text(value: str, name: str) -> None:

@@ -265,6 +265,22 @@ async def join(client: Client, owner: Path) -> dict[str, Any]:
     return listed["realms"][0]
 
 
+async def heard_while_said(
+    listener: Client, speaker: Client, room: str, watch: dict[str, Any], text: str
+) -> None:
+    """``speaker`` says ``text`` (numbered) in ``room`` until ``listener``'s watch hears one."""
+    watching = asyncio.create_task(
+        listener.call_tool("mesh_watch", watch | {"duration_seconds": 20})
+    )
+    sent = 0
+    while not watching.done():
+        sent += 1
+        await call(speaker, "mesh_say", {"room_topic": room, "text": f"{text} {sent}"})
+        await asyncio.wait({watching}, timeout=0.5)
+    heard = (await watching).structured_content
+    assert heard is not None and len(heard["events"]) == 1, heard
+
+
 def said(inbox: dict[str, Any], room: str) -> list[str]:
     return [m["text"] for r in inbox["rooms"] if r["room_topic"] == room for m in r["messages"]]
 
@@ -329,22 +345,12 @@ async def test_a_realm_only_room_end_to_end(tmp_path: Path) -> None:
             assert elsewhere["realm_member"] == 0 and "silent" in elsewhere["realm_hint"]
             bad = await refused(eve, "mesh_open_room", {"realm": "Not A Realm"})
             assert bad["code"] == "invalid_argument"
-            # on the wire she hears nothing of the room while bob does
+            # on the wire she hears nothing of the room (her watch is refused, and says so at
+            # once) while bob does
             watch = {"topic": room, "realm": NAME, "count": 1}
-            eve_watch = asyncio.create_task(
-                eve.call_tool("mesh_watch", watch | {"duration_seconds": 8})
-            )
-            bob_watch = asyncio.create_task(
-                bob.call_tool("mesh_watch", watch | {"duration_seconds": 20})
-            )
-            sent = 0
-            while not bob_watch.done():  # say until bob's watch (started with eve's) hears it
-                sent += 1
-                await call(ada, "mesh_say", {"room_topic": room, "text": f"members only {sent}"})
-                await asyncio.wait({bob_watch}, timeout=0.5)
-            assert len((await bob_watch).structured_content["events"]) == 1
-            eve_saw = (await eve_watch).structured_content
-            assert eve_saw["events"] == [], eve_saw
+            eve_watch = await refused(eve, "mesh_watch", watch | {"duration_seconds": 600})
+            assert eve_watch["code"] == "realm_refused", eve_watch
+            await heard_while_said(bob, ada, room, watch, "members only")
             # what she publishes on the room's topic reaches nobody
             forged = {
                 "message_id": "e" * 32,
@@ -354,7 +360,8 @@ async def test_a_realm_only_room_end_to_end(tmp_path: Path) -> None:
                 "kind": "remark_made",
                 "text": "eve was here",
             }
-            await eve.call_tool("mesh_publish", {"topic": room, "realm": NAME, "fact": forged})
+            forging = {"topic": room, "realm": NAME, "fact": forged}
+            assert (await refused(eve, "mesh_publish", forging))["code"] == "realm_refused"
             await call(bob, "mesh_say", {"room_topic": room, "text": "after eve"})
 
             async def ada_heard_after_eve() -> dict[str, Any] | None:
@@ -373,10 +380,10 @@ async def test_a_realm_only_room_end_to_end(tmp_path: Path) -> None:
 
             error = await until(bob_refused)
             assert error["code"] == "realm_refused", error
-            late = asyncio.create_task(bob.call_tool("mesh_watch", watch | {"duration_seconds": 3}))
-            while not late.done():  # ada keeps talking while bob's watch runs: he hears none
-                await call(ada, "mesh_say", {"room_topic": room, "text": "after revoke"})
-                await asyncio.wait({late}, timeout=0.5)
-            assert (await late).structured_content["events"] == []
+            late = await refused(bob, "mesh_watch", watch | {"duration_seconds": 600})
+            assert late["code"] == "realm_refused", late
+            # ada talks until her own watch hears it: the station fanned it out, not to bob
+            await heard_while_said(ada, ada, room, watch, "after revoke")
             box = await call(bob, "mesh_read_inbox", {"peek": 1})
-            assert "after revoke" not in said(box, room) and ada_id != bob_id
+            late_heard = [t for t in said(box, room) if t.startswith("after revoke")]
+            assert late_heard == [] and ada_id != bob_id

@@ -208,7 +208,7 @@ async def test_two_agents_meet_ring_and_talk(station: Station, tmp_path: Path) -
 
         waiting = await entered(
             Rooms,
-            "wait_unread",
+            "wait_unread_all",
             call(bob, "mesh_wait_room", {"room_topic": room, "wait_seconds": 10}),
         )
         await call(alice, "mesh_say", {"room_topic": room, "text": "thanks"})
@@ -259,7 +259,7 @@ async def test_ask_policy_defers_then_answer_and_trust(
     ):
         alice_view, bob_view = await meet(alice, bob)
         incoming = await entered(
-            Rings, "wait_ring", call(bob, "mesh_wait_ring", {"wait_seconds": 10})
+            Rings, "wait_rings", call(bob, "mesh_wait_ring", {"wait_seconds": 10})
         )
         rung = await call(alice, "mesh_ring", {"to": bob_view["node_id"], "purpose": "pair?"})
         assert (rung["answer"], rung["joined"], rung["unreachable"]) == (3, 0, 0)
@@ -268,7 +268,7 @@ async def test_ask_policy_defers_then_answer_and_trust(
         assert waited["ring"]["from_petname"] == alice_view["petname"]
 
         late = await entered(
-            Rings, "wait_ring", call(alice, "mesh_wait_ring", {"wait_seconds": 10})
+            Rings, "wait_rings", call(alice, "mesh_wait_ring", {"wait_seconds": 10})
         )
         [pending] = (await call(bob, "mesh_read_inbox"))["rings"]["pending"]
         assert pending["ring_id"] == rung["ring_id"]

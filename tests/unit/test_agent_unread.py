@@ -147,11 +147,13 @@ def test_a_message_recorded_between_the_check_and_the_wait_is_returned(
 ) -> None:
     async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
         topic = new_room_topic(os.urandom(16))
-        look = transcript.first_unread
+        look = transcript.take_unread
         looks = 0
         arrived: list[str] = []
 
-        async def look_then_arrive(*args: Any, **kwargs: Any) -> TranscriptMessage | None:
+        async def look_then_arrive(
+            *args: Any, **kwargs: Any
+        ) -> tuple[list[TranscriptMessage], int]:
             nonlocal looks
             found = await look(*args, **kwargs)
             looks += 1
@@ -159,7 +161,7 @@ def test_a_message_recorded_between_the_check_and_the_wait_is_returned(
                 arrived.append(await said(rooms, topic, BOB, "arrived in the gap"))
             return found
 
-        monkeypatch.setattr(transcript, "first_unread", look_then_arrive)
+        monkeypatch.setattr(transcript, "take_unread", look_then_arrive)
         hit = await asyncio.wait_for(rooms.wait_unread(topic, 3600), 2.0)
         assert hit is not None and hit.message_id == arrived[0]
         assert looks == 2

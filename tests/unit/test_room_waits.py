@@ -1,0 +1,98 @@
+"""One wait takes every unread message at once (``Rooms.wait_unread_all``,
+``TranscriptStore.take_unread``), capped by count and size with the rest counted; a notice
+never answers (``answer_index``); ``say``'s wait returns once an answer is there."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+from test_agent_unread import BOB, CAROL, ME, NOW_MS, said
+
+from macula.agent.envelope import new_room_topic
+from macula.agent.room_waits import answer_index
+from macula.agent.rooms import Rooms
+from macula.node import Node
+from macula.store.transcript import TranscriptStore
+
+
+def run_in(tmp_path: Path, body: Any) -> None:
+    async def scenario() -> None:
+        async with await TranscriptStore.open(tmp_path / "transcript.sqlite3") as transcript:
+            node = cast(Node, SimpleNamespace(identity=ME))
+            await body(Rooms(node, transcript, lambda: NOW_MS), transcript)
+
+    asyncio.run(scenario())
+
+
+def test_every_unread_message_at_once_oldest_first_capped_with_the_rest_counted(
+    tmp_path: Path,
+) -> None:
+    async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
+        topic = new_room_topic(os.urandom(16))
+        joined = await said(rooms, topic, BOB, "", kind="participant_joined")
+        await said(rooms, topic, ME, "mine are never unread")
+        answer = await said(rooms, topic, BOB, "4", kind="answer_given", in_reply_to="q1")
+        batch = await asyncio.wait_for(rooms.wait_unread_all(topic, 3600), 2.0)
+        assert [m.message_id for m in batch.messages] == [joined, answer] and batch.left == 0
+        assert (await rooms.wait_unread_all(topic, 0.05)).messages == []  # all marked read
+
+        sent = [await said(rooms, topic, CAROL, f"n{i}") for i in range(5)]
+        capped = await rooms.wait_unread_all(topic, 1, limit=3)
+        assert [m.message_id for m in capped.messages] == sent[:3] and capped.left == 2
+        rest = await rooms.wait_unread_all(topic, 1)
+        assert [m.message_id for m in rest.messages] == sent[3:] and rest.left == 0
+
+        big = [await said(rooms, topic, BOB, "x" * 9_000) for _ in range(3)]
+        first, second = [await rooms.wait_unread_all(topic, 1) for _ in range(2)]
+        assert [m.message_id for m in first.messages] == big[:1] and first.left == 2
+        assert [m.message_id for m in second.messages] == big[1:2] and second.left == 1
+        taken, left = await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS, max_chars=1)
+        assert [m.message_id for m in taken] == big[2:] and left == 0  # the first always fits
+
+    run_in(tmp_path, body)
+
+
+def test_the_answer_is_the_reply_to_it_else_the_first_talk_never_a_notice(
+    tmp_path: Path,
+) -> None:
+    async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
+        topic = new_room_topic(os.urandom(16))
+        await said(rooms, topic, BOB, "", kind="participant_left")
+        await said(rooms, topic, CAROL, "unrelated")
+        await said(rooms, topic, BOB, "yes", kind="answer_given", in_reply_to="q1")
+        messages = (await rooms.wait_unread_all(topic, 1)).messages
+        assert answer_index(messages, "q1") == 2  # the reply to it wins
+        assert answer_index(messages, "q2") == 1  # else the first talk message
+        assert answer_index(messages[:1], "q1") is None  # a notice never answers
+
+    run_in(tmp_path, body)
+
+
+def test_say_returns_everything_after_it_once_an_answer_is_there(tmp_path: Path) -> None:
+    async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
+        topic = new_room_topic(os.urandom(16))
+        await transcript.join_room(topic, "participant", 0, None, NOW_MS)
+        arrivals: list[asyncio.Task[str]] = []
+
+        async def publish(realm: bytes, topic_: str, payload: dict[str, Any]) -> int:
+            async def later() -> str:  # a notice first, then the answer
+                await said(rooms, topic, CAROL, "", kind="participant_joined")
+                mid = payload["message_id"]
+                return await said(rooms, topic, BOB, "ok", kind="answer_given", in_reply_to=mid)
+
+            arrivals.append(asyncio.create_task(later()))
+            return 1
+
+        rooms.node = cast(Node, SimpleNamespace(identity=ME, publish_confirmed=publish))
+        done = await rooms.say(topic, "question_asked", "well?", wait_reply_seconds=5)
+        answer = await arrivals[0]
+        assert done.heard is not None
+        kinds = [m.kind for m in done.heard.messages]
+        assert kinds == ["participant_joined", "answer_given"] and done.answer_index == 1
+        assert done.reply is not None and done.reply.message_id == answer
+
+    run_in(tmp_path, body)
