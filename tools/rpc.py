@@ -249,7 +249,7 @@ CALL_FULL = (
     "procedure (unknown_next_peer; mesh_find_records_by_type procedure_advertisement "
     "shows its realm). direct=1 fails if it was not announced. A call may act on the "
     "other side: idempotency_key makes a retry replay the first result instead of calling"
-    " twice. No booleans: 0/1."
+    " twice."
 )
 CALL_TERSE = (
     "Call a mesh procedure: {procedure, realm, result, duration_ms}. Wrong realm = "
@@ -262,7 +262,7 @@ SERVE_FULL = (
     " mesh_unserve or this server stops; never register a command you would not let a "
     "stranger run on this machine. The caller's JSON payload goes to stdin ONLY, never on"
     " the command line; no shell (no pipes, no $VAR). stdout must be one JSON value: the "
-    "reply. Non-zero exit, timeout (max 60; the process group killed), > 1 MiB stdout or "
+    "reply. Non-zero exit, timeout (max 60; process group killed), > 1 MiB stdout or "
     "bad JSON = an error to that caller only; stderr stays local. Environment: PATH, "
     "HOME, LANG, TMPDIR, MACULA_CALLER, MACULA_PROCEDURE, MACULA_REALM only (API keys "
     "stay here). At most 8 calls at once; over rate_per_minute a caller gets an error. "

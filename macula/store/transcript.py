@@ -287,9 +287,10 @@ class TranscriptStore(RoomRealms):
         not; up to ``limit`` whose envelopes total at most ``max_chars`` (the first always
         fits), marked read in one transaction (no other waiter gets them too), and how many
         more are left."""
-        check_limit(limit)
-        where, order = _unread_filter(after_seq)
-        params = {"room": room_topic, "me": me_hex, "after": after_seq, "limit": limit}
+        limit, _ = page(limit)
+        after = None if after_seq is None else sql_int(after_seq)
+        where, order = _unread_filter(after)
+        params = {"room": room_topic, "me": me_hex, "after": after, "limit": limit}
         async with self._transaction() as db:
             rows = await fetchall(
                 db,

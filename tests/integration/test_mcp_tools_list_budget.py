@@ -16,7 +16,9 @@ from tools.tool_schema import SHARED, TERSE_KEPT, compact
 
 pytestmark = pytest.mark.anyio
 
-FULL_BUDGET = 30_000  # bytes of JSON, as scripts/mcp_surface.py measures them
+# bytes of JSON, as scripts/mcp_surface.py measures them; 30,000 until the five kept-loaded
+# tools carried their `_meta` (~190 bytes, tools/tool_search.py) and every integer its range
+FULL_BUDGET = 30_250
 TERSE_BUDGET = 20_000
 
 # tool -> phrases (lowercase) its description or parameter descriptions must keep, full and terse
