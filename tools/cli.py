@@ -63,7 +63,10 @@ def mcp_config(attach: bool = False) -> None:
     print(json.dumps({"mcpServers": {"macula": entry}}, indent=2))
 
 
-async def _doctor() -> list[tuple[str, bool, str]]:
+Check = tuple[str, bool | None, str]  # name, passed (None: a warning, not a failure), detail
+
+
+async def _doctor() -> list[Check]:
     from mcp import Client, StdioServerParameters
 
     from macula.config import identity_path
@@ -71,7 +74,7 @@ async def _doctor() -> list[tuple[str, bool, str]]:
     from macula.stations import parse_station_list
     from tools.local_station import DEFAULT_STATION
 
-    results: list[tuple[str, bool, str]] = []
+    results: list[Check] = []
     env = dict(os.environ)
     try:
         path = identity_path(env)
@@ -109,18 +112,27 @@ async def _doctor() -> list[tuple[str, bool, str]]:
     return results
 
 
-async def _station_check(env: dict[str, str], station: StationAddress) -> tuple[str, bool, str]:
-    """Reachable, and presenting the key it is pinned to (the default station: this home's)."""
+async def _station_check(env: dict[str, str], station: StationAddress) -> Check:
+    """Reachable, and presenting the key it is pinned to (the default station: this home's;
+    another's there is a warning: this home then uses its own local station)."""
     from macula.config import known_stations_from_env
-    from tools.local_station import own_default_station, own_station_keys, presented_key
+    from tools.local_station import (
+        ForeignStationError,
+        own_default_station,
+        own_station_keys,
+        presented_key,
+    )
 
     name = f"station {station}"
     configured = bool(env.get("MACULA_MESH_STATIONS"))
     try:
         if not configured:
-            own = await own_default_station(env)
+            try:
+                own = await own_default_station(env)
+            except ForeignStationError as exc:
+                return name, None, str(exc)
             if own is None:
-                return name, True, "unreachable (the server will start an embedded station)"
+                return name, True, "nothing there (this home uses its own local station)"
             ours = own.node_id or b""
             where = own_station_keys(env)[ours]
             return name, True, f"QUIC handshake ok; key {ours.hex()} is this home's ({where})"
@@ -146,8 +158,8 @@ def doctor() -> None:
     _logging("ERROR")
     results = asyncio.run(_doctor())
     for name, good, detail in results:
-        print(f"[{'ok  ' if good else 'FAIL'}] {name}: {detail}")
-    failed = [name for name, good, _ in results if not good]
+        print(f"[{'warn' if good is None else 'ok  ' if good else 'FAIL'}] {name}: {detail}")
+    failed = [name for name, good, _ in results if good is False]
     print("all checks passed" if not failed else f"failed: {', '.join(failed)}")
     raise SystemExit(0 if not failed else 1)
 
