@@ -33,6 +33,10 @@ def _logging(level: str = "WARNING") -> None:
 
 
 def serve() -> None:
+    from tools import stdio_front
+
+    front = stdio_front.running() or stdio_front.start(os.environ)  # answers the opening now
+    from tools.fronted_stdio import serve_behind
     from tools.runtime import preflight
     from tools.server import build_server
 
@@ -42,7 +46,7 @@ def serve() -> None:
     except MaculaError as exc:
         _fatal(exc)
     try:
-        run_loop(build_server().run_stdio_async())
+        run_loop(serve_behind(build_server(), front))
     except* MaculaError as group:  # raised later, inside the server's task groups
         _fatal(group.exceptions[0])
     except* KeyboardInterrupt:
