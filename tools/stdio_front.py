@@ -60,7 +60,11 @@ def channel_on(env: Mapping[str, str]) -> bool:
 
 def negotiated(requested: object) -> str:
     """The handshake version the SDK server agrees to for ``requested``."""
-    return requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[-1]  # type: ignore[return-value]
+    return (
+        requested
+        if isinstance(requested, str) and requested in HANDSHAKE_VERSIONS
+        else (HANDSHAKE_VERSIONS[-1])
+    )
 
 
 def card_key(message: Message) -> str | None:
@@ -206,9 +210,9 @@ class Front:
                 message = json.loads(line)
             except ValueError:
                 message = None
-            if isinstance(message, dict) and "method" in message and "id" in message:
-                if not self._open(message):
-                    return
+            request = isinstance(message, dict) and "method" in message and "id" in message
+            if request and not self._open(message):
+                return
         self._hand(line)
 
     def _open(self, message: Message) -> bool:
