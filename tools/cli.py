@@ -96,6 +96,11 @@ async def _doctor() -> list[Check]:
         stations = []
     for station in stations:
         results.append(await _station_check(env, station))
+    from tools.doctor_checks import first_answer_check, local_station_check
+
+    if not env.get("MACULA_MESH_STATIONS"):
+        results.append(local_station_check(env))
+    results.append(await asyncio.to_thread(first_answer_check, env))
     command = server_command()
     try:
         params = StdioServerParameters(command=command[0], args=command[1:], env=env)
