@@ -131,17 +131,16 @@ def p95(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def first_lines(runs: int, home: Path) -> list[str]:
-    out = []
+def first_lines(runs: int, home: Path) -> None:
     for form, extra in (("plain", []), ("attach", ["attach"])):
         env = dict(os.environ, MACULA_HOME=str(home / form), MACULA_MCP_AGENT="bench")
         env.pop("MACULA_MESH_STATIONS", None)
         argv = [*server_command(), *extra]
         for method in OPENING:
-            first = first_byte(argv, dict(env, MACULA_HOME=str(home / f"{form}-new-{method}")),
-                               method)  # fmt: skip
-            stop_all(dict(env, MACULA_HOME=str(home / f"{form}-new-{method}")))
-            out.append(f"{form:<6} {method:<15} first spawn in a new home   {first:6.3f} s")
+            new = dict(env, MACULA_HOME=str(home / f"{form}-new-{method.replace('/', '-')}"))
+            first = first_byte(argv, new, method)
+            stop_all(new)
+            print(f"{form:<6} {method:<15} first spawn in a new home   {first:6.3f} s", flush=True)
         first_byte(argv, env, "initialize")  # the home's first use: its card is learned
         for temperature in ("cold", "warm"):
             for method in OPENING:
@@ -150,13 +149,13 @@ def first_lines(runs: int, home: Path) -> list[str]:
                     if temperature == "cold":
                         stop_all(env)
                     samples.append(first_byte(argv, env, method))
-                out.append(
+                print(
                     f"{form:<6} {method:<15} {temperature} first byte  p50 "
                     f"{statistics.median(samples):6.3f} s  p95 {p95(samples):6.3f} s  "
-                    f"max {max(samples):6.3f} s  ({runs} spawns; goal 1 s)"
+                    f"max {max(samples):6.3f} s  ({runs} spawns; goal 1 s)",
+                    flush=True,
                 )
         stop_all(env)
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -168,8 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     home = Path(tempfile.mkdtemp(prefix="mba-", dir="/tmp"))  # short: the socket must fit
     try:
         if args.only != "lists":
-            for text in first_lines(max(1, args.ttfb_runs), home / "f"):
-                print(text, flush=True)
+            first_lines(max(1, args.ttfb_runs), home / "f")
         if args.only != "first":
             for text in asyncio.run(bench(max(1, args.runs), home)):
                 print(text)

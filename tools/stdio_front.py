@@ -122,9 +122,10 @@ def fingerprint(env: Mapping[str, str]) -> str:
     digest.update(f"{channel_on(env)}|{env.get(TERSE_ENV, '0')}|{sys.version_info[:2]}".encode())
     here = Path(__file__).resolve().parent
     files = sorted(here.glob("*.py"))
-    spec = importlib.util.find_spec("mcp")
-    if spec is not None and spec.origin:
-        files.append(Path(spec.origin))
+    for package in ("mcp", "mcp_types"):  # the SDK: its server and its wire types
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.origin:
+            files.append(Path(spec.origin))
     for path in files:
         with contextlib.suppress(OSError):
             stat = path.stat()
