@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 from mcp import Client, StdioServerParameters
@@ -87,7 +88,7 @@ async def bench(runs: int, home: Path) -> list[str]:
     ]
 
 
-OPENING = {
+OPENING: dict[str, dict[str, Any]] = {
     "server/discover": {
         "jsonrpc": "2.0", "id": "server-discover-probe-1", "method": "server/discover",
         "params": {"_meta": {
