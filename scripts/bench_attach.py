@@ -27,8 +27,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from mcp import Client, StdioServerParameters
 
