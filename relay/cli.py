@@ -7,7 +7,9 @@ stores closed, exit 0 within 5 s. Bad options fail at once with a message naming
 ``--endpoint-file``/``--pid-file`` (what ``macula-mcp`` uses to find the station it started):
 written 0600 once it listens (whole, by rename), removed on a clean exit when they still hold
 this station's lines. ``--log-file``: logs go to that file, rotated at ``--log-max-bytes``
-keeping ``--log-backups`` old ones, instead of stderr.
+keeping ``--log-backups`` old ones, instead of stderr. ``--exit-when-gone PATH`` and
+``--idle-exit-s N``: the station stops by itself once PATH is gone or after N s with no
+connection (``relay.lifetime``), as on SIGTERM.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from relay.federation.dht_storage import DhtLimits
 from relay.federation.links import LinkTarget, parse_peer
 from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
+from relay.lifetime import LifetimeRule, watch
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.realm_admission import AdmissionMode, Allowlist, AllowlistError
 from relay.realm_links import StationEndorsementError, load_station_endorsement
@@ -165,6 +168,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--endpoint-file", type=Path, help="write node_id@host:port here once listening"
     )
     parser.add_argument("--pid-file", type=Path, help="write this process's id here once listening")
+    parser.add_argument(
+        "--exit-when-gone",
+        type=Path,
+        metavar="PATH",
+        help="exit by itself once PATH no longer exists (checked every 2 s)",
+    )
+    parser.add_argument(
+        "--idle-exit-s",
+        type=_positive(float),
+        metavar="SECONDS",
+        help="exit by itself after this long with no connection open (default: never)",
+    )
+    parser.add_argument(  # how often those two are checked (tests shorten it)
+        "--lifetime-check-s", type=_positive(float), default=2.0, help=argparse.SUPPRESS
+    )
     parser.add_argument(
         "--puzzle",
         default="off",
@@ -569,7 +587,11 @@ def _remove_if_holds(path: Path, text: str) -> None:
 
 
 async def serve(
-    config: StationConfig, endpoint_file: Path | None = None, pid_file: Path | None = None
+    config: StationConfig,
+    endpoint_file: Path | None = None,
+    pid_file: Path | None = None,
+    lifetime: LifetimeRule | None = None,
+    lifetime_check_s: float = 2.0,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -585,8 +607,16 @@ async def serve(
                 except OSError as exc:
                     raise SystemExit(f"macula-relay: cannot write {path}: {exc}") from None
             print(station.endpoint, flush=True)
-            await stop.wait()
-            logging.getLogger("macula.relay").info("signal received, stopping")
+            if lifetime is not None and lifetime.active:
+                reason = await watch(
+                    lifetime, station.connection_count, stop, check_s=lifetime_check_s
+                )
+            else:
+                reason = None
+                await stop.wait()
+            logging.getLogger("macula.relay").info(
+                "%s, stopping", "signal received" if reason is None else reason
+            )
             await asyncio.wait_for(station.stop(), SHUTDOWN_BUDGET_S)
         finally:
             for path, text in written:
@@ -610,7 +640,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     config = config_from_args(args)
     try:
-        run_loop(serve(config, args.endpoint_file, args.pid_file))
+        lifetime = LifetimeRule(args.exit_when_gone, args.idle_exit_s)
+        run_loop(serve(config, args.endpoint_file, args.pid_file, lifetime, args.lifetime_check_s))
     except (ConfigError, StationEndorsementError) as exc:  # e.g. MACULA_LOOP names no loop
         raise SystemExit(f"macula-relay: {exc}") from None
     except OSError as exc:

@@ -412,6 +412,10 @@ class Station:
         """QUIC address validation (Retry): on unless turned off or bound to loopback."""
         return self.config.policy.quic_retry and not _is_loopback(self.config.host)
 
+    def connection_count(self) -> int:
+        """Connections open now (clients and links)."""
+        return len(self._connections)
+
     @property
     def endpoint(self) -> str:
         """``node_id@host:port``: what a client needs to dial and pin this station."""

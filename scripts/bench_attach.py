@@ -1,17 +1,24 @@
-"""How fast a harness gets its tools: spawn -> first ``tools/list`` answered, p50 over runs.
+"""How fast a harness gets its answers.
 
-Three ways, each against a station on loopback (in this process) under a temporary
-``MACULA_HOME``: warm ``macula-mcp attach`` (the daemon runs and hosts the agent already), cold
-``macula-mcp attach`` (no daemon: the attach starts it), and plain ``macula-mcp``. The clock runs
-from the harness spawning the command (the official SDK client) to ``tools/list`` returning.
+First byte of the answer to the opening request (``--first``, the default): spawn -> the first
+line of the answer to ``server/discover`` (Claude Code's probe; its budget is about 2 s, our
+goal 1 s) and to ``initialize``, p50/p95 over ``--ttfb-runs`` spawns, for plain ``macula-mcp``
+and ``macula-mcp attach``, cold (no daemon, no local station: both stopped before each spawn;
+the home was used once, so its handshake card exists) and warm (station, and for attach the
+daemon, running). Also one first-ever spawn in a new home (no card yet).
 
-Run: ``uv run python scripts/bench_attach.py [--runs N]``.
+Then (``--lists``) spawn -> first ``tools/list`` answered, p50 over runs, three ways against a
+station on loopback (in this process): warm attach, cold attach (the attach starts the
+daemon) and plain ``macula-mcp``, with the official SDK client.
+
+Run: ``uv run python scripts/bench_attach.py [--ttfb-runs N] [--runs N] [--only first|lists]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import statistics
@@ -21,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from mcp import Client, StdioServerParameters
 
@@ -80,14 +88,90 @@ async def bench(runs: int, home: Path) -> list[str]:
     ]
 
 
+OPENING: dict[str, dict[str, Any]] = {
+    "server/discover": {
+        "jsonrpc": "2.0", "id": "server-discover-probe-1", "method": "server/discover",
+        "params": {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "0"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }},
+    },
+    "initialize": {
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                   "clientInfo": {"name": "bench", "version": "0"}},
+    },
+}  # fmt: skip
+
+
+def first_byte(argv: list[str], env: dict[str, str], method: str) -> float:
+    """Seconds from spawn to the first line of the answer to the opening ``method``."""
+    started = time.perf_counter()
+    child = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env
+    )
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(json.dumps(OPENING[method]).encode() + b"\n")
+    child.stdin.flush()
+    answer = child.stdout.readline()
+    took = time.perf_counter() - started
+    child.stdin.close()
+    child.wait(120)
+    assert json.loads(answer)["id"] == OPENING[method]["id"], answer[:200]
+    return took
+
+
+def stop_all(env: dict[str, str]) -> None:
+    for args in (["daemon", "stop"], ["station", "stop"]):
+        subprocess.run([*server_command(), *args], env=env, capture_output=True, timeout=60)
+
+
+def p95(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def first_lines(runs: int, home: Path) -> None:
+    for form, extra in (("plain", []), ("attach", ["attach"])):
+        env = dict(os.environ, MACULA_HOME=str(home / form), MACULA_MCP_AGENT="bench")
+        env.pop("MACULA_MESH_STATIONS", None)
+        argv = [*server_command(), *extra]
+        for method in OPENING:
+            new = dict(env, MACULA_HOME=str(home / f"{form}-new-{method.replace('/', '-')}"))
+            first = first_byte(argv, new, method)
+            stop_all(new)
+            print(f"{form:<6} {method:<15} first spawn in a new home   {first:6.3f} s", flush=True)
+        first_byte(argv, env, "initialize")  # the home's first use: its card is learned
+        for temperature in ("cold", "warm"):
+            for method in OPENING:
+                samples = []
+                for _ in range(runs):
+                    if temperature == "cold":
+                        stop_all(env)
+                    samples.append(first_byte(argv, env, method))
+                print(
+                    f"{form:<6} {method:<15} {temperature} first byte  p50 "
+                    f"{statistics.median(samples):6.3f} s  p95 {p95(samples):6.3f} s  "
+                    f"max {max(samples):6.3f} s  ({runs} spawns; goal 1 s)",
+                    flush=True,
+                )
+        stop_all(env)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=5, help="cold and plain runs (warm: 3x)")
+    parser.add_argument("--ttfb-runs", type=int, default=10, help="spawns per first-byte figure")
+    parser.add_argument("--only", choices=["first", "lists"], help="one of the two benches")
     args = parser.parse_args(argv)
     home = Path(tempfile.mkdtemp(prefix="mba-", dir="/tmp"))  # short: the socket must fit
     try:
-        for text in asyncio.run(bench(max(1, args.runs), home)):
-            print(text)
+        if args.only != "lists":
+            first_lines(max(1, args.ttfb_runs), home / "f")
+        if args.only != "first":
+            for text in asyncio.run(bench(max(1, args.runs), home)):
+                print(text)
     finally:
         shutil.rmtree(home, ignore_errors=True)
     load = os.getloadavg()[0]

@@ -7,7 +7,9 @@ session) and waits for the socket up to ``MACULA_MCP_DAEMON_START_S`` seconds.
 
 Invariants:
 - light: imports neither the MCP SDK nor the mesh library (``tools.entry`` dispatches here
-  before anything heavy is imported); stdout carries the daemon's bytes only;
+  before anything heavy is imported); stdout carries the daemon's bytes only, and the
+  front's (``tools.stdio_front``): it reads stdin from spawn on and answers the opening
+  request (the era, the handshake card) before the daemon is reached or even started;
 - every failure is one line on stderr and a non-zero exit: 2 for a bad setting, 1 otherwise
   (daemon unreachable, another version, refused);
 - a stale socket is never removed here: the daemon started in its place removes it under its
@@ -27,7 +29,9 @@ from pathlib import Path
 from typing import Any, Final, NoReturn
 
 from tools import daemon_protocol as protocol
+from tools import stdio_front
 from tools.daemon_socket import SocketSetupError, home_dir, read_pid, socket_path
+from tools.stdio_front import Front
 
 START_ENV: Final = "MACULA_MCP_DAEMON_START_S"
 DEFAULT_START_S: Final = 30.0
@@ -161,9 +165,18 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def forward(conn: socket.socket, pending: bytes, stdin: int = 0, stdout: int = 1) -> bool:
+def forward(
+    conn: socket.socket,
+    pending: bytes,
+    stdin: int = 0,
+    stdout: int = 1,
+    front: Front | None = None,
+) -> bool:
     """Copy stdin -> socket and socket -> stdout until the session ends; True when it ended
-    because stdin closed (the harness detached), False when the daemon closed first."""
+    because stdin closed (the harness detached), False when the daemon closed first. With a
+    ``front`` (which read stdin from spawn on), its lines and writer are used instead."""
+    if front is not None:
+        return _forward_front(conn, pending, front)
     stdin_closed = threading.Event()
 
     def upstream() -> None:
@@ -189,6 +202,44 @@ def forward(conn: socket.socket, pending: bytes, stdin: int = 0, stdout: int = 1
     return stdin_closed.is_set()
 
 
+def _forward_front(conn: socket.socket, pending: bytes, front: Front) -> bool:
+    stdin_closed = threading.Event()
+
+    def deliver(line: bytes | None) -> None:  # on the front's thread, in order
+        if line is None:
+            stdin_closed.set()
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_WR)  # the daemon ends the session and closes
+            return
+        with contextlib.suppress(OSError):  # the daemon went away: the loop below sees it
+            conn.sendall(line)
+
+    front.connect(deliver)
+    partial = b""
+    try:
+        chunk = pending
+        while True:
+            if front.watching:  # the reply to the opening request is yet to pass: by lines
+                *lines, partial = (partial + chunk).split(b"\n")
+                out = b"".join(
+                    kept for line in lines if (kept := front.from_backend(line + b"\n")) is not None
+                )
+                if not front.watching:
+                    out, partial = out + partial, b""
+            else:
+                out = chunk
+            if out:
+                front.write(out)
+            chunk = conn.recv(CHUNK)
+            if not chunk:
+                break
+    except BrokenPipeError:
+        return True  # the harness is gone
+    except OSError:
+        pass
+    return stdin_closed.is_set()
+
+
 def fail(message: str, status: int) -> NoReturn:
     print(f"macula-mcp attach: {message}", file=sys.stderr, flush=True)
     raise SystemExit(status)
@@ -205,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args:
         fail(f"unexpected arguments {' '.join(args)!r} (attach takes none)", 2)
     env = dict(os.environ)
+    front = stdio_front.start(env)  # answers the opening request while the daemon starts
     try:
         sock = socket_path(env)
         conn = reach_daemon(env, sock)
@@ -217,5 +269,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(f"the daemon on {sock} did not complete the handshake: {exc}", 1)
     if not reply["ok"]:
         fail(str(reply["detail"]), 2 if reply.get("code") == "config_error" else 1)
-    if not forward(conn, pending):
+    if not forward(conn, pending, front=front):
         fail(f"the daemon closed the session (stopped or crashed; see {home_dir(env)}/logs)", 1)

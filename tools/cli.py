@@ -33,9 +33,12 @@ def _logging(level: str = "WARNING") -> None:
 
 
 def serve() -> None:
+    from tools import stdio_front
+
+    front = stdio_front.running() or stdio_front.start(os.environ)  # answers the opening now
+    from tools.fronted_stdio import serve_behind
     from tools.runtime import preflight
     from tools.server import build_server
-    from tools.stdio_guard import run_stdio_guarded
 
     _logging()
     try:
@@ -43,7 +46,7 @@ def serve() -> None:
     except MaculaError as exc:
         _fatal(exc)
     try:
-        run_loop(run_stdio_guarded(build_server()))  # the SDK's stdio, deep requests answered
+        run_loop(serve_behind(build_server(), front))  # deep requests answered (stdio_guard)
     except* MaculaError as group:  # raised later, inside the server's task groups
         _fatal(group.exceptions[0])
     except* KeyboardInterrupt:
@@ -64,7 +67,10 @@ def mcp_config(attach: bool = False) -> None:
     print(json.dumps({"mcpServers": {"macula": entry}}, indent=2))
 
 
-async def _doctor() -> list[tuple[str, bool, str]]:
+Check = tuple[str, bool | None, str]  # name, passed (None: a warning, not a failure), detail
+
+
+async def _doctor() -> list[Check]:
     from mcp import Client, StdioServerParameters
 
     from macula.config import identity_path
@@ -72,7 +78,7 @@ async def _doctor() -> list[tuple[str, bool, str]]:
     from macula.stations import parse_station_list
     from tools.local_station import DEFAULT_STATION
 
-    results: list[tuple[str, bool, str]] = []
+    results: list[Check] = []
     env = dict(os.environ)
     try:
         path = identity_path(env)
@@ -90,6 +96,11 @@ async def _doctor() -> list[tuple[str, bool, str]]:
         stations = []
     for station in stations:
         results.append(await _station_check(env, station))
+    from tools.doctor_checks import first_answer_check, local_station_check
+
+    if not env.get("MACULA_MESH_STATIONS"):
+        results.append(local_station_check(env))
+    results.append(await asyncio.to_thread(first_answer_check, env))
     command = server_command()
     try:
         params = StdioServerParameters(command=command[0], args=command[1:], env=env)
@@ -110,18 +121,27 @@ async def _doctor() -> list[tuple[str, bool, str]]:
     return results
 
 
-async def _station_check(env: dict[str, str], station: StationAddress) -> tuple[str, bool, str]:
-    """Reachable, and presenting the key it is pinned to (the default station: this home's)."""
+async def _station_check(env: dict[str, str], station: StationAddress) -> Check:
+    """Reachable, and presenting the key it is pinned to (the default station: this home's;
+    another's there is a warning: this home then uses its own local station)."""
     from macula.config import known_stations_from_env
-    from tools.local_station import own_default_station, own_station_keys, presented_key
+    from tools.local_station import (
+        ForeignStationError,
+        own_default_station,
+        own_station_keys,
+        presented_key,
+    )
 
     name = f"station {station}"
     configured = bool(env.get("MACULA_MESH_STATIONS"))
     try:
         if not configured:
-            own = await own_default_station(env)
+            try:
+                own = await own_default_station(env)
+            except ForeignStationError as exc:
+                return name, None, str(exc)
             if own is None:
-                return name, True, "unreachable (the server will start an embedded station)"
+                return name, True, "nothing there (this home uses its own local station)"
             ours = own.node_id or b""
             where = own_station_keys(env)[ours]
             return name, True, f"QUIC handshake ok; key {ours.hex()} is this home's ({where})"
@@ -147,8 +167,8 @@ def doctor() -> None:
     _logging("ERROR")
     results = asyncio.run(_doctor())
     for name, good, detail in results:
-        print(f"[{'ok  ' if good else 'FAIL'}] {name}: {detail}")
-    failed = [name for name, good, _ in results if not good]
+        print(f"[{'warn' if good is None else 'ok  ' if good else 'FAIL'}] {name}: {detail}")
+    failed = [name for name, good, _ in results if good is False]
     print("all checks passed" if not failed else f"failed: {', '.join(failed)}")
     raise SystemExit(0 if not failed else 1)
 

@@ -1,12 +1,19 @@
 """The ``macula-mcp`` entry point: ``attach`` and ``daemon`` are dispatched before anything heavy
-is imported (attach must start in a few tens of milliseconds); the rest goes to ``tools.cli``."""
+is imported (attach must start in a few tens of milliseconds); the rest goes to ``tools.cli``.
+The server itself starts its stdio front first (``tools.stdio_front``), so the harness's
+opening request is answered while the SDK is still being imported."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def main() -> None:
+    if sys.argv[1:] in ([], ["serve"]):  # the MCP server: read stdin before anything heavy
+        from tools import stdio_front
+
+        stdio_front.start(os.environ)
     from macula.errors import ConfigError
 
     try:

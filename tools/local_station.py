@@ -1,18 +1,21 @@
-"""The default station on loopback, ``127.0.0.1:4433``: used only when it is this user's.
+"""This ``MACULA_HOME``'s local station: its own process, on its own port, pinned to its key.
 
-``macula-mcp`` without ``MACULA_MESH_STATIONS`` uses the station at ``DEFAULT_STATION`` or
-starts an embedded one there. Anybody on the machine can bind that port first, so what
-answers there is dialled pinned to a key this ``MACULA_HOME`` knows: the public part of
-``$MACULA_HOME/embedded-station/station.key`` (the embedded station's) or
+``macula-mcp`` without ``MACULA_MESH_STATIONS`` uses a station of this home: a station run by
+hand at ``DEFAULT_STATION`` (``127.0.0.1:4433``) whose key is this home's, else the local
+station process, started when none runs. Anybody on the machine can bind a port first, so
+what answers is dialled pinned to a key this ``MACULA_HOME`` knows: the public part of
+``$MACULA_HOME/embedded-station/station.key`` (the local station's) or
 ``$MACULA_HOME/station/station.key`` (``macula-relay``'s default data dir).
 
 Invariants:
 - a station answering at ``DEFAULT_STATION`` with one of those keys is returned pinned
   (``node_id@127.0.0.1:4433``), so a later reconnect refuses an impostor too;
-- one answering with another key, or when this home has no station key to compare with, is
-  refused (``ForeignStationError``, not retryable) naming the key it presented, the key(s)
-  expected and their data dirs, and what to do; it is never used unpinned;
-- nothing answering is ``None``: the caller may start its own station.
+- one answering there with another key (another home's station, another user's) is never
+  used, and never stops this home: ``own_default_station`` says ``ForeignStationError`` (for
+  ``doctor``), ``default_station`` says so on stderr and starts this home's own station;
+- each home's local station listens on a port of its own: ``home_port`` (a stable port
+  derived from the home's path, 20000-29999), or a free one when that is taken, recorded in
+  ``station.endpoint``; ``MACULA_MCP_LOCAL_STATION_PORT`` sets it (0 = any free port).
 
 The local station (``default_station``) is a background process of its own, not part of the
 session that started it: ``python -m relay.cli`` on the embedded data dir, in a new session,
@@ -27,8 +30,8 @@ logging to ``$MACULA_HOME/logs/station.log`` (rotated; fatal output in ``station
   data dir's key; the client dials it pinned to that key;
 - files left by a crash, corrupt ones, or a pid now held by another program are stale: said
   on stderr and replaced; a process of ours that does not answer is never killed silently;
-- the port is ``MACULA_MCP_LOCAL_STATION_PORT`` (default 4433, 0 = any free); taken by a
-  program that is not a station, the station listens on a free port (said on stderr);
+- it ends by itself (``relay.lifetime``) when its data dir is gone (the home was deleted) or
+  after ``MACULA_MCP_LOCAL_STATION_IDLE_S`` (default 6 h) with no connection open;
 - a station that does not listen within ``MACULA_MCP_LOCAL_STATION_TIMEOUT_S`` is stopped and
   ``LocalStationError`` names its log.
 """
@@ -38,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import os
 import signal
 import socket
@@ -108,16 +112,15 @@ def foreign_station(
             for key, data_dir in expected.items()
         )
         return ForeignStationError(
-            f"the station at {address} presented key {shown}, expected {ours}: another program, "
-            f"perhaps another user's station, holds the port. Stop it so macula-mcp can start "
-            f"its own, or set {PORT_ENV}=0 to start it on a free port, or, if you trust it, {use}"
+            f"the station at {address} presented key {shown}, expected {ours}: another "
+            f"program, perhaps another home's or user's station, holds the port. macula-mcp "
+            f"uses this home's own local station instead; if you trust that one, {use}"
         )
     return ForeignStationError(
         f"the station at {address} presented key {shown}, and this MACULA_HOME ({home}) has no "
         f"station key to check it against ({home / EMBEDDED_DIR / STATION_KEY_FILE} or "
-        f"{home / RELAY_DIR / STATION_KEY_FILE}): it may be another user's. If you trust it, "
-        f"{use}; otherwise stop it so macula-mcp can start its own, or set {PORT_ENV}=0 to "
-        "start it on a free port"
+        f"{home / RELAY_DIR / STATION_KEY_FILE}): it may be another home's or user's. "
+        f"macula-mcp uses this home's own local station instead; if you trust that one, {use}"
     )
 
 
@@ -143,6 +146,11 @@ async def own_default_station(
 PORT_ENV: Final = "MACULA_MCP_LOCAL_STATION_PORT"
 TIMEOUT_ENV: Final = "MACULA_MCP_LOCAL_STATION_TIMEOUT_S"
 LOG_BYTES_ENV: Final = "MACULA_MCP_LOCAL_STATION_LOG_BYTES"
+IDLE_ENV: Final = "MACULA_MCP_LOCAL_STATION_IDLE_S"
+CHECK_ENV: Final = "MACULA_MCP_LOCAL_STATION_CHECK_S"  # how often it looks (tests shorten it)
+DEFAULT_IDLE_S: Final = 6 * 3600.0
+DEFAULT_CHECK_S: Final = 2.0
+HOME_PORTS: Final = range(20000, 30000)  # below Linux's ephemeral range (32768-60999)
 DEFAULT_TIMEOUT_S: Final = 10.0
 DEFAULT_LOG_BYTES: Final = 1 << 20
 LOG_BACKUPS: Final = 3
@@ -188,11 +196,20 @@ class StationFiles:
         return self.home / "logs" / "station.out"
 
 
+def home_port(home: Path) -> int:
+    """The port this home's local station asks for first: stable for one home's path, and
+    almost never another home's."""
+    digest = hashlib.sha256(str(home.absolute()).encode()).digest()
+    return HOME_PORTS[int.from_bytes(digest[:4], "big") % len(HOME_PORTS)]
+
+
 @dataclass(frozen=True)
 class Settings:
     port: int
     timeout_s: float
     log_bytes: int
+    idle_s: float = DEFAULT_IDLE_S
+    check_s: float = DEFAULT_CHECK_S
 
 
 def settings(env: Mapping[str, str]) -> Settings:
@@ -210,11 +227,14 @@ def settings(env: Mapping[str, str]) -> Settings:
             raise ConfigError(f"{name} must be >= {low}, got {text[:40]}")
         return value
 
-    port = int(number(PORT_ENV, int, parse_station(DEFAULT_STATION).port, 0))
+    port = int(number(PORT_ENV, int, home_port(macula_home(env)), 0))
     if port > 65535:
         raise ConfigError(f"{PORT_ENV} must be 0..65535 (0: any free port), got {port}")
     timeout_s = number(TIMEOUT_ENV, float, DEFAULT_TIMEOUT_S, 0.1)
-    return Settings(port, timeout_s, int(number(LOG_BYTES_ENV, int, DEFAULT_LOG_BYTES, 1024)))
+    log_bytes = int(number(LOG_BYTES_ENV, int, DEFAULT_LOG_BYTES, 1024))
+    idle_s = number(IDLE_ENV, float, DEFAULT_IDLE_S, 1.0)
+    check_s = number(CHECK_ENV, float, DEFAULT_CHECK_S, 0.05)
+    return Settings(port, timeout_s, log_bytes, idle_s, check_s)
 
 
 @dataclass(frozen=True)
@@ -487,6 +507,8 @@ def _spawn(files: StationFiles, port: int, config: Settings) -> subprocess.Popen
         "--data-dir", str(files.data_dir), "--endpoint-file", str(files.endpoint),
         "--pid-file", str(files.pid), "--log-file", str(files.log),
         "--log-max-bytes", str(config.log_bytes), "--log-backups", str(LOG_BACKUPS),
+        "--exit-when-gone", str(files.data_dir), "--idle-exit-s", repr(config.idle_s),
+        "--lifetime-check-s", repr(config.check_s),
     ]  # fmt: skip
     source = str(Path(relay.__file__).resolve().parent.parent)  # where this relay is imported
     env = dict(os.environ)
@@ -546,22 +568,39 @@ async def default_station(
 ) -> tuple[StationAddress, str | None]:
     """The station a ``macula-mcp`` with no configured station uses, pinned, and the endpoint
     of the local station process when it is that one (None: a station run by hand on the
-    default address with this home's key). Starts the local station when none runs."""
+    default address with this home's key). Starts the local station when none runs; another
+    home's station anywhere never stops this."""
     config = settings(env)
     files = StationFiles(macula_home(env))
     async with _locked_async(files, config.timeout_s + VERIFY_TIMEOUT_S + 5):
         running = await _answering(files, say)
         if running is not None:
             return running, str(running)
+        by_hand = await _own_station_by_hand(env, say)
+        if by_hand is not None:
+            return by_hand, None
         port = config.port
-        if port and _port_taken(port):  # a free port needs no probe: nothing answers there
-            own = await own_default_station(env, port)  # ForeignStationError when not ours
-            if own is not None:
-                return own, None
-            say(f"127.0.0.1:{port} is in use by a program that is not a station; the local "
-                "station listens on a free port instead")  # fmt: skip
+        if port and _port_taken(port):
+            say(f"127.0.0.1:{port} is in use by another program; this home's local station "
+                "listens on a free port instead")  # fmt: skip
             port = 0
         endpoint = await _start(files, port, config)
         say(f"started the local station {endpoint} (log {files.log}); it keeps serving after "
-            "this session ends; `macula-mcp station stop` stops it")  # fmt: skip
+            f"this session ends, until its home is removed or it is idle for "
+            f"{config.idle_s:g} s ({IDLE_ENV}); `macula-mcp station stop` stops it")  # fmt: skip
         return parse_station(endpoint), endpoint
+
+
+async def _own_station_by_hand(
+    env: Mapping[str, str], say: Callable[[str], None]
+) -> StationAddress | None:
+    """A station of this home answering at ``DEFAULT_STATION`` (``macula-relay`` run by hand),
+    pinned; None when the port is free or holds something else (said, not fatal)."""
+    default = parse_station(DEFAULT_STATION)
+    if not _port_taken(default.port):  # a free port needs no probe: nothing answers there
+        return None
+    try:
+        return await own_default_station(env)
+    except MaculaError as exc:  # another's key, or this home's key files unreadable
+        say(f"not using {DEFAULT_STATION}: {exc}")
+        return None

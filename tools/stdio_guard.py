@@ -18,14 +18,10 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
-import os
 import re
-import sys
 from collections.abc import AsyncIterable, AsyncIterator
-from io import TextIOWrapper
 from typing import Any, cast
 
 import anyio
@@ -136,28 +132,3 @@ async def serve_guarded(app: MCPServer, lines: AsyncIterable[str], sink: Any) ->
         guarded.bind(write_stream)
         lowlevel = app._lowlevel_server  # as MCPServer.run_stdio_async does
         await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
-
-
-@contextlib.contextmanager
-def _claimed_stdin() -> Any:
-    """The process's stdin as UTF-8 lines; fd 0 points at the null device meanwhile (as the
-    SDK's own stdio transport does, so children never read the protocol)."""
-    try:
-        private = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
-        null = os.open(os.devnull, os.O_RDONLY)
-    except OSError:  # no descriptor to spare (or none at 0): read it in place
-        yield anyio.wrap_file(TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace"))
-        return
-    os.dup2(null, 0)
-    os.close(null)
-    try:
-        binary = os.fdopen(private, "rb", closefd=False)
-        yield anyio.wrap_file(TextIOWrapper(binary, encoding="utf-8", errors="replace"))
-    finally:
-        os.dup2(private, 0)
-
-
-async def run_stdio_guarded(app: MCPServer) -> None:
-    """``app.run_stdio_async()`` with the depth guard on stdin."""
-    with _claimed_stdin() as stdin:
-        await serve_guarded(app, stdin, None)

@@ -44,6 +44,7 @@ def test_doctor_passes_against_a_live_station_and_names_the_failure_otherwise(
     good, bad = asyncio.run(with_station())
     assert good.returncode == 0, good.stdout + good.stderr
     assert "all checks passed" in good.stdout and "MCP round trip" in good.stdout
+    assert "first answer: " in good.stdout and "declined 2026-07-28" in good.stdout
     assert bad.returncode == 1
     assert "[FAIL] station 127.0.0.1:9" in bad.stdout
 

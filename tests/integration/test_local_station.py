@@ -207,3 +207,60 @@ def test_relay_names_a_file_it_cannot_write(tmp_path: Path) -> None:
     done = relay("--data-dir", str(tmp_path / "s"), "--log-file", str(missing / "log"))
     assert done.returncode == 1 and f"--log-file {missing / 'log'}" in done.stderr
     assert relay("--log-max-bytes", "0").returncode == 2  # argparse: must be positive
+
+
+async def test_each_home_gets_its_own_port_and_a_foreign_station_does_not_stop_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two homes on one machine: the second is not refused because the first one's station
+    holds the default address; each runs its own, pinned to its own key."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert local_station.home_port(first) == local_station.home_port(first)
+    assert local_station.home_port(first) != local_station.home_port(second)
+    try:
+        one, _ = await default_station({"MACULA_HOME": str(first)}, Said())
+        assert one.port == local_station.home_port(first)
+        monkeypatch.setattr(local_station, "DEFAULT_STATION", f"127.0.0.1:{one.port}")
+        said = Said()
+        two, _ = await default_station({"MACULA_HOME": str(second)}, said)
+        assert two.port != one.port and two.node_id != one.node_id
+        assert two.node_id == station_node_id(StationFiles(second).data_dir)
+        assert any(f"not using 127.0.0.1:{one.port}" in line for line in said)
+    finally:
+        stop_local_station(first)
+        stop_local_station(second)
+
+
+def wait_until_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        child = local_station._STARTED.get(pid)
+        if child is not None and child.poll() is not None:
+            local_station._STARTED.pop(pid, None)
+            return True
+        if process_gone(pid):
+            return True
+        time.sleep(0.05)  # polling the process table until the deadline
+    return False
+
+
+async def test_the_station_ends_itself_when_its_home_is_removed(home: Path) -> None:
+    import shutil
+
+    env = env_of(home, **{local_station.CHECK_ENV: "0.1"})
+    await default_station(env, Said())
+    pid = local_station_status(home).pid
+    assert pid is not None
+    shutil.rmtree(home)
+    assert await asyncio.to_thread(wait_until_gone, pid, 15)
+
+
+async def test_the_station_ends_itself_when_nobody_used_it_for_its_idle_time(
+    home: Path,
+) -> None:
+    env = env_of(home, **{local_station.CHECK_ENV: "0.1", local_station.IDLE_ENV: "1"})
+    await default_station(env, Said())
+    status = local_station_status(home)
+    assert status.pid is not None
+    assert await asyncio.to_thread(wait_until_gone, status.pid, 15)
+    assert local_station_status(home).state == "stopped"  # a clean exit removed its files

@@ -12,7 +12,6 @@ from meshkit import new_identity, station_config
 from macula.backoff import Backoff
 from macula.config import known_stations_from_env
 from macula.errors import HandshakeError
-from macula.keyfile import save_identity
 from macula.known_stations import KnownStationsError, station_node_id
 from macula.node import Node
 from macula.stations import parse_station
@@ -87,24 +86,33 @@ async def test_the_default_station_is_used_only_with_this_homes_key(
         default = unpinned(theirs)
         monkeypatch.setattr(local_station, "DEFAULT_STATION", default)
 
-        # nothing of ours yet: a station found there is not trusted
+        # nothing of ours yet: a station found there is not trusted (doctor says why) ...
         with pytest.raises(ForeignStationError, match="no station key to check it against"):
-            async with open_runtime(env):
-                pass
+            await local_station.own_default_station(env)
+        # ... and never used: this home starts its own station, on a port of its own
+        try:
+            async with open_runtime(env) as runtime:
+                node_id = station_node_id(ours)
+                assert node_id is not None and node_id != theirs.node_id
+                assert runtime.embedded_station is not None
+                assert runtime.embedded_station.startswith(node_id.hex() + "@127.0.0.1:")
+                assert not runtime.embedded_station.endswith(f":{theirs.port}")
+                await runtime.node.flush()
+                assert (await runtime.node.session()).tls_pinned
 
-        # our embedded station's key is another: refused, naming both keys and our data dir
-        save_identity(ours / "station.key", new_identity())
-        expected = local_station.own_station_keys(env)
-        with pytest.raises(ForeignStationError) as refused:
-            async with open_runtime(env):
-                pass
-        text = str(refused.value)
-        assert isinstance(refused.value, HandshakeError) and not refused.value.retryable
-        assert f"presented key {theirs.node_id.hex()}" in text
-        assert next(iter(expected)).hex() in text and str(ours / "station.key") in text
-        assert f"MACULA_MESH_STATIONS={theirs.endpoint}" in text
-        doctor = await _station_check(env, parse_station(default))
-        assert doctor == (f"station {default}", False, text)
+            # our embedded station's key is another: refused, naming both keys and our data dir
+            expected = local_station.own_station_keys(env)
+            with pytest.raises(ForeignStationError) as refused:
+                await local_station.own_default_station(env)
+            text = str(refused.value)
+            assert isinstance(refused.value, HandshakeError) and not refused.value.retryable
+            assert f"presented key {theirs.node_id.hex()}" in text
+            assert next(iter(expected)).hex() in text and str(ours / "station.key") in text
+            assert f"MACULA_MESH_STATIONS={theirs.endpoint}" in text
+            doctor = await _station_check(env, parse_station(default))
+            assert doctor == (f"station {default}", None, text)  # a warning, not a failure
+        finally:
+            local_station.stop_local_station(home)
 
     # our own station on that port (macula-relay's default data dir): dialled pinned
     async with Station(station_config(home / "station")) as mine:
@@ -116,11 +124,10 @@ async def test_the_default_station_is_used_only_with_this_homes_key(
             assert runtime.embedded_station is None
             await runtime.node.flush()
             assert (await runtime.node.session()).tls_pinned
-        port = mine.port
 
-    # nothing there: the local station process starts on that port with our key, pinned,
-    # and outlives the runtime that started it
-    monkeypatch.setattr(local_station, "DEFAULT_STATION", f"127.0.0.1:{port}")
+    # nothing there: the local station process starts on this home's own port with our
+    # key, pinned, and outlives the runtime that started it
+    port = local_station.home_port(home)
     try:
         async with open_runtime(env) as runtime:
             assert runtime.embedded_station is not None

@@ -51,12 +51,17 @@ def write(files: StationFiles, pid: object, endpoint: str) -> None:
 
 
 def test_settings_have_defaults_and_name_a_bad_value() -> None:
-    default = settings({})
-    assert (default.port, default.timeout_s, default.log_bytes) == (4433, 10.0, 1 << 20)
+    default = settings({"MACULA_HOME": "/tmp/some-home"})
+    assert (default.port, default.timeout_s, default.log_bytes) == (
+        local_station.home_port(Path("/tmp/some-home")),
+        10.0,
+        1 << 20,
+    )
+    assert (default.idle_s, default.check_s) == (6 * 3600.0, 2.0)
     given = settings({PORT_ENV: "0", TIMEOUT_ENV: "2.5", LOG_BYTES_ENV: "4096"})
     assert (given.port, given.timeout_s, given.log_bytes) == (0, 2.5, 4096)
     bad = [(PORT_ENV, "70000"), (PORT_ENV, "x"), (PORT_ENV, "-1"), (TIMEOUT_ENV, "0")]
-    bad += [(TIMEOUT_ENV, "soon"), (LOG_BYTES_ENV, "10")]
+    bad += [(TIMEOUT_ENV, "soon"), (LOG_BYTES_ENV, "10"), (local_station.IDLE_ENV, "0.5")]
     for name, value in bad:
         with pytest.raises(ConfigError, match=name):
             settings({name: value})

@@ -1,0 +1,131 @@
+"""``macula-mcp doctor``'s checks of first contact: this home's local station (running, stale),
+and how the server answers a harness's opening probe (how fast, in which era).
+
+Each check is ``(name, passed, detail)``; passed None is a warning (nothing fails, but a person
+should know), and a detail that reports a problem names its fix."""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import time
+from collections.abc import Mapping
+
+from macula.config import macula_home
+from tools.launch import server_command
+from tools.local_station import home_port, local_station_status, settings
+from tools.stdio_front import CARD_FILE, UNSUPPORTED_PROTOCOL_VERSION, channel_on
+
+Check = tuple[str, bool | None, str]
+FIRST_ANSWER_GOAL_S = 1.0  # Claude Code's probe budget is about 2 s
+ANSWER_TIMEOUT_S = 20.0
+PROBE = {
+    "jsonrpc": "2.0",
+    "id": "doctor-probe",
+    "method": "server/discover",
+    "params": {
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "macula-doctor", "version": "0"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+    },
+}
+
+
+def local_station_check(env: Mapping[str, str]) -> Check:
+    home = macula_home(env)
+    status = local_station_status(home)
+    if status.state == "running":
+        return "local station", True, f"pid {status.pid}, {status.endpoint}"
+    if status.state == "stale":
+        return (
+            "local station",
+            None,
+            f"stale files ({status.detail}); the next session replaces them, or run "
+            "`macula-mcp station stop` to remove them now",
+        )
+    try:
+        port = settings(env).port
+    except Exception as exc:  # a bad setting: named by the configuration check too
+        return "local station", False, str(exc)
+    chosen = "any free port" if port == 0 else f"127.0.0.1:{port}"
+    if port == home_port(home):
+        chosen += " (this home's own port)"
+    return "local station", True, f"none runs; the next session starts one on {chosen}"
+
+
+def first_answer_check(
+    env: Mapping[str, str], command: list[str] | None = None, timeout_s: float = ANSWER_TIMEOUT_S
+) -> Check:
+    """Spawn the server as a harness does and time its answer to a 2026-07-28 probe."""
+    argv = command or server_command()
+    name = "first answer"
+    started = time.perf_counter()
+    try:
+        child = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=dict(env),
+        )  # fmt: skip
+    except OSError as exc:
+        return name, False, f"cannot start {argv[0]}: {exc}"
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        child.stdin.write(json.dumps(PROBE).encode() + b"\n")
+        child.stdin.flush()
+        ready, _, _ = select.select([child.stdout], [], [], timeout_s)
+        line = child.stdout.readline() if ready else b""
+        took = time.perf_counter() - started
+    finally:
+        child.stdin.close()
+        try:
+            child.wait(60 if line else 0.5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        return (
+            name,
+            False,
+            (
+                f"no answer to server/discover within {timeout_s:g} s (exit status "
+                f"{child.returncode}); run `macula-mcp` by hand to see what it says on stderr"
+            ),
+        )
+    return _judge(env, answer, took)
+
+
+def _judge(env: Mapping[str, str], answer: dict[str, object], took: float) -> Check:
+    name = "first answer"
+    error = answer.get("error")
+    declined = isinstance(error, dict) and error.get("code") == UNSUPPORTED_PROTOCOL_VERSION
+    result = answer.get("result")
+    modern = isinstance(result, dict) and "2026-07-28" in (result.get("supportedVersions") or [])
+    card = (macula_home(env) / CARD_FILE).exists()
+    era = "declined 2026-07-28, so the client uses 2025-11-25" if declined else "2026-07-28"
+    detail = f"{took:.2f} s to answer server/discover ({era}; handshake card {int(card)})"
+    if channel_on(env) and modern:
+        return (
+            name,
+            False,
+            (
+                f"{detail}: channel push is on but the 2026-07-28 era was offered, in which "
+                "Claude Code drops claude/channel; update macula (the server should decline it)"
+            ),
+        )
+    if not (declined or modern):
+        return name, False, f"{detail}: unexpected answer {json.dumps(answer)[:200]}"
+    if took > FIRST_ANSWER_GOAL_S:
+        return (
+            name,
+            None,
+            (
+                f"{detail}: slower than {FIRST_ANSWER_GOAL_S:g} s (Claude Code gives up at about "
+                "2 s and restarts the server in the other era); the machine is busy, or this "
+                "is the first start after an update; `macula-mcp register --attach` starts faster"
+            ),
+        )
+    return name, True, detail

@@ -1,0 +1,56 @@
+"""The plain ``macula-mcp`` behind its stdio front (``tools.stdio_front``): the SDK server
+reads the lines the front hands on and writes through it, which drops the replies the front
+gave already and learns the handshake card from the others. Lines nested too deep for the
+SDK's parser are answered by ``tools.stdio_guard`` on the way in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, cast
+
+from tools.stdio_front import Front
+
+
+class _FrontLines:
+    """The harness's lines, as the SDK's stdio transport reads a file."""
+
+    def __init__(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self.queue = queue
+
+    def __aiter__(self) -> _FrontLines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self.queue.get()
+        if line is None:
+            raise StopAsyncIteration
+        return line.decode("utf-8", "replace")
+
+
+class _FrontSink:
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    async def write(self, text: str) -> None:
+        line = self.front.from_backend(text.encode())
+        if line is not None:
+            await asyncio.to_thread(self.front.write, line)  # a slow reader never stalls the loop
+
+    async def flush(self) -> None:
+        return None
+
+
+async def serve_behind(app: Any, front: Front) -> None:
+    """Serve ``app`` (an ``MCPServer``) on the front's lines until the harness closes stdin."""
+    from tools.stdio_guard import serve_guarded  # imports the SDK: only once the front runs
+
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def deliver(line: bytes | None) -> None:  # called on the front's thread
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
+            loop.call_soon_threadsafe(queue.put_nowait, line)
+
+    front.connect(deliver)
+    await serve_guarded(app, _FrontLines(queue), cast(Any, _FrontSink(front)))
