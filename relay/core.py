@@ -83,7 +83,7 @@ from relay.admission import Admitted, FrameAdmission, Rejected
 from relay.adverts import AdvertTable, ProcedureKey
 from relay.call_forwarding import CallForwarder
 from relay.connection_caps import ConnectionCaps
-from relay.federation.content import hops_refusal
+from relay.federation.content_hops import hops_refusal
 from relay.federation.dedup import RelayedEventDedup
 from relay.federation.gossip import AdvertGossip
 from relay.federation.handshake import LinkHandshake, dialled_peer

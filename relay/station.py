@@ -77,7 +77,8 @@ from relay.house.services import HouseConfig, HouseServices
 from relay.logbook import clip
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
-from relay.realm_admission import AdmissionMode, Allowlist, ConnectRule
+from relay.realm_admission import AdmissionMode, ConnectRule
+from relay.realm_files import Allowlist
 from relay.realm_links import own_station_endorsements
 from relay.realms import ProtectedRealm, RealmGate
 from relay.store import ContentStore, RecordStore, StoreLimits

@@ -29,7 +29,8 @@ from macula.wire.identity import Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record
 from relay.cli import build_parser, config_from_args
-from relay.realm_links import load_station_endorsement, own_station_endorsements
+from relay.realm_files import load_station_endorsement
+from relay.realm_links import own_station_endorsements
 from relay.realms import ProtectedRealm, RealmGate
 from relay.station_frames import StationFrames
 
