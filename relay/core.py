@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from macula.rate import TokenBucket
@@ -88,7 +88,7 @@ from relay.federation.dedup import RelayedEventDedup
 from relay.federation.gossip import AdvertGossip
 from relay.federation.handshake import LinkHandshake, dialled_peer
 from relay.federation.interest import StationInterest
-from relay.interest import DECLARATIONS, InterestRouter
+from relay.interest import DECLARATIONS, InterestRouter, PublishHook
 from relay.logbook import Refusals, clip
 from relay.outcome import Outcome
 from relay.pacing import PublishPacer
@@ -144,11 +144,19 @@ class RouterCore:
         services: frozenset[tuple[bytes, str]] = frozenset(),
         realms: RealmGate | None = None,
         connect_rule: ConnectRule | None = None,
+        station_endorsements: Iterable[dict[str, Any]] = (),
+        published: PublishHook | None = None,
     ) -> None:
+        """``station_endorsements``: the RPC forms this station presents on its links
+        (relay.realm_links); ``published``: told every PUBLISH accepted (the room history)."""
         self.identity = identity
         self.services = services  # (realm, procedure) served by the station itself
         self.policy = policy
-        self.frames = StationFrames(identity, random_bytes)
+        self.realms = RealmGate() if realms is None else realms  # protected realms (issue 13)
+        # peer stations learn what this one protects, and its endorsements
+        self.frames = StationFrames(
+            identity, random_bytes, realms=self.realms.tags, endorsements=station_endorsements
+        )
         self._random = random_bytes
         self.peers: dict[int, Peer] = {}
         self.node_conn: dict[bytes, int] = {}
@@ -157,10 +165,8 @@ class RouterCore:
         self.pending = PendingCalls()
         self.routes = RouteTable()
         self.admission = FrameAdmission(policy)
-        self.realms = RealmGate() if realms is None else realms  # protected realms (issue 13)
         self.connect_rule = ConnectRule() if connect_rule is None else connect_rule
         self.realm_calls = RealmCalls()  # protected realms' CALLs out on links (relay.realm_links)
-        self.frames.realms = self.realms.tags  # peer stations learn what this one protects
         self.stats: Counter[str] = Counter()
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
         self.pacer = PublishPacer()
@@ -205,6 +211,7 @@ class RouterCore:
             drop=self._drop,
             count=self._count,
             gossip=self.gossip,
+            published=published,
             federation=StationInterest(
                 self.peers,
                 self.node_conn,

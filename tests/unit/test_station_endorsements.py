@@ -200,8 +200,7 @@ def test_macula_realm_endorse_station_and_the_relay_flag(
 
 
 def test_a_station_presents_its_endorsements_in_connect_and_in_hello_to_stations() -> None:
-    frames = StationFrames(STATION, os.urandom)
-    frames.endorsements = [station_record()]
+    frames = StationFrames(STATION, os.urandom, endorsements=[station_record()])
 
     def parsed(data: bytes) -> Connect | Hello:
         maps = FrameDecoder().feed(data)
