@@ -359,7 +359,7 @@ class Station:
             raise OSError(exc.errno, f"DHT udp port {port}: {exc.strerror}") from exc
         stack.push_async_callback(dht.stop)
         self._dht = self._builtins.dht = dht
-        self.core.dht_port = bound  # told to peer stations in CONNECT/HELLO
+        self.core.dht_started(bound)  # told to peer stations in CONNECT/HELLO
         log.info("DHT listening on udp %s:%d", config.host, bound)
 
     async def _drain(self) -> None:
