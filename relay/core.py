@@ -35,7 +35,7 @@ State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCa
   the station bit and waits for a HELLO verified against the node id it dialled (anything
   else closes it, counted); an accepted CONNECT with the station bit makes a station peer;
   either way ``LinkHandshake.link_up`` (relay.federation.handshake) emits ``LinkUp`` once and
-  ``_forget_peer`` the matching ``LinkDown``; one link per station (the duplicate rule is
+  ``forget_peer`` the matching ``LinkDown``; one link per station (the duplicate rule is
   there); ``station_linked`` runs on every link that comes up; an EVENT is taken from
   a station peer only, and goes to local clients only (``relay.federation.interest``).
 Handlers live in modules of their own, each a group of functions taking the core:

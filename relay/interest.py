@@ -54,7 +54,7 @@ PublishHook = Callable[[Publish, int, bool], None]
 
 
 class Counting(Protocol):
-    """Adds ``n`` to a station counter (``RouterCore._count``)."""
+    """Adds ``n`` to a station counter (``RouterCore.count``)."""
 
     def __call__(self, counter: str, n: int = 1, /) -> None: ...
 

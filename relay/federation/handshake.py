@@ -70,8 +70,8 @@ class LinkHandshake:
         self._admission = admission
         self._drop = drop
         self._count = count
-        self._forget = forget  # the core's ``_forget_peer``
-        self._linked = linked  # the core's ``_station_linked``
+        self._forget = forget  # the core's ``forget_peer``
+        self._linked = linked  # the core's ``station_linked``
 
     def hello(
         self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
