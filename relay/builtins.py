@@ -65,7 +65,8 @@ from relay.arguments import (
 )
 from relay.content_store import ContentStore
 from relay.core import BUILTINS
-from relay.federation.content import HOPS_REMAINING, AskPeers
+from relay.federation.content import AskPeers
+from relay.federation.content_hops import HOPS_REMAINING
 from relay.federation.dht_storage import newest_per_signer
 from relay.outcome import Outcome, Refused, answer
 from relay.realms import RealmGate, endorsement_key, record_storage_key

@@ -36,8 +36,9 @@ from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.lifetime import LifetimeRule, watch
 from relay.policy import PuzzleMode, Quotas, StationPolicy
-from relay.realm_admission import AdmissionMode, Allowlist, AllowlistError
-from relay.realm_links import StationEndorsementError, load_station_endorsement
+from relay.realm_admission import AdmissionMode, AllowlistError
+from relay.realm_files import Allowlist, load_station_endorsement
+from relay.realm_links import StationEndorsementError
 from relay.realms import ProtectedRealm, parse_realm_flag
 from relay.station import Station, StationConfig
 from relay.store import StoreLimits

@@ -35,100 +35,59 @@ State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCa
   the station bit and waits for a HELLO verified against the node id it dialled (anything
   else closes it, counted); an accepted CONNECT with the station bit makes a station peer;
   either way ``LinkHandshake.link_up`` (relay.federation.handshake) emits ``LinkUp`` once and
-  ``_forget_peer`` the matching ``LinkDown``; one link per station (the duplicate rule is
-  there); ``_station_linked`` runs on every link that comes up; an EVENT is taken from
+  ``forget_peer`` the matching ``LinkDown``; one link per station (the duplicate rule is
+  there); ``station_linked`` runs on every link that comes up; an EVENT is taken from
   a station peer only, and goes to local clients only (``relay.federation.interest``).
+Handlers live in modules of their own, each a group of functions taking the core:
+``relay.connect_handling`` (CONNECT, HELLO, a link coming up), ``relay.call_handling`` (CALL
+routing, built-ins, this station's own CALLs), ``relay.stream_handling`` (dedicated streams),
+``relay.realm_routing`` (protected realms). One convention: a handler returns its actions
+(a list, often the one a helper made); only ``frames_received`` gathers them. Hooks and data
+from the shell are constructor parameters, never assigned afterwards (tests/unit/
+test_relay_shape.py). Nothing here or below does I/O (pyproject.toml's import contract).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from macula.rate import TokenBucket
 from macula.realm.records import Endorsement
-from macula.wire.codes import ErrorCode
-from macula.wire.errors import FramingError, ProtocolError
-from macula.wire.frames import (
-    CAP_STATION,
-    Advertise,
-    Call,
-    Connect,
-    Error,
-    Event,
-    Frame,
-    Goodbye,
-    Ping,
-    Publish,
-    Result,
-    StreamOpen,
-    Subscribe,
-    parse_frame,
-)
+from macula.wire.errors import FramingError
+from macula.wire.frames import Call, Error, Event, Goodbye, Ping, Result
 from macula.wire.identity import Identity
-from relay.actions import (
-    Action,
-    Close,
-    EndStream,
-    LinkDown,
-    PauseReading,
-    ResumeReading,
-    RunBuiltin,
-    Send,
-    StationReplied,
-)
+from relay import call_handling, connect_handling, realm_routing, stream_handling
+from relay.actions import Action, Close, LinkDown, PauseReading, ResumeReading, Send
 from relay.admission import Admitted, FrameAdmission, Rejected
 from relay.adverts import AdvertTable, ProcedureKey
 from relay.call_forwarding import CallForwarder
+from relay.call_handling import BUILTINS
 from relay.connection_caps import ConnectionCaps
-from relay.federation.content import hops_refusal
 from relay.federation.dedup import RelayedEventDedup
 from relay.federation.gossip import AdvertGossip
 from relay.federation.handshake import LinkHandshake, dialled_peer
 from relay.federation.interest import StationInterest
-from relay.interest import DECLARATIONS, InterestRouter
+from relay.interest import DECLARATIONS, InterestRouter, PublishHook
 from relay.logbook import Refusals, clip
 from relay.outcome import Outcome
 from relay.pacing import PublishPacer
 from relay.peers import Peer, PeerState
-from relay.pending import ORIGIN, PendingCalls
+from relay.pending import PendingCalls
 from relay.policy import StationPolicy
 from relay.realm_admission import ConnectRule
-from relay.realm_links import (
-    VOUCH_DEADLINE_MS,
-    VOUCH_PROCEDURE,
-    RealmCalls,
-    forget_link_adverts,
-    linked_realms,
-    provider_allowed,
-    unsigned_in_protected_realm,
-    unvouched,
-    vouch_actions,
-)
+from relay.realm_links import RealmCalls
 from relay.realms import RealmGate
 from relay.routes import RouteTable
-from relay.station_frames import StationFrames, dht_port_of
+from relay.station_frames import StationFrames
 from relay.stream_relay import StreamRelay
 from relay.subscriptions import SubscriptionTable
 
-log = logging.getLogger("macula.relay")
+__all__ = ["BUILTINS", "RouterCore"]
 
-BUILTINS = frozenset(
-    {
-        "_dht.put_record",
-        "_dht.find_record",
-        "_dht.find_records",
-        "_dht.find_records_by_type",
-        "_content.put_block",
-        "_content.get_block",
-        "_content.put_manifest",
-        "_content.get_manifest",
-        "_relay.ping",
-        "_realm.present",
-    }
-)
+log = logging.getLogger("macula.relay")
 
 _GONE = (PeerState.DRAINING, PeerState.CLOSED)
 
@@ -144,12 +103,22 @@ class RouterCore:
         services: frozenset[tuple[bytes, str]] = frozenset(),
         realms: RealmGate | None = None,
         connect_rule: ConnectRule | None = None,
+        station_endorsements: Iterable[dict[str, Any]] = (),
+        published: PublishHook | None = None,
     ) -> None:
+        """``services``: (realm, procedure) served by the station itself (house services);
+        ``realms``: the protected realms (issue 13); ``connect_rule``: who may connect at all;
+        ``station_endorsements``: the RPC forms this station presents on its links
+        (relay.realm_links); ``published``: told every PUBLISH accepted (the room history)."""
         self.identity = identity
-        self.services = services  # (realm, procedure) served by the station itself
+        self.services = services
         self.policy = policy
-        self.frames = StationFrames(identity, random_bytes)
-        self._random = random_bytes
+        self.realms = RealmGate() if realms is None else realms
+        # peer stations learn what this one protects, and its endorsements
+        self.frames = StationFrames(
+            identity, random_bytes, realms=self.realms.tags, endorsements=station_endorsements
+        )
+        self.random_bytes = random_bytes
         self.peers: dict[int, Peer] = {}
         self.node_conn: dict[bytes, int] = {}
         self.subscriptions = SubscriptionTable()
@@ -157,10 +126,8 @@ class RouterCore:
         self.pending = PendingCalls()
         self.routes = RouteTable()
         self.admission = FrameAdmission(policy)
-        self.realms = RealmGate() if realms is None else realms  # protected realms (issue 13)
         self.connect_rule = ConnectRule() if connect_rule is None else connect_rule
         self.realm_calls = RealmCalls()  # protected realms' CALLs out on links (relay.realm_links)
-        self.frames.realms = self.realms.tags  # peer stations learn what this one protects
         self.stats: Counter[str] = Counter()
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
         self.pacer = PublishPacer()
@@ -181,8 +148,8 @@ class RouterCore:
             self.frames,
             route_ttl_ms=policy.stream_route_ttl_ms,
             open_stream=open_stream,
-            drop=self._drop,
-            count=self._count,
+            drop=self.drop,
+            count=self.count,
         )
         self.calls = CallForwarder(
             self.peers,
@@ -190,10 +157,38 @@ class RouterCore:
             self.pending,
             self.frames,
             forward_slot_ms=policy.forward_slot_ms,
-            drop=self._drop,
-            count=self._count,
+            drop=self.drop,
+            count=self.count,
         )
-        self.interest = InterestRouter(
+        self.interest = self._interest_router(published)
+        self.linking = LinkHandshake(
+            identity.node_id,
+            self.peers,
+            self.node_conn,
+            self.frames,
+            self.admission,
+            drop=self.drop,
+            count=self.count,
+            forget=self.forget_peer,
+            linked=self.station_linked,
+        )
+
+    def _interest_router(self, published: PublishHook | None) -> InterestRouter:
+        """ADVERTISE, SUBSCRIBE, PUBLISH (relay.interest), and EVENTs across links."""
+        policy = self.policy
+        federation = StationInterest(
+            self.peers,
+            self.node_conn,
+            self.subscriptions,
+            self.frames,
+            dedup=RelayedEventDedup(policy.relayed_event_dedup_ms, policy.max_relayed_event_ids),
+            drop=self.drop,
+            count=self.count,
+            event_rate=policy.quotas.station_event_rate,
+            event_burst=policy.quotas.station_event_burst,
+            protects=self.realms.protects,
+        )
+        return InterestRouter(
             self.peers,
             self.node_conn,
             self.adverts,
@@ -202,34 +197,11 @@ class RouterCore:
             quotas=policy.quotas,
             tombstone_ms=policy.advertise_tombstone_ms,
             station_serves=self._serves_itself,
-            drop=self._drop,
-            count=self._count,
+            drop=self.drop,
+            count=self.count,
             gossip=self.gossip,
-            federation=StationInterest(
-                self.peers,
-                self.node_conn,
-                self.subscriptions,
-                self.frames,
-                dedup=RelayedEventDedup(
-                    policy.relayed_event_dedup_ms, policy.max_relayed_event_ids
-                ),
-                drop=self._drop,
-                count=self._count,
-                event_rate=policy.quotas.station_event_rate,
-                event_burst=policy.quotas.station_event_burst,
-                protects=lambda realm: self.realms.protects(realm),
-            ),
-        )
-        self.linking = LinkHandshake(
-            identity.node_id,
-            self.peers,
-            self.node_conn,
-            self.frames,
-            self.admission,
-            drop=self._drop,
-            count=self._count,
-            forget=self._forget_peer,
-            linked=self._station_linked,
+            published=published,
+            federation=federation,
         )
 
     # --- entry points ---------------------------------------------------------------------
@@ -263,6 +235,10 @@ class RouterCore:
         self.stats["links_dialled"] += 1
         return [Send(conn, control, self.frames.connect(self.dht_port, now_ms))]
 
+    def dht_started(self, port: int) -> None:
+        """This station's DHT listens on UDP ``port``: told to peer stations from now on."""
+        self.dht_port = port
+
     def is_connected(self, conn: int) -> bool:
         """True once the connection's CONNECT was accepted (and until it drains)."""
         peer = self.peers.get(conn)
@@ -276,31 +252,25 @@ class RouterCore:
             peer = self.peers.get(conn)
             if peer is None or peer.state in _GONE:
                 break
-            if peer.state is PeerState.HANDSHAKING and peer.dialled:
-                if frame_map.get("frame_type") == "hello":  # before the link is up (issue 26)
-                    presented = frame_map.get("endorsements")
-                    self.realms.present_station(conn, peer.expected_node_id, presented, now_ms)
-                self.linking.hello(peer, stream, frame_map, now_ms, out)
-            elif peer.state is PeerState.HANDSHAKING:
-                self._handshake(peer, stream, frame_map, now_ms, out)
-            elif stream == peer.control:
-                if self.pacer.paused(conn):
-                    self.pacer.hold(conn, frame_map)  # order is kept
-                elif self.pacer.over_rate(peer.publish_bucket, frame_map, now_ms):
-                    self.pacer.hold(conn, frame_map)
-                    self.stats["publishers_paused"] += 1
-                    peer.refusals.count("publish_slowed", "over the publish rate: paused")
-                    until_ms = self.pacer.refilled_at(peer.publish_bucket, now_ms)
-                    out.append(PauseReading(conn, stream, until_ms))
-                elif link := self.interest.federation.events_over_rate(peer, frame_map, now_ms):
-                    self.pacer.hold(conn, frame_map)  # a link's EVENTs: paused, not dropped
-                    self.stats["links_paused"] += 1
-                    peer.refusals.count("events_slowed", "over the link's EVENT rate: paused")
-                    out.append(PauseReading(conn, stream, self.pacer.refilled_at(link, now_ms)))
-                else:
-                    self._control(peer, frame_map, now_ms, out)
+            if peer.state is PeerState.HANDSHAKING:
+                out += connect_handling.handshake(self, peer, stream, frame_map, now_ms)
+            elif stream != peer.control:
+                out += stream_handling.dedicated(self, peer, stream, frame_map, now_ms)
+            elif self.pacer.paused(conn):
+                self.pacer.hold(conn, frame_map)  # order is kept
+            elif self.pacer.over_rate(peer.publish_bucket, frame_map, now_ms):
+                self.pacer.hold(conn, frame_map)
+                self.stats["publishers_paused"] += 1
+                peer.refusals.count("publish_slowed", "over the publish rate: paused")
+                until_ms = self.pacer.refilled_at(peer.publish_bucket, now_ms)
+                out.append(PauseReading(conn, stream, until_ms))
+            elif link := self.interest.federation.events_over_rate(peer, frame_map, now_ms):
+                self.pacer.hold(conn, frame_map)  # a link's EVENTs: paused, not dropped
+                self.stats["links_paused"] += 1
+                peer.refusals.count("events_slowed", "over the link's EVENT rate: paused")
+                out.append(PauseReading(conn, stream, self.pacer.refilled_at(link, now_ms)))
             else:
-                self._dedicated(peer, stream, frame_map, now_ms, out)
+                out += self._control(peer, frame_map, now_ms)
         return out
 
     def framing_failed(
@@ -315,10 +285,10 @@ class RouterCore:
         out: list[Action] = []
         if peer.control is not None and peer.state is PeerState.CONNECTED:
             detail = f"framing error on stream {stream}: {error.detail}"
-            out.append(self._goodbye(peer, "protocol_error", detail, now_ms))
+            out.append(self.goodbye(peer, "protocol_error", detail, now_ms))
         out.append(Close(conn, f"protocol_error: {error.reason}", after_ms=50))
         peer.state = PeerState.DRAINING  # nothing more from this connection is heard
-        out += self._forget_peer(peer, now_ms)
+        out += self.forget_peer(peer, now_ms)
         return out
 
     def resume(self, conn: int, now_ms: int) -> list[Action]:
@@ -348,52 +318,25 @@ class RouterCore:
         self.stats["slow_consumers"] += 1
         log.info("conn %d: slow consumer, %d bytes queued", conn, queued)
         detail = f"more than {limit} bytes waiting to be sent to this connection"
-        out: list[Action] = [self._goodbye(peer, "slow_consumer", detail, now_ms)]
+        out: list[Action] = [self.goodbye(peer, "slow_consumer", detail, now_ms)]
         out.append(Close(conn, "slow_consumer"))
         peer.state = PeerState.DRAINING
-        return out + self._forget_peer(peer, now_ms)
+        return out + self.forget_peer(peer, now_ms)
 
     def stream_ended(self, conn: int, stream: int, now_ms: int) -> list[Action]:
-        peer = self.peers.get(conn)
-        if peer is None:
-            return []
-        if stream == peer.control and self.pacer.paused(conn):
-            self.pacer.ended.add(conn)  # the end comes after the frames held
-            return []
-        peer.ignored_streams.discard(stream)
-        if stream == peer.control:
-            # The client closed its control stream: the session is over.
-            peer.state = PeerState.DRAINING
-            return [Close(conn, "control stream ended"), *self._forget_peer(peer, now_ms)]
-        if stream in peer.content_streams:
-            peer.finished_content.add(stream)
-            if peer.content_streams[stream] == 0:
-                del peer.content_streams[stream]
-                peer.finished_content.discard(stream)
-                return [EndStream(conn, stream)]
-            return []
-        return self.streams.leg_lost(
-            conn, stream, "peer closed the stream before a terminal frame", now_ms
-        )
+        return stream_handling.stream_ended(self, conn, stream, now_ms)
 
     def stream_reset(self, conn: int, stream: int, now_ms: int) -> list[Action]:
-        peer = self.peers.get(conn)
-        if peer is not None:
-            if stream == peer.control and peer.state is not PeerState.DRAINING:
-                return self.stream_ended(conn, stream, now_ms)  # the session is over
-            peer.content_streams.pop(stream, None)
-            peer.finished_content.discard(stream)
-            peer.ignored_streams.discard(stream)
-        return self.streams.leg_lost(conn, stream, "peer reset the stream", now_ms)
+        return stream_handling.stream_reset(self, conn, stream, now_ms)
 
     def connection_lost(self, conn: int, now_ms: int) -> list[Action]:
-        peer = self._remove(conn, now_ms)
+        peer = self.remove(conn, now_ms)
         if peer is None:
             return []
         peer.state = PeerState.CLOSED
-        return self._forget_peer(peer, now_ms)
+        return self.forget_peer(peer, now_ms)
 
-    def _remove(self, conn: int, now_ms: int) -> Peer | None:
+    def remove(self, conn: int, now_ms: int) -> Peer | None:
         """Take ``conn`` out of the peer table (its address slot and a last summary line)."""
         peer = self.peers.pop(conn, None)
         if peer is None:
@@ -406,31 +349,7 @@ class RouterCore:
         self, conn: int, stream: int, call: Call, outcome: Outcome, now_ms: int
     ) -> list[Action]:
         """Reply to a built-in CALL (or a house service's) with its ``Outcome``."""
-        self.builtins_running[conn] -= 1
-        if self.builtins_running[conn] <= 0:
-            del self.builtins_running[conn]
-        peer = self.peers.get(conn)
-        if peer is None or peer.state is PeerState.CLOSED:
-            return []
-        out: list[Action] = []
-        if self.realms.to_vouch:  # a member accepted: its links hear before it does
-            out += self._vouch(self.realms.drain_vouches(), now_ms)
-        if outcome.code is not None:
-            out.append(
-                self._error(peer, stream, call.call_id, outcome.code, outcome.detail, now_ms)
-            )
-        else:
-            out.append(
-                Send(conn, stream, self.frames.result(call.call_id, outcome.payload, now_ms))
-            )
-        running = peer.content_streams.get(stream)
-        if running is not None:
-            peer.content_streams[stream] = running - 1
-            if running == 1 and stream in peer.finished_content:
-                del peer.content_streams[stream]
-                peer.finished_content.discard(stream)
-                out.append(EndStream(conn, stream))
-        return out
+        return call_handling.builtin_done(self, conn, stream, call, outcome, now_ms)
 
     def tick(self, now_ms: int) -> list[Action]:
         """Timers: handshake timeouts, forwarded-call deadlines, route TTLs, replay cache,
@@ -442,7 +361,7 @@ class RouterCore:
                 and now_ms - peer.opened_ms > self.policy.handshake_timeout_ms
             ):
                 out.append(Close(peer.conn, "handshake timeout"))
-                self._remove(peer.conn, now_ms)
+                self.remove(peer.conn, now_ms)
             else:
                 self._summarise(peer, now_ms)
         line = self.caps.refused.summary(now_ms, self.policy.log_summary_ms)
@@ -456,291 +375,69 @@ class RouterCore:
             out += self.sweep_realms(now_ms)
         return out
 
-    # --- protected realms (relay.realms, issue 13) ------------------------------------------
-
-    def _realm_refused(self, peer: Peer, frame: Frame, now_ms: int) -> bool:
-        """SUBSCRIBE, PUBLISH, ADVERTISE (and a relayed EVENT) in a protected realm from a
-        connection that may not act there: a counted drop."""
-        if not isinstance(frame, (Subscribe, Publish, Advertise, Event)):
-            return False
-        if self.realms.allows(peer.conn, peer.is_station, frame.realm, now_ms):
-            return False
-        self._drop(peer, "realm_refused", f"{frame.FRAME_TYPE} in a protected realm")
-        return True
-
-    def _members_only(self, realm: bytes, actions: list[Action], now_ms: int) -> list[Action]:
-        """What a declaration or an EVENT makes the station send in a protected realm goes
-        only to connections allowed there (members, stations protecting it too)."""
-        if not self.realms.protects(realm):
-            return actions
-        kept: list[Action] = []
-        for action in actions:
-            target = self.peers.get(action.conn) if isinstance(action, Send) else None
-            if target is not None and not self.realms.allows(
-                target.conn, target.is_station, realm, now_ms
-            ):
-                self.stats["realm_sends_withheld"] += 1
-                continue
-            kept.append(action)
-        return kept
-
     def sweep_realms(self, now_ms: int) -> list[Action]:
         """End expired and revoked memberships; their advertisements in that realm go."""
-        out: list[Action] = []
-        for conn, realm in self.realms.sweep(now_ms):
-            self.stats["realm_memberships_ended"] += 1
-            for key in self.adverts.keys_for(conn):
-                if key[0] == realm:
-                    self.adverts.remove(key, now_ms + self.policy.advertise_tombstone_ms)
-                    removed = self.gossip.local_removed(key, now_ms)
-                    out += self._members_only(realm, removed, now_ms)
-            self.stats["realm_link_adverts_ended"] += forget_link_adverts(self.gossip, conn, realm)
-        return out
+        return realm_routing.sweep(self, now_ms)
 
     def shutdown(self, now_ms: int) -> list[Action]:
         self.stopping = True
         out: list[Action] = []
         for peer in list(self.peers.values()):
             if peer.state is PeerState.CONNECTED:
-                out.append(self._goodbye(peer, "operator_stop", "station is shutting down", now_ms))
+                out.append(self.goodbye(peer, "operator_stop", "station is shutting down", now_ms))
             out.append(Close(peer.conn, "station shutting down", after_ms=100))
             peer.state = PeerState.DRAINING
         return out
 
-    # --- handshake (§5) -------------------------------------------------------------------
-
-    def _handshake(
-        self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
-    ) -> None:
-        if peer.control is None:
-            peer.control = stream  # the first stream a peer sends on is its control stream
-        elif stream != peer.control:
-            self.stats["streams_before_connect"] += 1
-            out.append(Close(peer.conn, "data on a second stream before CONNECT"))
-            peer.state = PeerState.DRAINING
-            return
-        if frame_map.get("frame_type") != "connect":
-            self.stats["dropped_before_connect"] += 1
-            peer.refusals.count("dropped_before_connect", "frame before CONNECT")
-            return
-        try:
-            connect = parse_frame(frame_map)
-        except ProtocolError as exc:
-            log.info("conn %d: malformed CONNECT: %s", peer.conn, clip(exc))
-            out.append(Close(peer.conn, f"malformed CONNECT: {exc.detail}"))
-            self._remove(peer.conn, now_ms)
-            return
-        assert isinstance(connect, Connect)
-        refusal = self.admission.connect_refusal(connect, now_ms)
-        if refusal is None:  # who may connect at all (relay.realm_admission)
-            refusal = self._connect_refusal(peer, connect, now_ms)
-        if refusal is None and self.stopping:
-            # a client that reconnects while the station drains must not believe it is in
-            refusal = (ErrorCode.TEMPORARY_RELAY_FAILURE, "station is shutting down")
-        if refusal is None and connect.capabilities & CAP_STATION:
-            refusal = self.admission.inbound_link_refusal(connect.node_id, self.peers.values())
-            self.stats["inbound_links_refused"] += refusal is not None
-        if refusal is not None:
-            code, why = refusal
-            log.info("conn %d: refused %s: %s", peer.conn, connect.node_id.hex()[:16], clip(why))
-            self.stats["handshakes_refused"] += 1
-            out.append(Send(peer.conn, stream, self.frames.hello(False, code, now_ms)))
-            out.append(Close(peer.conn, f"handshake refused: {why}", after_ms=200))
-            peer.state = PeerState.DRAINING
-            self.realms.forget(peer.conn)
-            return
-        peer.node_id = connect.node_id
-        peer.capabilities = connect.capabilities
-        peer.state = PeerState.CONNECTED
-        self.stats["handshakes"] += 1
-        if peer.is_station:  # what it may carry: its station endorsements (relay.realms)
-            self.realms.present_station(peer.conn, peer.node_id, connect.endorsements, now_ms)
-            peer.dht_port = dht_port_of(connect.addresses)
-            hello = self.frames.hello(True, None, now_ms, dht_port=self.dht_port, to_station=True)
-            out.append(Send(peer.conn, stream, hello))
-            self.linking.link_up(peer, now_ms, out)
-            return
-        if self.realms.to_vouch:  # its CONNECT endorsements: the links hear first
-            out += self._vouch(self.realms.drain_vouches(), now_ms)
-        out.append(Send(peer.conn, stream, self.frames.hello(True, None, now_ms)))
-        older = self.node_conn.get(peer.node_id)
-        self.node_conn[peer.node_id] = peer.conn
-        if older is not None and older in self.peers:
-            out += self._replace(self.peers[older], now_ms)
-
-    def _connect_refusal(self, peer: Peer, connect: Connect, now_ms: int) -> tuple[int, str] | None:
-        """Who may connect at all (``--admission``); a client's CONNECT ``endorsements``
-        make it a member of the realms they endorse (relay.realms)."""
-        members = 0
-        if not connect.capabilities & CAP_STATION:
-            members = self.realms.connect_members(peer.conn, connect, now_ms)
-        return self.connect_rule.refusal(connect, members)
-
-    def _station_linked(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
-        """The one place that runs when a link comes up, on either side: the peer station
-        learns this station's clients' interest and adverts, and (in the protected realms it
-        may carry) this station's members (relay.realm_links)."""
-        carries = linked_realms(self.realms, peer, now_ms)  # protected realms: endorsed only
-        out += self.interest.station_linked(peer, now_ms, carries)
-        out += self.gossip.station_linked(peer, now_ms, carries)
-        ours = [e for realm in self.realms.tags for e in self.realms.local_members(realm)]
-        out += self._vouch(ours, now_ms, [peer])
-
-    def _replace(self, older: Peer, now_ms: int) -> list[Action]:
-        """Same identity, newer handshake: the older connection is told and closed (§5.4)."""
-        out: list[Action] = [
-            self._goodbye(
-                older, "replaced_by_newer_handshake", "a newer connection took over", now_ms
-            ),
-            Close(older.conn, "replaced by newer handshake", after_ms=self.policy.drain_ms),
-        ]
-        older.state = PeerState.DRAINING
-        out += self._forget_peer(older, now_ms)
-        return out
-
     # --- control stream -------------------------------------------------------------------
 
-    def _control(
-        self, peer: Peer, frame_map: dict[str, Any], now_ms: int, out: list[Action]
-    ) -> None:
-        admitted = self._accept_received(peer, peer.control or 0, frame_map, now_ms, out)
-        if admitted is None:
-            return
-        frame, body = admitted
+    def _control(self, peer: Peer, frame_map: dict[str, Any], now_ms: int) -> list[Action]:
+        verdict = self.admit(peer, frame_map, now_ms)
+        if isinstance(verdict, Rejected):
+            return self.refused(peer, peer.control or 0, verdict, now_ms)
+        frame, body = verdict
         if isinstance(frame, Call):
-            self._call(peer, peer.control or 0, frame, now_ms, out, builtins_only=False, body=body)
-        elif isinstance(frame, (Result, Error)):
+            control = peer.control or 0
+            return call_handling.call(
+                self, peer, control, frame, now_ms, builtins_only=False, body=body
+            )
+        if isinstance(frame, (Result, Error)):
             if isinstance(frame, Result) and self.realm_calls.refused(
                 self.realms, peer, frame, now_ms
             ):  # a protected realm's CALL answered over a link by a non-member
-                self._drop(peer, "realm_result_unvouched", "answered by a non-member")
-                return
-            out += self.calls.reply(peer, frame, body)
-        elif isinstance(frame, DECLARATIONS):
-            if self._realm_refused(peer, frame, now_ms):
-                return
-            out += self._members_only(
-                frame.realm, self.interest.handle(peer, frame, now_ms), now_ms
-            )
-        elif isinstance(frame, Ping):
-            out.append(Send(peer.conn, peer.control or 0, self.frames.pong(frame.nonce, now_ms)))
-        elif isinstance(frame, Event):
-            if peer.is_station and peer.linked:
-                if self._realm_refused(peer, frame, now_ms):
-                    return
-                if unsigned_in_protected_realm(self.realms, frame):
-                    self._drop(peer, "realm_event_unsigned", "protected realm EVENT without sig")
-                    return
-                if unvouched(self.realms, peer, frame.realm, frame.publisher, now_ms):
-                    self._drop(peer, "realm_publisher_unvouched", "publisher not vouched for")
-                    return
-                relayed = self.interest.relayed_event(peer, frame, now_ms)
-                out += self._members_only(frame.realm, relayed, now_ms)
-            else:
-                self._drop(peer, "event_from_client", "EVENT from a peer without the station bit")
-        elif isinstance(frame, Goodbye):
+                self.drop(peer, "realm_result_unvouched", "answered by a non-member")
+                return []
+            return self.calls.reply(peer, frame, body)
+        if isinstance(frame, DECLARATIONS):
+            if realm_routing.realm_refused(self, peer, frame, now_ms):
+                return []
+            sent = self.interest.handle(peer, frame, now_ms)
+            return realm_routing.members_only(self, frame.realm, sent, now_ms)
+        if isinstance(frame, Ping):
+            return [Send(peer.conn, peer.control or 0, self.frames.pong(frame.nonce, now_ms))]
+        if isinstance(frame, Event):
+            return realm_routing.relayed_event(self, peer, frame, now_ms)
+        if isinstance(frame, Goodbye):
             self.stats["goodbyes_received"] += 1
         else:
-            self._drop(peer, "misplaced_frame", f"{frame.FRAME_TYPE} on the control stream")
+            self.drop(peer, "misplaced_frame", f"{frame.FRAME_TYPE} on the control stream")
+        return []
 
-    def _accept(
-        self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
-    ) -> Frame | None:
-        """The frame if admitted (§4.3, §13 #1, #10); else count it and answer a CALL."""
-        admitted = self._accept_received(peer, stream, frame_map, now_ms, out)
-        return None if admitted is None else admitted.frame
+    def admit(self, peer: Peer, frame_map: dict[str, Any], now_ms: int) -> Admitted | Rejected:
+        """Parse and verify a frame from ``peer`` before it touches any state (§4.3, §13 #1,
+        #10); a ``Rejected`` one goes to ``refused``."""
+        station = peer.is_station
+        return self.admission.admit_received(frame_map, peer.node_id, now_ms, station=station)
 
-    def _accept_received(
-        self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
-    ) -> Admitted | None:
-        """``_accept``, with the received body when canonical (what a relay sends on)."""
-        admission = self.admission
-        verdict = admission.admit_received(frame_map, peer.node_id, now_ms, station=peer.is_station)
-        if not isinstance(verdict, Rejected):
-            return verdict
-        self._drop(peer, verdict.counter, verdict.why or verdict.counter)
-        if verdict.call_id is not None:
-            code, detail = verdict.code, verdict.detail
-            out.append(self._error(peer, stream, verdict.call_id, code, detail, now_ms))
-        return None
+    def refused(self, peer: Peer, stream: int, verdict: Rejected, now_ms: int) -> list[Action]:
+        """A frame ``admit`` rejected: counted; a CALL is answered on ``stream``."""
+        self.drop(peer, verdict.counter, verdict.why or verdict.counter)
+        if verdict.call_id is None:
+            return []
+        code, detail = verdict.code, verdict.detail
+        return [self.error(peer, stream, verdict.call_id, code, detail, now_ms)]
 
-    # --- RPC (§6) ---------------------------------------------------------------------------
-
-    def _call(
-        self,
-        peer: Peer,
-        stream: int,
-        call: Call,
-        now_ms: int,
-        out: list[Action],
-        *,
-        builtins_only: bool,
-        body: bytes | None = None,
-    ) -> None:
-        refusal = self._call_refusal(peer, call, now_ms)
-        if refusal is not None:
-            code, detail = refusal
-            out.append(self._error(peer, stream, call.call_id, code, detail.encode(), now_ms))
-            return
-        if call.procedure == VOUCH_PROCEDURE and peer.is_station and peer.linked:
-            payload = call.payload if isinstance(call.payload, dict) else {}
-            answer = self.realms.take_vouches(peer.conn, payload.get("endorsements"), now_ms)
-            self.stats["realm_members_vouched"] += answer["kept"]
-            out.append(Send(peer.conn, stream, self.frames.result(call.call_id, answer, now_ms)))
-            return
-        if call.procedure in BUILTINS:
-            self.stats["builtin_calls"] += 1
-            if stream in peer.content_streams:
-                peer.content_streams[stream] += 1
-            self.builtins_running[peer.conn] += 1  # counts as pending until builtin_done
-            ping = call.procedure == "_relay.ping"
-            out.append(
-                RunBuiltin(peer.conn, stream, call, self.refusals_of(peer.conn) if ping else ())
-            )
-            return
-        if not builtins_only and (call.realm, call.procedure) in self.services:
-            self.stats["service_calls"] += 1
-            self.builtins_running[peer.conn] += 1
-            out.append(RunBuiltin(peer.conn, stream, call))  # a house service: same path
-            return
-        if builtins_only or not provider_allowed(self.gossip, self.realms, peer, call, now_ms):
-            out += self.calls.no_route(peer, stream, call, now_ms)
-        else:
-            out += self.calls.forward(peer, stream, call, now_ms, body)
-            self.realm_calls.forwarded(self.gossip, self.realms, peer, call, now_ms)
-
-    def _call_refusal(self, peer: Peer, call: Call, now_ms: int) -> tuple[int, str] | None:
-        quotas = self.policy.quotas
-        # over a link the caller is whoever signed the CALL (admission verified it)
-        if call.caller != peer.node_id and not peer.is_station:
-            return ErrorCode.SIGNATURE_INVALID, "caller is not this connection's identity"
-        hops = hops_refusal(call.procedure, call.payload, from_station=peer.is_station)
-        if hops is not None:
-            self.stats["hops_refused"] += 1
-            return ErrorCode.UNKNOWN_ERROR, hops
-        if not peer.call_bucket.take(now_ms):
-            self.stats["calls_rate_limited"] += 1
-            return ErrorCode.UPSTREAM_CONGESTION, f"call rate above {quotas.call_rate:g}/s"
-        if call.deadline_ms <= now_ms:
-            return ErrorCode.EXPIRY_TOO_SOON, "deadline_ms has already passed"
-        in_flight = self.pending.in_flight_for(peer.conn) + self.builtins_running[peer.conn]
-        limit = quotas.max_station_pending_calls if peer.is_station else quotas.max_pending_calls
-        if in_flight >= limit:
-            return ErrorCode.UPSTREAM_CONGESTION, (
-                f"more than {limit} calls in flight on this connection"
-            )
-        if call.procedure not in BUILTINS and not self.realms.allows(
-            peer.conn, peer.is_station, call.realm, now_ms
-        ):
-            self.stats["realm_calls_refused"] += 1
-            return ErrorCode.TARGET_REALM_REFUSED, "not a member of this protected realm"
-        relayed = peer.is_station and call.procedure not in BUILTINS
-        if relayed and unvouched(self.realms, peer, call.realm, call.caller, now_ms):
-            self.stats["realm_calls_refused"] += 1
-            return ErrorCode.TARGET_REALM_REFUSED, "caller not vouched for on this link"
-        return None
-
-    # --- federation: this station's own CALLs and its adverts on a new link ------------------
+    # --- federation: this station's own CALLs, links -----------------------------------------
 
     def call_station(
         self,
@@ -755,41 +452,19 @@ class RouterCore:
         """A CALL signed by this station on the link to station ``node_id``: its call_id, and
         the Send. It settles as one ``StationReplied`` (``ok`` False for an unknown link, the
         link's loss, the deadline passing, or over ``max_station_calls`` in flight)."""
-        call_id = self._random(16)
-        conn = self.node_conn.get(node_id)
-        link = self.peers.get(conn) if conn is not None else None
-        if link is None or not link.is_station or link.state is not PeerState.CONNECTED:
-            code = ErrorCode.UNKNOWN_NEXT_PEER
-            return call_id, [StationReplied(call_id, False, "no link to that station", code)]
-        limit = self.policy.max_station_calls
-        if self.pending.in_flight_for(ORIGIN) >= limit:
-            detail = f"more than {limit} station calls in flight"
-            return call_id, [StationReplied(call_id, False, detail, ErrorCode.UPSTREAM_CONGESTION)]
-        call = Call(
-            **self.frames.stamp(now_ms),
-            call_id=call_id,
-            procedure=procedure,
-            realm=realm,
-            payload=payload,
-            deadline_ms=deadline_ms,
-            caller=self.identity.node_id,
+        return call_handling.call_station(
+            self, node_id, procedure, payload, deadline_ms, now_ms, realm
         )
-        return call_id, self.calls.originate(link, call, now_ms)
 
-    def _vouch(
+    def vouch(
         self, endorsements: list[Endorsement], now_ms: int, links: list[Peer] | None = None
     ) -> list[Action]:
         """Tell ``links`` (default: every link) these members' endorsements (relay.realm_links)."""
-        if not endorsements:
-            return []
-        if links is None:
-            links = [p for p in self.peers.values() if p.is_station and p.linked]
+        return call_handling.vouch(self, endorsements, now_ms, links)
 
-        def call(node_id: bytes, payload: dict[str, Any]) -> list[Action]:
-            deadline = now_ms + VOUCH_DEADLINE_MS
-            return self.call_station(node_id, VOUCH_PROCEDURE, payload, deadline, now_ms)[1]
-
-        return vouch_actions(self.realms, links, endorsements, now_ms, call)
+    def station_linked(self, peer: Peer, now_ms: int) -> list[Action]:
+        """The one place that runs when a link comes up (relay.connect_handling)."""
+        return connect_handling.station_linked(self, peer, now_ms)
 
     def linked_stations(self) -> list[bytes]:
         """The node ids of the stations linked now (CONNECTED station peers)."""
@@ -799,58 +474,9 @@ class RouterCore:
             if p.is_station and p.state is PeerState.CONNECTED
         ]
 
-    # --- dedicated streams (§6.3, §8) ---------------------------------------------------------
-
-    def _dedicated(
-        self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
-    ) -> None:
-        if stream in peer.ignored_streams:
-            return
-        route = self.routes.by_leg(peer.conn, stream)
-        if route is not None:
-            relayed = self._accept(peer, stream, frame_map, now_ms, out)
-            if relayed is not None:
-                out += self.streams.relay(peer, stream, route, relayed, now_ms)
-            return
-        if stream not in peer.content_streams:
-            quotas = self.policy.quotas
-            limit = quotas.max_station_streams if peer.is_station else quotas.max_streams
-            if len(peer.content_streams) + self.routes.count_for(peer.conn) >= limit:
-                self._drop(peer, "stream_quota", "dedicated stream quota reached")
-                msg = b"too many streams on this connection"
-                out += self.streams.refuse(peer, stream, frame_map, b"quota_exceeded", msg, now_ms)
-                return
-            kind = frame_map.get("frame_type")
-            if kind == "stream_open":
-                opened = self._accept(peer, stream, frame_map, now_ms, out)
-                if isinstance(opened, StreamOpen) and (
-                    not self.realms.allows(peer.conn, peer.is_station, opened.realm, now_ms)
-                    or (
-                        peer.is_station
-                        and unvouched(self.realms, peer, opened.realm, opened.caller, now_ms)
-                    )
-                ):  # stream RPC in a protected realm: members only, as CALL
-                    self._drop(peer, "realm_refused", "stream_open in a protected realm")
-                    msg = b"not a member of this protected realm"
-                    code = b"target_realm_refused"
-                    out += self.streams.refuse(peer, stream, frame_map, code, msg, now_ms)
-                    return
-                out += self.streams.open_route(peer, stream, opened, frame_map, now_ms)
-                return
-            if kind != "call":
-                peer.ignored_streams.add(stream)  # §1.3: no route for such a stream
-                self.stats["streams_ignored"] += 1
-                return
-            peer.content_streams[stream] = 0
-        frame = self._accept(peer, stream, frame_map, now_ms, out)
-        if isinstance(frame, Call):
-            self._call(peer, stream, frame, now_ms, out, builtins_only=True)
-        elif frame is not None:
-            self._drop(peer, "misplaced_frame", f"{frame.FRAME_TYPE} on a content stream")
-
     # --- cleanup -----------------------------------------------------------------------------
 
-    def _forget_peer(self, peer: Peer, now_ms: int) -> list[Action]:
+    def forget_peer(self, peer: Peer, now_ms: int) -> list[Action]:
         """Purge what a closing (or replaced) connection owned (§6.1, §7.5, §8.4)."""
         out: list[Action] = []
         out += self.interest.release_adverts(peer.conn, now_ms)
@@ -867,24 +493,24 @@ class RouterCore:
             out.append(LinkDown(peer.conn, peer.node_id))
         return out
 
-    # --- replies and drops -------------------------------------------------------------------
+    # --- replies and drops (for the handler modules too) ---------------------------------------
 
-    def _error(
+    def error(
         self, peer: Peer, stream: int, call_id: bytes, code: int, detail: bytes | None, now_ms: int
     ) -> Send:
         return self.frames.error(peer.conn, stream, call_id, code, detail, now_ms)
 
-    def _goodbye(self, peer: Peer, reason: str, detail: str, now_ms: int) -> Send:
+    def goodbye(self, peer: Peer, reason: str, detail: str, now_ms: int) -> Send:
         return self.frames.goodbye(peer.conn, peer.control or 0, reason, detail, now_ms)
 
     def _serves_itself(self, key: ProcedureKey) -> bool:
         """A built-in procedure, or a house service this station runs: never advertised."""
         return key[1] in BUILTINS or key in self.services
 
-    def _count(self, counter: str, n: int = 1, /) -> None:
+    def count(self, counter: str, n: int = 1, /) -> None:
         self.stats[counter] += n
 
-    def _drop(self, peer: Peer, counter: str, why: str) -> None:
+    def drop(self, peer: Peer, counter: str, why: str) -> None:
         """Count a refused frame, station-wide and on its connection; no log line of its own."""
         self.stats[counter] += 1
         peer.refusals.count(counter, why)

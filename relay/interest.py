@@ -49,10 +49,12 @@ from relay.subscriptions import SubscriptionTable
 Declaration = Advertise | Unadvertise | Subscribe | Unsubscribe | Publish
 SIGNATURE_BYTES = 64  # Ed25519 (§4.1)
 DECLARATIONS = (Advertise, Unadvertise, Subscribe, Unsubscribe, Publish)  # what ``handle`` takes
+# told every PUBLISH accepted, its time, and whether its publisher_sig was verified here
+PublishHook = Callable[[Publish, int, bool], None]
 
 
 class Counting(Protocol):
-    """Adds ``n`` to a station counter (``RouterCore._count``)."""
+    """Adds ``n`` to a station counter (``RouterCore.count``)."""
 
     def __call__(self, counter: str, n: int = 1, /) -> None: ...
 
@@ -73,6 +75,7 @@ class InterestRouter:
         count: Counting,
         federation: StationInterest,
         gossip: AdvertGossip | None = None,
+        published: PublishHook | None = None,
     ) -> None:
         self.gossip = gossip  # tells linked stations of local adverts; keeps theirs
         self._peers = peers
@@ -87,7 +90,7 @@ class InterestRouter:
         self._count = count
         self.federation = federation
         # every PUBLISH accepted, and whether its present publisher_sig was verified here
-        self.published: Callable[[Publish, int, bool], None] | None = None
+        self._published = published
 
     def handle(self, peer: Peer, frame: Declaration, now_ms: int) -> list[Action]:
         """Apply one verified declaration from ``peer``; the EVENTs a PUBLISH sends."""
@@ -251,8 +254,8 @@ class InterestRouter:
             self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")
             return []
         self._count("publishes")
-        if self.published is not None:
-            self.published(frame, now_ms, sig_checked)  # the room history (relay.house.history)
+        if self._published is not None:
+            self._published(frame, now_ms, sig_checked)  # the room history (relay.house.history)
         if to_stations:
             self._count("events_to_stations", to_stations)
         if len(out) > to_stations:

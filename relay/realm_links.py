@@ -38,12 +38,9 @@ at once and ``sweep`` ends it at the latest one ``sweep_ms`` later):
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from macula.realm.records import Endorsement
-from macula.wire import cbor
-from macula.wire.errors import ProtocolError
 from macula.wire.frames import Call, Event, Result
 from macula.wire.records import Record
 from relay.actions import Action
@@ -57,7 +54,6 @@ from relay.realms import (
     check_endorsement,
 )
 
-MAX_ENDORSEMENT_FILE_BYTES = 64 * 1024
 VOUCH_PROCEDURE = "_realm.vouch"
 
 
@@ -156,20 +152,6 @@ class RealmCalls:
 
 def unsigned_in_protected_realm(gate: RealmGate, event: Event) -> bool:
     return gate.protects(event.realm) and event.publisher_sig is None
-
-
-def load_station_endorsement(path: Path) -> Record:
-    """The record in ``path`` (CBOR of its RPC form); ``ValueError`` saying what is wrong."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read: {exc}") from None
-    if len(data) > MAX_ENDORSEMENT_FILE_BYTES:
-        raise ValueError(f"{path}: larger than {MAX_ENDORSEMENT_FILE_BYTES} bytes")
-    try:
-        return Record.from_rpc(cbor.decode(data))
-    except (ProtocolError, ValueError) as exc:
-        raise ValueError(f"{path}: not a record (CBOR of its RPC form): {exc}") from None
 
 
 def own_station_endorsements(

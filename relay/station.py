@@ -51,6 +51,7 @@ from macula.transport import (
 )
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
+from macula.wire.frames import Publish
 from macula.wire.identity import Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.actions import (
@@ -77,7 +78,8 @@ from relay.house.services import HouseConfig, HouseServices
 from relay.logbook import clip
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
-from relay.realm_admission import AdmissionMode, Allowlist, ConnectRule
+from relay.realm_admission import AdmissionMode, ConnectRule
+from relay.realm_files import Allowlist
 from relay.realm_links import own_station_endorsements
 from relay.realms import ProtectedRealm, RealmGate
 from relay.store import ContentStore, RecordStore, StoreLimits
@@ -238,9 +240,10 @@ class Station:
             services=HouseServices.keys_for(config.house),
             realms=realms,
             connect_rule=connect_rule,
-        )
-        self._core.frames.endorsements = own_station_endorsements(  # ValueError: not started
-            config.station_endorsements, self.identity.node_id, realms.realms, now_ms()
+            station_endorsements=own_station_endorsements(  # ValueError: not started
+                config.station_endorsements, self.identity.node_id, realms.realms, now_ms()
+            ),
+            published=self._note_publish,  # the room history's feed, once the house is open
         )
         quic = QuicConfiguration(
             is_client=False,
@@ -278,7 +281,6 @@ class Station:
             ),
         )
         stack.push_async_callback(self._house.close)
-        self._core.interest.published = self._house.note_publish  # the room history's feed
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
         self.known_peers = KnownPeers(
@@ -357,7 +359,7 @@ class Station:
             raise OSError(exc.errno, f"DHT udp port {port}: {exc.strerror}") from exc
         stack.push_async_callback(dht.stop)
         self._dht = self._builtins.dht = dht
-        self.core.dht_port = bound  # told to peer stations in CONNECT/HELLO
+        self.core.dht_started(bound)  # told to peer stations in CONNECT/HELLO
         log.info("DHT listening on udp %s:%d", config.host, bound)
 
     async def _drain(self) -> None:
@@ -519,6 +521,11 @@ class Station:
             return found
 
         return noted
+
+    def _note_publish(self, frame: Publish, now: int, sig_checked: bool) -> None:
+        """``RouterCore``'s publish hook: the room history hears each PUBLISH accepted."""
+        if self._house is not None:
+            self._house.note_publish(frame, now, sig_checked)
 
     def _house_learns(self, action: LinkUp | LinkDown, label: str | None) -> None:
         """The station directory hears of the link: a dialled one's address, or its loss."""

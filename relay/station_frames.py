@@ -10,7 +10,7 @@ those are canonical (the same bytes the re-encoding gives), without encoding any
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from macula.wire import cbor
@@ -78,12 +78,19 @@ def dht_port_of(addresses: object) -> int:
 
 
 class StationFrames:
-    def __init__(self, identity: Identity, random_bytes: Callable[[int], bytes]) -> None:
+    def __init__(
+        self,
+        identity: Identity,
+        random_bytes: Callable[[int], bytes],
+        *,
+        realms: Iterable[bytes] = (),
+        endorsements: Iterable[dict[str, Any]] = (),
+    ) -> None:
         self.identity = identity
         self._random = random_bytes
-        self.realms: list[bytes] = []  # the realms this station protects, told in CONNECT/HELLO
+        self.realms = list(realms)  # the realms this station protects, told in CONNECT/HELLO
         # its station endorsements (RPC forms), presented on each link (relay.realm_links)
-        self.endorsements: list[dict[str, Any]] = []
+        self.endorsements = list(endorsements)
 
     def stamp(self, now_ms: int) -> dict[str, Any]:
         return {"frame_id": new_frame_id(now_ms, self._random(10)), "sent_at_ms": now_ms}

@@ -2,9 +2,8 @@
 a few linked stations, once.
 
 A content get fans out at most one hop: the station asks with ``hops_remaining`` 0 in the
-arguments, and a get carrying ``hops_remaining`` never fans out again. The router
-(``RouterCore._call_refusal``) holds the key's two rules — a client may not set it, a station
-peer must set it to 0 — so a peer station cannot make this one ask a third. ``peer_asker``
+arguments, and a get carrying ``hops_remaining`` never fans out again (the router's pure rule:
+``relay.federation.content_hops``). ``peer_asker``
 builds the ``ask_peers`` callable the built-ins get: it asks up to ``fanout`` linked stations at
 once and returns the RESULT payloads that came back in time; the built-ins verify them.
 """
@@ -13,30 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Final
 
 from relay.actions import StationReplied
-
-HOPS_REMAINING: Final = "hops_remaining"
-FANNED_OUT: Final = frozenset({"_content.get_block", "_content.get_manifest"})
+from relay.federation.content_hops import HOPS_REMAINING
 
 # (procedure, arguments) -> the RESULT payloads of the linked stations asked
 AskPeers = Callable[[str, Mapping[str, object]], Awaitable[list[object]]]
 # (station node id, procedure, payload, timeout_s) -> how that CALL settled
 CallStation = Callable[[bytes, str, object, float], Awaitable[StationReplied]]
-
-
-def hops_refusal(procedure: str, payload: object, *, from_station: bool) -> str | None:
-    """Why a content get's ``hops_remaining`` is not acceptable from this sender, or None."""
-    if procedure not in FANNED_OUT or not isinstance(payload, Mapping):
-        return None
-    present = HOPS_REMAINING in payload
-    if not from_station:
-        return f"bad_request: '{HOPS_REMAINING}' is set only by stations" if present else None
-    value = payload.get(HOPS_REMAINING)
-    if not present or type(value) is not int or value != 0:
-        return f"bad_request: a station's content get carries '{HOPS_REMAINING}' 0"
-    return None
 
 
 def peer_asker(

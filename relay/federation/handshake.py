@@ -61,7 +61,7 @@ class LinkHandshake:
         drop: Callable[[Peer, str, str], None],
         count: Callable[[str], None],
         forget: Callable[[Peer, int], list[Action]],
-        linked: Callable[[Peer, int, list[Action]], None],
+        linked: Callable[[Peer, int], list[Action]],
     ) -> None:
         self._own_id = own_id
         self._peers = peers
@@ -70,54 +70,52 @@ class LinkHandshake:
         self._admission = admission
         self._drop = drop
         self._count = count
-        self._forget = forget  # the core's ``_forget_peer``
-        self._linked = linked  # the core's ``_station_linked``
+        self._forget = forget  # the core's ``forget_peer``
+        self._linked = linked  # the core's ``station_linked``
 
     def hello(
-        self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int, out: list[Action]
-    ) -> None:
+        self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
+    ) -> list[Action]:
         """The answer on a link this station dialled: a HELLO from the station it expected."""
         if stream != peer.control:
-            return self._failed(peer, "data on another stream before HELLO", out)
+            return self._failed(peer, "data on another stream before HELLO")
         if frame_map.get("frame_type") != "hello":
             self._drop(peer, "dropped_before_hello", "frame before HELLO")
-            return None
+            return []
         try:
             hello = parse_frame(frame_map)
         except ProtocolError as exc:
-            return self._failed(peer, f"malformed HELLO: {exc.detail}", out)
+            return self._failed(peer, f"malformed HELLO: {exc.detail}")
         assert isinstance(hello, Hello)
         expected = peer.expected_node_id
         if hello.node_id != expected:
             why = f"HELLO from {hello.node_id.hex()[:16]}, dialled {expected.hex()[:16]}"
-            return self._failed(peer, why, out)
+            return self._failed(peer, why)
         if not hello.verifies(expected):
-            return self._failed(peer, "HELLO signature does not verify", out)
+            return self._failed(peer, "HELLO signature does not verify")
         if not self._admission.fresh(hello, now_ms, expected):
-            return self._failed(peer, "HELLO is replayed or its clock is skewed", out)
+            return self._failed(peer, "HELLO is replayed or its clock is skewed")
         if not hello.accepted:
             why = f"link refused by the station (code {hello.refusal_code})"
-            return self._failed(peer, why, out, counter="links_refused")
+            return self._failed(peer, why, counter="links_refused")
         if not hello.capabilities & CAP_STATION:
-            return self._failed(peer, "peer is not a station", out)
+            return self._failed(peer, "peer is not a station")
         peer.node_id = expected
         peer.capabilities = CAP_STATION
         peer.dht_port = dht_port_of(hello.addresses)
         peer.state = PeerState.CONNECTED
-        self.link_up(peer, now_ms, out)
-        return None
+        return self.link_up(peer, now_ms)
 
-    def _failed(
-        self, peer: Peer, why: str, out: list[Action], counter: str = "link_hello_invalid"
-    ) -> None:
+    def _failed(self, peer: Peer, why: str, counter: str = "link_hello_invalid") -> list[Action]:
         who = peer.expected_node_id.hex()[:16]
         log.info("conn %d: link to %s failed: %s", peer.conn, who, clip(why))
         self._drop(peer, counter, why)
-        out.append(Close(peer.conn, f"link failed: {why}"))
         peer.state = PeerState.DRAINING
+        return [Close(peer.conn, f"link failed: {why}")]
 
-    def link_up(self, peer: Peer, now_ms: int, out: list[Action]) -> None:
+    def link_up(self, peer: Peer, now_ms: int) -> list[Action]:
         """A station peer's handshake is done (either side): one link per station, LinkUp."""
+        out: list[Action] = []
         current = self._node_conn.get(peer.node_id)
         existing = self._peers.get(current) if current is not None else None
         if existing is not None and existing.state is PeerState.CONNECTED:
@@ -127,7 +125,7 @@ class LinkHandshake:
                 out.append(self._goodbye(peer, "duplicate_link", detail, now_ms))
                 out.append(Close(peer.conn, "duplicate link", after_ms=DUPLICATE_CLOSE_MS))
                 peer.state = PeerState.DRAINING
-                return
+                return out
             self._node_conn[peer.node_id] = peer.conn  # before the forget: nothing is purged
             detail = "another link with this station took over"
             reason = "duplicate_link" if existing.linked else "replaced_by_newer_handshake"
@@ -140,7 +138,8 @@ class LinkHandshake:
         self._count("links_up")
         host = peer.link_host or peer.address
         out.append(LinkUp(peer.conn, peer.node_id, host, peer.dht_port))
-        self._linked(peer, now_ms, out)
+        out += self._linked(peer, now_ms)
+        return out
 
     def _stays(self, existing: Peer, new: Peer) -> bool:
         """Of two links with one station, does ``existing`` stay? The one dialled by the

@@ -37,6 +37,7 @@ from relay.actions import (
     StationReplied,
 )
 from relay.core import RouterCore
+from relay.interest import PublishHook
 from relay.outcome import Outcome
 from relay.policy import StationPolicy
 
@@ -85,7 +86,14 @@ class LinkEnd:
 
 
 class MeshStation:
-    def __init__(self, mesh: Mesh, identity: Identity, policy: StationPolicy, seed: int) -> None:
+    def __init__(
+        self,
+        mesh: Mesh,
+        identity: Identity,
+        policy: StationPolicy,
+        seed: int,
+        published: PublishHook | None = None,
+    ) -> None:
         self.mesh = mesh
         self.identity = identity
         self.router = RouterCore(
@@ -93,6 +101,7 @@ class MeshStation:
             policy,
             open_stream=self._open_stream,
             random_bytes=random.Random(seed).randbytes,
+            published=published,
         )
         self.clients: dict[int, Client] = {}
         self.links: dict[int, LinkEnd] = {}
@@ -131,8 +140,9 @@ class Mesh:
 
     # --- building the mesh ----------------------------------------------------------------
 
-    def station(self, identity: Identity) -> MeshStation:
-        station = MeshStation(self, identity, self.policy, seed=len(self.stations) + 7)
+    def station(self, identity: Identity, published: PublishHook | None = None) -> MeshStation:
+        seed = len(self.stations) + 7
+        station = MeshStation(self, identity, self.policy, seed=seed, published=published)
         self.stations.append(station)
         return station
 

@@ -15,7 +15,8 @@ from macula.wire.content import Manifest, raw_mcid
 from macula.wire.identity import Identity
 from relay.actions import StationReplied
 from relay.builtins import Builtins
-from relay.federation.content import HOPS_REMAINING, AskPeers, hops_refusal, peer_asker
+from relay.federation.content import AskPeers, peer_asker
+from relay.federation.content_hops import HOPS_REMAINING, hops_refusal
 from relay.store import ContentStore, RecordStore
 from relay.store_limits import StoreLimits
 

@@ -277,7 +277,8 @@ def three(net: Net, **policy: Any) -> tuple[Router, Router, Router]:
 
 def test_dial_and_hello_bring_the_link_up_on_both_sides(net: Net) -> None:
     a, b = net.router("a", LOW), net.router("b", MID)
-    a.core.dht_port, b.core.dht_port = 7001, 7002
+    a.core.dht_started(7001)
+    b.core.dht_started(7002)
     conn = net.link(a, b)
     (up_a,) = a.of(LinkUp)
     (up_b,) = b.of(LinkUp)

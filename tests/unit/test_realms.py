@@ -16,13 +16,8 @@ from macula.wire.identity import Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.cli import build_parser, config_from_args
-from relay.realm_admission import (
-    AdmissionMode,
-    Allowlist,
-    AllowlistError,
-    ConnectRule,
-    parse_allowlist,
-)
+from relay.realm_admission import AdmissionMode, AllowlistError, ConnectRule, parse_allowlist
+from relay.realm_files import Allowlist
 from relay.realms import (
     EndorsementRefused,
     ProtectedRealm,

@@ -230,9 +230,9 @@ def test_across_a_link_each_station_checks_publisher_sig_once(
 
 def test_the_history_hook_is_told_whether_publisher_sig_was_checked() -> None:
     mesh = Mesh()
-    x, y = mesh.station(X), mesh.station(Y)
     told: list[tuple[int, bool]] = []
-    x.router.interest.published = lambda frame, now_ms, checked: told.append((frame.seq, checked))
+    x = mesh.station(X, published=lambda frame, now_ms, checked: told.append((frame.seq, checked)))
+    y = mesh.station(Y)
     alice, dave = mesh.client(x, ALICE), mesh.client(x, DAVE)
     subscribe(mesh, x, dave)
     publish(mesh, x, alice, "local only", 1)

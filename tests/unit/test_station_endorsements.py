@@ -29,7 +29,8 @@ from macula.wire.identity import Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record
 from relay.cli import build_parser, config_from_args
-from relay.realm_links import load_station_endorsement, own_station_endorsements
+from relay.realm_files import load_station_endorsement
+from relay.realm_links import own_station_endorsements
 from relay.realms import ProtectedRealm, RealmGate
 from relay.station_frames import StationFrames
 
@@ -199,8 +200,7 @@ def test_macula_realm_endorse_station_and_the_relay_flag(
 
 
 def test_a_station_presents_its_endorsements_in_connect_and_in_hello_to_stations() -> None:
-    frames = StationFrames(STATION, os.urandom)
-    frames.endorsements = [station_record()]
+    frames = StationFrames(STATION, os.urandom, endorsements=[station_record()])
 
     def parsed(data: bytes) -> Connect | Hello:
         maps = FrameDecoder().feed(data)

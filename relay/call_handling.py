@@ -1,0 +1,203 @@
+"""CALL routing (PROTOCOL.md §6), for ``RouterCore``: checks, built-ins, house services,
+forwarding, this station's own CALLs on its links, and vouching for members (issue 26).
+
+Sans-I/O, as the core: each function takes the core and returns the actions (the core's one
+convention). Rules:
+- a CALL is checked before anything runs (``call_refusal``): ``caller`` must be the connection
+  (§13 #2; over a link, whoever signed it), a content get's ``hops_remaining`` as
+  ``relay.federation.content_hops`` says, the connection's call rate, the deadline not passed
+  (§13 #9), at most ``max_pending_calls`` in flight (``max_station_pending_calls`` for a link),
+  and in a protected realm: members only (a link: callers it vouched for); a refusal is an
+  ERROR on the CALL's stream;
+- ``_realm.vouch`` from a link is answered here; a built-in (``BUILTINS``) or a house service
+  of this station becomes ``RunBuiltin`` and counts as in flight until ``builtin_done``; a
+  content stream carries built-ins only; anything else is forwarded to its provider
+  (``CallForwarder``) or answered "no route";
+- ``call_station`` signs a CALL of this station's own on a link; it settles as one
+  ``StationReplied``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from macula.realm.records import Endorsement
+from macula.wire.codes import ErrorCode
+from macula.wire.frames import Call
+from relay.actions import Action, EndStream, RunBuiltin, Send, StationReplied
+from relay.federation.content_hops import hops_refusal
+from relay.outcome import Outcome
+from relay.peers import Peer, PeerState
+from relay.pending import ORIGIN
+from relay.realm_links import (
+    VOUCH_DEADLINE_MS,
+    VOUCH_PROCEDURE,
+    provider_allowed,
+    unvouched,
+    vouch_actions,
+)
+
+if TYPE_CHECKING:
+    from relay.core import RouterCore
+
+BUILTINS = frozenset(
+    {
+        "_dht.put_record",
+        "_dht.find_record",
+        "_dht.find_records",
+        "_dht.find_records_by_type",
+        "_content.put_block",
+        "_content.get_block",
+        "_content.put_manifest",
+        "_content.get_manifest",
+        "_relay.ping",
+        "_realm.present",
+    }
+)
+
+
+def call(
+    core: RouterCore,
+    peer: Peer,
+    stream: int,
+    frame: Call,
+    now_ms: int,
+    *,
+    builtins_only: bool,
+    body: bytes | None = None,
+) -> list[Action]:
+    """A verified CALL from ``peer`` on ``stream`` (its control stream, or a content stream:
+    ``builtins_only``); ``body``: the received bytes when canonical (what a relay sends on)."""
+    refusal = call_refusal(core, peer, frame, now_ms)
+    if refusal is not None:
+        code, detail = refusal
+        return [core.error(peer, stream, frame.call_id, code, detail.encode(), now_ms)]
+    if frame.procedure == VOUCH_PROCEDURE and peer.is_station and peer.linked:
+        payload = frame.payload if isinstance(frame.payload, dict) else {}
+        answer = core.realms.take_vouches(peer.conn, payload.get("endorsements"), now_ms)
+        core.stats["realm_members_vouched"] += answer["kept"]
+        return [Send(peer.conn, stream, core.frames.result(frame.call_id, answer, now_ms))]
+    if frame.procedure in BUILTINS:
+        core.stats["builtin_calls"] += 1
+        if stream in peer.content_streams:
+            peer.content_streams[stream] += 1
+        core.builtins_running[peer.conn] += 1  # counts as pending until builtin_done
+        refusals = core.refusals_of(peer.conn) if frame.procedure == "_relay.ping" else ()
+        return [RunBuiltin(peer.conn, stream, frame, refusals)]
+    if not builtins_only and (frame.realm, frame.procedure) in core.services:
+        core.stats["service_calls"] += 1
+        core.builtins_running[peer.conn] += 1
+        return [RunBuiltin(peer.conn, stream, frame)]  # a house service: same path
+    if builtins_only or not provider_allowed(core.gossip, core.realms, peer, frame, now_ms):
+        return core.calls.no_route(peer, stream, frame, now_ms)
+    out = core.calls.forward(peer, stream, frame, now_ms, body)
+    core.realm_calls.forwarded(core.gossip, core.realms, peer, frame, now_ms)
+    return out
+
+
+def call_refusal(core: RouterCore, peer: Peer, frame: Call, now_ms: int) -> tuple[int, str] | None:
+    """Why this CALL is refused (a §9 code and a detail), or None."""
+    quotas = core.policy.quotas
+    # over a link the caller is whoever signed the CALL (admission verified it)
+    if frame.caller != peer.node_id and not peer.is_station:
+        return ErrorCode.SIGNATURE_INVALID, "caller is not this connection's identity"
+    hops = hops_refusal(frame.procedure, frame.payload, from_station=peer.is_station)
+    if hops is not None:
+        core.stats["hops_refused"] += 1
+        return ErrorCode.UNKNOWN_ERROR, hops
+    if not peer.call_bucket.take(now_ms):
+        core.stats["calls_rate_limited"] += 1
+        return ErrorCode.UPSTREAM_CONGESTION, f"call rate above {quotas.call_rate:g}/s"
+    if frame.deadline_ms <= now_ms:
+        return ErrorCode.EXPIRY_TOO_SOON, "deadline_ms has already passed"
+    in_flight = core.pending.in_flight_for(peer.conn) + core.builtins_running[peer.conn]
+    limit = quotas.max_station_pending_calls if peer.is_station else quotas.max_pending_calls
+    if in_flight >= limit:
+        return ErrorCode.UPSTREAM_CONGESTION, (
+            f"more than {limit} calls in flight on this connection"
+        )
+    if frame.procedure not in BUILTINS and not core.realms.allows(
+        peer.conn, peer.is_station, frame.realm, now_ms
+    ):
+        core.stats["realm_calls_refused"] += 1
+        return ErrorCode.TARGET_REALM_REFUSED, "not a member of this protected realm"
+    relayed = peer.is_station and frame.procedure not in BUILTINS
+    if relayed and unvouched(core.realms, peer, frame.realm, frame.caller, now_ms):
+        core.stats["realm_calls_refused"] += 1
+        return ErrorCode.TARGET_REALM_REFUSED, "caller not vouched for on this link"
+    return None
+
+
+def builtin_done(
+    core: RouterCore, conn: int, stream: int, frame: Call, outcome: Outcome, now_ms: int
+) -> list[Action]:
+    """Reply to a built-in CALL (or a house service's) with its ``Outcome``."""
+    core.builtins_running[conn] -= 1
+    if core.builtins_running[conn] <= 0:
+        del core.builtins_running[conn]
+    peer = core.peers.get(conn)
+    if peer is None or peer.state is PeerState.CLOSED:
+        return []
+    out: list[Action] = []
+    if core.realms.to_vouch:  # a member accepted: its links hear before it does
+        out += core.vouch(core.realms.drain_vouches(), now_ms)
+    if outcome.code is not None:
+        out.append(core.error(peer, stream, frame.call_id, outcome.code, outcome.detail, now_ms))
+    else:
+        out.append(Send(conn, stream, core.frames.result(frame.call_id, outcome.payload, now_ms)))
+    running = peer.content_streams.get(stream)
+    if running is not None:
+        peer.content_streams[stream] = running - 1
+        if running == 1 and stream in peer.finished_content:
+            del peer.content_streams[stream]
+            peer.finished_content.discard(stream)
+            out.append(EndStream(conn, stream))
+    return out
+
+
+def call_station(
+    core: RouterCore,
+    node_id: bytes,
+    procedure: str,
+    payload: Any,
+    deadline_ms: int,
+    now_ms: int,
+    realm: bytes,
+) -> tuple[bytes, list[Action]]:
+    """A CALL signed by this station on the link to station ``node_id`` (``RouterCore``'s)."""
+    call_id = core.random_bytes(16)
+    conn = core.node_conn.get(node_id)
+    link = core.peers.get(conn) if conn is not None else None
+    if link is None or not link.is_station or link.state is not PeerState.CONNECTED:
+        code = ErrorCode.UNKNOWN_NEXT_PEER
+        return call_id, [StationReplied(call_id, False, "no link to that station", code)]
+    limit = core.policy.max_station_calls
+    if core.pending.in_flight_for(ORIGIN) >= limit:
+        detail = f"more than {limit} station calls in flight"
+        return call_id, [StationReplied(call_id, False, detail, ErrorCode.UPSTREAM_CONGESTION)]
+    frame = Call(
+        **core.frames.stamp(now_ms),
+        call_id=call_id,
+        procedure=procedure,
+        realm=realm,
+        payload=payload,
+        deadline_ms=deadline_ms,
+        caller=core.identity.node_id,
+    )
+    return call_id, core.calls.originate(link, frame, now_ms)
+
+
+def vouch(
+    core: RouterCore, endorsements: list[Endorsement], now_ms: int, links: list[Peer] | None
+) -> list[Action]:
+    """Tell ``links`` (None: every link) these members' endorsements (relay.realm_links)."""
+    if not endorsements:
+        return []
+    if links is None:
+        links = [p for p in core.peers.values() if p.is_station and p.linked]
+
+    def ask(node_id: bytes, payload: dict[str, Any]) -> list[Action]:
+        deadline = now_ms + VOUCH_DEADLINE_MS
+        return core.call_station(node_id, VOUCH_PROCEDURE, payload, deadline, now_ms)[1]
+
+    return vouch_actions(core.realms, links, endorsements, now_ms, ask)

@@ -1,0 +1,115 @@
+"""The router core's shape (issue 23): small modules, short functions, hooks through the
+constructor.
+
+``relay/core.py`` and the modules split out of it stay under ``MAX_MODULE_LINES`` lines and no
+function in them has more than ``MAX_FUNCTION_LINES`` lines of its own (a nested function's
+lines are its own, not its parent's). Nothing assigns into a ``RouterCore`` (or a part of one)
+after it is built: its hooks are constructor parameters.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+CORE_MODULES = (
+    "relay/core.py",
+    "relay/call_handling.py",
+    "relay/connect_handling.py",
+    "relay/stream_handling.py",
+    "relay/realm_routing.py",
+    "relay/federation/content_hops.py",
+    "relay/realm_files.py",
+)
+# where a RouterCore is built and kept: the station's shell and the tests' in-memory mesh
+CORE_HOLDERS = ("relay/station.py", "relay/cli.py", "relay/demo.py", "tests/unit/stationmesh.py")
+CORE_NAMES = frozenset({"_core", "core", "router"})
+
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def span(node: ast.stmt) -> int:
+    assert node.end_lineno is not None
+    return node.end_lineno - node.lineno + 1
+
+
+def own_lines(node: Function) -> int:
+    """The lines of ``node`` less those of the functions and classes nested in it."""
+    total = span(node)
+    stack = list(ast.iter_child_nodes(node))
+    while stack:
+        child = stack.pop()
+        if isinstance(child, (*FUNCTIONS, ast.ClassDef)):
+            total -= span(child)  # its own children are in its span: not walked
+        else:
+            stack.extend(ast.iter_child_nodes(child))
+    return total
+
+
+def long_functions(source: str, limit: int) -> list[tuple[str, int]]:
+    tree = ast.parse(source)
+    return [
+        (node.name, own_lines(node))
+        for node in ast.walk(tree)
+        if isinstance(node, FUNCTIONS) and own_lines(node) > limit
+    ]
+
+
+def test_own_lines_leaves_out_nested_functions() -> None:
+    inner = "\n".join(f"        x{i} = {i}" for i in range(10))
+    source = f"def outer():\n    y = 1\n    def inner():\n{inner}\n    return inner\n"
+    tree = ast.parse(source)
+    outer = tree.body[0]
+    assert isinstance(outer, ast.FunctionDef)
+    assert own_lines(outer) == 3  # def, y = 1, return
+    assert long_functions(source, 10) == [("inner", 11)]
+    assert long_functions(source, 11) == []
+
+
+@pytest.mark.parametrize("path", CORE_MODULES)
+def test_core_modules_are_small(path: str) -> None:
+    source = (ROOT / path).read_text("utf-8")
+    assert len(source.splitlines()) < MAX_MODULE_LINES, f"{path} is too long"
+    assert long_functions(source, MAX_FUNCTION_LINES) == [], f"{path} has long functions"
+
+
+def assigned_into_a_core(source: str) -> list[str]:
+    """``x._core.a = ...``, ``core.a = ...``, ``router.a.b = ...``: a part of a core set from
+    outside (``self.core = RouterCore(...)`` itself is fine)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            chain: list[str] = []
+            while isinstance(target, ast.Attribute):
+                chain.append(target.attr)
+                target = target.value
+            # chain is outermost-first: a.b.c = ... -> ["c", "b"], and target is the Name "a"
+            into_part = len(chain) >= 2 and chain[-1] in CORE_NAMES  # x._core.a = ...
+            into_core = bool(chain) and isinstance(target, ast.Name) and target.id in CORE_NAMES
+            if into_part or into_core:
+                found.append(ast.unparse(node).splitlines()[0])
+    return found
+
+
+def test_assigned_into_a_core_sees_both_shapes() -> None:
+    assert assigned_into_a_core("self._core.interest.published = f\n") != []
+    assert assigned_into_a_core("core.frames.endorsements = []\n") != []
+    assert assigned_into_a_core("router.stopping = True\n") != []
+    assert assigned_into_a_core("x.router.interest.published = f\n") != []
+    assert assigned_into_a_core("self._core = RouterCore(a)\nself.core_x.y = 1\n") == []
+
+
+@pytest.mark.parametrize("path", CORE_HOLDERS)
+def test_nothing_assigns_into_a_built_core(path: str) -> None:
+    assert assigned_into_a_core((ROOT / path).read_text("utf-8")) == []
