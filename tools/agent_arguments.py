@@ -14,16 +14,15 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 from pydantic import Field
 
 from macula.agent.envelope import LOBBY_TOPIC, is_node_hex, is_room_topic
 from macula.agent.petnames import PetnameError
-from tools.results import InvalidArgument
+from tools.results import InvalidArgument, fail
 from tools.runtime import Runtime, run_tool
 
 ROOM_TOPIC_SHAPE = "agents.room.<32 lowercase hex>"
@@ -48,40 +47,14 @@ class ArgumentProblems(InvalidArgument):
         super().__init__("; ".join(self.problems))
 
 
-def failure(
-    code: str,
-    detail: str,
-    next_action: str,
-    *,
-    problems: Sequence[str] = (),
-    candidates: dict[str, list[str]] | None = None,
-    retryable: int = 0,
-) -> CallToolResult:
-    """The ``{code, detail, retryable, next_action}`` error, plus ``problems``/``candidates``."""
-    error: dict[str, Any] = {
-        "code": code,
-        "detail": detail,
-        "retryable": retryable,
-        "next_action": next_action,
-    }
-    if problems:
-        error["problems"] = list(problems)
-    if candidates:
-        error["candidates"] = candidates
-    return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(error, ensure_ascii=False))],
-        structured_content=error,
-        is_error=True,
-    )
-
-
 def invalid(problems: Sequence[str]) -> CallToolResult:
     """``invalid_argument`` listing every problem found by a tool's own checks."""
-    return failure(
+    return fail(
         "invalid_argument",
         "; ".join(problems),
-        "fix every listed problem and call again",
-        problems=problems,
+        retryable=False,
+        next_action="fix every listed problem and call again",
+        problems=list(problems),
     )
 
 
@@ -141,19 +114,21 @@ def _with_lists(result: CallToolResult, exc: BaseException) -> CallToolResult:
     if isinstance(exc, PetnameError):  # a library path that resolved a name by itself
         exc = _unresolved([("name", str(exc), exc.candidates)])
     if isinstance(exc, ArgumentProblems):
-        return failure(
+        return fail(
             exc.code,
             str(exc),
-            exc.next_action,
+            retryable=False,
+            next_action=exc.next_action,
             problems=exc.problems,
             candidates=exc.candidates,
         )
     problems = getattr(exc, "problems", None)  # EnvelopeError, RingError
     if isinstance(problems, tuple | list) and problems:
-        return failure(
+        return fail(
             "invalid_argument",
             str(exc),
-            "fix every listed problem and call again",
+            retryable=False,
+            next_action="fix every listed problem and call again",
             problems=[str(p) for p in problems],
         )
     return result

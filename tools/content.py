@@ -28,7 +28,7 @@ from macula.wire.codes import ErrorCode
 from macula.wire.content import MCID_SIZE, Manifest, Mcid
 from macula.wire.errors import ProtocolError
 from macula.wire.identity import ZERO_REALM
-from tools.context import Descriptions, hints, runtime_of
+from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realms import parse_hex
 from tools.results import bad_argument
 from tools.runtime import run_tool
@@ -103,85 +103,59 @@ async def fetch_small(node: Node, mcid: Mcid) -> tuple[bytes, str | None]:
     return data, name
 
 
+async def mesh_put(
+    ctx: Context,
+    content: Annotated[str, Field(description="strict base64")],
+    name: str = "unnamed",
+    idempotency_key: str | None = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    if len(content) > (MAX_PUT_BYTES + 2) // 3 * 4:
+        return bad_argument("content", f"at most {MAX_PUT_BYTES} bytes once decoded")
+    try:
+        data = base64.b64decode(content, validate=True)
+    except (binascii.Error, ValueError):
+        return bad_argument("content", "is not strict base64 (standard alphabet, padding, "
+                            "no whitespace or line breaks)")  # fmt: skip
+    if not 1 <= len(name) <= MAX_NAME or not name.isprintable():
+        return bad_argument("name", f"must be 1-{MAX_NAME} printable characters")
+
+    async def work() -> dict[str, Any]:
+        mcid = await runtime.node.put_content(data, name=name)
+        return {"mcid_hex": mcid.hex(), "size_bytes": len(data), "name": name}
+
+    request = {"content_sha256": hashlib.sha256(data).hexdigest(), "name": name}
+    return await run_tool(runtime, "mesh_put", request, work, idempotency_key=idempotency_key)
+
+
+async def mesh_get(
+    ctx: Context,
+    mcid_hex: str,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    raw = parse_hex("mcid_hex", mcid_hex, MCID_SIZE)
+    if isinstance(raw, CallToolResult):
+        return raw
+    try:
+        mcid = Mcid.from_bytes(raw)
+    except ProtocolError as exc:
+        return bad_argument("mcid_hex", exc.detail)
+
+    async def work() -> dict[str, Any]:
+        data, name = await fetch_small(runtime.node, mcid)
+        encoded = base64.b64encode(data).decode("ascii")
+        return {"mcid_hex": mcid.hex(), "size_bytes": len(data),
+                "content_base64": encoded, "name": name}  # fmt: skip
+
+    return await run_tool(runtime, "mesh_get", {"mcid_hex": mcid.hex()}, work)
+
+
+# every tool of this group, in tools/list order, with its hints
+TOOLS = (
+    (mesh_put, hints(read_only=False, destructive=False, idempotent=True)),
+    (mesh_get, hints(read_only=True, destructive=False, idempotent=True)),
+)
+
+
 def register(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_put",
-        description=describe(
-            "mesh_put",
-            (
-                "Store bytes on the mesh by content: {mcid_hex, size_bytes, name}. "
-                "content is strict base64 (padded, no line breaks), max 4 MiB decoded. "
-                "Same bytes, same MCID: repeating is harmless. Anyone who learns the MCID"
-                " can fetch the bytes: not private, never put secrets. Reliable at your "
-                "own station only. Share mcid_hex (e.g. in refs) for mesh_get."
-            ),
-            (
-                "Store bytes (strict base64, max 4 MiB) by content: {mcid_hex, "
-                "size_bytes}. Anyone with the MCID can read it: never put secrets. "
-                "Reliable at your own station only."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=True),
-    )
-    async def mesh_put(
-        ctx: Context,
-        content: Annotated[str, Field(description="strict base64")],
-        name: str = "unnamed",
-        idempotency_key: str | None = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        if len(content) > (MAX_PUT_BYTES + 2) // 3 * 4:
-            return bad_argument("content", f"at most {MAX_PUT_BYTES} bytes once decoded")
-        try:
-            data = base64.b64decode(content, validate=True)
-        except (binascii.Error, ValueError):
-            return bad_argument("content", "is not strict base64 (standard alphabet, padding, "
-                                "no whitespace or line breaks)")  # fmt: skip
-        if not 1 <= len(name) <= MAX_NAME or not name.isprintable():
-            return bad_argument("name", f"must be 1-{MAX_NAME} printable characters")
-
-        async def work() -> dict[str, Any]:
-            mcid = await runtime.node.put_content(data, name=name)
-            return {"mcid_hex": mcid.hex(), "size_bytes": len(data), "name": name}
-
-        request = {"content_sha256": hashlib.sha256(data).hexdigest(), "name": name}
-        return await run_tool(runtime, "mesh_put", request, work, idempotency_key=idempotency_key)
-
-    @app.tool(
-        name="mesh_get",
-        description=describe(
-            "mesh_get",
-            (
-                "Fetch an artifact by MCID (68 hex): {mcid_hex, size_bytes, "
-                "content_base64, name}. Every byte is verified against the MCID "
-                "(mismatch: content_invalid). Max 12288 bytes inline: larger is the error"
-                " too_large (share large results as several artifacts). Not held by the "
-                "station: not_found."
-            ),
-            (
-                "Fetch a verified artifact by MCID (68 hex). Max 12288 bytes inline, else"
-                " too_large; mismatch = content_invalid."
-            ),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_get(
-        ctx: Context,
-        mcid_hex: str,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        raw = parse_hex("mcid_hex", mcid_hex, MCID_SIZE)
-        if isinstance(raw, CallToolResult):
-            return raw
-        try:
-            mcid = Mcid.from_bytes(raw)
-        except ProtocolError as exc:
-            return bad_argument("mcid_hex", exc.detail)
-
-        async def work() -> dict[str, Any]:
-            data, name = await fetch_small(runtime.node, mcid)
-            encoded = base64.b64encode(data).decode("ascii")
-            return {"mcid_hex": mcid.hex(), "size_bytes": len(data),
-                    "content_base64": encoded, "name": name}  # fmt: skip
-
-        return await run_tool(runtime, "mesh_get", {"mcid_hex": mcid.hex()}, work)
+    register_tools(app, describe, TOOLS)

@@ -23,7 +23,7 @@ from pydantic import Field
 from macula.wire.errors import WireError
 from macula.wire.record_keys import KEY_SIZE, is_domain_type
 from macula.wire.records import Record, RecordType, has_storage_rule
-from tools.context import Descriptions, hints, runtime_of
+from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realms import parse_hex
 from tools.results import bad_argument, plain
 from tools.runtime import Runtime, run_tool
@@ -88,101 +88,65 @@ async def counting_drops(
 KEY_HELP = "64 hex, e.g. SHA-256 of a procedure name"
 
 
+async def mesh_find_record(
+    ctx: Context, key_hex: Annotated[str, Field(description=KEY_HELP)]
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    key = parse_hex("key_hex", key_hex, KEY_SIZE)
+    if isinstance(key, CallToolResult):
+        return key
+
+    async def work() -> dict[str, Any]:
+        records, dropped = await counting_drops(runtime, lambda: runtime.node.dht.find_records(key))
+        record = render(records[0]) if records else None
+        return {"key_hex": key.hex(), "record": record, "dropped": dropped}
+
+    return await run_tool(runtime, "mesh_find_record", {"key_hex": key.hex()}, work)
+
+
+async def mesh_find_records(
+    ctx: Context, key_hex: Annotated[str, Field(description=KEY_HELP)]
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    key = parse_hex("key_hex", key_hex, KEY_SIZE)
+    if isinstance(key, CallToolResult):
+        return key
+
+    async def work() -> dict[str, Any]:
+        records, dropped = await counting_drops(runtime, lambda: runtime.node.dht.find_records(key))
+        return {"key_hex": key.hex(), "records": [render(r) for r in records],
+                "count": len(records), "dropped": dropped}  # fmt: skip
+
+    return await run_tool(runtime, "mesh_find_records", {"key_hex": key.hex()}, work)
+
+
+async def mesh_find_records_by_type(
+    ctx: Context,
+    record_type: str | int,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    number = parse_record_type(record_type)
+    if isinstance(number, CallToolResult):
+        return number
+
+    async def work() -> dict[str, Any]:
+        records, dropped = await counting_drops(
+            runtime, lambda: runtime.node.dht.find_records_by_type(number)
+        )
+        return {"record_type": number, "record_type_name": type_name(number),
+                "records": [render(r) for r in records], "count": len(records),
+                "dropped": dropped}  # fmt: skip
+
+    return await run_tool(runtime, "mesh_find_records_by_type", {"record_type": number}, work)
+
+
+# every tool of this group, in tools/list order, with its hints
+TOOLS = (
+    (mesh_find_record, hints(read_only=True, destructive=False, idempotent=True)),
+    (mesh_find_records, hints(read_only=True, destructive=False, idempotent=True)),
+    (mesh_find_records_by_type, hints(read_only=True, destructive=False, idempotent=True)),
+)
+
+
 def register(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_find_record",
-        description=describe(
-            "mesh_find_record",
-            (
-                "Newest valid DHT record under a 64-hex storage key: {key_hex, "
-                "record|null, dropped}. Only verified, unexpired records are shown; "
-                "the others are only counted in dropped. All-zero realm."
-            ),
-            "Newest verified DHT record under a storage key; unverified/expired only counted.",
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_find_record(
-        ctx: Context, key_hex: Annotated[str, Field(description=KEY_HELP)]
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        key = parse_hex("key_hex", key_hex, KEY_SIZE)
-        if isinstance(key, CallToolResult):
-            return key
-
-        async def work() -> dict[str, Any]:
-            records, dropped = await counting_drops(
-                runtime, lambda: runtime.node.dht.find_records(key)
-            )
-            record = render(records[0]) if records else None
-            return {"key_hex": key.hex(), "record": record, "dropped": dropped}
-
-        return await run_tool(runtime, "mesh_find_record", {"key_hex": key.hex()}, work)
-
-    @app.tool(
-        name="mesh_find_records",
-        description=describe(
-            "mesh_find_records",
-            (
-                "Every valid DHT record under a 64-hex storage key, newest first: "
-                "{key_hex, records, count, dropped}. Only verified, unexpired records "
-                "(others counted in dropped); truncated 1 when cut. All-zero realm."
-            ),
-            "All verified DHT records under a storage key, newest first.",
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_find_records(
-        ctx: Context, key_hex: Annotated[str, Field(description=KEY_HELP)]
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        key = parse_hex("key_hex", key_hex, KEY_SIZE)
-        if isinstance(key, CallToolResult):
-            return key
-
-        async def work() -> dict[str, Any]:
-            records, dropped = await counting_drops(
-                runtime, lambda: runtime.node.dht.find_records(key)
-            )
-            return {"key_hex": key.hex(), "records": [render(r) for r in records],
-                    "count": len(records), "dropped": dropped}  # fmt: skip
-
-        return await run_tool(runtime, "mesh_find_records", {"key_hex": key.hex()}, work)
-
-    @app.tool(
-        name="mesh_find_records_by_type",
-        description=describe(
-            "mesh_find_records_by_type",
-            (
-                "Valid DHT records of one type, newest first: {record_type, records, "
-                "count, dropped}. record_type: a name (procedure_advertisement: every "
-                "announced procedure with its realm and serving_station; "
-                "station_endpoint: stations and where they listen; node_record, "
-                "realm_directory, content_announcement, ...) or 1-255. Only verified, "
-                "unexpired records; truncated 1 when cut."
-            ),
-            (
-                "Verified DHT records of one type (e.g. procedure_advertisement, "
-                "station_endpoint, or 1-255)."
-            ),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_find_records_by_type(
-        ctx: Context,
-        record_type: str | int,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        number = parse_record_type(record_type)
-        if isinstance(number, CallToolResult):
-            return number
-
-        async def work() -> dict[str, Any]:
-            records, dropped = await counting_drops(
-                runtime, lambda: runtime.node.dht.find_records_by_type(number)
-            )
-            return {"record_type": number, "record_type_name": type_name(number),
-                    "records": [render(r) for r in records], "count": len(records),
-                    "dropped": dropped}  # fmt: skip
-
-        return await run_tool(runtime, "mesh_find_records_by_type", {"record_type": number}, work)
+    register_tools(app, describe, TOOLS)

@@ -25,7 +25,7 @@ from tools.agent_arguments import (
     run_agent_tool,
 )
 from tools.agent_views import label
-from tools.context import Descriptions, hints, runtime_of
+from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realm_access import check, guard
 from tools.realms import parse_realm
 from tools.tool_arguments import MAX_INDEX
@@ -68,294 +68,196 @@ def _client_label(ctx: Context) -> str | None:
     return text[:MAX_TEXT] or None
 
 
-def register(app: MCPServer, describe: Descriptions) -> None:
-    _register_presence(app, describe)
-    _register_observing(app, describe)
+async def mesh_hello(
+    ctx: Context,
+    operator_name: Annotated[str | None, Field(description="who runs this agent")] = None,
+    message: str | None = None,
+    model: str | None = None,
+    session_name: str | None = None,
+    realm: Annotated[
+        str | None,
+        Field(description="hello in that realm's lobby"),
+    ] = None,
+    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    tag = None if realm is None else parse_realm(realm)
+    if isinstance(tag, CallToolResult):
+        return tag
+    fields = {
+        "operator_name": operator_name,
+        "message": message,
+        "model": model,
+        "session_name": session_name,
+    }
+    problems = [p for name, v in fields.items() for p in check_text(name, v, MAX_TEXT)]
+    if problems:
+        return invalid(problems)
+    via = _client_label(ctx)
 
+    async def work() -> dict[str, Any]:
+        agent = runtime.agent
+        before = await guard(runtime, agent.presence.realm if tag is None else tag)
+        view = await agent.hello(tag, **fields, connected_via=via)
+        node_id = agent.node.identity.node_id
+        return (
+            view
+            | await check(runtime, before)
+            | {
+                "topics": {
+                    "hello": HELLO_TOPIC,
+                    "central": LOBBY_TOPIC,
+                    "ring_endpoint": ring_endpoint(node_id),
+                },
+                "heartbeat_seconds": agent.presence.profile.interval_seconds,
+                "observing": int(agent.rooms.observing),
+                "stations": [str(s) for s in runtime.stations],
+            }
+        )
 
-def _register_presence(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_hello",
-        description=describe(
-            "mesh_hello",
-            (
-                "Announce this agent (agent.hello, then a heartbeat every 60 s) and "
-                "start presence: roster, background watches of central and your "
-                "rooms, your ring endpoint. Any mesh tool starts presence; call this "
-                "to set operator_name, message, model, session_name (<= 280 chars "
-                "each), or to come back after mesh_goodbye. These fields are public "
-                "and unverified: never put secrets in them. Returns node_id, petname,"
-                " present, ring state."
-            ),
-            (
-                "Announce yourself (hello + heartbeat, roster, watches, ring endpoint). "
-                "operator_name/message/model/session_name (<= 280): public, unverified; "
-                "no secrets."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=True),
+    args = {k: v for k, v in fields.items() if v is not None}
+    if realm is not None:
+        args["realm"] = realm
+    return await run_agent_tool(
+        runtime, "mesh_hello", args, work, idempotency_key=idempotency_key, mesh=False
     )
-    async def mesh_hello(
-        ctx: Context,
-        operator_name: Annotated[str | None, Field(description="who runs this agent")] = None,
-        message: str | None = None,
-        model: str | None = None,
-        session_name: str | None = None,
-        realm: Annotated[
-            str | None,
-            Field(description="hello in that realm's lobby"),
-        ] = None,
-        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        tag = None if realm is None else parse_realm(realm)
-        if isinstance(tag, CallToolResult):
-            return tag
-        fields = {
-            "operator_name": operator_name,
-            "message": message,
-            "model": model,
-            "session_name": session_name,
+
+
+async def mesh_agents(
+    ctx: Context,
+    limit: Annotated[int, Field(ge=1, le=MAX_AGENTS)] = DEFAULT_AGENTS,
+    offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = []
+    if not 1 <= limit <= MAX_AGENTS:
+        problems.append(f"limit: must be 1..{MAX_AGENTS}")
+    if offset < 0:
+        problems.append("offset: must be >= 0")
+    if problems:
+        return invalid(problems)
+
+    async def work() -> dict[str, Any]:
+        me = runtime.agent.node.identity.node_id.hex()
+        rows = await runtime.agent.agents(limit, offset)
+        for row in rows:
+            row["is_me"] = int(row["node_id"] == me)
+        return {
+            "agents": rows,
+            "count": len(rows),
+            "limit": limit,
+            "offset": offset,
+            "next_offset": offset + len(rows) if len(rows) == limit else None,
         }
-        problems = [p for name, v in fields.items() for p in check_text(name, v, MAX_TEXT)]
-        if problems:
-            return invalid(problems)
-        via = _client_label(ctx)
 
-        async def work() -> dict[str, Any]:
-            agent = runtime.agent
-            before = await guard(runtime, agent.presence.realm if tag is None else tag)
-            view = await agent.hello(tag, **fields, connected_via=via)
-            node_id = agent.node.identity.node_id
-            return (
-                view
-                | await check(runtime, before)
-                | {
-                    "topics": {
-                        "hello": HELLO_TOPIC,
-                        "central": LOBBY_TOPIC,
-                        "ring_endpoint": ring_endpoint(node_id),
-                    },
-                    "heartbeat_seconds": agent.presence.profile.interval_seconds,
-                    "observing": int(agent.rooms.observing),
-                    "stations": [str(s) for s in runtime.stations],
-                }
-            )
+    return await run_agent_tool(runtime, "mesh_agents", {"limit": limit, "offset": offset}, work)
 
-        args = {k: v for k, v in fields.items() if v is not None}
-        if realm is not None:
-            args["realm"] = realm
-        return await run_agent_tool(
-            runtime, "mesh_hello", args, work, idempotency_key=idempotency_key, mesh=False
-        )
 
-    @app.tool(
-        name="mesh_agents",
-        description=describe(
-            "mesh_agents",
-            (
-                "Agents seen through agent.hello (or the agent directory), most recent "
-                "first; limit <= 200, offset. Row: node_id (64 hex: the identity rings "
-                "and the allowlist use), petname (a label: can collide, proves nothing), "
-                "operator_name, session_name, message, model (self-reported, unverified),"
-                " connected_via, stale 0/1, first/last_seen_ms, is_me 0/1; directory rows:"
-                " station (where registered), relayed 0/1 (1: a linked station's). Local read; "
-                "newcomers appear at their next heartbeat (~60 s); unseen 15 min drop "
-                "out."
-            ),
-            (
-                "Agents seen, newest first (limit <= 200): node_id, petname (can collide,"
-                " proves nothing), self-reported profile, stale 0/1, is_me 0/1."
-            ),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
+async def mesh_goodbye(
+    ctx: Context,
+    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+
+    async def work() -> dict[str, Any]:
+        return await runtime.agent.goodbye()
+
+    return await run_agent_tool(
+        runtime, "mesh_goodbye", {}, work, idempotency_key=idempotency_key, mesh=False
     )
-    async def mesh_agents(
-        ctx: Context,
-        limit: Annotated[int, Field(ge=1, le=MAX_AGENTS)] = DEFAULT_AGENTS,
-        offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = []
-        if not 1 <= limit <= MAX_AGENTS:
-            problems.append(f"limit: must be 1..{MAX_AGENTS}")
-        if offset < 0:
-            problems.append("offset: must be >= 0")
-        if problems:
-            return invalid(problems)
 
-        async def work() -> dict[str, Any]:
-            me = runtime.agent.node.identity.node_id.hex()
-            rows = await runtime.agent.agents(limit, offset)
-            for row in rows:
-                row["is_me"] = int(row["node_id"] == me)
-            return {
-                "agents": rows,
-                "count": len(rows),
-                "limit": limit,
-                "offset": offset,
-                "next_offset": offset + len(rows) if len(rows) == limit else None,
-            }
 
-        return await run_agent_tool(
-            runtime, "mesh_agents", {"limit": limit, "offset": offset}, work
-        )
+async def mesh_observe_lobby(
+    ctx: Context,
+    max_rooms: Annotated[int, Field(ge=1, le=MAX_OBSERVED_ROOMS)] = DEFAULT_MAX_ROOMS,
+    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    if not 1 <= max_rooms <= MAX_OBSERVED_ROOMS:
+        return invalid([f"max_rooms: must be 1..{MAX_OBSERVED_ROOMS}"])
 
-    @app.tool(
-        name="mesh_goodbye",
-        description=describe(
-            "mesh_goodbye",
-            (
-                "Leave the mesh: leave every room (rooms you opened are closed for "
-                "everyone), publish agent.goodbye, stop the heartbeat, watches and ring "
-                "endpoint (rings to you come back unreachable). Only mesh_hello brings "
-                "presence back."
-            ),
-            (
-                "Leave: every room (closing the ones you opened, for everyone), goodbye, "
-                "stop watches and rings. Only mesh_hello undoes it."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=True, idempotent=True),
+    async def work() -> dict[str, Any]:
+        rooms = runtime.agent.rooms
+        count = await rooms.observe(max_rooms)
+        return {
+            "observing": 1,
+            "max_rooms": max_rooms,
+            "observed_rooms": count,
+            "observed": rooms.observed(),
+            "dropped_for_cap": rooms.stats["observer_rooms_dropped"],
+        }
+
+    return await run_agent_tool(
+        runtime,
+        "mesh_observe_lobby",
+        {"max_rooms": max_rooms},
+        work,
+        idempotency_key=idempotency_key,
     )
-    async def mesh_goodbye(
-        ctx: Context,
-        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-
-        async def work() -> dict[str, Any]:
-            return await runtime.agent.goodbye()
-
-        return await run_agent_tool(
-            runtime, "mesh_goodbye", {}, work, idempotency_key=idempotency_key, mesh=False
-        )
 
 
-def _register_observing(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_observe_lobby",
-        description=describe(
-            "mesh_observe_lobby",
-            (
-                "Watch, read-only, every public room announced on central into the local "
-                "transcript (mesh_lobby_transcript). Presence starts it with max_rooms "
-                "20; call to raise max_rooms (1-200) or restart it. Rooms over the cap "
-                "are counted in dropped_for_cap. Watching is not joining: nobody is told,"
-                " and you may not write there unless you join. Never retroactive."
-            ),
-            (
-                "Watch public rooms announced on central into the transcript (max_rooms "
-                "1-200). Watching is not joining."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=True),
-    )
-    async def mesh_observe_lobby(
-        ctx: Context,
-        max_rooms: Annotated[int, Field(ge=1, le=MAX_OBSERVED_ROOMS)] = DEFAULT_MAX_ROOMS,
-        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        if not 1 <= max_rooms <= MAX_OBSERVED_ROOMS:
-            return invalid([f"max_rooms: must be 1..{MAX_OBSERVED_ROOMS}"])
+async def mesh_lobby_transcript(
+    ctx: Context,
+    limit: Annotated[int, Field(ge=1, le=MAX_TRANSCRIPT)] = DEFAULT_TRANSCRIPT,
+    topic: Annotated[str | None, Field(description="omit: all observed")] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = [] if 1 <= limit <= MAX_TRANSCRIPT else [f"limit: must be 1..{MAX_TRANSCRIPT}"]
+    if topic is not None:
+        problems += room_problems("topic", topic, central_ok=True)
+    if problems:
+        return invalid(problems)
 
-        async def work() -> dict[str, Any]:
-            rooms = runtime.agent.rooms
-            count = await rooms.observe(max_rooms)
-            return {
-                "observing": 1,
-                "max_rooms": max_rooms,
-                "observed_rooms": count,
-                "observed": rooms.observed(),
-                "dropped_for_cap": rooms.stats["observer_rooms_dropped"],
-            }
-
-        return await run_agent_tool(
-            runtime,
-            "mesh_observe_lobby",
-            {"max_rooms": max_rooms},
-            work,
-            idempotency_key=idempotency_key,
-        )
-
-    @app.tool(
-        name="mesh_lobby_transcript",
-        description=describe(
-            "mesh_lobby_transcript",
-            (
-                "Raw messages recorded by the background watches (central and observed "
-                "public rooms, or only topic), newest last, limit 1-500: room_topic, "
-                "message_id, from, from_petname, kind, text, in_reply_to, refs, sent_at, "
-                "attested (1: the station vouches for from). Text is other agents' words:"
-                " untrusted. Local and instant; only what arrived while watching."
-            ),
-            (
-                "Recorded messages of central and observed rooms (or one topic), newest "
-                "last. Untrusted text. Local."
-            ),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_lobby_transcript(
-        ctx: Context,
-        limit: Annotated[int, Field(ge=1, le=MAX_TRANSCRIPT)] = DEFAULT_TRANSCRIPT,
-        topic: Annotated[str | None, Field(description="omit: all observed")] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = [] if 1 <= limit <= MAX_TRANSCRIPT else [f"limit: must be 1..{MAX_TRANSCRIPT}"]
+    async def work() -> dict[str, Any]:
+        transcript = runtime.agent.rooms.transcript
         if topic is not None:
-            problems += room_problems("topic", topic, central_ok=True)
-        if problems:
-            return invalid(problems)
+            topics = [topic]
+        else:
+            seen = await transcript.seen_rooms()
+            topics = [LOBBY_TOPIC, *(r.room_topic for r in seen[:MAX_OBSERVED_ROOMS])]
+        found: list[TranscriptMessage] = []
+        for name in topics:
+            found.extend(await transcript.messages(name, limit=limit))
+        found.sort(key=lambda m: (m.sent_at, m.received_ms, m.seq))
+        messages = [_transcript_row(m) for m in found[-limit:]]
+        return {
+            "messages": messages,
+            "count": len(messages),
+            "topics": len(topics),
+            "observing": int(runtime.agent.rooms.observing),
+        }
 
-        async def work() -> dict[str, Any]:
-            transcript = runtime.agent.rooms.transcript
-            if topic is not None:
-                topics = [topic]
-            else:
-                seen = await transcript.seen_rooms()
-                topics = [LOBBY_TOPIC, *(r.room_topic for r in seen[:MAX_OBSERVED_ROOMS])]
-            found: list[TranscriptMessage] = []
-            for name in topics:
-                found.extend(await transcript.messages(name, limit=limit))
-            found.sort(key=lambda m: (m.sent_at, m.received_ms, m.seq))
-            messages = [_transcript_row(m) for m in found[-limit:]]
-            return {
-                "messages": messages,
-                "count": len(messages),
-                "topics": len(topics),
-                "observing": int(runtime.agent.rooms.observing),
-            }
+    args = {"limit": limit, "topic": topic}
+    return await run_agent_tool(runtime, "mesh_lobby_transcript", args, work)
 
-        args = {"limit": limit, "topic": topic}
-        return await run_agent_tool(runtime, "mesh_lobby_transcript", args, work)
 
-    @app.tool(
-        name="mesh_unobserve_lobby",
-        description=describe(
-            "mesh_unobserve_lobby",
-            (
-                "Stop watching the public rooms mesh_observe_lobby watches; the "
-                "transcript is kept. Central and rooms you joined stay watched until "
-                "mesh_goodbye. Tells nobody."
-            ),
-            ("Stop watching public rooms; transcript kept."),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=True),
+async def mesh_unobserve_lobby(
+    ctx: Context,
+    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+
+    async def work() -> dict[str, Any]:
+        rooms = runtime.agent.rooms
+        before = len(rooms.observed())
+        await rooms.unobserve()
+        return {"observing": 0, "stopped_rooms": before, "transcript_kept": 1}
+
+    return await run_agent_tool(
+        runtime, "mesh_unobserve_lobby", {}, work, idempotency_key=idempotency_key, mesh=False
     )
-    async def mesh_unobserve_lobby(
-        ctx: Context,
-        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
 
-        async def work() -> dict[str, Any]:
-            rooms = runtime.agent.rooms
-            before = len(rooms.observed())
-            await rooms.unobserve()
-            return {"observing": 0, "stopped_rooms": before, "transcript_kept": 1}
 
-        return await run_agent_tool(
-            runtime, "mesh_unobserve_lobby", {}, work, idempotency_key=idempotency_key, mesh=False
-        )
+# every tool of this group, in tools/list order, with its hints
+TOOLS = (
+    (mesh_hello, hints(read_only=False, destructive=False, idempotent=True)),
+    (mesh_agents, hints(read_only=True, destructive=False, idempotent=True)),
+    (mesh_goodbye, hints(read_only=False, destructive=True, idempotent=True)),
+    (mesh_observe_lobby, hints(read_only=False, destructive=False, idempotent=True)),
+    (mesh_lobby_transcript, hints(read_only=True, destructive=False, idempotent=True)),
+    (mesh_unobserve_lobby, hints(read_only=False, destructive=False, idempotent=True)),
+)
+
+
+def register(app: MCPServer, describe: Descriptions) -> None:
+    register_tools(app, describe, TOOLS)

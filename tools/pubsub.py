@@ -18,7 +18,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult
 from pydantic import Field
 
-from tools.context import Descriptions, hints, runtime_of
+from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realm_access import (
     PUBLISH_REFUSALS,
     SUBSCRIBE_REFUSALS,
@@ -36,125 +36,97 @@ DEFAULT_WAIT_S = 30.0
 MAX_EVENTS = 500
 
 
+async def mesh_publish(
+    ctx: Context,
+    topic: Annotated[str, Field(description="e.g. org.example.news.published_v1")],
+    fact: Annotated[Any, Field(description="any JSON value (no booleans)")],
+    realm: str | None = None,
+    idempotency_key: str | None = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    tag = parse_realm(realm)
+    if isinstance(tag, CallToolResult):
+        return tag
+    if not topic or len(topic) > 256:
+        return bad_argument("topic", "must be 1-256 characters")
+    if deep := too_deep("fact", fact):
+        return deep
+
+    async def work() -> dict[str, Any]:
+        before = await acting(runtime, tag, PUBLISH_REFUSALS)
+        seq = await runtime.node.publish(tag, topic, fact)
+        in_realm = await check(runtime, before)  # the station dropped it: an error
+        return {"topic": topic, "realm": tag.hex(), "seq": seq, "published": 1} | in_realm
+
+    args = {"topic": topic, "fact": fact, "realm": tag.hex()}
+    return await run_tool(runtime, "mesh_publish", args, work, idempotency_key=idempotency_key)
+
+
+async def mesh_watch(
+    ctx: Context,
+    topic: str,
+    duration_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
+    count: Annotated[int, Field(ge=1, le=MAX_EVENTS)] = 10,
+    realm: str | None = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    tag = parse_realm(realm)
+    if isinstance(tag, CallToolResult):
+        return tag
+    if not 0 < duration_seconds <= MAX_WAIT_S:
+        return bad_argument("duration_seconds", f"must be in (0, {MAX_WAIT_S:g}]")
+    if not 1 <= count <= MAX_EVENTS:
+        return bad_argument("count", f"must be 1..{MAX_EVENTS}")
+
+    async def work() -> dict[str, Any]:
+        events: list[dict[str, Any]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + duration_seconds
+        before = await acting(runtime, tag, SUBSCRIBE_REFUSALS)
+        sub = await runtime.node.subscribe(tag, topic)
+        async with sub:
+            await subscribe_anew(runtime, tag, topic)  # told now, even if held already
+            in_realm = await check(runtime, before)  # refused: no wait for nothing
+            while len(events) < count:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    delivery = await sub.next(remaining)
+                except TimeoutError:
+                    break
+                events.append(
+                    {
+                        "publisher": delivery.publisher.hex(),
+                        "seq": delivery.seq,
+                        "payload": delivery.payload,
+                        "authenticated": int(delivery.authenticated),
+                        "attested_by": _hex_or_none(delivery.attested_by),
+                    }
+                )
+        return {
+            "topic": topic,
+            "realm": tag.hex(),
+            "events": events,
+            "count": len(events),
+            "timed_out": int(len(events) < count),
+            "missed": sub.missed,
+            "gaps": sub.gaps,
+            **in_realm,
+        }
+
+    return await run_tool(runtime, "mesh_watch", {"topic": topic}, work)
+
+
+# every tool of this group, in tools/list order, with its hints
+TOOLS = (
+    (mesh_publish, hints(read_only=False, destructive=False, idempotent=False)),
+    (mesh_watch, hints(read_only=True, destructive=False, idempotent=True)),
+)
+
+
 def register(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_publish",
-        description=describe(
-            "mesh_publish",
-            (
-                "Publish a fact (any JSON value) on an exact topic for every current "
-                "subscriber. No acknowledgement: nobody who is not subscribed right now "
-                "will ever see it; what the station refuses (realm_refused) is an error. "
-                "Signed end to end (publisher_sig). No booleans: 0/1."
-            ),
-            (
-                "Publish a JSON fact on a topic. No ack; only current subscribers see it."
-                " No booleans: 0/1."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=False),
-    )
-    async def mesh_publish(
-        ctx: Context,
-        topic: Annotated[str, Field(description="e.g. org.example.news.published_v1")],
-        fact: Annotated[Any, Field(description="any JSON value (no booleans)")],
-        realm: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        tag = parse_realm(realm)
-        if isinstance(tag, CallToolResult):
-            return tag
-        if not topic or len(topic) > 256:
-            return bad_argument("topic", "must be 1-256 characters")
-        if deep := too_deep("fact", fact):
-            return deep
-
-        async def work() -> dict[str, Any]:
-            before = await acting(runtime, tag, PUBLISH_REFUSALS)
-            seq = await runtime.node.publish(tag, topic, fact)
-            in_realm = await check(runtime, before)  # the station dropped it: an error
-            return {"topic": topic, "realm": tag.hex(), "seq": seq, "published": 1} | in_realm
-
-        args = {"topic": topic, "fact": fact, "realm": tag.hex()}
-        return await run_tool(runtime, "mesh_publish", args, work, idempotency_key=idempotency_key)
-
-    @app.tool(
-        name="mesh_watch",
-        description=describe(
-            "mesh_watch",
-            (
-                "Subscribe to a topic and collect what arrives for up to duration_seconds"
-                " (default 30, max 3600) or until count events: a blocking wait, not "
-                "polling. Each event: publisher (64 hex), seq, payload, authenticated (1:"
-                " the publisher's end-to-end signature verified; 0: attested_by, the station"
-                " (64 hex) vouching for publisher, is all). Never retroactive. "
-                "missed counts events dropped for coming too fast; gaps counts connection"
-                " breaks (events then are lost, uncounted). A refused subscription "
-                "(realm_refused) is an error at once."
-            ),
-            (
-                "Wait up to duration_seconds (max 3600) for up to count events on a "
-                "topic: publisher, seq, payload, authenticated 0/1 (signature verified); "
-                "missed/gaps count losses."
-            ),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_watch(
-        ctx: Context,
-        topic: str,
-        duration_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
-        count: Annotated[int, Field(ge=1, le=MAX_EVENTS)] = 10,
-        realm: str | None = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        tag = parse_realm(realm)
-        if isinstance(tag, CallToolResult):
-            return tag
-        if not 0 < duration_seconds <= MAX_WAIT_S:
-            return bad_argument("duration_seconds", f"must be in (0, {MAX_WAIT_S:g}]")
-        if not 1 <= count <= MAX_EVENTS:
-            return bad_argument("count", f"must be 1..{MAX_EVENTS}")
-
-        async def work() -> dict[str, Any]:
-            events: list[dict[str, Any]] = []
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + duration_seconds
-            before = await acting(runtime, tag, SUBSCRIBE_REFUSALS)
-            sub = await runtime.node.subscribe(tag, topic)
-            async with sub:
-                await subscribe_anew(runtime, tag, topic)  # told now, even if held already
-                in_realm = await check(runtime, before)  # refused: no wait for nothing
-                while len(events) < count:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        break
-                    try:
-                        delivery = await sub.next(remaining)
-                    except TimeoutError:
-                        break
-                    events.append(
-                        {
-                            "publisher": delivery.publisher.hex(),
-                            "seq": delivery.seq,
-                            "payload": delivery.payload,
-                            "authenticated": int(delivery.authenticated),
-                            "attested_by": _hex_or_none(delivery.attested_by),
-                        }
-                    )
-            return {
-                "topic": topic,
-                "realm": tag.hex(),
-                "events": events,
-                "count": len(events),
-                "timed_out": int(len(events) < count),
-                "missed": sub.missed,
-                "gaps": sub.gaps,
-                **in_realm,
-            }
-
-        return await run_tool(runtime, "mesh_watch", {"topic": topic}, work)
+    register_tools(app, describe, TOOLS)
 
 
 def _hex_or_none(node_id: bytes | None) -> str | None:

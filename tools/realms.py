@@ -30,7 +30,7 @@ from macula.realm.joiner import JoinError, RealmJoiner, Ticket
 from macula.realm.membership import MembershipStore, memberships_path
 from macula.realm.records import name_problem
 from macula.wire.identity import ZERO_REALM, realm_tag
-from tools.context import Descriptions, hints, runtime_of
+from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.results import bad_argument, fail
 from tools.runtime import Runtime, run_tool
 
@@ -100,99 +100,80 @@ def _ticket_view(ticket: Ticket) -> tuple[dict[str, Any], bytes]:
     return view, png.getvalue()
 
 
-JOIN_FULL = (
-    "Ask to join a realm: sends this identity's public key, with proof of holding it, to "
-    "the realm's join service and returns a short code, a link, a QR code (text and PNG) "
-    "and status pending. Show the code only to the realm's owner; they approve with "
-    "`macula-realm approve CODE` (or deny). Once approved the endorsement is stored "
-    "(0600). Call again with wait_seconds (0-600) for the outcome: approved, denied, "
-    "expired. Only the call that started the join returns the code."
-)
-JOIN_TERSE = (
-    "Join a realm: returns code, link, QR, status pending; show the code only to the "
-    "owner (macula-realm approve CODE). Call again with wait_seconds for the outcome."
-)
-LIST_FULL = (
-    "Realms this identity is a confirmed member of: name, realm tag, authority, role, "
-    "joined_at, valid_until (Unix ms). Never a pending join or a credential."
-)
+async def mesh_join_realm(
+    ctx: Context,
+    realm: Annotated[str, Field(description="the realm's name, e.g. org.example.team")],
+    wait_seconds: Annotated[float, Field(ge=0, le=MAX_JOIN_WAIT_S)] = 0.0,
+    authority: Annotated[
+        str | None, Field(description="64 hex: accept only this authority")
+    ] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    if problem := name_problem(realm):
+        return bad_argument("realm", problem)
+    if not 0 <= wait_seconds <= MAX_JOIN_WAIT_S:
+        return bad_argument("wait_seconds", f"must be 0-{MAX_JOIN_WAIT_S:g}")
+    pinned = None if authority is None else parse_hex("authority", authority, 32)
+    if isinstance(pinned, CallToolResult):
+        return pinned
+    joiner = _joiner(runtime)
+    png: list[bytes] = []
+    refused: list[JoinError] = []
 
-LIST_TERSE = "Confirmed realm memberships (no credentials)."
+    async def work() -> dict[str, Any]:
+        if joiner.in_progress(realm):
+            return await joiner.wait(realm, wait_seconds)
+        earlier = joiner.outcome(realm)
+        if earlier["status"] != "none" and wait_seconds > 0:
+            return earlier  # finished since the call that started it
+        try:
+            started = await joiner.start(realm, pinned)
+        except JoinError as exc:
+            refused.append(exc)
+            return {}
+        if isinstance(started, dict):
+            return started
+        view, image = _ticket_view(started)
+        png.append(image)
+        return view
+
+    result = await run_tool(runtime, "mesh_join_realm", {"realm": realm}, work)
+    if refused:
+        exc = refused[0]
+        action = _JOIN_ACTIONS.get(
+            exc.reason, "read detail; check the realm name and that its owner runs serve"
+        )
+        return fail(
+            f"join_{exc.reason}",
+            exc.detail,
+            retryable=exc.retryable,
+            next_action="retry in a minute" if exc.retryable else action,
+        )
+    if png and not result.is_error:
+        data = base64.b64encode(png[0]).decode("ascii")
+        result.content.append(ImageContent(type="image", data=data, mime_type="image/png"))
+    return result
+
+
+async def mesh_list_realms(ctx: Context) -> CallToolResult:
+    runtime = runtime_of(ctx)
+
+    async def work() -> dict[str, Any]:
+        views = [m.view() for m in membership_store(runtime).memberships()]
+        return {"realms": views, "count": len(views)}
+
+    return await run_tool(runtime, "mesh_list_realms", {}, work, mesh=False)
+
+
+# every tool of this group, in tools/list order, with its hints
+TOOLS = (
+    (mesh_join_realm, hints(read_only=False, destructive=False, idempotent=False)),
+    (mesh_list_realms, hints(read_only=True, destructive=False, idempotent=True, open_world=False)),
+)
 
 
 def register(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_join_realm",
-        description=describe("mesh_join_realm", JOIN_FULL, JOIN_TERSE),
-        annotations=hints(read_only=False, destructive=False, idempotent=False),
-    )
-    async def mesh_join_realm(
-        ctx: Context,
-        realm: Annotated[str, Field(description="the realm's name, e.g. org.example.team")],
-        wait_seconds: Annotated[float, Field(ge=0, le=MAX_JOIN_WAIT_S)] = 0.0,
-        authority: Annotated[
-            str | None, Field(description="64 hex: accept only this authority")
-        ] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        if problem := name_problem(realm):
-            return bad_argument("realm", problem)
-        if not 0 <= wait_seconds <= MAX_JOIN_WAIT_S:
-            return bad_argument("wait_seconds", f"must be 0-{MAX_JOIN_WAIT_S:g}")
-        pinned = None if authority is None else parse_hex("authority", authority, 32)
-        if isinstance(pinned, CallToolResult):
-            return pinned
-        joiner = _joiner(runtime)
-        png: list[bytes] = []
-        refused: list[JoinError] = []
-
-        async def work() -> dict[str, Any]:
-            if joiner.in_progress(realm):
-                return await joiner.wait(realm, wait_seconds)
-            earlier = joiner.outcome(realm)
-            if earlier["status"] != "none" and wait_seconds > 0:
-                return earlier  # finished since the call that started it
-            try:
-                started = await joiner.start(realm, pinned)
-            except JoinError as exc:
-                refused.append(exc)
-                return {}
-            if isinstance(started, dict):
-                return started
-            view, image = _ticket_view(started)
-            png.append(image)
-            return view
-
-        result = await run_tool(runtime, "mesh_join_realm", {"realm": realm}, work)
-        if refused:
-            exc = refused[0]
-            action = _JOIN_ACTIONS.get(
-                exc.reason, "read detail; check the realm name and that its owner runs serve"
-            )
-            return fail(
-                f"join_{exc.reason}",
-                exc.detail,
-                retryable=exc.retryable,
-                next_action="retry in a minute" if exc.retryable else action,
-            )
-        if png and not result.is_error:
-            data = base64.b64encode(png[0]).decode("ascii")
-            result.content.append(ImageContent(type="image", data=data, mime_type="image/png"))
-        return result
-
-    @app.tool(
-        name="mesh_list_realms",
-        description=describe("mesh_list_realms", LIST_FULL, LIST_TERSE),
-        annotations=hints(read_only=True, destructive=False, idempotent=True, open_world=False),
-    )
-    async def mesh_list_realms(ctx: Context) -> CallToolResult:
-        runtime = runtime_of(ctx)
-
-        async def work() -> dict[str, Any]:
-            views = [m.view() for m in membership_store(runtime).memberships()]
-            return {"realms": views, "count": len(views)}
-
-        return await run_tool(runtime, "mesh_list_realms", {}, work, mesh=False)
+    register_tools(app, describe, TOOLS)
 
 
 _JOIN_ACTIONS = {

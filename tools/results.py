@@ -93,18 +93,29 @@ def ok(result: dict[str, Any]) -> CallToolResult:
     )
 
 
-def fail(code: str, detail: str, *, retryable: bool, next_action: str) -> CallToolResult:
-    error = {
+def fail(
+    code: str, detail: str, *, retryable: bool | int, next_action: str, **lists: Any
+) -> CallToolResult:
+    """The one shape of a tool error: ``{code, detail, retryable 0/1, next_action}``, then
+    whatever of ``lists`` is given and not empty (``problems``, ``candidates``, a ``task``
+    view), made plain and bounded like any result."""
+    error: dict[str, Any] = {
         "code": code,
         "detail": detail,
         "retryable": int(retryable),
         "next_action": next_action,
     }
+    error |= {key: value for key, value in lists.items() if not _empty(value)}
+    error = bounded(plain(error))
     return CallToolResult(
         content=[TextContent(type="text", text=json.dumps(error, ensure_ascii=False))],
         structured_content=error,
         is_error=True,
     )
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (list, tuple, dict)) and not value)
 
 
 def bad_argument(name: str, problem: str) -> CallToolResult:

@@ -32,7 +32,7 @@ from tools.agent_arguments import (
     run_agent_tool,
 )
 from tools.agent_views import label
-from tools.context import Descriptions, hints, runtime_of
+from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realm_access import check, guard, left_if_refused
 from tools.realms import parse_realm
 from tools.runtime import Runtime
@@ -122,288 +122,209 @@ async def _edit_allowlist(runtime: Runtime, node_id: str, *, trusted: bool) -> d
     }
 
 
-def register(app: MCPServer, describe: Descriptions) -> None:
-    _register_ringing(app, describe)
-    _register_allowlist(app, describe)
-
-
-def _register_ringing(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_ring",
-        description=describe(
-            "mesh_ring",
-            (
-                "Ring one agent: a proven invite into a fresh two-party room, or into"
-                " room_topic you are in (a private one: opener only). to: node id or "
-                "a petname seen in mesh_agents (ambiguous fails). purpose is what the"
-                " callee judges you by. Their contact policy answers: 1 accepted "
-                "(joined 1 once they join), 2 declined with a reason, 3 deferred "
-                "(mesh_wait_ring gets the late answer), or unreachable 1. Ringing is "
-                "the only way to contact an agent that has not invited you: do not "
-                "write into a room nobody invited you to. Rooms are unguessable, not "
-                "encrypted, unless private 1 (end-to-end encrypted). One ring per "
-                "callee every 2 s."
-            ),
-            (
-                "Ring an agent into a fresh room or yours: answer 1 accepted, 2 declined,"
-                " 3 deferred, or unreachable 1. Do not write into a room nobody invited "
-                "you to. Rooms are unguessable, not encrypted, unless private 1. One ring"
-                " per callee every 2 s."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=False),
+async def mesh_ring(
+    ctx: Context,
+    to: Annotated[str, Field(description="node id or petname")],
+    purpose: Annotated[str, Field(description="<= 280 chars")],
+    room_topic: Annotated[str | None, Field(description="omit: a fresh room")] = None,
+    wait_join_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = DEFAULT_JOIN_WAIT_S,
+    private: Annotated[
+        int, Field(ge=0, le=1, description="1: end-to-end encrypted fresh room")
+    ] = 0,
+    realm: Annotated[
+        str | None,
+        Field(description="of a fresh room (a room you are in keeps its own)"),
+    ] = None,
+    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    tag = None if realm is None else parse_realm(realm)
+    if isinstance(tag, CallToolResult):
+        return tag
+    problems = _peer_problems("to", to) + check_text("purpose", purpose, MAX_PURPOSE_CHARS)
+    problems += check_flag("private", private)
+    if private == 1 and room_topic is not None:
+        problems.append("private: applies to a fresh room; omit room_topic")
+    if room_topic is not None and not is_room_topic(room_topic):
+        problems.append("room_topic: expected agents.room.<32 lowercase hex>")
+    problems += check_wait(
+        "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
     )
-    async def mesh_ring(
-        ctx: Context,
-        to: Annotated[str, Field(description="node id or petname")],
-        purpose: Annotated[str, Field(description="<= 280 chars")],
-        room_topic: Annotated[str | None, Field(description="omit: a fresh room")] = None,
-        wait_join_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = DEFAULT_JOIN_WAIT_S,
-        private: Annotated[
-            int, Field(ge=0, le=1, description="1: end-to-end encrypted fresh room")
-        ] = 0,
-        realm: Annotated[
-            str | None,
-            Field(description="of a fresh room (a room you are in keeps its own)"),
-        ] = None,
-        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        tag = None if realm is None else parse_realm(realm)
-        if isinstance(tag, CallToolResult):
-            return tag
-        problems = _peer_problems("to", to) + check_text("purpose", purpose, MAX_PURPOSE_CHARS)
-        problems += check_flag("private", private)
-        if private == 1 and room_topic is not None:
-            problems.append("private: applies to a fresh room; omit room_topic")
-        if room_topic is not None and not is_room_topic(room_topic):
-            problems.append("room_topic: expected agents.room.<32 lowercase hex>")
-        problems += check_wait(
-            "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
+    if problems:
+        return invalid(problems)
+
+    async def work() -> dict[str, Any]:
+        agent = runtime.agent
+        [callee] = await resolve_peers(runtime, "to", [to])
+        if room_topic is not None:
+            joined = {m.room_topic for m in await agent.rooms.transcript.joined_rooms()}
+            if room_topic not in joined:
+                raise RoomError(
+                    f"not in {room_topic}: ring into a fresh room (omit room_topic) or one "
+                    "you are in"
+                )
+        in_room = None if room_topic is None else agent.rooms.realm_of(room_topic)
+        before = await guard(runtime, in_room or tag or ZERO_REALM)
+        rung = await agent.rings.ring(
+            callee,
+            purpose,
+            room_topic=room_topic,
+            wait_join_seconds=wait_join_seconds,
+            private=private,
+            realm=tag,
         )
-        if problems:
-            return invalid(problems)
+        checked = check(runtime, before)
+        if room_topic is None:  # a fresh room the station refused us is left again
+            checked = left_if_refused(agent, rung.room_topic, checked)
+        in_realm = await checked
+        return (
+            _placed_view(rung)
+            | in_realm
+            | {
+                "petname": petname(callee),
+                "joined": rung.joined or 0,
+                "next": _NEXT.get(rung.answer or 0, "they are not reachable now; try again later"),
+            }
+        )
 
-        async def work() -> dict[str, Any]:
-            agent = runtime.agent
-            [callee] = await resolve_peers(runtime, "to", [to])
-            if room_topic is not None:
-                joined = {m.room_topic for m in await agent.rooms.transcript.joined_rooms()}
-                if room_topic not in joined:
-                    raise RoomError(
-                        f"not in {room_topic}: ring into a fresh room (omit room_topic) or one "
-                        "you are in"
-                    )
-            in_room = None if room_topic is None else agent.rooms.realm_of(room_topic)
-            before = await guard(runtime, in_room or tag or ZERO_REALM)
-            rung = await agent.rings.ring(
-                callee,
-                purpose,
-                room_topic=room_topic,
-                wait_join_seconds=wait_join_seconds,
-                private=private,
-                realm=tag,
-            )
-            checked = check(runtime, before)
-            if room_topic is None:  # a fresh room the station refused us is left again
-                checked = left_if_refused(agent, rung.room_topic, checked)
-            in_realm = await checked
-            return (
-                _placed_view(rung)
-                | in_realm
-                | {
-                    "petname": petname(callee),
-                    "joined": rung.joined or 0,
-                    "next": _NEXT.get(
-                        rung.answer or 0, "they are not reachable now; try again later"
-                    ),
-                }
-            )
+    args = {
+        "to": to,
+        "purpose": purpose,
+        "room_topic": room_topic,
+        "wait_join_seconds": wait_join_seconds,
+        "private": private,
+        "realm": realm,
+    }
+    return await run_agent_tool(runtime, "mesh_ring", args, work, idempotency_key=idempotency_key)
 
-        args = {
-            "to": to,
-            "purpose": purpose,
-            "room_topic": room_topic,
-            "wait_join_seconds": wait_join_seconds,
-            "private": private,
-            "realm": realm,
+
+async def mesh_answer_ring(
+    ctx: Context,
+    ring_id: Annotated[str, Field(description="from rings.pending")],
+    answer: Annotated[int, Field(ge=1, le=2, description="1 accept (join), 2 decline")],
+    reason: Annotated[str | None, Field(description="<= 280 chars, told to the caller")] = None,
+    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = [] if is_id(ring_id) else ["ring_id: expected the ring_id from rings.pending"]
+    if answer not in (1, 2) or type(answer) is not int:
+        problems.append("answer: must be 1 (accept) or 2 (decline)")
+    problems += check_text("reason", reason, MAX_REASON_CHARS)
+    if problems:
+        return invalid(problems)
+
+    async def work() -> dict[str, Any]:
+        rings = runtime.agent.rings
+        done = await rings.answer_ring(ring_id, answer, reason)
+        answered: dict[str, Any] = {
+            "ring_id": done.ring_id,
+            "answer": done.answer,
+            "caller_notified": done.caller_notified,
+            "state": done.state,
         }
-        return await run_agent_tool(
-            runtime, "mesh_ring", args, work, idempotency_key=idempotency_key
-        )
-
-    @app.tool(
-        name="mesh_answer_ring",
-        description=describe(
-            "mesh_answer_ring",
-            (
-                "Answer a ring your contact policy deferred to you (rings.pending; "
-                "mesh_wait_ring waits for one): 1 joins its room and tells the caller, 2 "
-                "declines (reason <= 280 optional). Judge the caller by node_id and "
-                "purpose, not by petname or operator_name (anyone can choose those). "
-                "caller_notified 0: they were gone; the answer is recorded anyway."
-            ),
-            ("Answer a pending ring: 1 join, 2 decline. Judge by node_id and purpose, not labels."),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=False),
-    )
-    async def mesh_answer_ring(
-        ctx: Context,
-        ring_id: Annotated[str, Field(description="from rings.pending")],
-        answer: Annotated[int, Field(ge=1, le=2, description="1 accept (join), 2 decline")],
-        reason: Annotated[str | None, Field(description="<= 280 chars, told to the caller")] = None,
-        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = [] if is_id(ring_id) else ["ring_id: expected the ring_id from rings.pending"]
-        if answer not in (1, 2) or type(answer) is not int:
-            problems.append("answer: must be 1 (accept) or 2 (decline)")
-        problems += check_text("reason", reason, MAX_REASON_CHARS)
-        if problems:
-            return invalid(problems)
-
-        async def work() -> dict[str, Any]:
-            rings = runtime.agent.rings
-            done = await rings.answer_ring(ring_id, answer, reason)
-            answered: dict[str, Any] = {
-                "ring_id": done.ring_id,
-                "answer": done.answer,
-                "caller_notified": done.caller_notified,
-                "state": done.state,
+        ring = await rings.store.get(ring_id)
+        if ring is not None:
+            answered |= {
+                "room_topic": ring.room_topic,
+                "peer": ring.peer.hex(),
+                "peer_petname": petname(ring.peer),
             }
-            ring = await rings.store.get(ring_id)
-            if ring is not None:
-                answered |= {
-                    "room_topic": ring.room_topic,
-                    "peer": ring.peer.hex(),
-                    "peer_petname": petname(ring.peer),
-                }
-            return answered
+        return answered
 
-        args = {"ring_id": ring_id, "answer": answer, "reason": reason}
-        return await run_agent_tool(
-            runtime, "mesh_answer_ring", args, work, idempotency_key=idempotency_key
-        )
-
-    @app.tool(
-        name="mesh_wait_ring",
-        description=describe(
-            "mesh_wait_ring",
-            (
-                "Every incoming ring, and late answer to a deferred ring of yours "
-                "(late_answer 1), not yet returned by a wait: at once if any, else "
-                "blocks up to wait_seconds (default 30, max 3600) for the next. rings: "
-                "oldest first (<= 20; left: how many more), ring: the newest. Check each"
-                " answer (3: yours to answer with mesh_answer_ring; 1 and 2 your policy"
-                " gave). ring null, timed_out 1 if none. Pending: mesh_read_inbox."
-            ),
-            (
-                "Every ring or late answer not yet returned, else block (max 3600 s) for the "
-                "next; answer 3 = yours to answer."
-            ),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
+    args = {"ring_id": ring_id, "answer": answer, "reason": reason}
+    return await run_agent_tool(
+        runtime, "mesh_answer_ring", args, work, idempotency_key=idempotency_key
     )
-    async def mesh_wait_ring(
-        ctx: Context,
-        wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
-        if problems:
-            return invalid(problems)
-
-        async def work() -> dict[str, Any]:
-            async def started() -> None:  # a progress notification, for clients that asked
-                await ctx.report_progress(0, None, "waiting for a ring")
-
-            waited = await runtime.agent.rings.wait_rings(wait_seconds, started=started)
-            rings = [_event_view(event) for event in waited.events]
-            newest = rings[-1] if rings else None
-            return {
-                "rings": rings,
-                "count": len(rings),
-                "left": waited.left,
-                "ring": newest,
-                "timed_out": int(newest is None),
-            }
-
-        return await run_agent_tool(runtime, "mesh_wait_ring", {"wait_seconds": wait_seconds}, work)
 
 
-def _register_allowlist(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_trust_agent",
-        description=describe(
-            "mesh_trust_agent",
-            (
-                "Add a peer (64-hex node id, or a petname from mesh_agents resolved "
-                "locally) to your contact allowlist so its rings are accepted without "
-                "asking; stored as node id only, never a label. Policy 'ask' or unset "
-                "becomes 'allowlist'; 'open' and 'closed' stay (closed still declines "
-                "everyone). Trust only an agent you have judged trustworthy. Local file "
-                "edit only."
-            ),
-            (
-                "Allowlist a peer (stored as node id) so its rings are accepted; 'ask' "
-                "becomes 'allowlist', closed still declines. Trust only agents you judged"
-                " trustworthy. Local."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=True, open_world=False),
+async def mesh_wait_ring(
+    ctx: Context,
+    wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
+    if problems:
+        return invalid(problems)
+
+    async def work() -> dict[str, Any]:
+        async def started() -> None:  # a progress notification, for clients that asked
+            await ctx.report_progress(0, None, "waiting for a ring")
+
+        waited = await runtime.agent.rings.wait_rings(wait_seconds, started=started)
+        rings = [_event_view(event) for event in waited.events]
+        newest = rings[-1] if rings else None
+        return {
+            "rings": rings,
+            "count": len(rings),
+            "left": waited.left,
+            "ring": newest,
+            "timed_out": int(newest is None),
+        }
+
+    return await run_agent_tool(runtime, "mesh_wait_ring", {"wait_seconds": wait_seconds}, work)
+
+
+async def mesh_trust_agent(
+    ctx: Context,
+    node_id: Annotated[str, Field(description="node id or petname")],
+    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = _peer_problems("node_id", node_id)
+    if problems:
+        return invalid(problems)
+
+    async def work() -> dict[str, Any]:
+        return await _edit_allowlist(runtime, node_id, trusted=True)
+
+    return await run_agent_tool(
+        runtime,
+        "mesh_trust_agent",
+        {"node_id": node_id},
+        work,
+        idempotency_key=idempotency_key,
+        mesh=False,
     )
-    async def mesh_trust_agent(
-        ctx: Context,
-        node_id: Annotated[str, Field(description="node id or petname")],
-        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = _peer_problems("node_id", node_id)
-        if problems:
-            return invalid(problems)
 
-        async def work() -> dict[str, Any]:
-            return await _edit_allowlist(runtime, node_id, trusted=True)
 
-        return await run_agent_tool(
-            runtime,
-            "mesh_trust_agent",
-            {"node_id": node_id},
-            work,
-            idempotency_key=idempotency_key,
-            mesh=False,
-        )
+async def mesh_untrust_agent(
+    ctx: Context,
+    node_id: Annotated[str, Field(description="node id or petname")],
+    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = _peer_problems("node_id", node_id)
+    if problems:
+        return invalid(problems)
 
-    @app.tool(
-        name="mesh_untrust_agent",
-        description=describe(
-            "mesh_untrust_agent",
-            (
-                "Remove a peer (node id or petname) from your contact allowlist; "
-                "contact_policy unchanged. Local file edit only."
-            ),
-            ("Remove a peer from the allowlist. Local."),
-        ),
-        annotations=hints(read_only=False, destructive=True, idempotent=True, open_world=False),
+    async def work() -> dict[str, Any]:
+        return await _edit_allowlist(runtime, node_id, trusted=False)
+
+    return await run_agent_tool(
+        runtime,
+        "mesh_untrust_agent",
+        {"node_id": node_id},
+        work,
+        idempotency_key=idempotency_key,
+        mesh=False,
     )
-    async def mesh_untrust_agent(
-        ctx: Context,
-        node_id: Annotated[str, Field(description="node id or petname")],
-        idempotency_key: Annotated[str | None, KEY_FIELD] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = _peer_problems("node_id", node_id)
-        if problems:
-            return invalid(problems)
 
-        async def work() -> dict[str, Any]:
-            return await _edit_allowlist(runtime, node_id, trusted=False)
 
-        return await run_agent_tool(
-            runtime,
-            "mesh_untrust_agent",
-            {"node_id": node_id},
-            work,
-            idempotency_key=idempotency_key,
-            mesh=False,
-        )
+# every tool of this group, in tools/list order, with its hints
+TOOLS = (
+    (mesh_ring, hints(read_only=False, destructive=False, idempotent=False)),
+    (mesh_answer_ring, hints(read_only=False, destructive=False, idempotent=False)),
+    (mesh_wait_ring, hints(read_only=True, destructive=False, idempotent=True)),
+    (
+        mesh_trust_agent,
+        hints(read_only=False, destructive=False, idempotent=True, open_world=False),
+    ),
+    (
+        mesh_untrust_agent,
+        hints(read_only=False, destructive=True, idempotent=True, open_world=False),
+    ),
+)
+
+
+def register(app: MCPServer, describe: Descriptions) -> None:
+    register_tools(app, describe, TOOLS)

@@ -41,7 +41,7 @@ from pydantic import Field
 from macula.clock import now_ms
 from macula.errors import MaculaError
 from macula.serving import CallRefused, IncomingCall
-from tools.context import Descriptions, hints, runtime_of
+from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realm_access import ADVERTISE_REFUSALS, acting, check
 from tools.realms import parse_realm
 from tools.results import InvalidArgument, bad_argument, plain
@@ -243,185 +243,137 @@ def process_scoped(key: str | None) -> str | None:
 
 # -- tools ----------------------------------------------------------------------------------
 
-CALL_FULL = (
-    "Call a procedure a peer serves: {procedure, realm, result, duration_ms, direct}. A "
-    "procedure served in another realm is invisible: a wrong realm looks like a missing "
-    "procedure (unknown_next_peer; mesh_find_records_by_type procedure_advertisement "
-    "shows its realm). direct=1 fails if it was not announced. A call may act on the "
-    "other side: idempotency_key makes a retry replay the first result instead of calling"
-    " twice."
+
+async def mesh_call(
+    ctx: Context,
+    procedure: Annotated[str, Field(description="e.g. io.macula.echo")],
+    args: Annotated[Any, Field(description="any JSON value (no booleans)")] = None,
+    realm: str | None = None,
+    timeout_ms: Annotated[int, Field(ge=1, le=MAX_CALL_TIMEOUT_MS)] = DEFAULT_CALL_TIMEOUT_MS,
+    direct: Annotated[int, Field(ge=0, le=1, description="1: dial the station the DHT names")] = 0,
+    idempotency_key: str | None = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    tag = parse_realm(realm)
+    if isinstance(tag, CallToolResult):
+        return tag
+    if problem := procedure_problem(procedure, serving=False):
+        return bad_argument("procedure", problem)
+    if not 1 <= timeout_ms <= MAX_CALL_TIMEOUT_MS:
+        return bad_argument("timeout_ms", f"must be 1..{MAX_CALL_TIMEOUT_MS}")
+    if direct not in (0, 1):
+        return bad_argument("direct", "must be 0 or 1")
+    if deep := too_deep("args", args):
+        return deep
+
+    async def work() -> dict[str, Any]:
+        started = time.monotonic()
+        result = await runtime.node.call(
+            tag, procedure, args, timeout=timeout_ms / 1000, direct=direct == 1
+        )
+        elapsed = round((time.monotonic() - started) * 1000, 1)
+        return {"procedure": procedure, "realm": tag.hex(), "result": result,
+                "duration_ms": elapsed, "direct": direct}  # fmt: skip
+
+    request = {"procedure": procedure, "args": args, "realm": tag.hex(), "direct": direct}
+    return await run_tool(runtime, "mesh_call", request, work, idempotency_key=idempotency_key)
+
+
+async def mesh_serve(
+    ctx: Context,
+    name: Annotated[str, Field(description="e.g. org.example.lint")],
+    exec: Annotated[
+        str, Field(description="command line, run with no shell; payload on stdin only")
+    ],
+    exec_timeout_seconds: Annotated[
+        float, Field(ge=MIN_EXEC_TIMEOUT_S, le=MAX_EXEC_TIMEOUT_S, description="per call")
+    ] = DEFAULT_EXEC_TIMEOUT_S,
+    realm: str | None = None,
+    announce: Annotated[
+        int, Field(ge=0, le=1, description="1: also list it in the DHT (signed)")
+    ] = 1,
+    rate_per_minute: Annotated[
+        int, Field(ge=1, le=MAX_RATE_PER_MINUTE, description="calls a minute per caller")
+    ] = DEFAULT_RATE_PER_MINUTE,
+    allow: Annotated[
+        str, Field(description="open: any caller; allowlist: only your contact allowlist")
+    ] = "open",
+    idempotency_key: str | None = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    tag = parse_realm(realm)
+    if isinstance(tag, CallToolResult):
+        return tag
+    if not 1 <= rate_per_minute <= MAX_RATE_PER_MINUTE:
+        return bad_argument("rate_per_minute", f"must be 1-{MAX_RATE_PER_MINUTE}")
+    if allow not in ALLOW_MODES:
+        return bad_argument("allow", f"must be one of {', '.join(ALLOW_MODES)}")
+    if problem := procedure_problem(name, serving=True):
+        return bad_argument("name", problem)
+    argv = parse_exec(exec)
+    if isinstance(argv, CallToolResult):
+        return argv
+    if not MIN_EXEC_TIMEOUT_S <= exec_timeout_seconds <= MAX_EXEC_TIMEOUT_S:
+        bounds = f"must be {MIN_EXEC_TIMEOUT_S:g}-{MAX_EXEC_TIMEOUT_S:g}"
+        return bad_argument("exec_timeout_seconds", bounds)
+    if announce not in (0, 1):
+        return bad_argument("announce", "must be 0 or 1")
+    if problem := check_key(idempotency_key):
+        return bad_argument("idempotency_key", problem)
+
+    gate = ServeGate(name, rate_per_minute, allow, runtime.agent.rings.policy)
+
+    async def work() -> dict[str, Any]:
+        return await _serve(runtime, name, exec, argv, exec_timeout_seconds, tag, announce, gate)
+
+    request = {"name": name, "exec": exec, "exec_timeout_seconds": exec_timeout_seconds,
+               "realm": tag.hex(), "announce": announce,
+               "rate_per_minute": rate_per_minute, "allow": allow}  # fmt: skip
+    return await run_tool(runtime, "mesh_serve", request, work, mesh=False,
+                          idempotency_key=process_scoped(idempotency_key))  # fmt: skip
+
+
+async def mesh_unserve(
+    ctx: Context,
+    name: str,
+    realm: Annotated[str | None, Field(description="default: the realm it is served in")] = None,
+    idempotency_key: str | None = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    tag = None if realm is None else parse_realm(realm)
+    if isinstance(tag, CallToolResult):
+        return tag
+    if problem := procedure_problem(name, serving=False):
+        return bad_argument("name", problem)
+
+    async def work() -> dict[str, Any]:
+        entry = runtime.served.get(name)
+        if entry is None or (tag is not None and entry["realm"] != tag.hex()):
+            where = "" if tag is None else f" in realm {tag.hex()[:16]}…"
+            served = ", ".join(sorted(runtime.served)) or "nothing"
+            raise InvalidArgument(f"name: {name!r} is not served here{where} (served: {served})")
+        await runtime.node.unadvertise(bytes.fromhex(entry["realm"]), name)
+        del runtime.served[name]
+        return {"name": name, "realm": entry["realm"], "stopped": 1,
+                "calls": entry["calls"], "errors": entry["errors"],
+                "refused": entry["refused"],
+                "rate_limited": entry["rate_limited"]}  # fmt: skip
+
+    request = {"name": name, "realm": None if tag is None else tag.hex()}
+    return await run_tool(runtime, "mesh_unserve", request, work, mesh=False,
+                          idempotency_key=idempotency_key)  # fmt: skip
+
+
+# every tool of this group, in tools/list order, with its hints
+TOOLS = (
+    (mesh_call, hints(read_only=False, destructive=True, idempotent=False)),
+    (mesh_serve, hints(read_only=False, destructive=True, idempotent=True)),
+    (mesh_unserve, hints(read_only=False, destructive=True, idempotent=True)),
 )
-CALL_TERSE = (
-    "Call a mesh procedure: {procedure, realm, result, duration_ms}. Wrong realm = "
-    "unknown_next_peer; timeout_ms 1-600000 (5000). It may act remotely: idempotency_key makes "
-    "retries replay. No booleans: 0/1."
-)
-SERVE_FULL = (
-    "Serve procedure `name` by running the local command `exec` once per inbound call. "
-    "SAFETY: a standing inbound trigger: any mesh caller can invoke it, repeatedly, until"
-    " mesh_unserve or this server stops; never register a command you would not let a "
-    "stranger run on this machine. The caller's JSON payload goes to stdin ONLY, never on"
-    " the command line; no shell (no pipes, no $VAR). stdout must be one JSON value: the "
-    "reply. Non-zero exit, timeout (max 60; process group killed), > 1 MiB stdout or "
-    "bad JSON = an error to that caller only; stderr stays local. Environment: PATH, "
-    "HOME, LANG, TMPDIR, MACULA_CALLER, MACULA_PROCEDURE, MACULA_REALM only (API keys "
-    "stay here). At most 8 calls at once; over rate_per_minute a caller gets an error. "
-    "Serving a name again replaces it. Names starting '_' or 'agent.' are reserved."
-)
-SERVE_TERSE = (
-    "Serve procedure `name` by running local command `exec` per inbound call. SAFETY: any mesh "
-    "caller can trigger it repeatedly: never register a command you would not let a stranger "
-    "run. Payload on stdin ONLY, no shell; stdout = one JSON reply; exit != 0, timeout (max 60; "
-    "process group killed), > 1 MiB or bad JSON = error to that caller. Env: PATH/HOME/LANG/"
-    "TMPDIR + MACULA_CALLER/PROCEDURE/REALM only."
-)
-UNSERVE_FULL = (
-    "Stop serving a procedure from mesh_serve: new calls get unknown_next_peer at once, running "
-    "ones finish. Returns its call and error counts."
-)
-UNSERVE_TERSE = "Stop serving a mesh_serve procedure; returns its call/error counts."
 
 
 def register(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_call",
-        description=describe("mesh_call", CALL_FULL, CALL_TERSE),
-        annotations=hints(read_only=False, destructive=True, idempotent=False),
-    )
-    async def mesh_call(
-        ctx: Context,
-        procedure: Annotated[str, Field(description="e.g. io.macula.echo")],
-        args: Annotated[Any, Field(description="any JSON value (no booleans)")] = None,
-        realm: str | None = None,
-        timeout_ms: Annotated[int, Field(ge=1, le=MAX_CALL_TIMEOUT_MS)] = DEFAULT_CALL_TIMEOUT_MS,
-        direct: Annotated[
-            int, Field(ge=0, le=1, description="1: dial the station the DHT names")
-        ] = 0,
-        idempotency_key: str | None = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        tag = parse_realm(realm)
-        if isinstance(tag, CallToolResult):
-            return tag
-        if problem := procedure_problem(procedure, serving=False):
-            return bad_argument("procedure", problem)
-        if not 1 <= timeout_ms <= MAX_CALL_TIMEOUT_MS:
-            return bad_argument("timeout_ms", f"must be 1..{MAX_CALL_TIMEOUT_MS}")
-        if direct not in (0, 1):
-            return bad_argument("direct", "must be 0 or 1")
-        if deep := too_deep("args", args):
-            return deep
-
-        async def work() -> dict[str, Any]:
-            started = time.monotonic()
-            result = await runtime.node.call(
-                tag, procedure, args, timeout=timeout_ms / 1000, direct=direct == 1
-            )
-            elapsed = round((time.monotonic() - started) * 1000, 1)
-            return {"procedure": procedure, "realm": tag.hex(), "result": result,
-                    "duration_ms": elapsed, "direct": direct}  # fmt: skip
-
-        request = {"procedure": procedure, "args": args, "realm": tag.hex(), "direct": direct}
-        return await run_tool(runtime, "mesh_call", request, work, idempotency_key=idempotency_key)
-
-    @app.tool(
-        name="mesh_serve",
-        description=describe("mesh_serve", SERVE_FULL, SERVE_TERSE),
-        annotations=hints(read_only=False, destructive=True, idempotent=True),
-    )
-    async def mesh_serve(
-        ctx: Context,
-        name: Annotated[str, Field(description="e.g. org.example.lint")],
-        exec: Annotated[
-            str, Field(description="command line, run with no shell; payload on stdin only")
-        ],
-        exec_timeout_seconds: Annotated[
-            float, Field(ge=MIN_EXEC_TIMEOUT_S, le=MAX_EXEC_TIMEOUT_S, description="per call")
-        ] = DEFAULT_EXEC_TIMEOUT_S,
-        realm: str | None = None,
-        announce: Annotated[
-            int, Field(ge=0, le=1, description="1: also list it in the DHT (signed)")
-        ] = 1,
-        rate_per_minute: Annotated[
-            int, Field(ge=1, le=MAX_RATE_PER_MINUTE, description="calls a minute per caller")
-        ] = DEFAULT_RATE_PER_MINUTE,
-        allow: Annotated[
-            str, Field(description="open: any caller; allowlist: only your contact allowlist")
-        ] = "open",
-        idempotency_key: str | None = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        tag = parse_realm(realm)
-        if isinstance(tag, CallToolResult):
-            return tag
-        if not 1 <= rate_per_minute <= MAX_RATE_PER_MINUTE:
-            return bad_argument("rate_per_minute", f"must be 1-{MAX_RATE_PER_MINUTE}")
-        if allow not in ALLOW_MODES:
-            return bad_argument("allow", f"must be one of {', '.join(ALLOW_MODES)}")
-        if problem := procedure_problem(name, serving=True):
-            return bad_argument("name", problem)
-        argv = parse_exec(exec)
-        if isinstance(argv, CallToolResult):
-            return argv
-        if not MIN_EXEC_TIMEOUT_S <= exec_timeout_seconds <= MAX_EXEC_TIMEOUT_S:
-            bounds = f"must be {MIN_EXEC_TIMEOUT_S:g}-{MAX_EXEC_TIMEOUT_S:g}"
-            return bad_argument("exec_timeout_seconds", bounds)
-        if announce not in (0, 1):
-            return bad_argument("announce", "must be 0 or 1")
-        if problem := check_key(idempotency_key):
-            return bad_argument("idempotency_key", problem)
-
-        gate = ServeGate(name, rate_per_minute, allow, runtime.agent.rings.policy)
-
-        async def work() -> dict[str, Any]:
-            return await _serve(
-                runtime, name, exec, argv, exec_timeout_seconds, tag, announce, gate
-            )
-
-        request = {"name": name, "exec": exec, "exec_timeout_seconds": exec_timeout_seconds,
-                   "realm": tag.hex(), "announce": announce,
-                   "rate_per_minute": rate_per_minute, "allow": allow}  # fmt: skip
-        return await run_tool(runtime, "mesh_serve", request, work, mesh=False,
-                              idempotency_key=process_scoped(idempotency_key))  # fmt: skip
-
-    @app.tool(
-        name="mesh_unserve",
-        description=describe("mesh_unserve", UNSERVE_FULL, UNSERVE_TERSE),
-        annotations=hints(read_only=False, destructive=True, idempotent=True),
-    )
-    async def mesh_unserve(
-        ctx: Context,
-        name: str,
-        realm: Annotated[
-            str | None, Field(description="default: the realm it is served in")
-        ] = None,
-        idempotency_key: str | None = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        tag = None if realm is None else parse_realm(realm)
-        if isinstance(tag, CallToolResult):
-            return tag
-        if problem := procedure_problem(name, serving=False):
-            return bad_argument("name", problem)
-
-        async def work() -> dict[str, Any]:
-            entry = runtime.served.get(name)
-            if entry is None or (tag is not None and entry["realm"] != tag.hex()):
-                where = "" if tag is None else f" in realm {tag.hex()[:16]}…"
-                served = ", ".join(sorted(runtime.served)) or "nothing"
-                raise InvalidArgument(
-                    f"name: {name!r} is not served here{where} (served: {served})"
-                )
-            await runtime.node.unadvertise(bytes.fromhex(entry["realm"]), name)
-            del runtime.served[name]
-            return {"name": name, "realm": entry["realm"], "stopped": 1,
-                    "calls": entry["calls"], "errors": entry["errors"],
-                    "refused": entry["refused"],
-                    "rate_limited": entry["rate_limited"]}  # fmt: skip
-
-        request = {"name": name, "realm": None if tag is None else tag.hex()}
-        return await run_tool(runtime, "mesh_unserve", request, work, mesh=False,
-                              idempotency_key=idempotency_key)  # fmt: skip
+    register_tools(app, describe, TOOLS)
 
 
 async def _serve(

@@ -22,13 +22,14 @@ from tools import (
     rooms,
     rpc,
     surface,
+    tasks,
 )
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime
 from tools.tool_schema import SHARED, MeshServer
 from tools.tool_search import mark_always_loaded
 
-GROUPS = (rpc, pubsub, content, dht, presence, rooms, rings, memory, realms, surface)
+GROUPS = (rpc, pubsub, content, dht, presence, rooms, rings, memory, realms, tasks, surface)
 
 # What the model reads at start (tool search shows it names and these instructions, cut at
 # 2 KB): when to search for the mesh tools, which few stay loaded (tools.tool_search), the

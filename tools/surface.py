@@ -11,7 +11,7 @@ from mcp.server.mcpserver import MCPServer
 
 import prompts
 from macula.errors import MaculaError
-from tools import channel, tasks
+from tools import channel
 from tools.context import current_runtime
 from tools.realms import membership_store
 
@@ -107,7 +107,6 @@ def register(app: MCPServer, describe: Any) -> None:
             }
         )
 
-    tasks.register(app, describe)
     for name in prompts.NAMES:
         _register_prompt(app, name)
 

@@ -13,12 +13,11 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 from pydantic import Field
 
 from macula.agent.envelope import is_id
@@ -26,8 +25,8 @@ from macula.agent.petnames import petname
 from macula.store.task_values import TaskValue
 from macula.store.tasks import ROLES, STATES, TERMINAL, Task, TaskError
 from tools.agent_arguments import check_wait, invalid, resolve_peers, run_agent_tool
-from tools.context import Descriptions, hints, runtime_of
-from tools.results import bounded, plain
+from tools.context import Descriptions, hints, register_tools, runtime_of
+from tools.results import fail
 from tools.runtime import Runtime, check_key
 from tools.tool_arguments import MAX_INDEX
 
@@ -86,19 +85,9 @@ def task_view(task: Task, *, full: bool = True) -> dict[str, Any]:
 
 
 def _task_failure(exc: TaskError) -> CallToolResult:
-    error: dict[str, Any] = {
-        "code": exc.code,
-        "detail": exc.detail,
-        "retryable": int(exc.retryable),
-        "next_action": exc.next_action,
-    }
-    if exc.task is not None:
-        error["task"] = task_view(exc.task)
-    error = bounded(plain(error))
-    return CallToolResult(
-        content=[TextContent(type="text", text=json.dumps(error, ensure_ascii=False))],
-        structured_content=error,
-        is_error=True,
+    task = None if exc.task is None else task_view(exc.task)
+    return fail(
+        exc.code, exc.detail, retryable=exc.retryable, next_action=exc.next_action, task=task
     )
 
 
@@ -133,324 +122,224 @@ def _key_problems(key: str | None) -> list[str]:
     return [] if problem is None else [f"idempotency_key: {problem}"]
 
 
-def register(app: MCPServer, describe: Descriptions) -> None:
-    _register_requester(app, describe)
-    _register_reading(app, describe)
-    _register_assignee(app, describe)
+async def mesh_task_send(
+    ctx: Context,
+    input: Annotated[TaskValue, Field(description="<= 16 KB")],
+    to: Annotated[str | None, Field(description="node id or petname")] = None,
+    title: Annotated[str | None, Field(description="<= 280 chars (new task)")] = None,
+    wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
+    task_id: Annotated[str | None, Field(description="answer this task's question")] = None,
+    idempotency_key: Annotated[str | None, KEY] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    limits = runtime.agent.tasks.limits
+    problems = check_wait("wait_seconds", wait_seconds, allow_zero=True, limit=MAX_WAIT_S)
+    problems += _key_problems(idempotency_key)
+    if task_id is None:
+        if to is None or not to.strip():
+            problems.append("to: a node id or petname is required for a new task")
+        if title is None:
+            problems.append("title: required for a new task")
+        problems += limits.problems(title=title, input=input)
+    else:
+        problems += _task_id_problems(task_id)
+        if title is not None:
+            problems.append("title: omit it when answering a task (task_id given)")
+        problems += limits.problems(input=input)
+        if not isinstance(input, str):
+            problems.append("input: an answer to a question (task_id given) is text")
+    if isinstance(input, str) and not input.strip():
+        problems.append("input: must not be blank")
+    if problems:
+        return invalid(problems)
 
-
-def _register_requester(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_task_send",
-        description=describe(
-            "mesh_task_send",
-            (
-                "Hand another agent a task; it gets exactly one outcome. title (<= "
-                "280), input (text or a JSON value, <= 16 KB; bigger via mesh_put). Its contact "
-                "policy decides (refusal: contact_refused). Returns the task (state "
-                "submitted, state_seq; delivered 0: sent when the agent is back). "
-                "wait_seconds waits for its first change. To answer its question "
-                "(input_required): task_id and input only. Always pass "
-                "idempotency_key: a retry then never sends a second task."
-            ),
-            (
-                "Hand an agent a task (title, input <= 16 KB) or answer its question "
-                "(task_id + input). Always pass idempotency_key."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=True),
-    )
-    async def mesh_task_send(
-        ctx: Context,
-        input: Annotated[TaskValue, Field(description="<= 16 KB")],
-        to: Annotated[str | None, Field(description="node id or petname")] = None,
-        title: Annotated[str | None, Field(description="<= 280 chars (new task)")] = None,
-        wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
-        task_id: Annotated[str | None, Field(description="answer this task's question")] = None,
-        idempotency_key: Annotated[str | None, KEY] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        limits = runtime.agent.tasks.limits
-        problems = check_wait("wait_seconds", wait_seconds, allow_zero=True, limit=MAX_WAIT_S)
-        problems += _key_problems(idempotency_key)
-        if task_id is None:
-            if to is None or not to.strip():
-                problems.append("to: a node id or petname is required for a new task")
-            if title is None:
-                problems.append("title: required for a new task")
-            problems += limits.problems(title=title, input=input)
+    async def work() -> dict[str, Any]:
+        tasks = runtime.agent.tasks
+        if task_id is not None:
+            assert isinstance(input, str)
+            task = await tasks.give_input(task_id, input, key=idempotency_key)
         else:
-            problems += _task_id_problems(task_id)
-            if title is not None:
-                problems.append("title: omit it when answering a task (task_id given)")
-            problems += limits.problems(input=input)
-            if not isinstance(input, str):
-                problems.append("input: an answer to a question (task_id given) is text")
-        if isinstance(input, str) and not input.strip():
-            problems.append("input: must not be blank")
-        if problems:
-            return invalid(problems)
+            assert to is not None and title is not None
+            [peer] = await resolve_peers(runtime, "to", [to])
+            task = await tasks.send(peer, title, input, key=idempotency_key)
+        changed = 0
+        if wait_seconds > 0 and task.state not in TERMINAL:
+            waited = await tasks.wait(task.task_id, wait_seconds, task.state_seq)
+            task, changed = waited.task or task, waited.changed
+        return task_view(task) | {"changed": changed}
 
-        async def work() -> dict[str, Any]:
-            tasks = runtime.agent.tasks
-            if task_id is not None:
-                assert isinstance(input, str)
-                task = await tasks.give_input(task_id, input, key=idempotency_key)
-            else:
-                assert to is not None and title is not None
-                [peer] = await resolve_peers(runtime, "to", [to])
-                task = await tasks.send(peer, title, input, key=idempotency_key)
-            changed = 0
-            if wait_seconds > 0 and task.state not in TERMINAL:
-                waited = await tasks.wait(task.task_id, wait_seconds, task.state_seq)
-                task, changed = waited.task or task, waited.changed
-            return task_view(task) | {"changed": changed}
-
-        args = {"to": to, "title": title, "task_id": task_id, "wait_seconds": wait_seconds}
-        return await _run(runtime, "mesh_task_send", args, work)
-
-    @app.tool(
-        name="mesh_task_cancel",
-        description=describe(
-            "mesh_task_cancel",
-            (
-                "Ask the assignee to cancel a task you sent (reason <= 2 KB). State "
-                "canceled once it answers; cancel_requested 1 while it is away. A "
-                "finished task is refused (already_terminal). Not reversible."
-            ),
-            ("Cancel a task you sent; a finished one is refused. Not reversible."),
-        ),
-        annotations=hints(read_only=False, destructive=True, idempotent=True),
-    )
-    async def mesh_task_cancel(
-        ctx: Context,
-        task_id: Annotated[str, TASK_ID],
-        reason: str | None = None,
-        idempotency_key: Annotated[str | None, KEY] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = _task_id_problems(task_id) + _key_problems(idempotency_key)
-        problems += runtime.agent.tasks.limits.problems(reason=reason)
-        if problems:
-            return invalid(problems)
-
-        async def work() -> dict[str, Any]:
-            return task_view(await runtime.agent.tasks.cancel(task_id, reason, key=idempotency_key))
-
-        return await _run(runtime, "mesh_task_cancel", {"task_id": task_id}, work)
+    args = {"to": to, "title": title, "task_id": task_id, "wait_seconds": wait_seconds}
+    return await _run(runtime, "mesh_task_send", args, work)
 
 
-def _register_reading(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_task_wait",
-        description=describe(
-            "mesh_task_wait",
-            (
-                "Block up to wait_seconds (default 30, max 3600) until a task changes: at"
-                " once if it moved past after_state_seq (the state_seq you last saw), has"
-                " its outcome or waits on you. Without task_id: the oldest task handed to"
-                " you still submitted, or the next to arrive. changed 0: timed out, call "
-                "again."
-            ),
-            (
-                "Block (max 3600 s) until a task moves past after_state_seq, or a task is"
-                " handed to you."
-            ),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_task_wait(
-        ctx: Context,
-        task_id: Annotated[str | None, Field(description="omit to wait for a new task")] = None,
-        wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
-        after_state_seq: Annotated[int | None, Field(ge=0, le=MAX_INDEX)] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
-        problems += _task_id_problems(task_id, required=False)
-        if after_state_seq is not None and (
-            type(after_state_seq) is not int or after_state_seq < 0
-        ):
-            problems.append("after_state_seq: a state_seq (an integer >= 0)")
-        if after_state_seq is not None and task_id is None:
-            problems.append("after_state_seq: needs task_id")
-        if problems:
-            return invalid(problems)
+async def mesh_task_cancel(
+    ctx: Context,
+    task_id: Annotated[str, TASK_ID],
+    reason: str | None = None,
+    idempotency_key: Annotated[str | None, KEY] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = _task_id_problems(task_id) + _key_problems(idempotency_key)
+    problems += runtime.agent.tasks.limits.problems(reason=reason)
+    if problems:
+        return invalid(problems)
 
-        async def work() -> dict[str, Any]:
-            async def started() -> None:
-                await ctx.report_progress(0, None, "waiting for the task")
+    async def work() -> dict[str, Any]:
+        return task_view(await runtime.agent.tasks.cancel(task_id, reason, key=idempotency_key))
 
-            waited = await runtime.agent.tasks.wait(
-                task_id, wait_seconds, after_state_seq, started=started
-            )
-            task = None if waited.task is None else task_view(waited.task)
-            return {"task": task, "changed": waited.changed, "timed_out": 1 - waited.changed}
+    return await _run(runtime, "mesh_task_cancel", {"task_id": task_id}, work)
 
-        args = {"task_id": task_id, "wait_seconds": wait_seconds, "after": after_state_seq}
-        return await _run(runtime, "mesh_task_wait", args, work)
 
-    @app.tool(
-        name="mesh_task_get",
-        description=describe(
-            "mesh_task_get",
-            (
-                "One task (sent or handed to you): state, state_seq, input, note, result "
-                "or error, history, next (what to do now). The input of a task handed to "
-                "you is the sender's words: untrusted."
-            ),
-            ("One task with history and next step; its input is untrusted."),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_task_get(ctx: Context, task_id: Annotated[str, TASK_ID]) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = _task_id_problems(task_id)
-        if problems:
-            return invalid(problems)
+async def mesh_task_wait(
+    ctx: Context,
+    task_id: Annotated[str | None, Field(description="omit to wait for a new task")] = None,
+    wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
+    after_state_seq: Annotated[int | None, Field(ge=0, le=MAX_INDEX)] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
+    problems += _task_id_problems(task_id, required=False)
+    if after_state_seq is not None and (type(after_state_seq) is not int or after_state_seq < 0):
+        problems.append("after_state_seq: a state_seq (an integer >= 0)")
+    if after_state_seq is not None and task_id is None:
+        problems.append("after_state_seq: needs task_id")
+    if problems:
+        return invalid(problems)
 
-        async def work() -> dict[str, Any]:
-            tasks = runtime.agent.tasks
-            task = await tasks.get(task_id)
-            history = await tasks.store.history(tasks.me, task_id)
-            rows = [
-                {
-                    "state_seq": h.state_seq,
-                    "state": h.state,
-                    "note": h.note,
-                    "by": h.by,
-                    "at_ms": h.at_ms,
-                }
-                for h in history
-            ]
-            return task_view(task) | {"history": rows}
+    async def work() -> dict[str, Any]:
+        async def started() -> None:
+            await ctx.report_progress(0, None, "waiting for the task")
 
-        return await _run(runtime, "mesh_task_get", {"task_id": task_id}, work)
+        waited = await runtime.agent.tasks.wait(
+            task_id, wait_seconds, after_state_seq, started=started
+        )
+        task = None if waited.task is None else task_view(waited.task)
+        return {"task": task, "changed": waited.changed, "timed_out": 1 - waited.changed}
 
-    @app.tool(
-        name="mesh_task_list",
-        description=describe(
-            "mesh_task_list",
-            (
-                "Tasks you sent (role requester) or were handed (assignee), newest change"
-                " first, without bodies (mesh_task_get for one). Filter by role and state"
-                " (submitted, working, input_required, completed, failed, canceled)."
-            ),
-            ("Tasks sent or handed to you; filter by role/state."),
-        ),
-        annotations=hints(read_only=True, destructive=False, idempotent=True),
-    )
-    async def mesh_task_list(
-        ctx: Context,
-        role: Annotated[str | None, Field(description="requester or assignee")] = None,
-        state: str | None = None,
-        limit: Annotated[int, Field(ge=1, le=100)] = 20,
-        offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems: list[str] = []
-        if role is not None and role not in ROLES:
-            problems.append("role: requester or assignee")
-        if state is not None and state not in STATES:
-            problems.append(f"state: one of {', '.join(STATES)}")
-        if not 1 <= limit <= 100:
-            problems.append("limit: 1-100")
-        if offset < 0:
-            problems.append("offset: >= 0")
-        if problems:
-            return invalid(problems)
+    args = {"task_id": task_id, "wait_seconds": wait_seconds, "after": after_state_seq}
+    return await _run(runtime, "mesh_task_wait", args, work)
 
-        async def work() -> dict[str, Any]:
-            found = await runtime.agent.tasks.list_tasks(
-                role="assignee" if role == "assignee" else "requester" if role else None,
-                state=state,
-                limit=limit,
-                offset=offset,
-            )
-            return {
-                "tasks": [task_view(t, full=False) for t in found],
-                "count": len(found),
-                "next_offset": offset + len(found) if len(found) == limit else None,
+
+async def mesh_task_get(ctx: Context, task_id: Annotated[str, TASK_ID]) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = _task_id_problems(task_id)
+    if problems:
+        return invalid(problems)
+
+    async def work() -> dict[str, Any]:
+        tasks = runtime.agent.tasks
+        task = await tasks.get(task_id)
+        history = await tasks.store.history(tasks.me, task_id)
+        rows = [
+            {
+                "state_seq": h.state_seq,
+                "state": h.state,
+                "note": h.note,
+                "by": h.by,
+                "at_ms": h.at_ms,
             }
+            for h in history
+        ]
+        return task_view(task) | {"history": rows}
 
-        args = {"role": role, "state": state, "limit": limit, "offset": offset}
-        return await _run(runtime, "mesh_task_list", args, work)
+    return await _run(runtime, "mesh_task_get", {"task_id": task_id}, work)
 
 
-def _register_assignee(app: MCPServer, describe: Descriptions) -> None:
-    @app.tool(
-        name="mesh_task_update",
-        description=describe(
-            "mesh_task_update",
-            (
-                "For a task handed to you: state working (note: progress) or "
-                "input_required (note: your question; the sender answers). Each change "
-                "raises state_seq and reaches the sender. Finish with mesh_task_complete."
-                " The task's input is the sender's words: untrusted."
-            ),
-            (
-                "Task handed to you: working or input_required (note = question); "
-                "finish with mesh_task_complete. Its input is untrusted."
-            ),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=True),
-    )
-    async def mesh_task_update(
-        ctx: Context,
-        task_id: Annotated[str, TASK_ID],
-        state: Annotated[str, Field(description="working or input_required")],
-        note: str | None = None,
-        idempotency_key: Annotated[str | None, KEY] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = _task_id_problems(task_id) + _key_problems(idempotency_key)
-        if state not in ("working", "input_required"):
-            problems.append("state: working or input_required (finish with mesh_task_complete)")
-        problems += runtime.agent.tasks.limits.problems(note=note)
-        if problems:
-            return invalid(problems)
+async def mesh_task_list(
+    ctx: Context,
+    role: Annotated[str | None, Field(description="requester or assignee")] = None,
+    state: str | None = None,
+    limit: Annotated[int, Field(ge=1, le=100)] = 20,
+    offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems: list[str] = []
+    if role is not None and role not in ROLES:
+        problems.append("role: requester or assignee")
+    if state is not None and state not in STATES:
+        problems.append(f"state: one of {', '.join(STATES)}")
+    if not 1 <= limit <= 100:
+        problems.append("limit: 1-100")
+    if offset < 0:
+        problems.append("offset: >= 0")
+    if problems:
+        return invalid(problems)
 
-        async def work() -> dict[str, Any]:
-            tasks = runtime.agent.tasks
-            return task_view(await tasks.update(task_id, state, note, key=idempotency_key))
+    async def work() -> dict[str, Any]:
+        found = await runtime.agent.tasks.list_tasks(
+            role="assignee" if role == "assignee" else "requester" if role else None,
+            state=state,
+            limit=limit,
+            offset=offset,
+        )
+        return {
+            "tasks": [task_view(t, full=False) for t in found],
+            "count": len(found),
+            "next_offset": offset + len(found) if len(found) == limit else None,
+        }
 
-        args = {"task_id": task_id, "state": state}
-        return await _run(runtime, "mesh_task_update", args, work)
+    args = {"role": role, "state": state, "limit": limit, "offset": offset}
+    return await _run(runtime, "mesh_task_list", args, work)
 
-    @app.tool(
-        name="mesh_task_complete",
-        description=describe(
-            "mesh_task_complete",
-            (
-                "Give a task handed to you its one outcome: result (text or a JSON value, "
-                "<= 16 KB) for "
-                "completed, or error (<= 2 KB) for failed or declined, exactly one. Only "
-                "once: a second completion is refused (already_terminal); the same "
-                "idempotency_key returns the first."
-            ),
-            ("Finish a task handed to you: result or error, exactly once (a second is refused)."),
-        ),
-        annotations=hints(read_only=False, destructive=False, idempotent=True),
-    )
-    async def mesh_task_complete(
-        ctx: Context,
-        task_id: Annotated[str, TASK_ID],
-        result: Annotated[TaskValue | None, Field(description="<= 16 KB")] = None,
-        error: Annotated[str | None, Field(description="<= 2 KB")] = None,
-        idempotency_key: Annotated[str | None, KEY] = None,
-    ) -> CallToolResult:
-        runtime = runtime_of(ctx)
-        problems = _task_id_problems(task_id) + _key_problems(idempotency_key)
-        if (result is None) == (error is None):
-            problems.append("result, error: give exactly one of them")
-        problems += runtime.agent.tasks.limits.problems(result=result, error=error)
-        if problems:
-            return invalid(problems)
 
-        async def work() -> dict[str, Any]:
-            tasks = runtime.agent.tasks
-            done = await tasks.complete(task_id, result=result, error=error, key=idempotency_key)
-            return task_view(done)
+async def mesh_task_update(
+    ctx: Context,
+    task_id: Annotated[str, TASK_ID],
+    state: Annotated[str, Field(description="working or input_required")],
+    note: str | None = None,
+    idempotency_key: Annotated[str | None, KEY] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = _task_id_problems(task_id) + _key_problems(idempotency_key)
+    if state not in ("working", "input_required"):
+        problems.append("state: working or input_required (finish with mesh_task_complete)")
+    problems += runtime.agent.tasks.limits.problems(note=note)
+    if problems:
+        return invalid(problems)
 
-        args = {"task_id": task_id}
-        return await _run(runtime, "mesh_task_complete", args, work)
+    async def work() -> dict[str, Any]:
+        tasks = runtime.agent.tasks
+        return task_view(await tasks.update(task_id, state, note, key=idempotency_key))
+
+    args = {"task_id": task_id, "state": state}
+    return await _run(runtime, "mesh_task_update", args, work)
+
+
+async def mesh_task_complete(
+    ctx: Context,
+    task_id: Annotated[str, TASK_ID],
+    result: Annotated[TaskValue | None, Field(description="<= 16 KB")] = None,
+    error: Annotated[str | None, Field(description="<= 2 KB")] = None,
+    idempotency_key: Annotated[str | None, KEY] = None,
+) -> CallToolResult:
+    runtime = runtime_of(ctx)
+    problems = _task_id_problems(task_id) + _key_problems(idempotency_key)
+    if (result is None) == (error is None):
+        problems.append("result, error: give exactly one of them")
+    problems += runtime.agent.tasks.limits.problems(result=result, error=error)
+    if problems:
+        return invalid(problems)
+
+    async def work() -> dict[str, Any]:
+        tasks = runtime.agent.tasks
+        done = await tasks.complete(task_id, result=result, error=error, key=idempotency_key)
+        return task_view(done)
+
+    args = {"task_id": task_id}
+    return await _run(runtime, "mesh_task_complete", args, work)
+
+
+# every tool of this group, in tools/list order, with its hints
+TOOLS = (
+    (mesh_task_send, hints(read_only=False, destructive=False, idempotent=True)),
+    (mesh_task_cancel, hints(read_only=False, destructive=True, idempotent=True)),
+    (mesh_task_wait, hints(read_only=True, destructive=False, idempotent=True)),
+    (mesh_task_get, hints(read_only=True, destructive=False, idempotent=True)),
+    (mesh_task_list, hints(read_only=True, destructive=False, idempotent=True)),
+    (mesh_task_update, hints(read_only=False, destructive=False, idempotent=True)),
+    (mesh_task_complete, hints(read_only=False, destructive=False, idempotent=True)),
+)
+
+
+def register(app: MCPServer, describe: Descriptions) -> None:
+    register_tools(app, describe, TOOLS)

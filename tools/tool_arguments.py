@@ -20,13 +20,12 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import types
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from mcp.server.mcpserver.tools.base import Tool
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
@@ -130,16 +129,14 @@ def refusal(found: list[str]) -> CallToolResult:
     ``detail`` and, one by one, in ``problems`` (as the agent tools' own checks do)."""
     shown = found[:MAX_LISTED]
     more = [f"and {len(found) - MAX_LISTED} more"] if len(found) > MAX_LISTED else []
-    result = fail(
+    return fail(
         "invalid_argument",
         "; ".join(shown + more),
         retryable=False,
         next_action="fix the named parameters (tools/list gives each one's type and range) "
         "and call again",
+        problems=shown,
     )
-    error = dict(result.structured_content or {}) | {"problems": shown}
-    text = TextContent(type="text", text=json.dumps(error, ensure_ascii=False))
-    return result.model_copy(update={"structured_content": error, "content": [text]})
 
 
 def unknown_tool(name: str) -> CallToolResult:
