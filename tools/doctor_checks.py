@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 from macula.config import macula_home
 from tools.launch import server_command
-from tools.local_station import home_port, local_station_status, settings
+from tools.local_station import local_station_status
+from tools.local_station_settings import home_port, settings
 from tools.stdio_front import CARD_FILE, UNSUPPORTED_PROTOCOL_VERSION, channel_on
 
 Check = tuple[str, bool | None, str]

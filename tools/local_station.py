@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import os
 import signal
 import socket
@@ -55,10 +54,16 @@ from typing import Any, Final
 
 import relay
 from macula.config import macula_home
-from macula.errors import ConfigError, HandshakeError, MaculaError
+from macula.errors import HandshakeError, MaculaError
 from macula.known_stations import STATION_KEY_FILE, station_node_id
 from macula.stations import StationAddress, parse_station
 from macula.transport import client_configuration, dial
+from tools.local_station_settings import (
+    IDLE_ENV,
+    TIMEOUT_ENV,
+    Settings,
+    settings,
+)
 
 DEFAULT_STATION: Final = "127.0.0.1:4433"
 EMBEDDED_DIR: Final = "embedded-station"  # the embedded station's data dir under MACULA_HOME
@@ -143,16 +148,6 @@ async def own_default_station(
 
 # ---- the local station as a background process ------------------------------------------
 
-PORT_ENV: Final = "MACULA_MCP_LOCAL_STATION_PORT"
-TIMEOUT_ENV: Final = "MACULA_MCP_LOCAL_STATION_TIMEOUT_S"
-LOG_BYTES_ENV: Final = "MACULA_MCP_LOCAL_STATION_LOG_BYTES"
-IDLE_ENV: Final = "MACULA_MCP_LOCAL_STATION_IDLE_S"
-CHECK_ENV: Final = "MACULA_MCP_LOCAL_STATION_CHECK_S"  # how often it looks (tests shorten it)
-DEFAULT_IDLE_S: Final = 6 * 3600.0
-DEFAULT_CHECK_S: Final = 2.0
-HOME_PORTS: Final = range(20000, 30000)  # below Linux's ephemeral range (32768-60999)
-DEFAULT_TIMEOUT_S: Final = 10.0
-DEFAULT_LOG_BYTES: Final = 1 << 20
 LOG_BACKUPS: Final = 3
 STOP_TIMEOUT_S: Final = 8.0  # the station drains within 5 s (relay.cli)
 VERIFY_TIMEOUT_S: Final = 3.0
@@ -194,47 +189,6 @@ class StationFiles:
     @property
     def out(self) -> Path:
         return self.home / "logs" / "station.out"
-
-
-def home_port(home: Path) -> int:
-    """The port this home's local station asks for first: stable for one home's path, and
-    almost never another home's."""
-    digest = hashlib.sha256(str(home.absolute()).encode()).digest()
-    return HOME_PORTS[int.from_bytes(digest[:4], "big") % len(HOME_PORTS)]
-
-
-@dataclass(frozen=True)
-class Settings:
-    port: int
-    timeout_s: float
-    log_bytes: int
-    idle_s: float = DEFAULT_IDLE_S
-    check_s: float = DEFAULT_CHECK_S
-
-
-def settings(env: Mapping[str, str]) -> Settings:
-    """The local station's settings; ``ConfigError`` naming a bad one."""
-
-    def number(name: str, kind: type[int] | type[float], default: float, low: float) -> float:
-        text = env.get(name, "").strip()
-        if not text:
-            return default
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ConfigError(f"{name}={text[:40]!r} is not a number") from None
-        if value < low:
-            raise ConfigError(f"{name} must be >= {low}, got {text[:40]}")
-        return value
-
-    port = int(number(PORT_ENV, int, home_port(macula_home(env)), 0))
-    if port > 65535:
-        raise ConfigError(f"{PORT_ENV} must be 0..65535 (0: any free port), got {port}")
-    timeout_s = number(TIMEOUT_ENV, float, DEFAULT_TIMEOUT_S, 0.1)
-    log_bytes = int(number(LOG_BYTES_ENV, int, DEFAULT_LOG_BYTES, 1024))
-    idle_s = number(IDLE_ENV, float, DEFAULT_IDLE_S, 1.0)
-    check_s = number(CHECK_ENV, float, DEFAULT_CHECK_S, 0.05)
-    return Settings(port, timeout_s, log_bytes, idle_s, check_s)
 
 
 @dataclass(frozen=True)

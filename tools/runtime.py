@@ -37,7 +37,7 @@ from macula.realm.membership import MembershipStore, memberships_path
 from macula.stations import StationAddress
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
-from tools import local_station
+from tools import local_station, local_station_settings
 from tools.channel import ChannelSettings
 from tools.receipts import ReceiptStore, args_digest
 from tools.results import InvalidArgument, bad_argument, fail, from_error, ok
@@ -94,7 +94,7 @@ def preflight(env: Mapping[str, str]) -> Identity:
     """Check every setting before speaking MCP: a bad value fails here, naming itself."""
     identity = identity_from_env(env)
     if not configured_stations(env):
-        local_station.settings(env)
+        local_station_settings.settings(env)
     agent_settings(env, identity)
     ChannelSettings.from_env(env)
     return identity

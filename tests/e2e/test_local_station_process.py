@@ -20,7 +20,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from tools.launch import server_command
-from tools.local_station import PORT_ENV, local_station_status, stop_local_station
+from tools.local_station import local_station_status, stop_local_station
+from tools.local_station_settings import PORT_ENV
 
 pytestmark = pytest.mark.anyio
 
