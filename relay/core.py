@@ -149,6 +149,7 @@ class RouterCore:
         self.connect_rule = ConnectRule() if connect_rule is None else connect_rule
         self.frames.realms = self.realms.tags  # peer stations learn what this one protects
         self.stats: Counter[str] = Counter()
+        self.refused: Counter[str] = Counter()  # what ``_drop`` counted (relay.monitor_figures)
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
         self.pacer = PublishPacer()
         self.caps = ConnectionCaps(policy.max_connections, policy.max_connections_per_address)
@@ -825,6 +826,7 @@ class RouterCore:
     def _drop(self, peer: Peer, counter: str, why: str) -> None:
         """Count a refused frame, station-wide and on its connection; no log line of its own."""
         self.stats[counter] += 1
+        self.refused[counter] += 1
         peer.refusals.count(counter, why)
 
     def refusals_of(self, conn: int) -> tuple[tuple[str, int], ...]:

@@ -112,46 +112,17 @@ def links(station: Station) -> list[dict[str, Any]]:
 
 
 def refusals(station: Station) -> dict[str, int]:
-    """Every refusal counter the station keeps: the core's (frames, handshakes, calls) and
-    the connection caps'. Zero ones are left out (their names are in docs/operations.md)."""
+    """Every refusal counter the station keeps: the frames the core dropped (``core.refused``),
+    its ``*_refused`` counters (handshakes, calls, links), and the connection caps'. Only those
+    that happened are listed (docs/operations.md names them)."""
     core = station.core
-    counted: dict[str, int] = {}
+    counted: dict[str, int] = {name: int(n) for name, n in core.refused.items()}
     for name, value in core.stats.items():
-        if _is_refusal(name):
+        if (name.endswith("_refused") or name == "framing_errors") and name not in counted:
             counted[name] = int(value)
     for name, value in core.caps.refused.counts.items():
         counted[name] = counted.get(name, 0) + int(value)
     return dict(sorted(counted.items()))
-
-
-_REFUSAL_WORDS = (
-    "refused",
-    "quota",
-    "foreign",
-    "bad_",
-    "dropped",
-    "rate_limited",
-    "over_",
-    "reserved",
-    "misplaced",
-    "unexpected",
-    "unsigned",
-    "unwanted",
-    "duplicate",
-    "malformed",
-    "framing_errors",
-    "slowed",
-    "no_route",
-    "withheld",
-    "tombstoned",
-    "taken",
-    "from_client",
-    "before_",
-)
-
-
-def _is_refusal(name: str) -> bool:
-    return any(word in name for word in _REFUSAL_WORDS)
 
 
 async def _store_figures(station: Station) -> dict[str, int]:
