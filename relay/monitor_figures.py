@@ -173,6 +173,10 @@ async def status(station: Station, lifecycle: Lifecycle) -> dict[str, Any]:
             "up": sum(p.linked for p in peers),
             "connections": sum(1 for p in peers if p.is_station or p.dialled),
             "paused_total": int(stats["links_paused"]),
+            "stations": [
+                {key: row[key] for key in ("node_id", "address", "state", "linked", "dialled")}
+                for row in links(station)
+            ],
         },
         "dht": {
             "records": shelf.rows if shelf is not None else 0,

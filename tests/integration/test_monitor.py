@@ -108,6 +108,9 @@ async def test_links_show_a_linked_station(station: Station, tmp_path: Path) -> 
         assert row["dialled"] == 1 and row["state"] == "connected"
         status = await get_json(monitor.address, "/status")
         assert status["links"]["up"] == 1 and status["connections"]["clients"] == 0
+        assert status["links"]["stations"] == [
+            {key: row[key] for key in ("node_id", "address", "state", "linked", "dialled")}
+        ]
 
 
 async def _linked_row(address: tuple[str, int], node_id: str) -> object:
