@@ -29,12 +29,14 @@ from macula.config import macula_home
 from macula.errors import ConfigError
 from macula.event_loop import run as run_loop
 from macula.wire.framing import MAX_FRAME_SIZE
+from relay import config_file, service
 from relay.federation.dht import DhtConfig
 from relay.federation.dht_storage import DhtLimits
 from relay.federation.links import LinkTarget, parse_peer
 from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.lifetime import LifetimeRule, watch
+from relay.logformat import JsonFormatter
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.realm_admission import AdmissionMode, AllowlistError
 from relay.realm_files import Allowlist, load_station_endorsement
@@ -353,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=policy.realm_sweep_ms,
         help="re-check realm memberships for revocation and expiry this often (default 60000)",
     )
+    service.add_flags(parser)  # --config, --monitor, --log-format (relay.service)
     return parser
 
 
@@ -593,12 +596,14 @@ async def serve(
     pid_file: Path | None = None,
     lifetime: LifetimeRule | None = None,
     lifetime_check_s: float = 2.0,
+    options: service.ServiceOptions | None = None,
 ) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Station(config) as station:
+    options = options or service.ServiceOptions(build_parser().parse_args([]))
+    async with Station(config) as station, service.Service(station, options) as running:
         files = [(endpoint_file, f"{station.endpoint}\n"), (pid_file, f"{os.getpid()}\n")]
         written = [(path, text) for path, text in files if path is not None]
         try:
@@ -618,14 +623,28 @@ async def serve(
             logging.getLogger("macula.relay").info(
                 "%s, stopping", "signal received" if reason is None else reason
             )
+            running.stopping()  # /healthz 503, systemd told STOPPING
             await asyncio.wait_for(station.stop(), SHUTDOWN_BUDGET_S)
         finally:
             for path, text in written:
                 _remove_if_holds(path, text)
 
 
+def _options(argv: Sequence[str]) -> tuple[argparse.Namespace, config_file.Loaded]:
+    """The command line over its ``--config`` file; a bad file exits naming its line."""
+    try:
+        return config_file.parse(build_parser(), argv)
+    except config_file.ConfigFileError as exc:
+        raise SystemExit(f"macula-relay: {exc}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, loaded = _options(argv)
+    if args.print_config:
+        print(config_file.render(build_parser(), args), end="")
+        return
+    service.check(args)
     handler: logging.Handler = logging.StreamHandler(sys.stderr)
     if args.log_file is not None:
         try:
@@ -634,15 +653,23 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         except OSError as exc:
             raise SystemExit(f"macula-relay: --log-file {args.log_file}: {exc}") from None
-    handler.setFormatter(KeyValueFormatter())
+    handler.setFormatter(JsonFormatter() if args.log_format == "json" else KeyValueFormatter())
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     logging.getLogger("quic").setLevel(logging.WARNING)
     for chatty in ("kademlia", "rpcudp"):  # the DHT package logs every lookup at INFO
         logging.getLogger(chatty).setLevel(logging.WARNING)
-    config = config_from_args(args)
     try:
-        lifetime = LifetimeRule(args.exit_when_gone, args.idle_exit_s)
-        run_loop(serve(config, args.endpoint_file, args.pid_file, lifetime, args.lifetime_check_s))
+        config = config_from_args(args)
+    except SystemExit as exc:  # a check naming a --flag: also where the file set it
+        raise SystemExit(loaded.blame(str(exc.code))) from None
+    options = service.ServiceOptions(args, reparse=lambda: _options(argv)[0])
+    lifetime = LifetimeRule(args.exit_when_gone, args.idle_exit_s)
+    try:
+        run_loop(
+            serve(
+                config, args.endpoint_file, args.pid_file, lifetime, args.lifetime_check_s, options
+            )
+        )
     except (ConfigError, StationEndorsementError) as exc:  # e.g. MACULA_LOOP names no loop
         raise SystemExit(f"macula-relay: {exc}") from None
     except OSError as exc:

@@ -129,6 +129,7 @@ class RouterCore:
         self.connect_rule = ConnectRule() if connect_rule is None else connect_rule
         self.realm_calls = RealmCalls()  # protected realms' CALLs out on links (relay.realm_links)
         self.stats: Counter[str] = Counter()
+        self.refusals: Counter[str] = Counter()  # what ``drop`` counted (relay.monitor_figures)
         self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
         self.pacer = PublishPacer()
         self.caps = ConnectionCaps(policy.max_connections, policy.max_connections_per_address)
@@ -513,6 +514,7 @@ class RouterCore:
     def drop(self, peer: Peer, counter: str, why: str) -> None:
         """Count a refused frame, station-wide and on its connection; no log line of its own."""
         self.stats[counter] += 1
+        self.refusals[counter] += 1
         peer.refusals.count(counter, why)
 
     def refusals_of(self, conn: int) -> tuple[tuple[str, int], ...]:

@@ -18,8 +18,10 @@ file. For ``--seconds`` the following run at once, every loop bounded in count a
 - directory stuffing: fresh identities registering in the agent directory.
 
 It prints the station's peak RSS, its largest event-loop stall, the log bytes it wrote, what each
-hostile client managed, and the honest pairs' loss (must be 0) and latency (p50, p99). Exit status
-1 when an honest event was lost or the station died. Only loopback addresses are used.
+hostile client managed, what the station's own monitoring port (/status) showed (peaks while
+soaking, refusal counters at the end), and the honest pairs' loss (must be 0) and latency (p50,
+p99). Exit status 1 when an honest event was lost or the station died. Only loopback addresses
+are used.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ def station_child(data_dir: str) -> None:
     import logging
 
     from relay.cli import KeyValueFormatter, build_parser, config_from_args
+    from relay.monitor import Monitor
+    from relay.monitor_figures import Lifecycle
     from relay.station import Station
 
     handler = logging.StreamHandler(sys.stderr)
@@ -89,10 +93,16 @@ def station_child(data_dir: str) -> None:
                 worst = max(worst, loop.time() - before - tick)
 
         async with Station(config) as station:
+            lifecycle = Lifecycle(ready=1)
+            port = Monitor(station, lifecycle)  # the figures the soak reads: its /status
+            host, bound = await port.start("127.0.0.1", 0)
             print(station.endpoint, flush=True)
+            print(f"{host}:{bound}", flush=True)
             watcher = asyncio.create_task(monitor())
             await stop.wait()
             watcher.cancel()
+            lifecycle.draining = 1
+            await port.close()
             await station.stop()
         print(json.dumps({"max_stall_ms": round(worst * 1000, 1)}), flush=True)
 
@@ -111,9 +121,52 @@ class StationProcess:
         )
         assert self.process.stdout is not None
         self.endpoint = self.process.stdout.readline().strip()
-        if not self.endpoint:
+        self.monitor = self.process.stdout.readline().strip()
+        if not self.endpoint or not self.monitor:
             raise SystemExit(f"the station did not start; see {self.log_path}")
         self.peak_rss_kib = 0
+        self.peaks: Counter[str] = Counter()  # the largest of some /status figures seen
+        self.last_status: dict[str, Any] = {}
+
+    async def status(self) -> dict[str, Any]:
+        """The station's /status (its monitoring port), also noting the peaks."""
+        host, _, port = self.monitor.rpartition(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"GET /status HTTP/1.1\r\nHost: soak\r\n\r\n")
+            response = await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+        document: dict[str, Any] = json.loads(response.partition(b"\r\n\r\n")[2])
+        figures = {
+            "connections": document["connections"]["total"],
+            "clients": document["connections"]["clients"],
+            "subscriptions": document["subscriptions"],
+            "pending_calls": document["pending_calls"],
+            "paused_publishers": document["paused_publishers"],
+            "dht_records": document["dht"]["records"],
+            "content_bytes": document["stores"]["content_bytes"],
+        }
+        for name, value in figures.items():
+            self.peaks[name] = max(self.peaks[name], value)
+        self.last_status = document
+        return document
+
+    def monitor_report(self) -> dict[str, Any]:
+        """What /status showed: the peaks while soaking and the last document's totals."""
+        last = self.last_status
+        if not last:
+            return {"error": "no /status read"}
+        return {
+            "peak": dict(sorted(self.peaks.items())),
+            "uptime_s": last["uptime_s"],
+            "slow_consumers_closed": last["slow_consumers_closed"],
+            "publishers_paused_total": last["publishers_paused_total"],
+            "history_rows": last["stores"]["history_rows"],
+            "record_store_rows": last["stores"]["record_store_rows"],
+            "refusals": last["refusals"],
+            "counters": last["counters"],
+        }
 
     def sample(self) -> None:
         with contextlib.suppress(OSError):
@@ -464,8 +517,13 @@ async def soak(args: argparse.Namespace, station: StationProcess) -> dict[str, A
     latencies: list[float] = []
 
     async def sampler() -> None:
+        turn = 0
         while True:
             station.sample()
+            if turn % 8 == 0:  # /status every 2 s: the monitor's cost stays out of the figures
+                with contextlib.suppress(OSError, TimeoutError, ValueError, KeyError):
+                    await station.status()
+            turn += 1
             await asyncio.sleep(0.25)
 
     watcher = asyncio.create_task(sampler())
@@ -494,6 +552,8 @@ async def soak(args: argparse.Namespace, station: StationProcess) -> dict[str, A
             await attackers.wait()
             hostile = {"error": "the hostile process did not report"}
     watcher.cancel()
+    with contextlib.suppress(OSError, TimeoutError, ValueError, KeyError):
+        await station.status()  # the figures once everything is done
     sent = sum(r[0] for r in results if isinstance(r, tuple))
     received = sum(r[1] for r in results if isinstance(r, tuple))
     failed_pairs = [repr(r) for r in results if not isinstance(r, tuple)]
@@ -509,6 +569,7 @@ async def soak(args: argparse.Namespace, station: StationProcess) -> dict[str, A
         if ordered
         else None,
         "hostile": hostile,
+        "monitor": station.monitor_report(),
     }
 
 
@@ -553,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
             f"p99 {report['latency_p99_ms']} ms"
         )
         for name, value in report["hostile"].items():
+            print(f"  {name}: {value}")
+        print("monitor (/status):")
+        for name, value in report["monitor"].items():
             print(f"  {name}: {value}")
         for failure in report["honest_pairs_failed"]:
             print(f"  honest pair failed: {failure}")

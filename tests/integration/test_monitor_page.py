@@ -1,0 +1,66 @@
+"""The status page in a real headless Chromium (Debian's ``chromium``, driven by playwright):
+it shows the station's node id and its client count, and the count moves on its next reload.
+Skipped, saying why, when /usr/bin/chromium is absent (``.ci/run`` installs it with apt-get)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from meshkit import new_identity, station_config
+from monitorkit import monitor_on
+
+from macula.node import Node
+from relay.station import Station
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} absent (apt chromium)"),
+]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+async def station(tmp_path: Path) -> AsyncIterator[Station]:
+    async with Station(station_config(tmp_path / "station")) as running:
+        yield running
+
+
+async def test_the_page_shows_node_id_and_clients(station: Station) -> None:
+    from playwright.async_api import async_playwright
+
+    async with (
+        monitor_on(station) as monitor,
+        async_playwright() as playwright,
+    ):
+        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = await browser.new_page()
+            url = "http://{}:{}/".format(*monitor.address)
+            await page.goto(url)
+            assert await page.text_content("#node_id") == station.node_id.hex()
+            assert await page.text_content('[data-figure="clients"]') == "0"
+            assert "macula station" in await page.title()
+            async with Node(new_identity(), [station.endpoint]) as alice:
+                await alice.flush()
+                await page.reload()
+                assert await page.text_content('[data-figure="clients"]') == "1"
+        finally:
+            await browser.close()
