@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from macula.client_channels import ChannelState, deliver, lose
 from macula.client_events import (
     CallArrived,
     CallSettled,
-    ChannelData,
-    ChannelFinished,
     ChannelOpened,
     Ended,
     Established,
@@ -93,21 +92,6 @@ class CoreState(enum.Enum):
     CONNECTING = "connecting"
     ESTABLISHED = "established"
     ENDED = "ended"
-
-
-@dataclass(slots=True)
-class ChannelState:
-    """One streaming-RPC session (§8) on a dedicated stream, from either side."""
-
-    stream: int
-    stream_id: bytes
-    seq: int = 0
-    reply: Any = None
-    replied: bool = False
-    error: tuple[str, str] | None = None
-    peer_finished: bool = False
-    finished: bool = False  # we sent STREAM_END(send)
-    closed: bool = False
 
 
 @dataclass(slots=True)
@@ -433,7 +417,7 @@ class ClientCore:
         channel = self._channels.pop(stream, None)
         if channel is None or channel.closed:
             return []
-        return self._lose(channel, "stream closed before a terminal frame")
+        return lose(channel, "stream closed before a terminal frame")
 
     def stream_reset(self, stream: int) -> list[Output]:
         return self.stream_ended(stream)
@@ -540,7 +524,7 @@ class ClientCore:
             return
         channel = self._channels.get(stream)
         if channel is not None:
-            self._deliver(channel, frame, out)
+            deliver(channel, frame, out)
             if (channel.closed and channel.peer_finished) or channel.replied or channel.error:
                 self._channels.pop(stream, None)
             return
@@ -549,33 +533,6 @@ class ClientCore:
             out.append(ChannelOpened(stream, frame))
         elif isinstance(frame, Call):
             out.append(CallArrived(stream, frame))
-
-    @staticmethod
-    def _deliver(channel: ChannelState, frame: Frame, out: list[Output]) -> None:
-        if isinstance(frame, StreamData):
-            out.append(ChannelData(channel.stream, frame.body))
-        elif isinstance(frame, StreamEnd):
-            channel.peer_finished = True
-            channel.closed = channel.closed or frame.role == "both" or channel.finished
-            out.append(ChannelFinished(channel.stream))
-        elif isinstance(frame, StreamReply):
-            channel.reply, channel.replied, channel.closed = frame.payload, True, True
-            out.append(ChannelFinished(channel.stream))
-        elif isinstance(frame, StreamError):
-            channel.error = (
-                frame.code.decode("utf-8", "replace"),
-                frame.message.decode("utf-8", "replace"),
-            )
-            channel.closed = True
-            out.append(ChannelFinished(channel.stream))
-
-    @staticmethod
-    def _lose(channel: ChannelState, reason: str) -> list[Output]:
-        if channel.closed:
-            return []
-        channel.error = ("unavailable", reason)
-        channel.closed = True
-        return [ChannelFinished(channel.stream)]
 
     def _end(
         self,
@@ -602,7 +559,7 @@ class ClientCore:
             out.append(CallSettled(call_id, error=error))
         self._calls.clear()
         for channel in list(self._channels.values()):
-            out += self._lose(channel, str(error))
+            out += lose(channel, str(error))
         out.append(self.ended)
         return out
 

@@ -13,17 +13,18 @@ and no task outlives the ``async with`` (all tasks belong to the node's task gro
 without a node id is pinned on first use (``macula.known_stations``).
 
 Each other concern has its own module: ``subscriptions``, ``serving`` (handlers),
-``content_client`` (§11), ``direct`` (direct dial), ``dht``, ``config`` (the environment).
+``content_client`` (§11), ``direct`` (direct dial), ``dht``, ``config`` (the environment),
+``node_rejoin`` (what follows each handshake), ``node_stats`` (the counters).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from macula.backoff import Backoff
@@ -41,6 +42,8 @@ from macula.errors import (
 from macula.intent import EventDedup, Key
 from macula.known_stations import KnownStations
 from macula.liveness import until_ended
+from macula.node_rejoin import present, reannounce
+from macula.node_stats import NodeStats, first_connect_error
 from macula.serving import DEFAULT_MAX_IN_FLIGHT, Handler, Server, StreamHandler
 from macula.session import Session, StreamChannel
 from macula.station_choice import DEFAULT_SETTLE_S, StationChoice, StationInfo, station_list
@@ -58,34 +61,6 @@ SLOW_CONSUMER = "slow_consumer"  # the GOODBYE / close reason of a station we di
 # a ``_relay.ping`` after each interval of silence, the connection lost after the timeout
 DEFAULT_PROBE_INTERVAL_S = 1.0  # of silence from the station before a ping
 DEFAULT_PROBE_TIMEOUT_S = 1.5
-
-
-@dataclass(slots=True)
-class NodeStats:
-    dedup: EventDedup = field(default_factory=EventDedup)  # kept across reconnects
-    reconnects: int = 0
-    events_unauthenticated: int = 0
-    calls_served: int = 0
-    handler_errors: int = 0
-    calls_refused_busy: int = 0  # answered 0x08: ``max_handlers`` were already running
-    slow_consumer: int = 0  # times the station closed us for not keeping up (events were lost)
-    probes_acknowledged: int = 0  # liveness pings (QUIC PING) a quiet station acknowledged
-    # the station's counters of what it refused on our current connection without telling us
-    # in-band (from the latest ``flush``; they restart at 0 with every connection)
-    refused: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def events_duplicate(self) -> int:
-        return self.dedup.duplicates
-
-
-def _first_connect_error(
-    stations: Sequence[StationAddress], last: MaculaError | OSError | None
-) -> MaculaError:
-    if isinstance(last, HandshakeError):
-        return last
-    names = ", ".join(map(str, stations))
-    return BrokenError(f"no station reachable: {names} (last error: {last})")
 
 
 class Node:
@@ -223,19 +198,8 @@ class Node:
                     self._session = session
                     session.sync_intent()
                     up = True
-                    choice.connected(self._clock())
-                    self._arrived(StationInfo(session.station_key, address, index))
-                    if self._announced and self._group is not None:
-                        self._group.create_task(self._reannounce(session.station_key))
-                    if self.presenter is not None and self._group is not None:
-                        self._group.create_task(self._present(session))
-                    self._connected.set()
-                    if not first.done():
-                        first.set_result(None)
-                    if ever_connected:
-                        self.stats.reconnects += 1
-                    self._announce("reconnected" if ever_connected else "connected")
-                    self._was_up = True
+                    info = StationInfo(session.station_key, address, index)
+                    self._went_up(session, info, first, ever_connected)
                     ever_connected = True
                     await until_ended(
                         session,
@@ -257,29 +221,65 @@ class Node:
                 self._connected.clear()
             if self._closing:
                 break
-            if self._terminal is not None:
-                self._fail_first(first, self._terminal)
-                self._announce("disconnected")
+            if not await self._went_down(first, up, ever_connected, last_error):
                 return
-            if ever_connected and self._was_up:
-                self._announce("disconnected")
-            self._was_up = False
-            step = choice.lost(self._clock()) if up else choice.failed(self._clock())
-            self.station_index = step.index
-            if not ever_connected and step.round_failed:
-                unrecoverable = isinstance(last_error, HandshakeError) and not last_error.retryable
-                if unrecoverable or step.rounds_failed >= self.backoff.first_connect_attempts:
-                    self._fail_first(first, _first_connect_error(self.stations, last_error))
-                    return
-            if step.wait_s > 0:
-                log.info(
-                    "every station failed (%d rounds): next try in %.2f s",
-                    step.rounds_failed,
-                    step.wait_s,
-                )
-                await self._pause(step.wait_s)
         if not first.done():
             first.set_exception(ClosedError("node closed"))
+
+    def _went_up(
+        self, session: Session, info: StationInfo, first: asyncio.Future[None], again: bool
+    ) -> None:
+        """The session is up and its intent replayed: note the station, re-announce and
+        present in the background, release ``__aenter__`` and tell the state listeners."""
+        self._choice.connected(self._clock())
+        self._arrived(info)
+        if self._announced and self._group is not None:
+            self._group.create_task(reannounce(self.dht, self._announced, session.station_key))
+        if self.presenter is not None and self._group is not None:
+            presented = functools.partial(self.presenter, self, session)
+            work = present(presented, session, self._subscriptions, self._served)
+            self._group.create_task(work)
+        self._connected.set()
+        if not first.done():
+            first.set_result(None)
+        if again:
+            self.stats.reconnects += 1
+        self._announce("reconnected" if again else "connected")
+        self._was_up = True
+
+    async def _went_down(
+        self,
+        first: asyncio.Future[None],
+        up: bool,
+        ever_connected: bool,
+        last_error: MaculaError | OSError | None,
+    ) -> bool:
+        """The session ended (``up``) or never came up: tell the listeners, ask
+        ``StationChoice`` what next and wait as it says. False: the supervisor stops (a
+        terminal refusal, or the first connect gave up)."""
+        if self._terminal is not None:
+            self._fail_first(first, self._terminal)
+            self._announce("disconnected")
+            return False
+        if ever_connected and self._was_up:
+            self._announce("disconnected")
+        self._was_up = False
+        choice = self._choice
+        step = choice.lost(self._clock()) if up else choice.failed(self._clock())
+        self.station_index = step.index
+        if not ever_connected and step.round_failed:
+            unrecoverable = isinstance(last_error, HandshakeError) and not last_error.retryable
+            if unrecoverable or step.rounds_failed >= self.backoff.first_connect_attempts:
+                self._fail_first(first, first_connect_error(self.stations, last_error))
+                return False
+        if step.wait_s > 0:
+            log.info(
+                "every station failed (%d rounds): next try in %.2f s",
+                step.rounds_failed,
+                step.wait_s,
+            )
+            await self._pause(step.wait_s)
+        return True
 
     def _probe_acknowledged(self) -> None:
         self.stats.probes_acknowledged += 1
@@ -315,28 +315,6 @@ class Node:
     def _fail_first(first: asyncio.Future[None], error: Exception) -> None:
         if not first.done():
             first.set_exception(error)
-
-    async def _reannounce(self, station_key: bytes) -> None:
-        for realm, procedure in list(self._announced):
-            try:
-                await self.dht.announce_procedure(realm, procedure, station_key)
-            except MaculaError as exc:
-                log.warning("could not re-announce %s: %s", procedure, exc)
-
-    async def _present(self, session: Session) -> None:
-        """Present this identity's realm endorsements (``macula.realm.membership``), then
-        tell the station again the intent in the realms it presented: a station protecting a
-        realm refused what the replay after the HELLO said of it before the presentation."""
-        try:
-            realms = set(await self.presenter(self, session)) if self.presenter else set()
-            for realm, name in self._subscriptions:
-                if realm in realms:
-                    session.subscribe(realm, name)
-            for realm, name in self._served:
-                if realm in realms:
-                    session.advertise(realm, name)
-        except (MaculaError, OSError) as exc:
-            log.warning("could not present realm endorsements: %s", exc)
 
     # -- SessionOwner ------------------------------------------------------------------------
 

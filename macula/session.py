@@ -18,7 +18,8 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from macula.client_core import ChannelState, ClientCore
+from macula.client_channels import ChannelState
+from macula.client_core import ClientCore
 from macula.client_events import (
     CallArrived,
     CallSettled,

@@ -359,23 +359,7 @@ class Rings:
         to ``to`` first."""
         if to == self.me:
             raise MaculaError("you cannot ring yourself")
-        if room_topic is None:
-            keyed = [to] if private else []
-            opened = await self.rooms.open(
-                purpose[:280] or None,
-                participants=keyed,
-                private=private,
-                realm=ZERO_REALM if realm is None else realm,
-            )
-            room, realm = opened.room_topic, opened.realm
-        else:
-            room = room_topic
-            known = await self.rooms.transcript.room_realm(room)
-            if realm is not None and known is not None and realm != known:
-                raise MaculaError(
-                    f"{room} is in realm {known.hex()}, not {realm.hex()}: omit realm"
-                )
-            realm = known or realm or ZERO_REALM
+        room, realm = await self._ring_room(to, purpose, room_topic, private, realm)
         invitation: dict[str, Any] | None = None
         if self.rooms.keys is not None:
             message_id = new_message_id(self.random(16))
@@ -400,16 +384,7 @@ class Rings:
             await self.store.add(ring_id, "outgoing", to, now, purpose=purpose, room_topic=room)
             await self.store.set_unreachable(ring_id, str(exc), self.clock())
             return RingPlaced(ring_id, to, room, 1, None, detail=str(exc))
-        problems = validate_ring_answer(reply, self.me, self.clock())
-        if problems:
-            self.stats["answers_unverified"] += 1
-            raise MaculaError("the callee's answer does not verify: " + "; ".join(problems))
-        if reply.get("from") != to.hex() or reply.get("ring_id") != ring_id:
-            self.stats["answers_foreign"] += 1
-            raise MaculaError(
-                f"the answer to ring {ring_id} did not come from {to.hex()} (it says it is from "
-                f"{str(reply.get('from'))[:64]}); refused"
-            )
+        self._check_answer(reply, to, ring_id)
         answer = reply["answer"]
         await self.store.add(
             ring_id,
@@ -432,6 +407,41 @@ class Rings:
             sender=to.hex(),
         )
         return dataclasses.replace(placed, joined=int(joined is not None))
+
+    async def _ring_room(
+        self, to: bytes, purpose: str, room_topic: str | None, private: int, realm: bytes | None
+    ) -> tuple[str, bytes]:
+        """The room a ring invites into and its realm: ``room_topic`` in the realm we know it
+        in, else a fresh room (with ``to`` keyed in when ``private``)."""
+        if room_topic is None:
+            keyed = [to] if private else []
+            opened = await self.rooms.open(
+                purpose[:280] or None,
+                participants=keyed,
+                private=private,
+                realm=ZERO_REALM if realm is None else realm,
+            )
+            return opened.room_topic, opened.realm
+        known = await self.rooms.transcript.room_realm(room_topic)
+        if realm is not None and known is not None and realm != known:
+            raise MaculaError(
+                f"{room_topic} is in realm {known.hex()}, not {realm.hex()}: omit realm"
+            )
+        return room_topic, known or realm or ZERO_REALM
+
+    def _check_answer(self, reply: dict[str, Any], to: bytes, ring_id: str) -> None:
+        """Refuse (``MaculaError``, counted) an answer that does not verify, or that is signed
+        by someone other than the callee or answers another ring."""
+        problems = validate_ring_answer(reply, self.me, self.clock())
+        if problems:
+            self.stats["answers_unverified"] += 1
+            raise MaculaError("the callee's answer does not verify: " + "; ".join(problems))
+        if reply.get("from") != to.hex() or reply.get("ring_id") != ring_id:
+            self.stats["answers_foreign"] += 1
+            raise MaculaError(
+                f"the answer to ring {ring_id} did not come from {to.hex()} (it says it is from "
+                f"{str(reply.get('from'))[:64]}); refused"
+            )
 
     async def pending(self) -> list[Ring]:
         return await self.store.pending(self.clock())

@@ -15,6 +15,7 @@ Invariants:
   with backoff (``TaskLimits.retry_*``), at once when the node reconnects or the peer speaks.
   Receivers are idempotent (task ids, per-message keys, ``state_seq``), so a retry never has
   a second effect. On ``serve`` the assignee re-announces the state of its open tasks.
+  The delivery itself is ``macula.agent.task_outbox``.
 - Who may hand us a task is the contact policy's decision, as for rings: accepted and
   deferred (``ask``: the model judges it, ``contact`` 3) are taken, declined is refused.
 - Bounds (``TaskLimits``, env ``MACULA_MCP_TASKS_*``): open tasks per peer on each side, and
@@ -39,7 +40,6 @@ from macula.agent.contact_policy import Answer, PolicyState, decide
 from macula.agent.envelope import is_id
 from macula.agent.task_messages import (
     ASSIGNEE_STATES,
-    CALL_TIMEOUT_S,
     REFUSAL_ACTION,
     TaskLimits,
     refused,
@@ -49,14 +49,13 @@ from macula.agent.task_messages import (
     update_body,
     verify_message,
 )
-from macula.errors import MaculaError
+from macula.agent.task_outbox import Refusal, TaskOutbox
 from macula.node import Node
 from macula.serving import CallRefused, IncomingCall
 from macula.store.task_values import TaskValue, value_of
 from macula.store.tasks import (
     OPEN_STATES,
     TERMINAL,
-    OutboxEntry,
     Role,
     Task,
     TaskError,
@@ -66,13 +65,6 @@ from macula.store.tasks import (
 from macula.wire.identity import ZERO_REALM
 
 log = logging.getLogger("macula.agent.tasks")
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    code: str
-    detail: str
-    retryable: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,10 +97,8 @@ class Tasks:
         self.stats: dict[str, int] = {}
         self._changes = asyncio.Condition()
         self._version = 0
-        self._kick = asyncio.Event()
-        self._peer_locks: dict[bytes, asyncio.Lock] = {}
+        self._outbox = TaskOutbox(node, store, clock, self.limits, self._changed, self._count)
         self._pump: asyncio.Task[None] | None = None
-        self._retry_all = False
         self._listening = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -126,8 +116,8 @@ class Tasks:
         ):
             await self.store.enqueue(self.me, task.peer, task.task_id, update_body(task), now)
         if self._pump is None:
-            self._pump = group.create_task(self._run_outbox())
-        self._kick.set()
+            self._pump = group.create_task(self._outbox.run())
+        self._outbox.kick.set()
 
     async def unserve(self) -> None:
         await self.node.unadvertise(ZERO_REALM, task_endpoint(self.me))
@@ -142,8 +132,8 @@ class Tasks:
 
     def _state_changed(self, state: str) -> None:
         if state in ("connected", "reconnected"):
-            self._retry_all = True
-            self._kick.set()
+            self._outbox.retry_all = True
+            self._outbox.kick.set()
 
     # -- requester ------------------------------------------------------------------------------
 
@@ -172,7 +162,7 @@ class Tasks:
         await self._changed()
         if stored.replayed:
             return stored
-        return await self._refusal_or(stored.task_id, await self._flush_peer(to))
+        return await self._refusal_or(stored.task_id, await self._outbox.flush_peer(to))
 
     async def give_input(self, task_id: str, input: str, *, key: str | None = None) -> Task:
         """Answer an assignee's question (the task is ``input_required``); it resumes work."""
@@ -199,7 +189,7 @@ class Tasks:
         await self.store.set_flags(
             self.me, task_id, self.clock(), key=key, key_digest=key_digest, outbox=body
         )
-        return await self._refusal_or(task_id, await self._flush_peer(task.peer))
+        return await self._refusal_or(task_id, await self._outbox.flush_peer(task.peer))
 
     async def cancel(
         self, task_id: str, reason: str | None = None, *, key: str | None = None
@@ -236,7 +226,7 @@ class Tasks:
             outbox=body,
         )
         await self._changed()
-        return await self._refusal_or(task_id, await self._flush_peer(task.peer))
+        return await self._refusal_or(task_id, await self._outbox.flush_peer(task.peer))
 
     async def _replayed(self, task_id: str, key: str | None, key_digest: str) -> Task | None:
         if key is None:
@@ -315,7 +305,8 @@ class Tasks:
             outbox=update_body,
         )
         await self._changed()
-        self._kick.set()  # the outbox delivers it: a tool call never waits for an absent peer
+        # the outbox delivers it: a tool call never waits for an absent peer
+        self._outbox.kick.set()
         return changed
 
     # -- reading and waiting --------------------------------------------------------------------
@@ -498,90 +489,6 @@ class Tasks:
             "state_seq": task.state_seq if task else 0,
         }
 
-    # -- the outbox -----------------------------------------------------------------------------
-
-    async def _run_outbox(self) -> None:
-        while True:
-            self._kick.clear()
-            try:
-                if self._retry_all:
-                    self._retry_all = False
-                    await self.store.retry_now(self.me, self.clock())
-                # peers side by side: one slow or absent peer does not hold up the others
-                peers = {entry.peer for entry in await self.store.due(self.me, self.clock())}
-                await asyncio.gather(*(self._flush_peer(peer) for peer in peers))
-                due = await self.store.next_due_ms(self.me)
-            except Exception:  # never let the outbox take the agent's task group down
-                log.exception("task outbox failed; retrying")
-                due = self.clock() + self.limits.retry_initial_ms
-            timeout = None if due is None else max(0.05, (due - self.clock()) / 1000)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout)
-
-    async def _flush_peer(self, peer: bytes) -> dict[str, Refusal]:
-        """Deliver ``peer``'s due messages in order; stop at the first that fails. Returns
-        the refusals heard, by task id."""
-        refusals: dict[str, Refusal] = {}
-        lock = self._peer_locks.setdefault(peer, asyncio.Lock())
-        async with lock:
-            while True:
-                entries = [e for e in await self.store.due(self.me, self.clock()) if e.peer == peer]
-                if not entries:
-                    return refusals
-                delivered, refusal = await self._deliver(entries[0])
-                if refusal is not None:
-                    refusals[entries[0].task_id] = refusal
-                if not delivered:
-                    return refusals
-
-    async def _deliver(self, entry: OutboxEntry) -> tuple[bool, Refusal | None]:
-        signed = sign_message(self.node.identity, entry.peer, entry.body, self.clock())
-        try:
-            reply = await self.node.call(
-                ZERO_REALM, task_endpoint(entry.peer), signed, timeout=CALL_TIMEOUT_S
-            )
-            problems = verify_message(reply, self.me, entry.peer, self.clock())
-            if problems:
-                self._count("replies_unverified")
-                raise MaculaError("unverified reply: " + "; ".join(problems))
-        except MaculaError as exc:  # not there, timed out, refused unread: later, with backoff
-            delay = min(
-                self.limits.retry_max_ms,
-                self.limits.retry_initial_ms * 2 ** min(entry.attempts, 20),
-            )
-            await self.store.retry_later(entry.entry_id, self.clock() + delay, str(exc))
-            self._count("deliveries_retried")
-            self._kick.set()  # the pump sleeps until the new due time
-            return False, None
-        refusal = await self._apply_reply(entry, reply)
-        await self.store.delivered(entry.entry_id)
-        self._count("messages_delivered")
-        return True, refusal
-
-    async def _apply_reply(self, entry: OutboxEntry, reply: dict[str, Any]) -> Refusal | None:
-        kind = reply.get("kind")
-        refusal: Refusal | None = None
-        if kind == "task_updated":
-            await self.store.apply_remote(self.me, entry.peer, entry.task_id, reply, self.clock())
-            code = text_of(reply, "refused_code")
-            if code is not None:
-                refusal = Refusal(code, f"the assignee refused it ({code})", 0)
-        elif kind == "task_refused":
-            code, why = str(reply.get("code")), str(reply.get("reason"))
-            refusal = Refusal(code, why, int(reply.get("retryable") == 1))
-            if entry.body.get("kind") == "task_sent":  # the assignee holds nothing: it ended
-                with contextlib.suppress(TaskError):
-                    await self.store.transition(
-                        self.me,
-                        entry.task_id,
-                        "failed",
-                        self.clock(),
-                        by="assignee",
-                        error=f"refused: {code}: {why}"[: self.limits.max_note_bytes],
-                    )
-        await self._changed()
-        return refusal
-
     async def _refusal_or(self, task_id: str, refusals: dict[str, Refusal]) -> Task:
         task = await self._need(task_id, None)
         refusal = refusals.get(task_id)
@@ -600,7 +507,7 @@ class Tasks:
         we owe anyone goes now instead of at its backoff time."""
         if await self.store.pending_outbox(self.me):
             await self.store.retry_now(self.me, self.clock())
-            self._kick.set()
+            self._outbox.kick.set()
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ Invariants:
 - The outbox holds unsigned message bodies per peer, oldest first; they are signed when sent.
 - Terminal tasks older than ``bounds.max_age_ms`` go, and the oldest terminal ones beyond
   ``bounds.max_rows``; open tasks are never pruned (they are bounded per peer instead).
+The tables and how a task maps to a row are ``macula.store.task_rows``.
 """
 
 from __future__ import annotations
@@ -21,21 +22,27 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any
 
 import aiosqlite
 
 from macula.store.base import (
     Bounds,
-    Migration,
-    Row,
     SqliteStore,
     check_node_id,
     execute,
     fetchall,
-    opt_int,
     opt_text,
     page,
+)
+from macula.store.task_rows import (
+    COLUMNS,
+    TASKS_V1,
+    TASKS_V2,
+    entry_from_row,
+    role_of,
+    row_values,
+    task_from_row,
 )
 from macula.store.task_states import (
     DEFAULT_BOUNDS,
@@ -53,7 +60,7 @@ from macula.store.task_states import (
     check_transition,
     digest,
 )
-from macula.store.task_values import TaskValue, decode, encode, value_of
+from macula.store.task_values import TaskValue, encode, value_of
 
 __all__ = [
     "DEFAULT_BOUNDS",
@@ -72,91 +79,13 @@ __all__ = [
     "digest",
 ]
 
-_TASKS_V1: Final[Migration] = (
-    """
-    CREATE TABLE tasks (
-        owner            BLOB NOT NULL CHECK (length(owner) = 32),
-        task_id          TEXT NOT NULL,
-        role             TEXT NOT NULL CHECK (role IN ('requester', 'assignee')),
-        peer             BLOB NOT NULL CHECK (length(peer) = 32),
-        title            TEXT NOT NULL,
-        input            TEXT NOT NULL,
-        state            TEXT NOT NULL CHECK (state IN ('submitted', 'working',
-                             'input_required', 'completed', 'failed', 'canceled')),
-        state_seq        INTEGER NOT NULL CHECK (state_seq >= 1),
-        note             TEXT,
-        result           TEXT,
-        error            TEXT,
-        contact          INTEGER,
-        delivered        INTEGER NOT NULL CHECK (delivered IN (0, 1)),
-        cancel_requested INTEGER NOT NULL CHECK (cancel_requested IN (0, 1)),
-        created_ms       INTEGER NOT NULL,
-        updated_ms       INTEGER NOT NULL,
-        PRIMARY KEY (owner, task_id)
-    ) WITHOUT ROWID
-    """,
-    "CREATE INDEX tasks_by_peer ON tasks (owner, peer, role, state)",
-    "CREATE INDEX tasks_by_updated ON tasks (owner, updated_ms)",
-    """
-    CREATE TABLE task_history (
-        owner     BLOB NOT NULL,
-        task_id   TEXT NOT NULL,
-        state_seq INTEGER NOT NULL,
-        state     TEXT NOT NULL,
-        note      TEXT,
-        by_role   TEXT NOT NULL,
-        at_ms     INTEGER NOT NULL,
-        PRIMARY KEY (owner, task_id, state_seq)
-    ) WITHOUT ROWID
-    """,
-    """
-    CREATE TABLE task_keys (
-        owner     BLOB NOT NULL,
-        scope     TEXT NOT NULL,
-        key       TEXT NOT NULL,
-        digest    TEXT NOT NULL,
-        task_id   TEXT NOT NULL,
-        state_seq INTEGER NOT NULL,
-        at_ms     INTEGER NOT NULL,
-        PRIMARY KEY (owner, scope, key)
-    ) WITHOUT ROWID
-    """,
-    """
-    CREATE TABLE task_outbox (
-        entry_id   INTEGER PRIMARY KEY AUTOINCREMENT,
-        owner      BLOB NOT NULL,
-        peer       BLOB NOT NULL,
-        task_id    TEXT NOT NULL,
-        body       TEXT NOT NULL,
-        attempts   INTEGER NOT NULL DEFAULT 0,
-        next_ms    INTEGER NOT NULL,
-        created_ms INTEGER NOT NULL,
-        last_error TEXT
-    )
-    """,
-    "CREATE INDEX task_outbox_by_owner ON task_outbox (owner, peer, entry_id)",
-)
-# input and result may be JSON values (macula.store.task_values): 1 marks the column's text as
-# a JSON value's, 0 as plain text (every row written before V2)
-_TASKS_V2: Final[Migration] = (
-    "ALTER TABLE tasks ADD COLUMN input_json INTEGER NOT NULL DEFAULT 0"
-    " CHECK (input_json IN (0, 1))",
-    "ALTER TABLE tasks ADD COLUMN result_json INTEGER NOT NULL DEFAULT 0"
-    " CHECK (result_json IN (0, 1))",
-)
-
-_COLUMNS: Final = (
-    "task_id, role, peer, title, input, state, state_seq, note, result, error, contact,"
-    " delivered, cancel_requested, created_ms, updated_ms, input_json, result_json"
-)
-
 Body = Callable[[Task], dict[str, Any] | None]  # what to queue for the peer after a change
 
 
 class TaskStore(SqliteStore):
     """Both sides of every task this agent sent or was handed, for one ``owner``."""
 
-    MIGRATIONS = (_TASKS_V1, _TASKS_V2)
+    MIGRATIONS = (TASKS_V1, TASKS_V2)
 
     def __init__(self, db: aiosqlite.Connection, path: Any) -> None:
         super().__init__(db, path)
@@ -208,9 +137,9 @@ class TaskStore(SqliteStore):
             stored = replace(stored, updated_ms=now_ms)
             await execute(
                 db,
-                f"INSERT INTO tasks (owner, {_COLUMNS}) VALUES"
+                f"INSERT INTO tasks (owner, {COLUMNS}) VALUES"
                 " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (owner, *_values(stored)),
+                (owner, *row_values(stored)),
             )
             await _history(db, owner, stored, "requester")  # the requester submits
             if key is not None:
@@ -341,7 +270,8 @@ class TaskStore(SqliteStore):
             (owner, task_id),
         )
         return [
-            HistoryEntry(int(r[0]), str(r[1]), opt_text(r[2]), _role(r[3]), int(r[4])) for r in rows
+            HistoryEntry(int(r[0]), str(r[1]), opt_text(r[2]), role_of(r[3]), int(r[4]))
+            for r in rows
         ]
 
     async def list_tasks(
@@ -364,11 +294,11 @@ class TaskStore(SqliteStore):
         if open_only:
             where.append("state NOT IN ('completed', 'failed', 'canceled')")
         rows = await self._fetchall(
-            f"SELECT {_COLUMNS} FROM tasks WHERE {' AND '.join(where)}"
+            f"SELECT {COLUMNS} FROM tasks WHERE {' AND '.join(where)}"
             " ORDER BY updated_ms DESC, task_id LIMIT :limit OFFSET :offset",
             {"owner": owner, "role": role, "state": state, "limit": limit, "offset": offset},
         )
-        return [_task(row) for row in rows]
+        return [task_from_row(row) for row in rows]
 
     # -- the outbox -----------------------------------------------------------------------------
 
@@ -381,7 +311,7 @@ class TaskStore(SqliteStore):
             " ORDER BY entry_id LIMIT :limit",
             {"owner": owner, "now": now_ms, "limit": limit},
         )
-        return [_entry(row) for row in rows]
+        return [entry_from_row(row) for row in rows]
 
     async def next_due_ms(self, owner: bytes) -> int | None:
         row = await self._fetchone("SELECT min(next_ms) FROM task_outbox WHERE owner = ?", (owner,))
@@ -485,9 +415,9 @@ class TaskStore(SqliteStore):
 
 async def _get(db: aiosqlite.Connection, owner: bytes, task_id: str) -> Task | None:
     rows = await fetchall(
-        db, f"SELECT {_COLUMNS} FROM tasks WHERE owner = ? AND task_id = ?", (owner, task_id)
+        db, f"SELECT {COLUMNS} FROM tasks WHERE owner = ? AND task_id = ?", (owner, task_id)
     )
-    return _task(rows[0]) if rows else None
+    return task_from_row(rows[0]) if rows else None
 
 
 async def _need(db: aiosqlite.Connection, owner: bytes, task_id: str, role: Role | None) -> Task:
@@ -572,68 +502,4 @@ async def _enqueue(
         "INSERT INTO task_outbox (owner, peer, task_id, body, next_ms, created_ms)"
         " VALUES (?, ?, ?, ?, ?, ?)",
         (owner, peer, task_id, json.dumps(body, ensure_ascii=False), now_ms, now_ms),
-    )
-
-
-def _values(task: Task) -> tuple[Any, ...]:
-    input_text, input_json = encode(task.input)
-    result_text, result_json = encode(task.result)
-    return (
-        task.task_id,
-        task.role,
-        task.peer,
-        task.title,
-        input_text,
-        task.state,
-        task.state_seq,
-        task.note,
-        result_text,
-        task.error,
-        task.contact,
-        task.delivered,
-        task.cancel_requested,
-        task.created_ms,
-        task.updated_ms,
-        input_json,
-        result_json,
-    )
-
-
-def _role(value: object) -> Role:
-    return "assignee" if value == "assignee" else "requester"
-
-
-def _input(row: Row) -> TaskValue:
-    value = decode(row[4], row[15])
-    return "" if value is None else value  # the column is NOT NULL
-
-
-def _task(row: Row) -> Task:
-    return Task(
-        task_id=str(row[0]),
-        role=_role(row[1]),
-        peer=bytes(row[2]),
-        title=str(row[3]),
-        input=_input(row),
-        state=str(row[5]),
-        state_seq=int(row[6]),
-        note=opt_text(row[7]),
-        result=decode(row[8], row[16]),
-        error=opt_text(row[9]),
-        contact=opt_int(row[10]),
-        delivered=int(row[11]),
-        cancel_requested=int(row[12]),
-        created_ms=int(row[13]),
-        updated_ms=int(row[14]),
-    )
-
-
-def _entry(row: Row) -> OutboxEntry:
-    return OutboxEntry(
-        entry_id=int(row[0]),
-        peer=bytes(row[1]),
-        task_id=str(row[2]),
-        body=dict(json.loads(str(row[3]))),
-        attempts=int(row[4]),
-        next_ms=int(row[5]),
     )

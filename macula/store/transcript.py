@@ -19,7 +19,8 @@ Invariants:
   rooms seen are cut to the ``max_rows`` most recently announced. It runs by itself after every
   ``prune_every`` new messages (with their ``received_ms`` as now), so a flood grows a room by
   at most ``prune_every`` rows past its bound.
-- The store holds what it is given: envelope validation and attestation are the agent layer's.
+- The store holds what it is given: envelope validation and attestation are the agent layer's;
+  the type checks of its arguments and the JSON text arrays are ``transcript_columns``'.
 - Read marks, catch-up marks and gaps: ``macula.store.unread`` (schema step 2); the realm of
   each room: ``macula.store.room_realms`` (step 3). The oldest
   unread message is the first in transcript order (a message caught up late still comes in
@@ -29,8 +30,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,14 @@ from macula.store.base import (
     sql_int,
 )
 from macula.store.room_realms import TRANSCRIPT_V3, RoomRealms, check_realm
+from macula.store.transcript_columns import (
+    check_envelope,
+    check_int,
+    check_text,
+    json_texts,
+    opt_text_arg,
+    texts_from_json,
+)
 from macula.store.unread import TRANSCRIPT_V2
 from macula.wire.identity import ZERO_REALM
 
@@ -65,8 +72,6 @@ __all__ = [
     "TranscriptMessage",
     "TranscriptStore",
 ]
-
-logger = logging.getLogger("macula.store.transcript")
 
 DEFAULT_BOUNDS: Final = Bounds(max_rows=10_000, max_age_ms=30 * DAY_MS)
 
@@ -222,8 +227,8 @@ class TranscriptStore(RoomRealms):
             ("from_hex", from_hex),
             ("kind", kind),
         ):
-            _check_text(value, name)
-        _check_envelope(envelope)
+            check_text(value, name)
+        check_envelope(envelope)
         if publisher is not None and type(publisher) is not bytes:
             raise ValueError("publisher must be bytes or None")
         params = {
@@ -231,17 +236,17 @@ class TranscriptStore(RoomRealms):
             "message_id": message_id,
             "from_hex": from_hex,
             "kind": kind,
-            "text": _opt_text_arg(text, "text"),
-            "in_reply_to": _opt_text_arg(in_reply_to, "in_reply_to"),
-            "refs": _json_texts(refs, "refs"),
-            "participants": _json_texts(participants, "participants"),
-            "purpose": _opt_text_arg(purpose, "purpose"),
-            "sent_at": _check_int(sent_at, "sent_at"),
-            "received_ms": _check_int(received_ms, "received_ms"),
+            "text": opt_text_arg(text, "text"),
+            "in_reply_to": opt_text_arg(in_reply_to, "in_reply_to"),
+            "refs": json_texts(refs, "refs"),
+            "participants": json_texts(participants, "participants"),
+            "purpose": opt_text_arg(purpose, "purpose"),
+            "sent_at": check_int(sent_at, "sent_at"),
+            "received_ms": check_int(received_ms, "received_ms"),
             "publisher": publisher,
             "attested": check_flag(attested, "attested"),
             "envelope": envelope,
-            "event_seq": None if event_seq is None else _check_int(event_seq, "event_seq"),
+            "event_seq": None if event_seq is None else check_int(event_seq, "event_seq"),
         }
         new = await self._execute(_INSERT_MESSAGE, params) > 0
         if new:
@@ -412,14 +417,14 @@ class TranscriptStore(RoomRealms):
     ) -> bool:
         """Note that we are in ``topic`` (in ``realm``); True if newly joined (not already a
         member: then the membership, its realm included, is kept)."""
-        _check_text(topic, "topic")
+        check_text(topic, "topic")
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         params: Params = {
             "topic": topic,
             "role": role,
             "public": check_flag(public, "public"),
-            "purpose": _opt_text_arg(purpose, "purpose"),
+            "purpose": opt_text_arg(purpose, "purpose"),
             "now": now_ms,
             "realm": check_realm(realm),
         }
@@ -467,12 +472,12 @@ class TranscriptStore(RoomRealms):
     ) -> bool:
         """Remember a ``room_opened`` announcement seen on central; True if the topic is new.
         A repeat by the same opener refreshes it; one naming another opener is ignored."""
-        _check_text(topic, "topic")
-        _check_text(opener_hex, "opener_hex")
+        check_text(topic, "topic")
+        check_text(opener_hex, "opener_hex")
         params: Params = {
             "topic": topic,
             "opener": opener_hex,
-            "purpose": _opt_text_arg(purpose, "purpose"),
+            "purpose": opt_text_arg(purpose, "purpose"),
             "now": now_ms,
         }
         async with self._transaction() as db:
@@ -532,54 +537,6 @@ def _within(rows: list[Row], max_chars: int) -> list[Row]:
     return kept
 
 
-def _check_text(value: str, name: str) -> None:
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be non-empty text")
-
-
-def _opt_text_arg(value: str | None, name: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{name} must be text or None")
-    return value
-
-
-def _check_int(value: int, name: str) -> int:
-    if type(value) is not int:
-        raise ValueError(f"{name} must be an int (unix ms)")
-    return value
-
-
-def _check_envelope(envelope: str) -> None:
-    if not isinstance(envelope, str):
-        raise ValueError("envelope must be the raw JSON text")
-    try:
-        json.loads(envelope)
-    except ValueError:
-        raise ValueError("envelope is not valid JSON") from None
-
-
-def _json_texts(values: Sequence[str] | None, name: str) -> str | None:
-    if values is None:
-        return None
-    if isinstance(values, str | bytes) or not all(isinstance(v, str) for v in values):
-        raise ValueError(f"{name} must be a sequence of text (not one text)")
-    return json.dumps(list(values), ensure_ascii=False, separators=(",", ":"))
-
-
-def _texts_from_json(value: object, name: str, path: Path) -> tuple[str, ...] | None:
-    """Defence in depth: a stored column that is not a JSON array of text reads as None."""
-    if value is None:
-        return None
-    try:
-        decoded = json.loads(str(value))
-    except ValueError:
-        decoded = None
-    if isinstance(decoded, list) and all(isinstance(v, str) for v in decoded):
-        return tuple(decoded)
-    logger.warning("%s: %s is not a JSON array of text; reading it as None", path, name)
-    return None
-
-
 def _message(row: Row, path: Path) -> TranscriptMessage:
     return TranscriptMessage(
         seq=int(row[0]),
@@ -589,8 +546,8 @@ def _message(row: Row, path: Path) -> TranscriptMessage:
         kind=str(row[4]),
         text=opt_text(row[5]),
         in_reply_to=opt_text(row[6]),
-        refs=_texts_from_json(row[7], "refs", path),
-        participants=_texts_from_json(row[8], "participants", path),
+        refs=texts_from_json(row[7], "refs", path),
+        participants=texts_from_json(row[8], "participants", path),
         purpose=opt_text(row[9]),
         sent_at=int(row[10]),
         received_ms=int(row[11]),

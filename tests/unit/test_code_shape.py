@@ -1,6 +1,7 @@
-"""The shape of ``tools/`` (issue 23): no module over 600 lines, no function over 80 lines of
-its own (nested functions counted apart), and every MCP tool a module-level function (none
-defined, decorated or registered inside another function), so each can be imported and called.
+"""The shape of ``macula/`` and ``tools/`` (issue 23): no module over 600 lines, no function over
+80 lines of its own (nested functions counted apart), and every MCP tool a module-level function
+(none defined, decorated or registered inside another function), so each can be imported and
+called. ``relay/`` is held to the same by ``test_relay_shape.py``.
 """
 
 from __future__ import annotations
@@ -13,15 +14,31 @@ import pytest
 
 from tools.server import build_server
 
-TOOLS_DIR = Path(__file__).resolve().parents[2] / "tools"
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS_DIR = ROOT / "tools"
+PACKAGES = (ROOT / "macula", TOOLS_DIR)
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
+# functions let off the length rule, each with its reason
+LONG_FUNCTIONS_ALLOWED = {
+    # the guided demo: one linear script of printed steps, read top to bottom; the demos are
+    # covered by their own decision, not by this split
+    ("macula/tour.py", "run"): "the tour's linear demo script",
+}
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 def modules() -> list[Path]:
+    return sorted(path for package in PACKAGES for path in package.rglob("*.py"))
+
+
+def tool_modules() -> list[Path]:
     return sorted(TOOLS_DIR.rglob("*.py"))
+
+
+def name(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
 
 
 def functions(tree: ast.AST) -> Iterator[tuple[Function, Function | None]]:
@@ -62,24 +79,38 @@ def registers_a_tool(function: Function) -> bool:
     return function.name.startswith("mesh_")
 
 
-@pytest.mark.parametrize("path", modules(), ids=lambda p: p.name)
-def test_no_module_is_over_600_lines(path: Path) -> None:
-    lines = len(path.read_text(encoding="utf-8").splitlines())
-    assert lines <= MAX_MODULE_LINES, (path.name, lines)
-
-
-@pytest.mark.parametrize("path", modules(), ids=lambda p: p.name)
-def test_no_function_is_over_80_lines_of_its_own(path: Path) -> None:
+def long_functions(path: Path) -> list[tuple[str, int]]:
+    """The functions of ``path`` over 80 lines of their own, less those allowed."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    long = [
+    return [
         (function.name, own_lines(function))
         for function, _ in functions(tree)
         if own_lines(function) > MAX_FUNCTION_LINES
+        and (name(path), function.name) not in LONG_FUNCTIONS_ALLOWED
     ]
-    assert not long, (path.name, long)
 
 
-@pytest.mark.parametrize("path", modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", modules(), ids=name)
+def test_no_module_is_over_600_lines(path: Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_MODULE_LINES, (name(path), lines)
+
+
+@pytest.mark.parametrize("path", modules(), ids=name)
+def test_no_function_is_over_80_lines_of_its_own(path: Path) -> None:
+    assert not long_functions(path), (name(path), long_functions(path))
+
+
+def test_both_packages_are_checked_and_every_allowance_is_still_needed() -> None:
+    checked = {name(path) for path in modules()}
+    assert {"macula/node.py", "macula/client_core.py", "tools/server.py"} <= checked
+    for (module, function), reason in LONG_FUNCTIONS_ALLOWED.items():
+        tree = ast.parse((ROOT / module).read_text(encoding="utf-8"))
+        lengths = [own_lines(f) for f, _ in functions(tree) if f.name == function]
+        assert lengths and max(lengths) > MAX_FUNCTION_LINES, (module, function, reason)
+
+
+@pytest.mark.parametrize("path", tool_modules(), ids=name)
 def test_no_tool_is_defined_inside_another_function(path: Path) -> None:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     nested = [
@@ -87,7 +118,7 @@ def test_no_tool_is_defined_inside_another_function(path: Path) -> None:
         for function, outer in functions(tree)
         if outer is not None and registers_a_tool(function)
     ]
-    assert not nested, (path.name, nested)
+    assert not nested, (name(path), nested)
 
 
 def test_every_registered_tool_is_a_module_level_function() -> None:
