@@ -1,4 +1,4 @@
-"""Station CPU per hot-path frame, in process (issue 15, docs/perf/perf-station2.md).
+"""Station CPU per hot-path frame, in process (issue 15, docs/performance.md §8).
 
 Drives the sans-I/O ``RouterCore`` with pre-built, pre-signed frames fed through
 ``FrameDecoder`` as the shell feeds them, and prints CPU µs (``process_time``) per operation:

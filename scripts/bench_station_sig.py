@@ -1,4 +1,4 @@
-"""Station CPU per published message, in process (issue 15, docs/perf/perf-sig.md).
+"""Station CPU per published message, in process (issue 15, docs/performance.md §2).
 
 Drives the sans-I/O ``RouterCore`` with pre-built, pre-signed PUBLISH frames (fed as the shell
 feeds them: through ``FrameDecoder``, so decoding is counted) for 1 and N local subscribers
