@@ -21,7 +21,7 @@ from macula.wire.codes import ErrorCode
 CONTENT_BLOCK_TIMEOUT = 15.0
 CONTENT_MANIFEST_TIMEOUT = 5.0
 # Block CALLs in flight on one content stream. 4, 8 and 16 moved nothing once the I/O was batched
-# (docs/perf/perf-content.md: a transfer is CPU-bound at the station, not latency-bound).
+# (docs/performance.md §12: a transfer is CPU-bound at the station, not latency-bound).
 CONTENT_WINDOW = 2
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ Invariants:
 - the connection timer is moved only when its deadline comes earlier; one that fires early
   re-arms itself for the real deadline, so it is never late.
 A subclass feeds datagrams through ``_feed`` and sets ``_payload_queued`` when it queues an
-ack-eliciting frame for the next ``transmit``. Measurements: docs/perf/perf-quic2.md.
+ack-eliciting frame for the next ``transmit``. Measurements: docs/performance.md §9.
 """
 
 from __future__ import annotations

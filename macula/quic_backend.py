@@ -6,7 +6,7 @@ Every import of the QUIC library in ``macula`` and ``relay`` goes through this m
   ``QuicBackendError`` naming the fix; nothing falls back silently;
 - aioquic stays the default even when qh3 is installed: qh3 2.1's packet core is native and has
   no hook for receive credit, so ``macula.stream_credit`` cannot install and a paused stream does
-  not push back on its sender (docs/perf/perf-qh3.md);
+  not push back on its sender (docs/performance.md §7);
 - names and types are aioquic's (mypy checks against aioquic only); on qh3 the same names come
   from qh3, adapted where its API differs: the client advertises Ed25519 in TLS
   ``signature_algorithms`` (qh3 leaves it out by default), ``close(error_code, reason_phrase)``
@@ -211,7 +211,7 @@ def unsent_bytes(quic: QuicConnection, stream_id: int, written: int) -> int | No
 
 def offer_x25519_only(quic: QuicConnection) -> None:
     """aioquic: the ClientHello of ``quic`` offers one key share, X25519, instead of four (each
-    share is a key generated per connect; docs/perf/perf-conn.md). Call once its TLS context
+    share is a key generated per connect; docs/performance.md §5). Call once its TLS context
     exists. qh3: nothing (its TLS is native and chooses for itself)."""
     if BACKEND == "aioquic":
         from aioquic.tls import Group
@@ -254,7 +254,7 @@ def release_crypto_buffers(quic: QuicConnection) -> bool:
 
 
 # The RFC 9000 minimum: one spare connection id each way instead of aioquic's seven, each one a
-# NEW_CONNECTION_ID frame built, sent, parsed and stored per connect (docs/perf/perf-connect.md)
+# NEW_CONNECTION_ID frame built, sent, parsed and stored per connect (docs/performance.md §11)
 ACTIVE_CONNECTION_ID_LIMIT = 2
 _PADDING = 0x00
 

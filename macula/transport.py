@@ -429,9 +429,9 @@ class ClientConnection(QuicConnection):
     """A client QUIC connection whose ClientHello offers one key share, X25519, instead of
     aioquic's four (P-256, P-384, X25519, X448): every share offered is a key generated per
     connect. Callgrind, one sans-I/O handshake (both sides): 21.0 M instructions with four,
-    7.5 M with X25519 alone (docs/perf/perf-conn.md). Every aioquic station accepts X25519.
+    7.5 M with X25519 alone (docs/performance.md §5). Every aioquic station accepts X25519.
     It also asks for one spare connection id and skips PADDING natively (``lean_handshake``,
-    docs/perf/perf-connect.md)."""
+    docs/performance.md §11)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -248,7 +248,7 @@ class InterestRouter:
             out.append(Send(target.conn, target.control, data))
         # publisher_sig is end to end: local clients verify it themselves (a bad one is
         # dropped by the client, never delivered), so the station checks it only where it
-        # vouches for it further: before relaying it to a peer station (docs/perf/perf-sig.md)
+        # vouches for it further: before relaying it to a peer station (docs/performance.md §2)
         sig_checked = to_stations > 0 and sig is not None
         if sig_checked and not publisher_sig_valid(frame):
             self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")

@@ -11,12 +11,11 @@ Then (``--lists``) spawn -> first ``tools/list`` answered, p50 over runs, three 
 station on loopback (in this process): warm attach, cold attach (the attach starts the
 daemon) and plain ``macula-mcp``, with the official SDK client.
 
-Run: ``uv run python scripts/bench_attach.py [--ttfb-runs N] [--runs N] [--only first|lists]``.
+Run: ``uv run python scripts/bench.py attach [--ttfb-runs N] [--runs N] [--only first|lists]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import bench_common
 from mcp import Client, StdioServerParameters
 
 from relay.station import Station, StationConfig
@@ -160,7 +160,7 @@ def first_lines(runs: int, home: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = bench_common.parser("attach", __doc__)
     parser.add_argument("--runs", type=int, default=5, help="cold and plain runs (warm: 3x)")
     parser.add_argument("--ttfb-runs", type=int, default=10, help="spawns per first-byte figure")
     parser.add_argument("--only", choices=["first", "lists"], help="one of the two benches")
@@ -176,7 +176,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         shutil.rmtree(home, ignore_errors=True)
     load = os.getloadavg()[0]
     print(f"(python {sys.version.split()[0]}, {os.cpu_count()} cpus, load {load:.1f})")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """CPU time per operation on the selected QUIC library and event loop (``MACULA_QUIC``,
 ``MACULA_LOOP``), for comparing backends on a loaded machine where wall-clock rates are noise.
 
-Run: ``MACULA_QUIC=qh3 MACULA_LOOP=uvloop uv run --extra fast python scripts/bench_backend_cpu.py``.
+Run: ``MACULA_QUIC=qh3 MACULA_LOOP=uvloop uv run --extra fast python scripts/bench.py backend-cpu``.
 One process holds the station, a publisher and a subscriber (or one content client), so
 ``time.process_time()`` counts every side of a message: client publish, station relay, client
 delivery. Invariants: pub/sub goes in windows of ``--window`` messages, each fully received
@@ -17,11 +17,13 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import bench_common
 from bench_station import REALM, bench_station_config
 
 from macula import event_loop, quic_backend
@@ -82,7 +84,7 @@ async def content(endpoint: str, mib: float) -> dict[str, float]:
     }
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {**quic_backend.describe(), "loop": event_loop.loop_name()}
     with tempfile.TemporaryDirectory(prefix="bench-cpu-") as tmp:
         async with Station(bench_station_config(Path(tmp))) as station:
@@ -95,10 +97,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_common.parser("backend-cpu", __doc__)
     parser.add_argument("--messages", type=int, default=5000)
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--content-mib", type=float, default=16.0)
-    print(json.dumps(event_loop.run(main(parser.parse_args()))), flush=True)
+    print(json.dumps(event_loop.run(bench(parser.parse_args(argv)))), flush=True)

@@ -1,6 +1,6 @@
 """CBOR codec cost per typical frame, in CPU time (``time.process_time``), not wall clock.
 
-Run: ``uv run python scripts/bench_cbor.py [--rounds 5] [--iterations 2000] [--reference]``.
+Run: ``uv run python scripts/bench.py cbor [--rounds 5] [--iterations 2000] [--reference]``.
 
 Frames: every signed frame of ``vectors/frames.json`` (real wire bodies) plus a PUBLISH and an
 EVENT with a 128-byte payload built with ``macula.wire.frames``. Per frame: ``cbor.decode`` of
@@ -12,31 +12,21 @@ pure-Python reference codec kept for the differential tests.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import bench_common
+from bench_common import cpu_us
 
 from macula.wire import cbor
 from macula.wire.frames import Event, Publish, new_frame_id, parse_frame
 from macula.wire.identity import Identity, realm_tag
 
 VECTORS = Path(__file__).resolve().parents[1] / "tests" / "vectors"  # = ../shared/vectors
-
-
-def cpu_us(work: Callable[[], object], iterations: int, rounds: int) -> float:
-    work()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.process_time()
-        for _ in range(iterations):
-            work()
-        best = min(best, time.process_time() - start)
-    return best / iterations * 1e6
 
 
 def typical_frames() -> dict[str, bytes]:
@@ -64,12 +54,12 @@ def typical_frames() -> dict[str, bytes]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_common.parser("cbor", __doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--reference", action="store_true", help="also time the reference codec")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     bodies = typical_frames()
     frames = json.loads((VECTORS / "frames.json").read_text())["frames"]
     for vector in frames:
@@ -122,7 +112,3 @@ def main() -> None:
         dec = cpu_us(decode_all, args.iterations // 10, args.rounds)
         enc = cpu_us(encode_all, args.iterations // 10, args.rounds)
         print(f"{name}: cbor.json vectors ({len(blobs)}): decode {dec:.1f} µs, encode {enc:.1f} µs")
-
-
-if __name__ == "__main__":
-    main()

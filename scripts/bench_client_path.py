@@ -1,6 +1,6 @@
 """The client's own CPU per message: publish, delivery and one RPC round trip (issue 15).
 
-Run: ``uv run python scripts/bench_client_path.py [--n N] [--profile OUT.prof] [--only NAME]``.
+Run: ``uv run python scripts/bench.py client-path [--n N] [--profile OUT.prof] [--only NAME]``.
 
 Two kinds of figure, both CPU time (``time.process_time``) per operation in this one process,
 which a loaded machine disturbs far less than wall-clock rates:
@@ -29,11 +29,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_common
 
 from macula.client_core import CoreState
 from macula.node import Node
@@ -382,7 +384,7 @@ WORKLOADS: dict[str, Callable[[int], Awaitable[dict[str, float]]]] = {
 CLIENT_ONLY = ("publish", "deliver", "call", "serve")
 
 
-async def main(args: argparse.Namespace) -> None:
+async def bench(args: argparse.Namespace) -> None:
     names = args.only or list(WORKLOADS)
     profiler = cProfile.Profile() if args.profile else None
     for name in names:
@@ -408,14 +410,14 @@ async def main(args: argparse.Namespace) -> None:
         profiler.dump_stats(args.profile)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_common.parser("client-path", __doc__)
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--profile", metavar="OUT")
     parser.add_argument("--repeat", type=int, default=1, help="report the minimum of R runs")
     parser.add_argument("--only", action="append", choices=list(WORKLOADS))
     parser.add_argument("--count", action="store_true", help="count signs, verifies, encodes")
-    arguments = parser.parse_args()
+    arguments = parser.parse_args(argv)
     if arguments.count:
         _count_calls()
-    asyncio.run(main(arguments))
+    asyncio.run(bench(arguments))

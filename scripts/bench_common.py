@@ -1,4 +1,5 @@
-"""What every benchmark module shares: the adapter protocols, figures, limits and child processes.
+"""What every benchmark module shares: argument parsing, timing, percentiles, printing, the
+adapter protocols, figures, limits and child processes (``scripts/bench.py`` runs them all).
 
 Invariants: every system is driven through ``Broker``/``Client``/``Inbox`` only; a ``Figure``'s
 ``key`` is the same for every system measuring the same thing (ratios pair them up by key); a
@@ -8,12 +9,14 @@ killed after a bound), so no run leaves a process behind.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -25,7 +28,7 @@ YIELD_EVERY = 100
 SUB_BUFFER = 100_000
 IN_FLIGHT = 50
 CALL_TIMEOUT = 10.0
-SCRIPT = Path(__file__).resolve().parent / "bench_station.py"
+SCRIPT = Path(__file__).resolve().parent / "bench.py"  # child processes: ``bench.py station``
 
 
 class BenchError(Exception):
@@ -85,6 +88,13 @@ class Figure:
     note: str = ""
 
 
+def parser(command: str, doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser of ``bench.py COMMAND``, described by its module's first doc line."""
+    return argparse.ArgumentParser(
+        prog=f"bench.py {command}", description=(doc or "").split("\n")[0] or None
+    )
+
+
 def show(system: str, figure: Figure) -> None:
     value = f"{figure.value:>12,.1f}" if figure.value < 100 else f"{figure.value:>12,.0f}"
     print(f"{system:<8}{figure.label:<38} {value} {figure.unit:<13} {figure.note}", flush=True)
@@ -97,6 +107,40 @@ def percentile(samples: list[float], q: float) -> float:
 
 def elapsed_since(start: float) -> float:
     return time.perf_counter() - start
+
+
+def best_cpu_seconds(rounds: int, prepare: Callable[[], Callable[[], object]]) -> float:
+    """The least CPU time (``process_time``) of ``rounds`` runs, each of a fresh ``prepare()``.
+
+    Preparing is not timed; the smallest figure is the one least disturbed by other processes.
+    """
+    best = float("inf")
+    for _ in range(rounds):
+        work = prepare()
+        start = time.process_time()
+        work()
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def cpu_us(work: Callable[[], object], iterations: int, rounds: int) -> float:
+    """µs of CPU per call of ``work``: warmed once, best of ``rounds`` runs of ``iterations``."""
+
+    def repeat() -> None:
+        for _ in range(iterations):
+            work()
+
+    work()
+    return best_cpu_seconds(rounds, lambda: repeat) / iterations * 1e6
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of another process so far, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
 
 
 def free_tcp_port() -> int:
@@ -113,13 +157,14 @@ class Child:
 
 @contextlib.asynccontextmanager
 async def child_process(mode: str, *args: str, ready: str) -> AsyncIterator[Child]:
-    """``bench_station.py --MODE ARGS`` in a child process, until its stdin closes.
+    """``bench.py station --MODE ARGS`` in a child process, until its stdin closes.
 
     It prints ``READY REST`` once serving; anything else (or nothing within 30 s) fails.
     """
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         str(SCRIPT),
+        "station",
         f"--{mode}",
         *args,
         stdin=asyncio.subprocess.PIPE,

@@ -1,7 +1,7 @@
 """CPU time per MiB of a content put + get, per side (client process, station child process).
 
-Run: ``uv run python scripts/bench_content_cpu.py [--mib 16] [--rounds 3] [--profile client.prof]``.
-The station runs in a child process (``bench_station.py --serve-station``); its CPU is read from
+Run: ``uv run python scripts/bench.py content-cpu [--mib 16] [--rounds 3] [--profile client.prof]``.
+The station runs in a child process (``bench.py station --serve-station``); its CPU is read from
 ``/proc/PID/stat`` before and after each round, the client's from ``time.process_time()``.
 Invariants: every round checks the bytes that come back; wall-clock figures are printed but are
 noise on a loaded machine (compare the CPU figures); prints one JSON line per round.
@@ -16,22 +16,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_common import child_process
+from bench_common import child_process, parser, process_cpu_seconds
 
 from macula.node import Node
 from macula.wire.identity import Identity
 
 MIB = 1024 * 1024
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+cpu_s = process_cpu_seconds
 
 
 async def one_round(node: Node, station_pid: int, mib: float) -> dict[str, float]:
@@ -54,7 +50,7 @@ async def one_round(node: Node, station_pid: int, mib: float) -> dict[str, float
     }
 
 
-async def main(args: argparse.Namespace) -> None:
+async def bench(args: argparse.Namespace) -> None:
     profile = cProfile.Profile() if args.profile else None
     async with (
         child_process("serve-station", "1800", ready="endpoint") as child,
@@ -72,9 +68,9 @@ async def main(args: argparse.Namespace) -> None:
         profile.dump_stats(args.profile)
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--mib", type=float, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--profile", default="")
-    asyncio.run(main(parser.parse_args()))
+def main(argv: Sequence[str] | None = None) -> None:
+    arguments = parser("content-cpu", __doc__)
+    arguments.add_argument("--mib", type=float, default=16)
+    arguments.add_argument("--rounds", type=int, default=3)
+    arguments.add_argument("--profile", default="")
+    asyncio.run(bench(arguments.parse_args(argv)))

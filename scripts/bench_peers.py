@@ -141,7 +141,7 @@ def missing_nats() -> str | None:
     if shutil.which("nats-server") is None:
         missing.append("nats-server (apt-get install nats-server)")
     if importlib.util.find_spec("nats") is None:
-        missing.append("nats-py (uv run --with nats-py python scripts/bench_station.py)")
+        missing.append("nats-py (uv run --with nats-py python scripts/bench.py station)")
     return ", ".join(missing) or None
 
 
@@ -235,5 +235,5 @@ async def serve_amqtt(port: int, seconds: float) -> None:
 
 def missing_amqtt() -> str | None:
     if importlib.util.find_spec("amqtt") is None:
-        return "amqtt (uv run --with amqtt python scripts/bench_station.py)"
+        return "amqtt (uv run --with amqtt python scripts/bench.py station)"
     return None

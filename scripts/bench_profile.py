@@ -1,6 +1,6 @@
 """Summarise a py-spy profile: top self-time functions and the share of each area.
 
-Run: ``python scripts/bench_profile.py PROFILE.txt [--top N] [--callers FUNCTION]`` on the
+Run: ``python scripts/bench.py profile PROFILE.txt [--top N] [--callers FUNCTION]`` on the
 output of ``py-spy record --nolineno --format raw`` (how docs/performance.md made its profiles).
 
 Invariants: a sample whose innermost frame is a thread waiting (the event loop in ``select``,
@@ -10,9 +10,11 @@ the shares are of busy time; the input is only read.
 
 from __future__ import annotations
 
-import argparse
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
+
+import bench_common
 
 WAITING = ("EpollSelector.select ", "_connection_worker_thread ", "_worker (concurrent/")
 AREAS = (
@@ -65,15 +67,11 @@ def summarise(path: Path, top: int, callers: str | None) -> None:
         print(f"{100 * count / total:5.1f}%  {callers} < {chain}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_common.parser("profile", __doc__)
     parser.add_argument("profiles", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--callers", help="also show who calls this function (its self time)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     for path in args.profiles:
         summarise(path, args.top, args.callers)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """Station benchmark: ours vs nats-server + nats-py vs the amqtt broker, and issue 15's goals.
 
-Run: ``uv run --with nats-py --with amqtt python scripts/bench_station.py --station-process``
+Run: ``uv run --with nats-py --with amqtt python scripts/bench.py station --station-process``
 (``--quick`` for a smoke run, ``--json PATH`` for every figure and goal as one JSON object,
 ``--idle N`` idle connections for the memory figure, ``--station NODE_ID@HOST:PORT`` for an
 external station, ``--no-peers`` to measure ours alone). Without ``--station`` our station
@@ -37,13 +37,14 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_common
 import bench_goals
 import bench_peers
 import bench_resources
@@ -542,8 +543,8 @@ async def run(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_common.parser("station", __doc__)
     parser.add_argument("--quick", action="store_true", help="small counts: a smoke run")
     parser.add_argument("--station", help="benchmark this station (node_id@host:port) instead")
     parser.add_argument(
@@ -570,7 +571,3 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(bench_resources.serve_raw_quic(args.serve_raw_quic))
         return
     sys.exit(event_loop.run(run(args)))
-
-
-if __name__ == "__main__":
-    main()

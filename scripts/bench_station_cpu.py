@@ -1,22 +1,20 @@
-"""Station CPU per hot-path frame, in process (issue 15, docs/perf/perf-station2.md).
+"""Station CPU per hot-path frame, in process (issue 15, docs/performance.md §8).
 
 Drives the sans-I/O ``RouterCore`` with pre-built, pre-signed frames fed through
 ``FrameDecoder`` as the shell feeds them, and prints CPU µs (``process_time``) per operation:
 PUBLISH with 1 and 50 local subscribers, and one CALL forwarded plus its RESULT forwarded back.
 ``--profile`` prints cProfile's top self-time functions instead. No sockets, no clock reads
-in the core. Run: ``uv run python scripts/bench_station_cpu.py [--messages 2000] [--profile]``.
+in the core. Run: ``uv run python scripts/bench.py station-cpu [--messages 2000] [--profile]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import os
 import pickle
 import pstats
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from macula.wire.frames import Advertise, Call, Connect, Result, new_frame_id
@@ -25,6 +23,7 @@ from relay.core import RouterCore
 from relay.policy import Quotas, StationPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common
 from bench_station_sig import REALM, T0, load_frames, setup, wire_frames
 
 PROCEDURE = "bench.echo"
@@ -142,13 +141,13 @@ def rpc(n: int) -> Callable[[], int]:
     return run
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_common.parser("station-cpu", __doc__)
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5, help="best of this many runs")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--only", choices=("pub1", "pub50", "rpc"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     n = args.messages
     cases = {
         "pub1": ("PUBLISH, 1 subscriber", lambda: pubsub(1, n)),
@@ -167,14 +166,5 @@ def main() -> None:
             print(f"== {label}")
             pstats.Stats(profile).sort_stats("tottime").print_stats(22)
             continue
-        best = float("inf")
-        for _ in range(args.rounds):
-            run = make()
-            start = time.process_time()
-            run()
-            best = min(best, time.process_time() - start)
+        best = bench_common.best_cpu_seconds(args.rounds, make)
         print(f"{label:<28} {best / n * 1e6:8.1f} µs/op")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,19 +1,20 @@
-"""Station CPU per published message, in process (issue 15, docs/perf/perf-sig.md).
+"""Station CPU per published message, in process (issue 15, docs/performance.md §2).
 
 Drives the sans-I/O ``RouterCore`` with pre-built, pre-signed PUBLISH frames (fed as the shell
 feeds them: through ``FrameDecoder``, so decoding is counted) for 1 and N local subscribers
 (and optionally one linked peer station), and prints CPU µs per message (``process_time``) and
 the Ed25519 sign/verify calls the station made per message. No sockets, no clock reads in the
-core. Run: ``uv run python scripts/bench_station_sig.py [--messages 2000] [--subscribers 1 50]``.
+core. Run: ``uv run python scripts/bench.py station-sig [--messages 2000] [--subscribers 1 50]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import bench_common
 import nacl.signing
 
 from macula.wire import cbor
@@ -168,8 +169,8 @@ def run(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_common.parser("station-sig", __doc__)
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--payload", type=int, default=128)
     parser.add_argument("--subscribers", type=int, nargs="*", default=[1, 50])
@@ -179,7 +180,7 @@ def main() -> None:
     parser.add_argument(
         "--no-count", action="store_true", help="no PyNaCl patching (for callgrind diffs)"
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     frames = load_frames(args.frames, args.messages, args.payload)
     peers = {"no": (False,), "yes": (True,), "both": (False, True)}[args.peer]
     for station_peer in peers:
@@ -197,7 +198,3 @@ def main() -> None:
                 f"sign {best['signs_per_message']:.2f}  verify {best['verifies_per_message']:.2f}"
                 f"  sends {best['sends_per_message']:.0f}"
             )
-
-
-if __name__ == "__main__":
-    main()

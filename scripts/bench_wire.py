@@ -1,16 +1,17 @@
 """Wire-core benchmark: frames/s for encode+sign and decode+verify, bytes/s for MCIDs.
 
-Run: ``uv run python scripts/bench_wire.py [--seconds 1.0]``. Prints one line per figure; the
+Run: ``uv run python scripts/bench.py wire [--seconds 1.0]``. Prints one line per figure; the
 ratios compare our codec with the cost of the Ed25519 step alone, so a regression in our own
 code shows up even on a machine of a different speed.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import bench_common
 
 from macula.wire import cbor, content
 from macula.wire.frames import Call, Frame, Publish, new_frame_id, parse_frame
@@ -61,10 +62,10 @@ def frames_for(identity: Identity) -> dict[str, Frame]:
     return {"PUBLISH (128-byte payload)": publish, "CALL": call}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_common.parser("wire", __doc__)
     parser.add_argument("--seconds", type=float, default=1.0, help="time per figure")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     identity = Identity.generate(os.urandom)
     print(f"macula wire benchmark, {args.seconds:.1f} s per figure")
     message = b"m" * 300
@@ -103,7 +104,3 @@ def main() -> None:
             work()
         elapsed = (time.perf_counter() - start) / runs
         print(f"{label:<44} {len(data) / elapsed / 2**20:>12,.1f} MiB/s")
-
-
-if __name__ == "__main__":
-    main()

@@ -387,7 +387,8 @@ async def test_publish_as_someone_else_is_refused(
         await pair.bob.flush()
         assert watch.delivered == 2
         assert station.core.stats["foreign_publish"] == 2
-        # no link: the station leaves publisher_sig to the subscriber, who drops both (perf-sig)
+        # no link: the station leaves publisher_sig to the subscriber, who drops both
+        # (docs/performance.md §2)
         assert station.core.stats["bad_publisher_sig"] == 0
         assert (await pair.bob.session()).dropped["bad_publisher_sig"] == 2
 

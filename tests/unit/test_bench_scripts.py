@@ -1,4 +1,5 @@
-"""The benchmark scripts run end to end with ``--quick``: a station on loopback, every figure.
+"""``scripts/bench.py``: every subcommand runs end to end on a few operations (the station with
+``--quick``: a station on loopback, every figure), and the entry point lists and dispatches them.
 
 The goals table is checked on figures made up here (no timed assertion anywhere): a goal is
 met, missed, or ``unknown`` when a figure or its peer is missing, never met by default.
@@ -17,6 +18,7 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
+import bench  # noqa: E402
 import bench_goals  # noqa: E402
 from bench_common import Figure  # noqa: E402
 
@@ -48,9 +50,16 @@ OUR_KEYS = {
 }
 
 
-def run(script: str, *args: str, quick: bool = True) -> subprocess.CompletedProcess[str]:
+def run(command: str, *args: str, quick: bool = True) -> subprocess.CompletedProcess[str]:
+    """``bench.py COMMAND [--quick] ARGS`` in a child process."""
     return subprocess.run(
-        [sys.executable, str(SCRIPTS / script), *(["--quick"] if quick else []), *args],
+        [
+            sys.executable,
+            str(SCRIPTS / "bench.py"),
+            command,
+            *(["--quick"] if quick else []),
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=240,
@@ -58,8 +67,8 @@ def run(script: str, *args: str, quick: bool = True) -> subprocess.CompletedProc
     )
 
 
-def ran(script: str, *args: str) -> str:
-    completed = run(script, *args)
+def ran(command: str, *args: str, quick: bool = True) -> str:
+    completed = run(command, *args, quick=quick)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "FAILED" not in completed.stdout, completed.stdout + completed.stderr
     return completed.stdout
@@ -72,7 +81,7 @@ def shown(system: str, label: str, out: str) -> bool:
 @pytest.mark.slow
 def test_bench_station_quick_prints_every_figure_and_writes_the_json(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
-    out = ran("bench_station.py", "--no-peers", "--json", str(path))
+    out = ran("station", "--no-peers", "--json", str(path))
     for figure in FIGURES:
         assert shown("macula", figure, out), f"{figure!r} missing from:\n{out}"
     assert "0 dropped" in out
@@ -103,7 +112,7 @@ def test_bench_station_quick_prints_every_figure_and_writes_the_json(tmp_path: P
 
 
 def test_bench_station_refuses_a_bad_idle_count() -> None:
-    completed = run("bench_station.py", "--idle", "0", quick=False)
+    completed = run("station", "--idle", "0", quick=False)
     assert completed.returncode == 2
     assert "--idle must be at least 1" in completed.stderr
 
@@ -154,15 +163,88 @@ def test_json_turns_a_missing_measurement_into_null(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_bench_client_prints_only_client_figures() -> None:
-    out = ran("bench_client.py", "--no-nats")
+    out = ran("client", "--no-nats")
     assert shown("macula", "RPC calls/s, 50 in flight", out)
     assert shown("macula", "publish→deliver p50", out)
     assert "pub/sub 1:1" not in out
 
 
 def test_bench_station_cpu_runs_every_hot_path() -> None:
-    completed = run("bench_station_cpu.py", "--messages", "3", "--rounds", "1", quick=False)
+    completed = run("station-cpu", "--messages", "3", "--rounds", "1", quick=False)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     out = completed.stdout
     for label in ("PUBLISH, 1 subscriber", "PUBLISH, 50 subscribers", "CALL + RESULT forwarded"):
         assert re.search(rf"^{re.escape(label)}\s+[\d.]+ µs/op$", out, re.MULTILINE), out
+
+
+def test_bench_lists_every_subcommand_and_refuses_an_unknown_one() -> None:
+    listed = run("--help", quick=False)
+    assert listed.returncode == 0, listed.stderr
+    for name in bench.SUBCOMMANDS:
+        assert re.search(rf"^  {re.escape(name)}\s", listed.stdout, re.MULTILINE), listed.stdout
+    refused = run("no-such-bench", quick=False)
+    assert refused.returncode == 2
+    assert "unknown subcommand 'no-such-bench'" in refused.stderr
+
+
+@pytest.mark.parametrize("name", sorted(bench.SUBCOMMANDS))
+def test_every_subcommand_parses_its_own_options(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each module imports and has a ``main(argv)``; its help names it as a subcommand."""
+    with pytest.raises(SystemExit) as exited:
+        bench.main([name, "--help"])
+    assert exited.value.code == 0
+    assert "usage: bench.py " in capsys.readouterr().out
+
+
+def test_bench_wire_prints_every_rate() -> None:
+    out = ran("wire", "--seconds", "0.01", quick=False)
+    for label in (
+        "Ed25519 sign alone",
+        "PUBLISH (128-byte payload): encode+sign",
+        "BLAKE3 of 16 MiB",
+        "MCID",
+    ):
+        assert re.search(rf"^(-- )?{re.escape(label)}.*/s", out, re.MULTILINE), out
+
+
+def test_bench_cbor_times_every_frame_and_the_vectors() -> None:
+    out = ran("cbor", "--rounds", "1", "--iterations", "10", quick=False)
+    assert re.search(r"^mean over \d+ frames\s+[\d.]+ /\s+[\d.]+\s+[\d.]+$", out, re.M), out
+    assert re.search(r"^cbor: cbor.json vectors \(\d+\): decode [\d.]+ µs", out, re.M), out
+
+
+def test_bench_station_sig_counts_signatures_and_sends() -> None:
+    out = ran("station-sig", "--messages", "3", "--rounds", "1", "--subscribers", "2", quick=False)
+    assert re.search(
+        r"^2 subscriber\(s\)\s+[\d.]+ µs/msg\s+sign 0.00\s+verify 0.00\s+sends 2$", out, re.M
+    ), out
+    assert re.search(r"^2 subscriber\(s\) \+ 1 peer station .* sends 3$", out, re.M), out
+
+
+def test_bench_client_path_prints_cpu_per_operation() -> None:
+    out = ran("client-path", "--n", "20", "--only", "publish", "--only", "deliver", quick=False)
+    keys = re.findall(r"^(\w+)\s+[\d.]+", out, re.M)
+    assert any(key.startswith("publish") for key in keys), out
+    assert any(key.startswith("deliver") for key in keys), out
+
+
+def test_bench_profile_sums_self_time_by_area(tmp_path: Path) -> None:
+    stacks = tmp_path / "stacks.txt"
+    stacks.write_text(
+        "main;macula/node.py:publish;relay/core.py:route 3\nmain;aioquic/x.py:send 1\n"
+    )
+    out = ran("profile", str(stacks), "--top", "2", quick=False)
+    assert "4 busy samples (0 waiting left out)" in out, out
+    assert " 75.0%  relay/core.py:route" in out, out
+
+
+@pytest.mark.slow
+def test_bench_content_cpu_and_backend_cpu_print_one_json_line_each() -> None:
+    content = json.loads(ran("content-cpu", "--mib", "0.25", "--rounds", "1", quick=False))
+    assert content["client_ms_per_mib"] > 0 and content["station_ms_per_mib"] > 0, content
+    backend = json.loads(
+        ran("backend-cpu", "--messages", "50", "--content-mib", "0.25", quick=False)
+    )
+    assert backend["pubsub"]["messages"] == 50 and backend["content"]["cpu_ms_per_mib"] > 0

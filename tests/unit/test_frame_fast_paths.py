@@ -1,4 +1,4 @@
-"""The frame fast paths of the client's hot path (docs/perf/perf-client2.md) give exactly what
+"""The frame fast paths of the client's hot path (docs/performance.md §10) give exactly what
 the general paths give: ``parse_frame`` filling a frame's slots directly equals the frame the
 dataclass constructor builds from the same values; ``Frame.encoded_pairs`` (fields encoded in
 the class's precomputed key order) equals ``cbor.encode_pairs`` of ``to_map()``; the signature

@@ -2,7 +2,7 @@
 
 The station verifies a PUBLISH's frame signature (against its connection) and its
 ``publisher_sig`` only where the station vouches for it further: before relaying the EVENT to a
-peer station (docs/perf/perf-sig.md). Local subscribers verify ``publisher_sig`` end to end, so
+peer station (docs/performance.md §2). Local subscribers verify ``publisher_sig`` end to end, so
 a bad one that the station let through is dropped by the client core and never surfaces as an
 ``EventArrived``. Counts of Ed25519 calls are of the station's router only (PyNaCl patched
 around ``RouterCore.frames_received``).

@@ -1,4 +1,4 @@
-"""The station's hot paths do less work and still send exactly the same bytes (perf-station2).
+"""The station's hot paths do less work and send the very same bytes (docs/performance.md §8).
 
 - A forwarded CALL and its RESULT/ERROR go out as the very bytes received when those are
   canonical (nothing re-encoded); a non-canonical one goes out canonically re-encoded, as
