@@ -176,3 +176,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         shutil.rmtree(home, ignore_errors=True)
     load = os.getloadavg()[0]
     print(f"(python {sys.version.split()[0]}, {os.cpu_count()} cpus, load {load:.1f})")
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py attach
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py attach ...`")

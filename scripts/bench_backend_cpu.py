@@ -104,3 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=128)
     parser.add_argument("--content-mib", type=float, default=16.0)
     print(json.dumps(event_loop.run(bench(parser.parse_args(argv)))), flush=True)
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py backend-cpu
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py backend-cpu ...`")

@@ -112,3 +112,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         dec = cpu_us(decode_all, args.iterations // 10, args.rounds)
         enc = cpu_us(encode_all, args.iterations // 10, args.rounds)
         print(f"{name}: cbor.json vectors ({len(blobs)}): decode {dec:.1f} µs, encode {enc:.1f} µs")
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py cbor
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py cbor ...`")

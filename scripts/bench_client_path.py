@@ -421,3 +421,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if arguments.count:
         _count_calls()
     asyncio.run(bench(arguments))
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py client-path
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py client-path ...`")

@@ -74,3 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     arguments.add_argument("--rounds", type=int, default=3)
     arguments.add_argument("--profile", default="")
     asyncio.run(bench(arguments.parse_args(argv)))
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py content-cpu
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py content-cpu ...`")

@@ -75,3 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for path in args.profiles:
         summarise(path, args.top, args.callers)
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py profile
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py profile ...`")

@@ -571,3 +571,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(bench_resources.serve_raw_quic(args.serve_raw_quic))
         return
     sys.exit(event_loop.run(run(args)))
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py station
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py station ...`")

@@ -168,3 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             continue
         best = bench_common.best_cpu_seconds(args.rounds, make)
         print(f"{label:<28} {best / n * 1e6:8.1f} µs/op")
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py station-cpu
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py station-cpu ...`")

@@ -198,3 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"sign {best['signs_per_message']:.2f}  verify {best['verifies_per_message']:.2f}"
                 f"  sends {best['sends_per_message']:.0f}"
             )
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py station-sig
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py station-sig ...`")

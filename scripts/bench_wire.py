@@ -104,3 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             work()
         elapsed = (time.perf_counter() - start) / runs
         print(f"{label:<44} {len(data) / elapsed / 2**20:>12,.1f} MiB/s")
+
+
+if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py wire
+    raise SystemExit(f"{__file__}: run it as `python scripts/bench.py wire ...`")
