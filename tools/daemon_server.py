@@ -33,8 +33,8 @@ from macula.errors import ConfigError, MaculaError
 from macula.event_loop import run as run_loop
 from tools import daemon_protocol as protocol
 from tools.channel import ENABLED_ENV as CHANNEL_ENV
-from tools.daemon import MAX_LINE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_hosts import Hosted, Hosts, IdleClock
+from tools.daemon_settings import MAX_LINE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_socket import (
     DaemonRunningError,
     SocketSetupError,
