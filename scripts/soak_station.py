@@ -66,7 +66,8 @@ def station_child(data_dir: str) -> None:
     stop it and print one JSON line with the largest stall (ms)."""
     import logging
 
-    from relay.cli import KeyValueFormatter, build_parser, config_from_args
+    from macula.logformat import KeyValueFormatter
+    from relay.cli import build_parser, config_from_args
     from relay.monitor import Monitor
     from relay.monitor_figures import Lifecycle
     from relay.station import Station
