@@ -46,8 +46,8 @@ from macula.agent.petnames import petname
 from macula.backoff import Backoff
 from macula.clock import now_ms
 from macula.errors import MaculaError
+from macula.house_client import HouseClient
 from macula.node import Node
-from macula.services import HouseClient
 from macula.stations import parse_station
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire.errors import FramingError

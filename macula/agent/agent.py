@@ -35,8 +35,8 @@ from macula.agent.tasks import Tasks
 from macula.clock import Clock, now_ms
 from macula.config import macula_home, path_setting
 from macula.errors import ConfigError, MaculaError
+from macula.house_client import DIRECTORY_RENEW_S, HouseClient
 from macula.node import Node
-from macula.services import DIRECTORY_RENEW_S, HouseClient
 from macula.station_choice import StationInfo
 from macula.store import rings as ring_store
 from macula.store import transcript as transcript_store

@@ -45,7 +45,7 @@ DEFAULT_MAX_PAGES: Final = 50
 
 
 class HistorySource(Protocol):
-    """Where history comes from: a house-service caller (``macula.services.HouseClient``)."""
+    """Where history comes from: a house-service caller (``macula.house_client.HouseClient``)."""
 
     async def call(self, procedure: str, payload: Any) -> Any: ...
 
