@@ -1,7 +1,9 @@
 """The one wall clock of macula, and the shape of an injected one.
 
 Sans-I/O code (``macula.client_core``, ``relay.core``) never reads the clock: it takes ``now_ms``
-as an argument. The I/O shells read it here, so a test can replace a ``Clock`` with a stepped one.
+as an argument. The I/O shells read it here, so a test can replace an ``MsClock`` with a stepped
+one. (``MsClock`` reads milliseconds of the wall clock; a ``clock`` in seconds, such as
+``Node(clock=time.monotonic)``, is a ``Callable[[], float]``.)
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-Clock = Callable[[], int]  # milliseconds since the Unix epoch
+MsClock = Callable[[], int]  # milliseconds since the Unix epoch
 
 
 def now_ms() -> int:

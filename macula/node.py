@@ -48,7 +48,7 @@ from macula.serving import DEFAULT_MAX_IN_FLIGHT, Handler, Server, StreamHandler
 from macula.session import Session, StreamChannel
 from macula.station_choice import DEFAULT_SETTLE_S, StationChoice, StationInfo, station_list
 from macula.stations import StationAddress
-from macula.subscriptions import Delivery, Subscription, SubscriptionTable
+from macula.subscriptions import Delivery, LocalSubscriptions, Subscription
 from macula.wire.frames import Call, Event, StreamOpen
 from macula.wire.identity import Identity
 
@@ -98,7 +98,7 @@ class Node:
         self.stats = NodeStats(EventDedup(dedup_window))
         self._session: Session | None = None
         self._connected = asyncio.Event()
-        self._subscriptions = SubscriptionTable()
+        self._subscriptions = LocalSubscriptions()
         self._served = Server(self.stats, self._spawn_handler, max_handlers)
         self._seq = 0
         self._listeners: list[Callable[[str], None]] = []

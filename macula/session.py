@@ -33,7 +33,7 @@ from macula.client_events import (
     Output,
     Transmit,
 )
-from macula.clock import Clock, now_ms
+from macula.clock import MsClock, now_ms
 from macula.errors import BrokenError, CallTimeout, HandshakeError, MaculaError, MeshError
 from macula.intent import EventDedup, Intent, Wanted
 from macula.stations import StationAddress
@@ -158,7 +158,7 @@ class Session:
         *,
         intent: Wanted | None = None,
         dedup: EventDedup | None = None,
-        clock: Clock = now_ms,
+        clock: MsClock = now_ms,
     ) -> None:
         self.identity = identity
         self.address = address

@@ -11,7 +11,7 @@ Invariants:
 - once ended (closed by its owner, or its node closed) a subscription takes no new event, and
   its consumer always sees the end: every event still buffered, then ``StopAsyncIteration``.
   The end marker never competes with events for a slot of the bounded buffer;
-- ``SubscriptionTable`` holds the intent: which (realm, topic) this node wants. Only the first
+- ``LocalSubscriptions`` holds the intent: which (realm, topic) this node wants. Only the first
   subscription of a key and the removal of its last one need a frame to the station.
 """
 
@@ -133,7 +133,7 @@ class Subscription:
         await self.close()
 
 
-class SubscriptionTable:
+class LocalSubscriptions:
     """Every live subscription of a node, by (realm, topic); iterating yields the keys."""
 
     def __init__(self) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from macula.config import macula_home
 from macula.errors import ConfigError
 from macula.event_loop import run as run_loop
+from macula.logformat import JsonFormatter, KeyValueFormatter
 from macula.wire.framing import MAX_FRAME_SIZE
 from relay import config_file, service
 from relay.federation.dht import DhtConfig
@@ -36,7 +37,6 @@ from relay.federation.links import LinkTarget, parse_peer
 from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.lifetime import LifetimeRule, watch
-from relay.logformat import JsonFormatter
 from relay.policy import PuzzleMode, Quotas, StationPolicy
 from relay.realm_admission import AdmissionMode, AllowlistError
 from relay.realm_files import Allowlist, load_station_endorsement
@@ -46,20 +46,6 @@ from relay.station import Station, StationConfig
 from relay.store import StoreLimits
 
 SHUTDOWN_BUDGET_S = 4.5
-
-
-class KeyValueFormatter(logging.Formatter):
-    """One line per record: ``ts=... level=... logger=... msg="..."``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        message = record.getMessage().replace('"', "'")
-        line = (
-            f"ts={self.formatTime(record, '%Y-%m-%dT%H:%M:%S')} level={record.levelname.lower()} "
-            f'logger={record.name} msg="{message}"'
-        )
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return line
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:

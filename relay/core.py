@@ -3,7 +3,7 @@
 ``RouterCore`` is fed decoded frame maps with the connection and stream they arrived on and the
 current time, and answers with actions (``relay.actions``: send these bytes, end that stream,
 close that connection, run that built-in). The QUIC shell (``relay.station``) only moves bytes.
-State lives in small tables (``SubscriptionTable``, ``AdvertTable``, ``PendingCalls``,
+State lives in small tables (``StationSubscriptions``, ``AdvertTable``, ``PendingCalls``,
 ``RouteTable``); helpers it owns apply one part of the protocol each (``CallForwarder``,
 ``StreamRelay``, ``InterestRouter``: ADVERTISE, SUBSCRIBE, PUBLISH). Rules:
 - handshake (§5): the first CONNECT, verified against its ``node_id``, makes its stream the
@@ -83,7 +83,7 @@ from relay.realms import RealmGate
 from relay.routes import RouteTable
 from relay.station_frames import StationFrames
 from relay.stream_relay import StreamRelay
-from relay.subscriptions import SubscriptionTable
+from relay.subscriptions import StationSubscriptions
 
 __all__ = ["BUILTINS", "RouterCore"]
 
@@ -121,7 +121,7 @@ class RouterCore:
         self.random_bytes = random_bytes
         self.peers: dict[int, Peer] = {}
         self.node_conn: dict[bytes, int] = {}
-        self.subscriptions = SubscriptionTable()
+        self.subscriptions = StationSubscriptions()
         self.adverts = AdvertTable()
         self.pending = PendingCalls()
         self.routes = RouteTable()

@@ -44,7 +44,7 @@ from relay.federation.interest import StationInterest
 from relay.peers import Peer, PeerState
 from relay.policy import Quotas
 from relay.station_frames import StationFrames
-from relay.subscriptions import SubscriptionTable
+from relay.subscriptions import StationSubscriptions
 
 Declaration = Advertise | Unadvertise | Subscribe | Unsubscribe | Publish
 SIGNATURE_BYTES = 64  # Ed25519 (§4.1)
@@ -65,7 +65,7 @@ class InterestRouter:
         peers: dict[int, Peer],
         node_conn: dict[bytes, int],
         adverts: AdvertTable,
-        subscriptions: SubscriptionTable,
+        subscriptions: StationSubscriptions,
         frames: StationFrames,
         *,
         quotas: Quotas,

@@ -15,7 +15,7 @@ TopicKey = tuple[bytes, bytes]  # (realm, topic as UTF-8)
 _NONE: frozenset[bytes] = frozenset()
 
 
-class SubscriptionTable:
+class StationSubscriptions:
     def __init__(self) -> None:
         self._by_topic: dict[TopicKey, set[bytes]] = {}
         self._by_node: dict[bytes, set[TopicKey]] = {}

@@ -46,8 +46,8 @@ from macula.agent.petnames import petname
 from macula.backoff import Backoff
 from macula.clock import now_ms
 from macula.errors import MaculaError
+from macula.house_client import HouseClient
 from macula.node import Node
-from macula.services import HouseClient
 from macula.stations import parse_station
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire.errors import FramingError
@@ -66,7 +66,8 @@ def station_child(data_dir: str) -> None:
     stop it and print one JSON line with the largest stall (ms)."""
     import logging
 
-    from relay.cli import KeyValueFormatter, build_parser, config_from_args
+    from macula.logformat import KeyValueFormatter
+    from relay.cli import build_parser, config_from_args
     from relay.monitor import Monitor
     from relay.monitor_figures import Lifecycle
     from relay.station import Station

@@ -18,8 +18,8 @@ from typing import Any, NoReturn
 
 from macula.errors import MaculaError
 from macula.event_loop import run as run_loop
+from macula.logformat import KeyValueFormatter
 from macula.stations import StationAddress
-from relay.cli import KeyValueFormatter
 from tools.launch import server_command
 
 

@@ -18,65 +18,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from tools import daemon_protocol as protocol
 from tools.attach import AttachError, connect, handshake, reach_daemon
-from tools.daemon_socket import SocketSetupError, home_dir, read_pid, socket_path
+from tools.daemon_settings import IDLE_ENV, DaemonSettingError, DaemonSettings
+from tools.daemon_socket import SocketSetupError, read_pid, socket_path
 
-IDLE_ENV: Final = "MACULA_MCP_DAEMON_IDLE_S"
-DEFAULT_IDLE_S: Final = 24 * 3600.0
-MAX_LINE_ENV: Final = "MACULA_MCP_DAEMON_MAX_LINE"
-DEFAULT_MAX_LINE: Final = 64 * 1024 * 1024  # bytes of one MCP message on the socket
-LOG_BYTES_ENV: Final = "MACULA_MCP_DAEMON_LOG_BYTES"
-LOG_FILES_ENV: Final = "MACULA_MCP_DAEMON_LOG_FILES"
-DEFAULT_LOG_BYTES: Final = 1024 * 1024
-DEFAULT_LOG_FILES: Final = 3
 STOP_WAIT_S: Final = 20.0
-
-
-class DaemonSettingError(ValueError):
-    """A daemon setting out of range (message names the variable)."""
-
-
-def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise DaemonSettingError(f"{name} must be a number in [{low:g}, {high:g}], not {raw!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class DaemonSettings:
-    home: Path
-    socket: Path
-    idle_timeout: float
-    max_line: int
-    log_bytes: int
-    log_files: int
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> DaemonSettings:
-        return cls(
-            home=home_dir(env),
-            socket=socket_path(env),
-            idle_timeout=_number(env, IDLE_ENV, DEFAULT_IDLE_S, 0.01, 10 * 365 * 86400.0),
-            max_line=int(_number(env, MAX_LINE_ENV, DEFAULT_MAX_LINE, 4096, 2**31)),
-            log_bytes=int(_number(env, LOG_BYTES_ENV, DEFAULT_LOG_BYTES, 4096, 2**31)),
-            log_files=int(_number(env, LOG_FILES_ENV, DEFAULT_LOG_FILES, 1, 100)),
-        )
-
-    @property
-    def log_file(self) -> Path:
-        return self.home / "logs" / "daemon.log"
 
 
 def _ask(env: Mapping[str, str], op: str) -> tuple[Path, dict[str, Any] | None]:

@@ -31,10 +31,11 @@ from typing import Any, cast
 from macula.config import AGENT_ENV, IDENTITY_ENV, SESSION_ENV, identity_path
 from macula.errors import ConfigError, MaculaError
 from macula.event_loop import run as run_loop
+from macula.logformat import KeyValueFormatter
 from tools import daemon_protocol as protocol
 from tools.channel import ENABLED_ENV as CHANNEL_ENV
-from tools.daemon import MAX_LINE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_hosts import Hosted, Hosts, IdleClock
+from tools.daemon_settings import MAX_LINE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_socket import (
     DaemonRunningError,
     SocketSetupError,
@@ -255,8 +256,6 @@ def _server(hosted: Hosted, env: dict[str, str]) -> Any:
 
 
 def _logging(settings: DaemonSettings, env: Mapping[str, str]) -> None:
-    from relay.cli import KeyValueFormatter
-
     logs = settings.log_file.parent
     logs.mkdir(mode=0o700, parents=True, exist_ok=True)
     handler = logging.handlers.RotatingFileHandler(

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 from mcp import Client, StdioServerParameters
 
-from relay.station import Station, StationConfig
 from tools.launch import server_command
+from tools.station_process import StationProcessError, station_process
 
 T = TypeVar("T")
 POLL_S = 0.1  # between two looks at another agent's state
@@ -88,18 +88,15 @@ async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout: fl
 
 async def run(workdir: Path) -> None:
     """Every step; whatever fails closes (and cancels) all that was started before it."""
-    async with (
-        Station(StationConfig(data_dir=workdir / "station", port=0)) as station,
-        AsyncExitStack() as stack,
-    ):
-        print(f"station {station.endpoint}", flush=True)
-        bob = await stack.enter_async_context(
-            agent("bob", workdir / "bob", station.endpoint, "open")
-        )
+    async with AsyncExitStack() as stack:
+        try:  # the station runs through its entry point: tools never imports relay
+            endpoint = await stack.enter_async_context(station_process(workdir / "station"))
+        except StationProcessError as exc:
+            raise Failed(str(exc)) from None
+        print(f"station {endpoint}", flush=True)
+        bob = await stack.enter_async_context(agent("bob", workdir / "bob", endpoint, "open"))
         bob_id = (await bob("mesh_hello", message="happy to review plans"))["node_id"]
-        ada = await stack.enter_async_context(
-            agent("ada", workdir / "ada", station.endpoint, "ask")
-        )
+        ada = await stack.enter_async_context(agent("ada", workdir / "ada", endpoint, "ask"))
         await ada("mesh_hello", message="looking for a reviewer")
         await bob("mesh_hello", message="happy to review plans")  # re-announce so ada hears bob now
 

@@ -52,7 +52,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import relay
 from macula.config import macula_home
 from macula.errors import HandshakeError, MaculaError
 from macula.known_stations import STATION_KEY_FILE, station_node_id
@@ -64,6 +63,7 @@ from tools.local_station_settings import (
     Settings,
     settings,
 )
+from tools.station_process import relay_command, relay_environment
 
 DEFAULT_STATION: Final = "127.0.0.1:4433"
 EMBEDDED_DIR: Final = "embedded-station"  # the embedded station's data dir under MACULA_HOME
@@ -456,17 +456,15 @@ def _port_taken(port: int) -> bool:
 
 def _spawn(files: StationFiles, port: int, config: Settings) -> subprocess.Popen[bytes]:
     _private_dir(files.log.parent)
-    command = [
-        sys.executable, "-m", "relay.cli", "--host", "127.0.0.1", "--port", str(port),
+    command = relay_command(
+        "--host", "127.0.0.1", "--port", str(port),
         "--data-dir", str(files.data_dir), "--endpoint-file", str(files.endpoint),
         "--pid-file", str(files.pid), "--log-file", str(files.log),
         "--log-max-bytes", str(config.log_bytes), "--log-backups", str(LOG_BACKUPS),
         "--exit-when-gone", str(files.data_dir), "--idle-exit-s", repr(config.idle_s),
         "--lifetime-check-s", repr(config.check_s),
-    ]  # fmt: skip
-    source = str(Path(relay.__file__).resolve().parent.parent)  # where this relay is imported
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (source, env.get("PYTHONPATH")) if p)
+    )  # fmt: skip
+    env = relay_environment(os.environ)
     out = os.open(files.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         child = subprocess.Popen(

@@ -44,7 +44,9 @@ NEW_FILE_MODE = 0o600
 
 
 @dataclass(frozen=True)
-class Outcome:
+class RegistrationResult:
+    """What registering or removing macula-mcp did in one harness's config."""
+
     harness: str
     status: str  # registered, unchanged, removed, not-registered, not-found, kept, failed
     detail: str
@@ -152,7 +154,7 @@ class Options:
     now: float = 0.0
 
 
-def register_one(harness: Harness, command: list[str], options: Options) -> Outcome:
+def register_one(harness: Harness, command: list[str], options: Options) -> RegistrationResult:
     path = harness.config_path(options.env, options.platform)
     target = _target(path)
     entry = harness.build(command, entry_environment(options.env))
@@ -160,9 +162,9 @@ def register_one(harness: Harness, command: list[str], options: Options) -> Outc
         before = _read(target)
         existing = harness.format.read_entry(before, ENTRY_NAME) if before is not None else None
         if existing == entry:
-            return Outcome(harness.name, "unchanged", f"{path}: already registered")
+            return RegistrationResult(harness.name, "unchanged", f"{path}: already registered")
         if existing is not None and not harness.is_ours(existing) and not options.force:
-            return Outcome(
+            return RegistrationResult(
                 harness.name,
                 "kept",
                 f"{path}: its '{ENTRY_NAME}' entry was not written by register; left as it is "
@@ -173,20 +175,22 @@ def register_one(harness: Harness, command: list[str], options: Options) -> Outc
         if harness.format.read_entry(after, ENTRY_NAME) != entry:  # a bug guard, never expected
             raise ConfigParseError("the edited text does not read back as the entry written")
     except (ConfigParseError, OSError) as exc:
-        return Outcome(harness.name, "failed", f"{path}: {exc}; left untouched", failed=True)
+        return RegistrationResult(
+            harness.name, "failed", f"{path}: {exc}; left untouched", failed=True
+        )
     if after == before:
-        return Outcome(harness.name, "unchanged", f"{path}: already registered")
+        return RegistrationResult(harness.name, "unchanged", f"{path}: already registered")
     diff = _diff(path, before, after)
     if options.dry_run:
-        return Outcome(harness.name, "would-register", f"{path} (dry run)", diff=diff)
+        return RegistrationResult(harness.name, "would-register", f"{path} (dry run)", diff=diff)
     try:
         copy = backup(target, options.now) if before is not None else None
         mode = stat.S_IMODE(target.stat().st_mode) if before is not None else NEW_FILE_MODE
         write_atomic(target, after, mode, expected=before)
     except OSError as exc:
-        return Outcome(harness.name, "failed", f"{path}: {exc}", failed=True)
+        return RegistrationResult(harness.name, "failed", f"{path}: {exc}", failed=True)
     saved = f" (backup {copy.name})" if copy else " (created)"
-    return Outcome(harness.name, "registered", f"{path}{saved}", diff=diff)
+    return RegistrationResult(harness.name, "registered", f"{path}{saved}", diff=diff)
 
 
 def _original(harness: Harness, target: Path, current: str, entry: Any) -> tuple[str | None] | None:
@@ -207,16 +211,18 @@ def _original(harness: Harness, target: Path, current: str, entry: Any) -> tuple
     return None
 
 
-def uninstall_one(harness: Harness, options: Options) -> Outcome:
+def uninstall_one(harness: Harness, options: Options) -> RegistrationResult:
     path = harness.config_path(options.env, options.platform)
     target = _target(path)
     try:
         current = _read(target)
         entry = harness.format.read_entry(current, ENTRY_NAME) if current is not None else None
         if current is None or entry is None:
-            return Outcome(harness.name, "not-registered", f"{path}: no '{ENTRY_NAME}' entry")
+            return RegistrationResult(
+                harness.name, "not-registered", f"{path}: no '{ENTRY_NAME}' entry"
+            )
         if not harness.is_ours(entry) and not options.force:
-            return Outcome(
+            return RegistrationResult(
                 harness.name,
                 "kept",
                 f"{path}: its '{ENTRY_NAME}' entry was edited or written by hand; left as it is "
@@ -229,10 +235,12 @@ def uninstall_one(harness: Harness, options: Options) -> Outcome:
         else:
             (after,) = original
     except (ConfigParseError, OSError) as exc:
-        return Outcome(harness.name, "failed", f"{path}: {exc}; left untouched", failed=True)
+        return RegistrationResult(
+            harness.name, "failed", f"{path}: {exc}; left untouched", failed=True
+        )
     diff = _diff(path, current, after)
     if options.dry_run:
-        return Outcome(harness.name, "would-remove", f"{path} (dry run)", diff=diff)
+        return RegistrationResult(harness.name, "would-remove", f"{path} (dry run)", diff=diff)
     try:
         if after is None:
             if _read(target) != current:
@@ -247,8 +255,8 @@ def uninstall_one(harness: Harness, options: Options) -> Outcome:
             write_atomic(target, after, stat.S_IMODE(target.stat().st_mode), expected=current)
             how = f"entry removed; other changes since register kept (backup {copy.name})"
     except (ConfigParseError, OSError) as exc:
-        return Outcome(harness.name, "failed", f"{path}: {exc}", failed=True)
-    return Outcome(harness.name, "removed", f"{path}: {how}", diff=diff)
+        return RegistrationResult(harness.name, "failed", f"{path}: {exc}", failed=True)
+    return RegistrationResult(harness.name, "removed", f"{path}: {how}", diff=diff)
 
 
 def _selected(names: Sequence[str] | None, options: Options) -> list[tuple[Harness, str | None]]:
@@ -286,13 +294,13 @@ def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     except ValueError as exc:
         print(f"macula-mcp {command}: {exc}", file=sys.stderr)
         return 1
-    outcomes: list[Outcome] = []
+    outcomes: list[RegistrationResult] = []
     missing: list[str] = []
     for harness, present in selected:
         path = harness.config_path(options.env, options.platform)
         if present is None and args.harness:  # asked for by name: say so, and fail
             where = f"no {path} nor its folder"
-            outcomes.append(Outcome(harness.name, "not-found", where, failed=True))
+            outcomes.append(RegistrationResult(harness.name, "not-found", where, failed=True))
         elif present is None:
             missing.append(harness.name)
         elif command == "register":

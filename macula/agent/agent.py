@@ -32,11 +32,11 @@ from macula.agent.room_keys import RoomKeys
 from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
 from macula.agent.task_messages import TaskLimits
 from macula.agent.tasks import Tasks
-from macula.clock import Clock, now_ms
+from macula.clock import MsClock, now_ms
 from macula.config import macula_home, path_setting
 from macula.errors import ConfigError, MaculaError
+from macula.house_client import DIRECTORY_RENEW_S, HouseClient
 from macula.node import Node
-from macula.services import DIRECTORY_RENEW_S, HouseClient
 from macula.station_choice import StationInfo
 from macula.store import rings as ring_store
 from macula.store import transcript as transcript_store
@@ -125,7 +125,7 @@ class Inbox:
 
 
 class Agent:
-    def __init__(self, node: Node, settings: AgentSettings, *, clock: Clock = now_ms) -> None:
+    def __init__(self, node: Node, settings: AgentSettings, *, clock: MsClock = now_ms) -> None:
         self.node = node
         self.settings = settings
         self.clock = clock

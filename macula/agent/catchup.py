@@ -34,7 +34,8 @@ from macula.wire.frames import publication_signable
 from macula.wire.identity import ZERO_REALM, verify
 
 if TYPE_CHECKING:
-    from macula.agent.rooms import Rooms
+    from macula.store.transcript import TranscriptStore
+    from macula.wire.identity import Identity
 
 log = logging.getLogger("macula.agent.catchup")
 
@@ -44,15 +45,39 @@ DEFAULT_MAX_PAGES: Final = 50
 
 
 class HistorySource(Protocol):
-    """Where history comes from: a house-service caller (``macula.services.HouseClient``)."""
+    """Where history comes from: a house-service caller (``macula.house_client.HouseClient``)."""
 
     async def call(self, procedure: str, payload: Any) -> Any: ...
+
+
+class Identified(Protocol):
+    @property
+    def identity(self) -> Identity: ...
+
+
+class CatchUpRooms(Protocol):
+    """What catch-up uses of the rooms it fills (``macula.agent.rooms.Rooms``): typed here, so
+    this module does not import the one that imports it."""
+
+    @property
+    def node(self) -> Identified: ...
+
+    @property
+    def transcript(self) -> TranscriptStore: ...
+
+    @property
+    def clock(self) -> Callable[[], int]: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    async def _heard(self, topic: str, delivery: Delivery) -> None: ...
 
 
 class CatchUp:
     def __init__(
         self,
-        rooms: Rooms,
+        rooms: CatchUpRooms,
         source: HistorySource,
         station_key: Callable[[], Any],
         *,

@@ -62,8 +62,8 @@ from macula.agent.room_keys import Heard, RoomKeys
 from macula.agent.room_waits import RoomError as RoomError  # re-exported: raised by both
 from macula.agent.room_waits import TranscriptWaits, UnreadBatch, answer_index
 from macula.errors import MaculaError
+from macula.house_client import HouseClient
 from macula.node import Node
-from macula.services import HouseClient
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM

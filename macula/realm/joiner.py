@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from macula.clock import Clock, now_ms
+from macula.clock import MsClock, now_ms
 from macula.errors import MaculaError
 from macula.realm.join import APPROVED, EXPIRED, PENDING, REFUSED, build_request
 from macula.realm.membership import Builtins, MembershipStore
@@ -94,7 +94,7 @@ class RealmJoiner:
         store: MembershipStore,
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         *,
-        clock: Clock = now_ms,
+        clock: MsClock = now_ms,
         poll_every_s: float = DEFAULT_POLL_EVERY_S,
     ) -> None:
         self.node = node

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from macula.clock import Clock, now_ms
+from macula.clock import MsClock, now_ms
 from macula.errors import MaculaError, MeshError
 from macula.realm.records import (
     REVOKED_ROLE,
@@ -84,7 +84,7 @@ def memberships_path(home: Path, node_id: bytes) -> Path:
 
 
 class MembershipStore:
-    def __init__(self, path: Path, identity: Identity, clock: Clock = now_ms) -> None:
+    def __init__(self, path: Path, identity: Identity, clock: MsClock = now_ms) -> None:
         self.path = path
         self.identity = identity
         self.clock = clock

@@ -24,7 +24,7 @@ import contextlib
 import logging
 from typing import Any, Final
 
-from macula.clock import Clock, now_ms
+from macula.clock import MsClock, now_ms
 from macula.errors import MaculaError
 from macula.node import Node
 from macula.realm.authority import Realm, RealmError
@@ -53,7 +53,7 @@ class JoinService:
         realm: Realm,
         node: Node,
         *,
-        clock: Clock = now_ms,
+        clock: MsClock = now_ms,
         replays: ReplayCache | None = None,
         publish_every_s: float = DEFAULT_PUBLISH_EVERY_S,
         republish_every_ms: int = DEFAULT_REPUBLISH_EVERY_MS,

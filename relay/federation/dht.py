@@ -35,7 +35,6 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from kademlia.crawling import NodeSpiderCrawl, SpiderCrawl
@@ -48,7 +47,6 @@ from macula.wire.errors import RecordInvalid
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import realm_stations_key, station_endpoint_key
 from macula.wire.records import (
-    STATION_ENDPOINT_TTL_MS,
     Record,
     RecordType,
     new_record,
@@ -56,16 +54,15 @@ from macula.wire.records import (
 )
 from relay.federation.addresses import StationAddress
 from relay.federation.dht_checks import is_id
+from relay.federation.dht_config import DhtConfig
 from relay.federation.dht_guard import (
     Address,
     DhtGuard,
-    GuardLimits,
     endpoint_addresses,
     is_ip,
 )
 from relay.federation.dht_protocol import DhtProtocol
 from relay.federation.dht_storage import (
-    DhtLimits,
     DhtRefused,
     RecordShelf,
     VerifiedRecords,
@@ -80,63 +77,6 @@ from relay.federation.dht_storage import (
 __all__ = ["DhtConfig", "DhtRefused", "StationAddress", "StationDht"]
 
 log = logging.getLogger("macula.relay.dht")
-
-
-@dataclass(frozen=True, slots=True)
-class DhtConfig:
-    ksize: int = 20
-    alpha: int = 3
-    rpc_timeout_s: float = 2.0
-    own_period_s: float = 60.0
-    own_ttl_ms: int = STATION_ENDPOINT_TTL_MS
-    replicate_period_s: float = 600.0
-    refresh_period_s: float = 3600.0
-    # lookups stations() runs at once (more loses datagrams when many stations share a host)
-    stations_concurrency: int = 4
-    # stations() looks a known station's endpoint up again once this share (percent) of its
-    # record's lifetime has passed (or it expired); until then the address learned is used
-    endpoint_refresh_percent: int = 50
-    # consecutive unanswered requests before a station leaves the routing table
-    evict_after_timeouts: int = 3
-    # STOREs pushed to a station seen for the first time (values it should hold); 0 = none
-    welcome_max_values: int = 32
-    # station ids remembered as already welcomed; record bytes remembered as checked
-    welcome_memory: int = 4_096
-    verified_cache: int = 8_192
-    # pages of records read from one station's answer to a find (each one UDP datagram)
-    find_pages: int = 8
-    # a return-address token got from a station is used this long before asking anew
-    token_reuse_s: float = 60.0
-    limits: DhtLimits = field(default_factory=DhtLimits)
-    guard: GuardLimits = field(default_factory=GuardLimits)
-
-    def __post_init__(self) -> None:
-        for name in (
-            "ksize",
-            "alpha",
-            "own_ttl_ms",
-            "stations_concurrency",
-            "evict_after_timeouts",
-            "welcome_memory",
-            "find_pages",
-        ):
-            if type(getattr(self, name)) is not int or getattr(self, name) < 1:
-                raise ValueError(f"DhtConfig.{name} must be a positive int")
-        for name in ("welcome_max_values", "verified_cache"):
-            if type(getattr(self, name)) is not int or getattr(self, name) < 0:
-                raise ValueError(f"DhtConfig.{name} must be an int >= 0")
-        percent = self.endpoint_refresh_percent
-        if type(percent) is not int or not 1 <= percent <= 100:
-            raise ValueError("DhtConfig.endpoint_refresh_percent must be an int in 1..100")
-        for name in (
-            "rpc_timeout_s",
-            "own_period_s",
-            "replicate_period_s",
-            "refresh_period_s",
-            "token_reuse_s",
-        ):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"DhtConfig.{name} must be positive")
 
 
 class _RecordCrawl(SpiderCrawl):  # type: ignore[misc]

@@ -52,7 +52,7 @@ from relay.federation.dht_guard import Address, DhtGuard, endpoint_addresses
 from relay.federation.dht_storage import DhtRefused, RecordShelf, check_record, decode_value
 
 if TYPE_CHECKING:
-    from relay.federation.dht import DhtConfig
+    from relay.federation.dht_config import DhtConfig
 
 __all__ = ["DhtProtocol"]
 

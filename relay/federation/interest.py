@@ -33,7 +33,7 @@ from relay.actions import Action, Send
 from relay.federation.dedup import RelayedEventDedup
 from relay.peers import Peer, PeerState
 from relay.station_frames import StationFrames
-from relay.subscriptions import SubscriptionTable, TopicKey
+from relay.subscriptions import StationSubscriptions, TopicKey
 
 BATCH = 256  # SUBSCRIBE frames per Send when a link comes up
 
@@ -43,7 +43,7 @@ class StationInterest:
         self,
         peers: dict[int, Peer],
         node_conn: dict[bytes, int],
-        subscriptions: SubscriptionTable,
+        subscriptions: StationSubscriptions,
         frames: StationFrames,
         *,
         dedup: RelayedEventDedup,

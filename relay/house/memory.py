@@ -21,7 +21,7 @@ Invariants:
   ``BEGIN IMMEDIATE`` transaction, the chunk cap and the global byte cap checked inside it; a
   deposit that yields no chunk therefore empties its document. A deposit that does not grow
   what is held (chunks for the per-depositor cap, bytes for the global one) always passes.
-  ``content_hash`` (``macula.services``, the one clients verify recalls with) is the hex
+  ``content_hash`` (``macula.house_client``, the one clients verify recalls with) is the hex
   SHA-256 of the chunk's UTF-8 text; ``document_id`` defaults to the hex SHA-256 of the whole
   content.
 - ``usage`` holds the total chunks and stored bytes (UTF-8 of text + source_label + topics
@@ -46,7 +46,7 @@ from typing import Final
 
 import aiosqlite
 
-from macula.services import content_hash
+from macula.house_client import content_hash
 from macula.store.base import Migration, Row, SqliteStore, check_node_id, execute, fetchall
 from macula.wire.codes import ErrorCode
 from relay.arguments import (

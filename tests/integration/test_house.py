@@ -16,8 +16,8 @@ from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
 from macula.errors import MaculaError, MeshError
 from macula.house import AGENTS_REGISTER, HOUSE_REALM
+from macula.house_client import HouseClient
 from macula.node import Node
-from macula.services import HouseClient
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.records import RecordType
 from relay.house.services import HouseConfig

@@ -11,7 +11,7 @@ from housekit import run
 
 from macula.dht import DhtClient
 from macula.house import MEMORY_ADD
-from macula.services import HouseClient
+from macula.house_client import HouseClient
 from macula.wire.identity import Identity
 
 STATION_A, STATION_B = b"\xaa" * 32, b"\xbb" * 32

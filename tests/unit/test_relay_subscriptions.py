@@ -1,15 +1,15 @@
-"""``SubscriptionTable``: the two indexes agree, and nothing is kept for an empty entry."""
+"""``StationSubscriptions``: the two indexes agree, and nothing is kept for an empty entry."""
 
 from __future__ import annotations
 
-from relay.subscriptions import SubscriptionTable
+from relay.subscriptions import StationSubscriptions
 
 ALICE, BOB = b"a" * 32, b"b" * 32
 NEWS, SPORT = (b"r" * 32, b"news"), (b"r" * 32, b"sport")
 
 
 def test_add_is_seen_from_both_sides_and_is_idempotent() -> None:
-    table = SubscriptionTable()
+    table = StationSubscriptions()
     table.add(ALICE, NEWS)
     table.add(ALICE, NEWS)
     table.add(BOB, NEWS)
@@ -19,7 +19,7 @@ def test_add_is_seen_from_both_sides_and_is_idempotent() -> None:
 
 
 def test_remove_deletes_emptied_entries() -> None:
-    table = SubscriptionTable()
+    table = StationSubscriptions()
     table.add(ALICE, NEWS)
     table.remove(ALICE, NEWS)
     table.remove(BOB, SPORT)  # never subscribed: a no-op
@@ -28,7 +28,7 @@ def test_remove_deletes_emptied_entries() -> None:
 
 
 def test_purge_forgets_one_node_only() -> None:
-    table = SubscriptionTable()
+    table = StationSubscriptions()
     for key in (NEWS, SPORT):
         table.add(ALICE, key)
     table.add(BOB, NEWS)

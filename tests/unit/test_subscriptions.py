@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from macula.subscriptions import Delivery, Subscription, SubscriptionTable
+from macula.subscriptions import Delivery, LocalSubscriptions, Subscription
 
 pytestmark = pytest.mark.anyio
 REALM = b"\x01" * 32
@@ -58,7 +58,7 @@ async def test_the_end_wakes_every_waiting_reader() -> None:
 
 
 async def test_the_table_fans_out_and_says_when_the_station_must_hear() -> None:
-    table = SubscriptionTable()
+    table = LocalSubscriptions()
     a, b = Subscription(REALM, "t", 4, _nothing), Subscription(REALM, "t", 4, _nothing)
     other = Subscription(REALM, "u", 4, _nothing)
     assert table.add(a) and not table.add(b) and table.add(other)
@@ -72,7 +72,7 @@ async def test_the_table_fans_out_and_says_when_the_station_must_hear() -> None:
 
 
 async def test_missed_counts_local_drops_and_gaps_count_broken_sessions() -> None:
-    table = SubscriptionTable()
+    table = LocalSubscriptions()
     live = Subscription(REALM, "t", 1, _nothing)
     ended = Subscription(REALM, "u", 1, _nothing)
     table.add(live)
