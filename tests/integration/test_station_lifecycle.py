@@ -66,11 +66,10 @@ async def test_stop_cancels_pending_close_timers_and_finishes_every_task(tmp_pat
     identity = new_identity()
     async with raw_client(station, identity) as older, raw_client(station, identity):
         await older.expect(lambda r: r.frame_type == "goodbye")
-        timers = list(station._timers)
-        tasks = list(station._tasks)
-        assert timers and tasks
+        tasks, timers = station.background()
+        assert tasks and timers
+        handles = list(station._timers)
         await station.stop()
-        assert all(timer.cancelled() for timer in timers)
-        assert all(task.done() for task in tasks)
-        assert not station._timers and not station._tasks
+        assert all(timer.cancelled() for timer in handles)
+        assert station.background() == (0, 0)  # every task in its group done, no timer left
     await station.stop()  # idempotent
