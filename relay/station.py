@@ -169,10 +169,10 @@ class Station:
         self._core = build.router_for(
             config, self.identity, (gate, rule), self._open_stream, self._note_publish
         )
-        server, self.port = await build.serve_quic(
-            config, (certificate[0], certificate[1]), self._protocol, self.retry, stack
+        self._server, self.port = await build.serve_quic(
+            config, (certificate[0], certificate[1]), self._protocol, self.retry
         )
-        self._server = server
+        stack.callback(self._close_server)
         self._dht = self._builtins.dht = await build.start_dht(
             config, self.identity, self.port, stack
         )
@@ -209,6 +209,11 @@ class Station:
         await asyncio.gather(*(_acknowledged(c, DRAIN_DEADLINE_S) for c in told))
         for connection in list(self._connections.values()):
             connection.close_connection("station stopped")
+
+    def _close_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
     def _cancel_timers(self) -> None:
         self._closing = True  # from now on a Close is carried out at once and nothing spawns

@@ -150,9 +150,9 @@ async def serve_quic(
     certificate: tuple[Path, Path],
     protocol: Callable[..., FrameProtocol],
     retry: bool,
-    stack: contextlib.AsyncExitStack,
 ) -> tuple[QuicServer, int]:
-    """The QUIC server bound on ``config.host:config.port`` (0: any free port) and its port."""
+    """The QUIC server bound on ``config.host:config.port`` (0: any free port) and its port;
+    the caller registers its closing at once."""
     quic = QuicConfiguration(
         is_client=False,
         alpn_protocols=[ALPN],
@@ -167,7 +167,6 @@ async def serve_quic(
     server = QuicServer(configuration=quic, create_protocol=protocol, retry=retry)
     sock = await bound_socket(config.host, config.port)
     await open_draining(sock, server)
-    stack.callback(server.close)
     enlarge_receive_buffer(sock)
     return server, int(sock.getsockname()[1])
 
