@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from meshkit import new_identity, station_config
 from rawclient import raw_client
 from waiting import eventually
 
+import relay.station as station_module
 from macula.store.base import StoreError
 from relay.policy import StationPolicy
 from relay.station import Station
@@ -73,3 +76,27 @@ async def test_stop_cancels_pending_close_timers_and_finishes_every_task(tmp_pat
         assert all(timer.cancelled() for timer in handles)
         assert station.background() == (0, 0)  # every task in its group done, no timer left
     await station.stop()  # idempotent
+
+
+async def test_stop_says_goodbye_to_every_client_before_closing_it(tmp_path: Path) -> None:
+    station = Station(station_config(tmp_path / "station"))
+    await station.__aenter__()
+    async with raw_client(station) as first, raw_client(station) as second:
+        await station.stop()
+        for client in (first, second):
+            goodbye = await client.expect(lambda r: r.frame_type == "goodbye")
+            assert goodbye.frame.get("reason") == "operator_stop"
+            await client.lost.wait()  # closed once the GOODBYE was through
+
+
+async def test_a_client_that_never_acknowledges_holds_the_stop_only_to_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(station_module, "DRAIN_DEADLINE_S", 0.05)
+    station = Station(station_config(tmp_path / "station"))
+    await station.__aenter__()
+    async with raw_client(station) as silent:
+        transport: Any = silent.protocol._transport
+        transport.sendto = lambda *_: None  # its ACKs (and everything else) go nowhere
+        await asyncio.wait_for(station.stop(), 10)  # bounded, not the 60 s idle timeout
+        assert station.background() == (0, 0)
