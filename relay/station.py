@@ -242,7 +242,11 @@ class Station:
         if self._closing or self._group is None:
             coroutine.close()  # the station is stopping: no new work
             return
-        task = self._group.create_task(_logged(coroutine))
+        try:
+            task = self._group.create_task(_logged(coroutine))
+        except RuntimeError:  # the group was cancelled from outside (the loop shutting down)
+            coroutine.close()
+            return
         self._running += 1
         task.add_done_callback(lambda _: self._ended(coroutine))
 

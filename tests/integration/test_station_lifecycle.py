@@ -100,3 +100,18 @@ async def test_a_client_that_never_acknowledges_holds_the_stop_only_to_the_deadl
         transport.sendto = lambda *_: None  # its ACKs (and everything else) go nowhere
         await asyncio.wait_for(station.stop(), 10)  # bounded, not the 60 s idle timeout
         assert station.background() == (0, 0)
+
+
+async def test_a_failing_background_task_is_logged_and_the_rest_keep_running(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async with Station(station_config(tmp_path / "station")) as station:
+        running, _ = station.background()
+        station.spawn(fails())
+        await eventually(lambda: "station task failed" in caplog.text)
+        assert station.background()[0] == running  # the ticker and the refresher still run
+        async with raw_client(station) as client:  # and the station still serves
+            assert client.control is not None
