@@ -30,7 +30,6 @@ from typing import Any
 from macula.clock import now_ms, now_us
 from macula.quic_backend import QuicConnection, QuicServer, lean_handshake
 from macula.transport import FrameProtocol, StreamLimits
-from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.frames import Publish
 from macula.wire.identity import Identity
@@ -59,6 +58,7 @@ from relay.realm_files import Allowlist
 from relay.station_config import StationConfig
 from relay.station_links import StationLinks
 from relay.station_upkeep import Upkeep
+from relay.station_waits import StationCalls, Timers
 from relay.store import ContentStore, RecordStore
 
 __all__ = ["DRAIN_DEADLINE_S", "Station", "StationConfig"]
@@ -108,7 +108,7 @@ class Station:
         self._supervisor: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
         self._running = 0  # tasks spawned into the group and not yet done
-        self._timers: set[asyncio.TimerHandle] = set()
+        self._timers = Timers()
         self._closing = False
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._records: RecordStore | None = None
@@ -116,7 +116,7 @@ class Station:
         self._builtins: Builtins | None = None
         self._house: HouseServices | None = None
         self._dht: StationDht | None = None
-        self._station_calls: dict[bytes, asyncio.Future[StationReplied]] = {}
+        self._station_calls = StationCalls()
         self.port = 0
         self.links: LinkManager | None = None
         self._links = StationLinks(self)
@@ -217,9 +217,7 @@ class Station:
 
     def _cancel_timers(self) -> None:
         self._closing = True  # from now on a Close is carried out at once and nothing spawns
-        for handle in self._timers:
-            handle.cancel()
-        self._timers.clear()
+        self._timers.cancel_all()
 
     # -- background work: one task group -----------------------------------------------------
 
@@ -395,9 +393,7 @@ class Station:
             if connection is not None:
                 connection.resume_reading(action.stream)
         elif isinstance(action, StationReplied):
-            future = self._station_calls.pop(action.call_id, None)
-            if future is not None and not future.done():
-                future.set_result(action)
+            self._station_calls.settled(action)
         elif isinstance(action, (LinkUp, LinkDown)):
             self._links.changed(action)
 
@@ -424,19 +420,12 @@ class Station:
         station; how it settled (``ok`` False: no such link, the link lost, no reply within
         ``timeout_s``)."""
         now = now_ms()
-        call_id, actions = self.core.call_station(
+        started = self.core.call_station(
             node_id, procedure, payload, now + int(timeout_s * 1000), now, realm=realm
         )
-        future: asyncio.Future[StationReplied] = asyncio.get_running_loop().create_future()
-        self._station_calls[call_id] = future
-        self.run(actions)  # may settle it at once (no link)
-        try:  # the core settles it by the deadline (tick); the margin covers a stopped ticker
-            return await asyncio.wait_for(future, timeout_s + 2 * self.config.tick_interval_s)
-        except TimeoutError:
-            code = ErrorCode.TEMPORARY_RELAY_FAILURE
-            return StationReplied(call_id, False, "no reply in time", code)
-        finally:
-            self._station_calls.pop(call_id, None)
+        # the core settles it by the deadline (tick); the margin covers a stopped ticker
+        margin_s = 2 * self.config.tick_interval_s
+        return await self._station_calls.call(started, self.run, timeout_s + margin_s)
 
     def _pause(self, action: PauseReading) -> None:
         """Stop reading the stream (its bytes wait unread in QUIC's window) until ``until_ms``,
@@ -445,14 +434,8 @@ class Station:
         if connection is None or self._closing:
             return
         connection.pause_reading(action.stream)
-
-        def resume() -> None:
-            self._timers.discard(handle)
-            self.run(self.core.resume(action.conn, now_ms()))
-
-        delay = max(0, action.until_ms - now_ms()) / 1000
-        handle = asyncio.get_running_loop().call_later(delay, resume)
-        self._timers.add(handle)
+        delay_s = max(0, action.until_ms - now_ms()) / 1000
+        self._timers.later(delay_s, lambda: self.run(self.core.resume(action.conn, now_ms())))
 
     def _close_later(self, action: Close) -> None:
         connection = self._connections.get(action.conn)
@@ -461,13 +444,9 @@ class Station:
         if self._closing:
             connection.close_connection(action.reason)
             return
-
-        def close() -> None:
-            self._timers.discard(handle)
-            connection.close_connection(action.reason)
-
-        handle = asyncio.get_running_loop().call_later(action.after_ms / 1000, close)
-        self._timers.add(handle)
+        self._timers.later(
+            action.after_ms / 1000, lambda: connection.close_connection(action.reason)
+        )
 
     async def _builtin(self, action: RunBuiltin) -> None:
         """A built-in (§6.6) or a house service (``relay.builtin_calls``): its outcome goes
