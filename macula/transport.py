@@ -56,6 +56,7 @@ from macula.quic_backend import (
     lean_handshake,
     offer_x25519_only,
     peer_certificate,
+    release_crypto_buffers,
     unsent_bytes,
 )
 from macula.stream_credit import ReceiveCredit
@@ -384,6 +385,18 @@ class FrameProtocol(AckRidingProtocol):
             self._ping_waiters.pop(uid, None)
             if not waiter.done():
                 waiter.cancel()
+
+    def release_handshake_buffers(self) -> bool:
+        """Give back the TLS buffers the handshake needed (``release_crypto_buffers``): False
+        while the handshake is not confirmed yet (or on qh3)."""
+        return release_crypto_buffers(self._quic)
+
+    def stream_bytes(self) -> tuple[int, int]:
+        """(stream bytes received, stream bytes sent) so far, as QUIC's connection-level flow
+        control counts them; zeros where the QUIC library does not say (qh3)."""
+        received = getattr(getattr(self._quic, "_local_max_data", None), "used", 0)
+        sent = getattr(self._quic, "_remote_max_data_used", 0)
+        return int(received), int(sent)
 
     # -- TLS ------------------------------------------------------------------------------
 

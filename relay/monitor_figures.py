@@ -50,11 +50,8 @@ def _state(peer: Peer) -> str:
 
 def _bytes(station: Station, conn: int) -> tuple[int, int]:
     """(stream bytes received, stream bytes sent) on ``conn``'s QUIC connection."""
-    connection = station._connections.get(conn)
-    quic = getattr(connection, "_quic", None)
-    received = getattr(getattr(quic, "_local_max_data", None), "used", 0)
-    sent = getattr(quic, "_remote_max_data_used", 0)
-    return int(received), int(sent)
+    connection = station.connection(conn)
+    return (0, 0) if connection is None else connection.stream_bytes()
 
 
 def connection_row(station: Station, peer: Peer, now: int) -> dict[str, Any]:
@@ -128,13 +125,13 @@ def refusals(station: Station) -> dict[str, int]:
 async def _store_figures(station: Station) -> dict[str, int]:
     figures = {"record_store_rows": 0, "content_bytes": 0, "content_blocks": 0, "history_rows": 0}
     with contextlib.suppress(Exception):  # a store closing under a request: zeros
-        if station._records is not None:
-            figures["record_store_rows"] = await station._records.count()
-        if station._content is not None:
-            stats = await station._content.stats()
-            figures["content_bytes"] = await station._content.held()
+        records, content, house = station.records, station.content, station.house
+        if records is not None:
+            figures["record_store_rows"] = await records.count()
+        if content is not None:
+            stats = await content.stats()
+            figures["content_bytes"] = await content.held()
             figures["content_blocks"] = stats.blocks
-        house = station._house
         if house is not None and house.history is not None:
             figures["history_rows"] = await house.history.store.count()
     return figures
@@ -146,7 +143,7 @@ async def status(station: Station, lifecycle: Lifecycle) -> dict[str, Any]:
     peers = list(core.peers.values())
     clients = [p for p in peers if not p.is_station and not p.dialled]
     connected = [p for p in clients if p.state is PeerState.CONNECTED]
-    dht = station._dht
+    dht = station.dht_or_none
     shelf = dht.storage if dht is not None else None
     stats = core.stats
     return {

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from meshkit import new_identity, station_config
 from rawclient import raw_client
 from waiting import eventually
 
+import relay.station as station_module
 from macula.store.base import StoreError
 from relay.policy import StationPolicy
 from relay.station import Station
@@ -66,11 +69,49 @@ async def test_stop_cancels_pending_close_timers_and_finishes_every_task(tmp_pat
     identity = new_identity()
     async with raw_client(station, identity) as older, raw_client(station, identity):
         await older.expect(lambda r: r.frame_type == "goodbye")
-        timers = list(station._timers)
-        tasks = list(station._tasks)
-        assert timers and tasks
+        tasks, timers = station.background()
+        assert tasks and timers
+        handles = list(station._timers)
         await station.stop()
-        assert all(timer.cancelled() for timer in timers)
-        assert all(task.done() for task in tasks)
-        assert not station._timers and not station._tasks
+        assert all(timer.cancelled() for timer in handles)
+        assert station.background() == (0, 0)  # every task in its group done, no timer left
     await station.stop()  # idempotent
+
+
+async def test_stop_says_goodbye_to_every_client_before_closing_it(tmp_path: Path) -> None:
+    station = Station(station_config(tmp_path / "station"))
+    await station.__aenter__()
+    async with raw_client(station) as first, raw_client(station) as second:
+        await station.stop()
+        for client in (first, second):
+            goodbye = await client.expect(lambda r: r.frame_type == "goodbye")
+            assert goodbye.frame.get("reason") == "operator_stop"
+            await client.lost.wait()  # closed once the GOODBYE was through
+
+
+async def test_a_client_that_never_acknowledges_holds_the_stop_only_to_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(station_module, "DRAIN_DEADLINE_S", 0.05)
+    station = Station(station_config(tmp_path / "station"))
+    await station.__aenter__()
+    async with raw_client(station) as silent:
+        transport: Any = silent.protocol._transport
+        transport.sendto = lambda *_: None  # its ACKs (and everything else) go nowhere
+        await asyncio.wait_for(station.stop(), 10)  # bounded, not the 60 s idle timeout
+        assert station.background() == (0, 0)
+
+
+async def test_a_failing_background_task_is_logged_and_the_rest_keep_running(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def fails() -> None:
+        raise RuntimeError("boom")
+
+    async with Station(station_config(tmp_path / "station")) as station:
+        running, _ = station.background()
+        station.spawn(fails())
+        await eventually(lambda: "station task failed" in caplog.text)
+        assert station.background()[0] == running  # the ticker and the refresher still run
+        async with raw_client(station) as client:  # and the station still serves
+            assert client.control is not None

@@ -27,7 +27,13 @@ CORE_MODULES = (
     "relay/realm_files.py",
 )
 # where a RouterCore is built and kept: the station's shell and the tests' in-memory mesh
-CORE_HOLDERS = ("relay/station.py", "relay/cli.py", "relay/demo.py", "tests/unit/stationmesh.py")
+CORE_HOLDERS = (
+    "relay/station.py",
+    "relay/station_build.py",
+    "relay/cli.py",
+    "relay/demo.py",
+    "tests/unit/stationmesh.py",
+)
 CORE_NAMES = frozenset({"_core", "core", "router"})
 
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -113,3 +119,31 @@ def test_assigned_into_a_core_sees_both_shapes() -> None:
 @pytest.mark.parametrize("path", CORE_HOLDERS)
 def test_nothing_assigns_into_a_built_core(path: str) -> None:
     assert assigned_into_a_core((ROOT / path).read_text("utf-8")) == []
+
+
+# the station's shell and its command line (issue 23): small, short functions, no fixed sleeps
+SHELL_MODULES = (
+    "relay/station.py",
+    "relay/station_build.py",
+    "relay/station_links.py",
+    "relay/station_upkeep.py",
+    "relay/station_waits.py",
+    "relay/builtin_calls.py",
+    "relay/cli.py",
+    "relay/cli_options.py",
+)
+
+
+@pytest.mark.parametrize("path", SHELL_MODULES)
+def test_shell_modules_are_small(path: str) -> None:
+    source = (ROOT / path).read_text("utf-8")
+    assert len(source.splitlines()) < MAX_MODULE_LINES, f"{path} is too long"
+    assert long_functions(source, MAX_FUNCTION_LINES) == [], f"{path} has long functions"
+
+
+def test_the_station_shell_neither_sleeps_nor_reaches_into_quic() -> None:
+    source = (ROOT / "relay/station.py").read_text("utf-8")
+    assert "sleep(" not in source  # draining waits on a condition, the ticker lives elsewhere
+    assert "._quic" not in source  # the transport's public methods only
+    # which procedure is answered how is relay.builtin_calls' business, not the shell's
+    assert "_realm.present" not in source and "_relay.ping" not in source
