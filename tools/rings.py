@@ -269,22 +269,7 @@ async def mesh_trust_agent(
     node_id: Annotated[str, Field(description="node id or petname")],
     idempotency_key: Annotated[str | None, KEY_FIELD] = None,
 ) -> CallToolResult:
-    runtime = runtime_of(ctx)
-    problems = _peer_problems("node_id", node_id)
-    if problems:
-        return invalid(problems)
-
-    async def work() -> dict[str, Any]:
-        return await _edit_allowlist(runtime, node_id, trusted=True)
-
-    return await run_agent_tool(
-        runtime,
-        "mesh_trust_agent",
-        {"node_id": node_id},
-        work,
-        idempotency_key=idempotency_key,
-        mesh=False,
-    )
+    return await _allowlist_tool(ctx, "mesh_trust_agent", node_id, idempotency_key, trusted=True)
 
 
 async def mesh_untrust_agent(
@@ -292,21 +277,23 @@ async def mesh_untrust_agent(
     node_id: Annotated[str, Field(description="node id or petname")],
     idempotency_key: Annotated[str | None, KEY_FIELD] = None,
 ) -> CallToolResult:
+    return await _allowlist_tool(ctx, "mesh_untrust_agent", node_id, idempotency_key, trusted=False)
+
+
+async def _allowlist_tool(
+    ctx: Context, tool: str, node_id: str, idempotency_key: str | None, *, trusted: bool
+) -> CallToolResult:
+    """``mesh_trust_agent`` / ``mesh_untrust_agent``: one edit of the contact allowlist."""
     runtime = runtime_of(ctx)
     problems = _peer_problems("node_id", node_id)
     if problems:
         return invalid(problems)
 
     async def work() -> dict[str, Any]:
-        return await _edit_allowlist(runtime, node_id, trusted=False)
+        return await _edit_allowlist(runtime, node_id, trusted=trusted)
 
     return await run_agent_tool(
-        runtime,
-        "mesh_untrust_agent",
-        {"node_id": node_id},
-        work,
-        idempotency_key=idempotency_key,
-        mesh=False,
+        runtime, tool, {"node_id": node_id}, work, idempotency_key=idempotency_key, mesh=False
     )
 
 
