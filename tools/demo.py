@@ -2,8 +2,10 @@
 subprocess driven by the official MCP SDK client, exactly as a harness would drive it.
 
 Steps: both say hello and see each other; ada rings bob (bob's policy: open) and they talk in
-the room; bob serves a procedure that ada calls; ada shares an artifact bob fetches. A readable
-transcript on the terminal; exit 0 only if every step worked.
+the room; bob serves a procedure that ada calls; ada shares an artifact bob fetches; then the
+station process is stopped and started again (same key, same port) and both agents come back
+by themselves (``mesh://status``: reconnects) and bob's procedure answers again with nothing
+re-served. A readable transcript on the terminal; exit 0 only if every step worked.
 
 Nothing sleeps to let the mesh settle: where one agent needs another's state, it polls a
 condition with a deadline (``until``); a step that fails closes both servers and the station.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import sys
 import tempfile
@@ -29,6 +32,7 @@ from tools.station_process import StationProcessError, station_process
 T = TypeVar("T")
 POLL_S = 0.1  # between two looks at another agent's state
 REPLY_WAIT_S = 10.0
+RECONNECT_WAIT_S = 40.0  # a station start (a few s) plus the node's backoff (1, 2, 4, 8 s...)
 SUM = "org.example.demo.sum_v1"
 
 
@@ -45,6 +49,12 @@ class Agent:
         """``(failed, structured content)`` of one tool call."""
         result = await self.client.call_tool(tool, args)
         return bool(result.is_error), dict(result.structured_content or {})
+
+    async def status(self) -> dict[str, Any]:
+        """``mesh://status``, read afresh (never from the client's cache)."""
+        found = await self.client.read_resource("mesh://status", cache_mode="bypass")
+        text = getattr(found.contents[0], "text", "{}")
+        return dict(json.loads(text))
 
     async def __call__(self, tool: str, **args: Any) -> dict[str, Any]:
         failed, data = await self.raw(tool, **args)
@@ -86,55 +96,121 @@ async def until(check: Callable[[], Awaitable[T | None]], what: str, timeout: fl
         await asyncio.sleep(POLL_S)
 
 
+class Station:
+    """The station process, which the demo can stop and start again on the same port."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.endpoint = ""
+        self._running = AsyncExitStack()
+
+    async def start(self, port: int = 0) -> str:
+        try:  # the station runs through its entry point: tools never imports relay
+            self.endpoint = await self._running.enter_async_context(
+                station_process(self.data_dir, port=port)
+            )
+        except StationProcessError as exc:
+            raise Failed(str(exc)) from None
+        return self.endpoint
+
+    async def restart(self) -> str:
+        """Stop the station (it says goodbye to its clients) and start it on the same port."""
+        before = self.endpoint
+        await self._running.aclose()
+        after = await self.start(int(before.rsplit(":", 1)[1]))
+        if after != before:
+            raise Failed(f"the restarted station is {after}, not {before}")
+        return after
+
+    async def __aenter__(self) -> Station:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._running.aclose()
+
+
 async def run(workdir: Path) -> None:
     """Every step; whatever fails closes (and cancels) all that was started before it."""
     async with AsyncExitStack() as stack:
-        try:  # the station runs through its entry point: tools never imports relay
-            endpoint = await stack.enter_async_context(station_process(workdir / "station"))
-        except StationProcessError as exc:
-            raise Failed(str(exc)) from None
-        print(f"station {endpoint}", flush=True)
-        bob = await stack.enter_async_context(agent("bob", workdir / "bob", endpoint, "open"))
-        bob_id = (await bob("mesh_hello", message="happy to review plans"))["node_id"]
-        ada = await stack.enter_async_context(agent("ada", workdir / "ada", endpoint, "ask"))
-        await ada("mesh_hello", message="looking for a reviewer")
-        await bob("mesh_hello", message="happy to review plans")  # re-announce so ada hears bob now
-
-        async def bob_seen() -> dict[str, Any] | None:
-            seen = (await ada("mesh_agents"))["agents"]
-            return next((a for a in seen if a["node_id"] == bob_id), None)
-
-        bob_name = (await until(bob_seen, "ada never saw bob in mesh_agents"))["petname"]
-        say("ada", f"mesh_agents: I see {bob_name} ({bob_id[:12]}…): 'happy to review plans'")
+        station = await stack.enter_async_context(Station(workdir / "station"))
+        print(f"station {station.endpoint}", flush=True)
+        bob = await stack.enter_async_context(
+            agent("bob", workdir / "bob", station.endpoint, "open")
+        )
+        ada = await stack.enter_async_context(
+            agent("ada", workdir / "ada", station.endpoint, "ask")
+        )
+        bob_name = await meet(ada, bob)
         rung = await ada("mesh_ring", to=bob_name, purpose="review my plan")
         if rung.get("answer") != 1 or rung.get("joined") != 1:
             raise Failed(f"ring not accepted and joined: {rung}")
         room = rung["room_topic"]
         say("ada", f"mesh_ring {bob_name}: answer 1 (accepted), joined 1, room {room[:24]}…")
         await converse(ada, bob, room)
-        script = "import json,sys; print(json.dumps({'sum': sum(json.load(sys.stdin)['numbers'])}))"
-        echo = f'{sys.executable} -c "{script}"'
-        await bob("mesh_serve", name=SUM, exec=echo)
+        await serve_and_call(ada, bob)
+        await share(ada, bob)
+        await ride_out_restart(station, ada, bob)
 
-        async def summed() -> dict[str, Any] | None:
-            args = {"numbers": [1, 2, 3, 4]}
-            failed, called = await ada.raw(
-                "mesh_call", procedure="org.example.demo.sum_v1", args=args
-            )
-            if failed and called.get("code") == "unknown_next_peer":
-                return None  # bob's advertisement has not reached ada's side yet
-            if failed or called.get("result") != {"sum": 10}:
-                raise Failed(f"served procedure answered {called}")
-            return called
 
-        called = await until(summed, "bob's served procedure never became callable")
-        say("ada", f"mesh_call sum_v1 [1,2,3,4] -> {called['result']} (bob's command answered)")
-        artifact = os.urandom(9_000)  # results are bounded (~24 KB): big artifacts go peer to peer
-        put = await ada("mesh_put", content=base64.b64encode(artifact).decode(), name="plan.bin")
-        got = await bob("mesh_get", mcid_hex=put["mcid_hex"])
-        if base64.b64decode(got.get("content_base64", "")) != artifact:
-            raise Failed("bob fetched something else than ada put")
-        say("bob", f"mesh_get {put['mcid_hex'][:20]}…: {put['size_bytes']} bytes, verified")
+async def meet(ada: Agent, bob: Agent) -> str:
+    """Both say hello; ada sees bob in ``mesh_agents``. Returns bob's petname for ada."""
+    bob_id = (await bob("mesh_hello", message="happy to review plans"))["node_id"]
+    await ada("mesh_hello", message="looking for a reviewer")
+    await bob("mesh_hello", message="happy to review plans")  # re-announce so ada hears bob now
+
+    async def bob_seen() -> dict[str, Any] | None:
+        seen = (await ada("mesh_agents"))["agents"]
+        return next((a for a in seen if a["node_id"] == bob_id), None)
+
+    bob_name = str((await until(bob_seen, "ada never saw bob in mesh_agents"))["petname"])
+    say("ada", f"mesh_agents: I see {bob_name} ({bob_id[:12]}…): 'happy to review plans'")
+    return bob_name
+
+
+async def serve_and_call(ada: Agent, bob: Agent) -> None:
+    script = "import json,sys; print(json.dumps({'sum': sum(json.load(sys.stdin)['numbers'])}))"
+    await bob("mesh_serve", name=SUM, exec=f'{sys.executable} -c "{script}"')
+    called = await until(summer(ada), "bob's served procedure never became callable")
+    say("ada", f"mesh_call sum_v1 [1,2,3,4] -> {called['result']} (bob's command answered)")
+
+
+def summer(ada: Agent) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+    """ada's call of bob's procedure: None while it cannot reach bob (yet, or again)."""
+
+    async def summed() -> dict[str, Any] | None:
+        failed, called = await ada.raw("mesh_call", procedure=SUM, args={"numbers": [1, 2, 3, 4]})
+        if failed and called.get("code") in ("unknown_next_peer", "not_connected"):
+            return None  # bob's advertisement has not reached ada's side yet
+        if failed or called.get("result") != {"sum": 10}:
+            raise Failed(f"served procedure answered {called}")
+        return called
+
+    return summed
+
+
+async def share(ada: Agent, bob: Agent) -> None:
+    artifact = os.urandom(9_000)  # results are bounded (~24 KB): big artifacts go peer to peer
+    put = await ada("mesh_put", content=base64.b64encode(artifact).decode(), name="plan.bin")
+    got = await bob("mesh_get", mcid_hex=put["mcid_hex"])
+    if base64.b64decode(got.get("content_base64", "")) != artifact:
+        raise Failed("bob fetched something else than ada put")
+    say("bob", f"mesh_get {put['mcid_hex'][:20]}…: {put['size_bytes']} bytes, verified")
+
+
+async def ride_out_restart(station: Station, ada: Agent, bob: Agent) -> None:
+    """The station stops and starts again; both agents come back without being told to."""
+    print(f"station restarted {await station.restart()}", flush=True)
+    for one in (ada, bob):
+
+        async def back(one: Agent = one) -> dict[str, Any] | None:
+            status = await one.status()
+            return status if status.get("connected") == 1 and status["reconnects"] >= 1 else None
+
+        status = await until(back, f"{one.name} never reconnected", RECONNECT_WAIT_S)
+        say(one.name, f"mesh://status: connected 1, reconnects {status['reconnects']} (by itself)")
+    called = await until(summer(ada), "bob's procedure never answered after the restart")
+    say("ada", f"mesh_call sum_v1 after the restart -> {called['result']} (bob re-served nothing)")
 
 
 async def converse(ada: Agent, bob: Agent, room: str) -> None:
@@ -202,7 +278,8 @@ def main() -> None:
                 print(f"FAILED: {exc}", flush=True)
             raise SystemExit(1) from None
     print(
-        "demo passed: hello, agents, ring, room conversation, served call, shared artifact",
+        "demo passed: hello, agents, ring, room conversation, served call, shared artifact, "
+        "station restart ridden out",
         flush=True,
     )
 

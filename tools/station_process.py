@@ -50,13 +50,16 @@ def relay_command(*arguments: str) -> list[str]:
 
 
 @contextlib.asynccontextmanager
-async def station_process(data_dir: Path, timeout_s: float = 20.0) -> AsyncIterator[str]:
-    """A station on ``data_dir`` listening on a free port of 127.0.0.1, logging to
-    ``data_dir/station.log``; yields its endpoint, stops it on leaving."""
+async def station_process(
+    data_dir: Path, timeout_s: float = 20.0, port: int = 0
+) -> AsyncIterator[str]:
+    """A station on ``data_dir`` listening on ``port`` of 127.0.0.1 (0: a free one), logging to
+    ``data_dir/station.log``; yields its endpoint, stops it on leaving. Started again on the
+    same ``data_dir`` and port it is the same station: same key, same endpoint."""
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     out = data_dir / "station.out"
     command = relay_command(
-        "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir),
+        "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
         "--log-file", str(data_dir / "station.log"),
     )  # fmt: skip
     with out.open("wb") as sink:

@@ -26,6 +26,17 @@ async def test_a_station_process_listens_answers_with_its_key_and_stops(tmp_path
     assert await presented_key(address, timeout=1) is None  # stopped: nothing answers
 
 
+async def test_a_station_restarted_on_its_port_comes_back_with_the_same_key(
+    tmp_path: Path,
+) -> None:
+    async with station_process(tmp_path / "station") as first:
+        pass
+    port = parse_station(first).port
+    async with station_process(tmp_path / "station", port=port) as again:
+        assert again == first  # same data directory, same key; same port
+        assert await presented_key(parse_station(again), timeout=5) == parse_station(first).node_id
+
+
 async def test_a_station_that_cannot_start_says_why(tmp_path: Path) -> None:
     data_dir = tmp_path / "station"
     data_dir.mkdir()

@@ -18,13 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = ROOT / "tools"
 PACKAGES = (ROOT / "macula", TOOLS_DIR)
 MAX_MODULE_LINES = 600
-MAX_FUNCTION_LINES = 80
-# functions let off the length rule, each with its reason
-LONG_FUNCTIONS_ALLOWED = {
-    # the guided demo: one linear script of printed steps, read top to bottom; the demos are
-    # covered by their own decision, not by this split
-    ("macula/tour.py", "run"): "the tour's linear demo script",
-}
+MAX_FUNCTION_LINES = 80  # for every function: none is let off
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 
@@ -80,13 +74,12 @@ def registers_a_tool(function: Function) -> bool:
 
 
 def long_functions(path: Path) -> list[tuple[str, int]]:
-    """The functions of ``path`` over 80 lines of their own, less those allowed."""
+    """The functions of ``path`` over 80 lines of their own."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return [
         (function.name, own_lines(function))
         for function, _ in functions(tree)
         if own_lines(function) > MAX_FUNCTION_LINES
-        and (name(path), function.name) not in LONG_FUNCTIONS_ALLOWED
     ]
 
 
@@ -101,13 +94,9 @@ def test_no_function_is_over_80_lines_of_its_own(path: Path) -> None:
     assert not long_functions(path), (name(path), long_functions(path))
 
 
-def test_both_packages_are_checked_and_every_allowance_is_still_needed() -> None:
+def test_both_packages_are_checked() -> None:
     checked = {name(path) for path in modules()}
     assert {"macula/node.py", "macula/client_core.py", "tools/server.py"} <= checked
-    for (module, function), reason in LONG_FUNCTIONS_ALLOWED.items():
-        tree = ast.parse((ROOT / module).read_text(encoding="utf-8"))
-        lengths = [own_lines(f) for f, _ in functions(tree) if f.name == function]
-        assert lengths and max(lengths) > MAX_FUNCTION_LINES, (module, function, reason)
 
 
 @pytest.mark.parametrize("path", tool_modules(), ids=name)

@@ -31,7 +31,6 @@ CORE_HOLDERS = (
     "relay/station.py",
     "relay/station_build.py",
     "relay/cli.py",
-    "relay/demo.py",
     "tests/unit/stationmesh.py",
 )
 CORE_NAMES = frozenset({"_core", "core", "router"})
