@@ -38,7 +38,7 @@ from relay.realm_links import (
 )
 
 if TYPE_CHECKING:
-    from relay.core import RouterCore
+    from relay.router_state import RouterState
 
 BUILTINS = frozenset(
     {
@@ -57,7 +57,7 @@ BUILTINS = frozenset(
 
 
 def call(
-    core: RouterCore,
+    core: RouterState,
     peer: Peer,
     stream: int,
     frame: Call,
@@ -95,7 +95,7 @@ def call(
     return out
 
 
-def call_refusal(core: RouterCore, peer: Peer, frame: Call, now_ms: int) -> tuple[int, str] | None:
+def call_refusal(core: RouterState, peer: Peer, frame: Call, now_ms: int) -> tuple[int, str] | None:
     """Why this CALL is refused (a §9 code and a detail), or None."""
     quotas = core.policy.quotas
     # over a link the caller is whoever signed the CALL (admission verified it)
@@ -129,7 +129,7 @@ def call_refusal(core: RouterCore, peer: Peer, frame: Call, now_ms: int) -> tupl
 
 
 def builtin_done(
-    core: RouterCore, conn: int, stream: int, frame: Call, outcome: Outcome, now_ms: int
+    core: RouterState, conn: int, stream: int, frame: Call, outcome: Outcome, now_ms: int
 ) -> list[Action]:
     """Reply to a built-in CALL (or a house service's) with its ``Outcome``."""
     core.builtins_running[conn] -= 1
@@ -156,7 +156,7 @@ def builtin_done(
 
 
 def call_station(
-    core: RouterCore,
+    core: RouterState,
     node_id: bytes,
     procedure: str,
     payload: Any,
@@ -188,7 +188,7 @@ def call_station(
 
 
 def vouch(
-    core: RouterCore, endorsements: list[Endorsement], now_ms: int, links: list[Peer] | None
+    core: RouterState, endorsements: list[Endorsement], now_ms: int, links: list[Peer] | None
 ) -> list[Action]:
     """Tell ``links`` (None: every link) these members' endorsements (relay.realm_links)."""
     if not endorsements:

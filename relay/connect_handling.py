@@ -32,13 +32,13 @@ from relay.realm_links import linked_realms
 from relay.station_frames import dht_port_of
 
 if TYPE_CHECKING:
-    from relay.core import RouterCore
+    from relay.router_state import RouterState
 
 log = logging.getLogger("macula.relay")
 
 
 def handshake(
-    core: RouterCore, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
+    core: RouterState, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
 ) -> list[Action]:
     """A frame from a connection whose handshake is not done (either side)."""
     if peer.dialled:
@@ -75,7 +75,9 @@ def handshake(
     return _client_accepted(core, peer, stream, now_ms)
 
 
-def _refusal(core: RouterCore, peer: Peer, connect: Connect, now_ms: int) -> tuple[int, str] | None:
+def _refusal(
+    core: RouterState, peer: Peer, connect: Connect, now_ms: int
+) -> tuple[int, str] | None:
     """Why this CONNECT is refused (a §9 code and a reason), or None."""
     refusal = core.admission.connect_refusal(connect, now_ms)
     if refusal is None:  # who may connect at all (relay.realm_admission)
@@ -90,7 +92,7 @@ def _refusal(core: RouterCore, peer: Peer, connect: Connect, now_ms: int) -> tup
 
 
 def _connect_rule_refusal(
-    core: RouterCore, peer: Peer, connect: Connect, now_ms: int
+    core: RouterState, peer: Peer, connect: Connect, now_ms: int
 ) -> tuple[int, str] | None:
     """Who may connect at all (``--admission``); a client's CONNECT ``endorsements``
     make it a member of the realms they endorse (relay.realms)."""
@@ -101,7 +103,7 @@ def _connect_rule_refusal(
 
 
 def _refused(
-    core: RouterCore,
+    core: RouterState,
     peer: Peer,
     stream: int,
     connect: Connect,
@@ -120,7 +122,7 @@ def _refused(
 
 
 def _station_accepted(
-    core: RouterCore, peer: Peer, stream: int, connect: Connect, now_ms: int
+    core: RouterState, peer: Peer, stream: int, connect: Connect, now_ms: int
 ) -> list[Action]:
     """A station's CONNECT: what it may carry (its station endorsements), HELLO, the link."""
     core.realms.present_station(peer.conn, peer.node_id, connect.endorsements, now_ms)
@@ -129,7 +131,7 @@ def _station_accepted(
     return [Send(peer.conn, stream, hello), *core.linking.link_up(peer, now_ms)]
 
 
-def _client_accepted(core: RouterCore, peer: Peer, stream: int, now_ms: int) -> list[Action]:
+def _client_accepted(core: RouterState, peer: Peer, stream: int, now_ms: int) -> list[Action]:
     out: list[Action] = []
     if core.realms.to_vouch:  # its CONNECT endorsements: the links hear first
         out += core.vouch(core.realms.drain_vouches(), now_ms)
@@ -141,7 +143,7 @@ def _client_accepted(core: RouterCore, peer: Peer, stream: int, now_ms: int) -> 
     return out
 
 
-def _replace(core: RouterCore, older: Peer, now_ms: int) -> list[Action]:
+def _replace(core: RouterState, older: Peer, now_ms: int) -> list[Action]:
     """Same identity, newer handshake: the older connection is told and closed (§5.4)."""
     detail = "a newer connection took over"
     out: list[Action] = [
@@ -153,7 +155,7 @@ def _replace(core: RouterCore, older: Peer, now_ms: int) -> list[Action]:
     return out
 
 
-def station_linked(core: RouterCore, peer: Peer, now_ms: int) -> list[Action]:
+def station_linked(core: RouterState, peer: Peer, now_ms: int) -> list[Action]:
     """A link came up (either side): the peer station learns this station's clients' interest
     and adverts, and (in the protected realms it may carry) this station's members."""
     carries = linked_realms(core.realms, peer, now_ms)  # protected realms: endorsed only

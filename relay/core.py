@@ -38,7 +38,8 @@ State lives in small tables (``StationSubscriptions``, ``AdvertTable``, ``Pendin
   ``forget_peer`` the matching ``LinkDown``; one link per station (the duplicate rule is
   there); ``station_linked`` runs on every link that comes up; an EVENT is taken from
   a station peer only, and goes to local clients only (``relay.federation.interest``).
-Handlers live in modules of their own, each a group of functions taking the core:
+Handlers live in modules of their own, each a group of functions taking the core (typed as
+``relay.router_state.RouterState``, a Protocol, so none imports this module back):
 ``relay.connect_handling`` (CONNECT, HELLO, a link coming up), ``relay.call_handling`` (CALL
 routing, built-ins, this station's own CALLs), ``relay.stream_handling`` (dedicated streams),
 ``relay.realm_routing`` (protected realms). One convention: a handler returns its actions

@@ -23,10 +23,10 @@ from relay.peers import Peer
 from relay.realm_links import forget_link_adverts, unsigned_in_protected_realm, unvouched
 
 if TYPE_CHECKING:
-    from relay.core import RouterCore
+    from relay.router_state import RouterState
 
 
-def realm_refused(core: RouterCore, peer: Peer, frame: Frame, now_ms: int) -> bool:
+def realm_refused(core: RouterState, peer: Peer, frame: Frame, now_ms: int) -> bool:
     """SUBSCRIBE, PUBLISH, ADVERTISE (and a relayed EVENT) in a protected realm from a
     connection that may not act there: a counted drop."""
     if not isinstance(frame, (Subscribe, Publish, Advertise, Event)):
@@ -38,7 +38,7 @@ def realm_refused(core: RouterCore, peer: Peer, frame: Frame, now_ms: int) -> bo
 
 
 def members_only(
-    core: RouterCore, realm: bytes, actions: list[Action], now_ms: int
+    core: RouterState, realm: bytes, actions: list[Action], now_ms: int
 ) -> list[Action]:
     """``actions`` less the Sends to connections not allowed in ``realm`` (if protected)."""
     realms = core.realms
@@ -54,7 +54,7 @@ def members_only(
     return kept
 
 
-def relayed_event(core: RouterCore, peer: Peer, frame: Event, now_ms: int) -> list[Action]:
+def relayed_event(core: RouterState, peer: Peer, frame: Event, now_ms: int) -> list[Action]:
     """An EVENT on ``peer``'s control stream: from a linked station only."""
     if not (peer.is_station and peer.linked):
         core.drop(peer, "event_from_client", "EVENT from a peer without the station bit")
@@ -71,7 +71,7 @@ def relayed_event(core: RouterCore, peer: Peer, frame: Event, now_ms: int) -> li
     return members_only(core, frame.realm, relayed, now_ms)
 
 
-def sweep(core: RouterCore, now_ms: int) -> list[Action]:
+def sweep(core: RouterState, now_ms: int) -> list[Action]:
     """End expired and revoked memberships; their advertisements in that realm go."""
     out: list[Action] = []
     tombstone_ms = core.policy.advertise_tombstone_ms

@@ -27,11 +27,11 @@ from relay.peers import Peer, PeerState
 from relay.realm_links import unvouched
 
 if TYPE_CHECKING:
-    from relay.core import RouterCore
+    from relay.router_state import RouterState
 
 
 def dedicated(
-    core: RouterCore, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
+    core: RouterState, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
 ) -> list[Action]:
     """A frame on a stream other than ``peer``'s control stream (after its handshake)."""
     if stream in peer.ignored_streams:
@@ -58,7 +58,7 @@ def dedicated(
 
 
 def _new_stream(
-    core: RouterCore, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
+    core: RouterState, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
 ) -> list[Action] | None:
     """The first frame of a new dedicated stream: what it did, or None for a new content
     stream (its CALL is taken next)."""
@@ -79,7 +79,7 @@ def _new_stream(
 
 
 def _stream_open(
-    core: RouterCore, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
+    core: RouterState, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
 ) -> list[Action]:
     verdict = core.admit(peer, frame_map, now_ms)
     if isinstance(verdict, Rejected):  # answered, and the stream refused (StreamRelay)
@@ -97,7 +97,7 @@ def _stream_open(
     return core.streams.open_route(peer, stream, opened, frame_map, now_ms)
 
 
-def stream_ended(core: RouterCore, conn: int, stream: int, now_ms: int) -> list[Action]:
+def stream_ended(core: RouterState, conn: int, stream: int, now_ms: int) -> list[Action]:
     """``stream`` of ``conn`` ended (FIN)."""
     peer = core.peers.get(conn)
     if peer is None:
@@ -122,7 +122,7 @@ def stream_ended(core: RouterCore, conn: int, stream: int, now_ms: int) -> list[
     )
 
 
-def stream_reset(core: RouterCore, conn: int, stream: int, now_ms: int) -> list[Action]:
+def stream_reset(core: RouterState, conn: int, stream: int, now_ms: int) -> list[Action]:
     """``stream`` of ``conn`` was reset by the peer."""
     peer = core.peers.get(conn)
     if peer is not None:

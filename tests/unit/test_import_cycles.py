@@ -18,19 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("macula", "relay", "tools")
 
 # Cycles still there, each as its sorted set of modules, with the reason it stays.
-ALLOWED: dict[frozenset[str], str] = {
-    frozenset(
-        {
-            "relay.core",
-            "relay.call_handling",
-            "relay.connect_handling",
-            "relay.realm_routing",
-            "relay.stream_handling",
-        }
-    ): "the router core's handlers take the RouterCore they act on, named under TYPE_CHECKING "
-    "only (no import at run time); typing each without it needs a Protocol of 8-18 members of "
-    "the core's state per handler",
-}
+ALLOWED: dict[frozenset[str], str] = {}
 
 
 def module_files() -> dict[str, Path]:
