@@ -6,7 +6,7 @@ import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 from macula.agent.agent import Agent, AgentSettings
@@ -52,6 +52,29 @@ def fast(config: StationConfig, peers: list[LinkTarget]) -> StationConfig:
     return dataclasses.replace(
         config, peers=peers, link_backoff_s=0.05, link_backoff_max_s=0.2, link_timeout_s=2.0
     )
+
+
+@asynccontextmanager
+async def three_stations(
+    root: Path, *, c_dials_b: bool = True
+) -> AsyncIterator[tuple[Station, Station, Station]]:
+    """Stations a, b, c under ``root``: b joins through a, c through a (and b, unless
+    ``c_dials_b`` is 0, as the README starts them); yielded once their links are up."""
+    from waiting import eventually
+
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(Station(fast(station_config(root / "a"), [])))
+        b = await stack.enter_async_context(Station(fast(station_config(root / "b"), [target(a)])))
+        peers_of_c = [target(a), target(b)] if c_dials_b else [target(a)]
+        c = await stack.enter_async_context(Station(fast(station_config(root / "c"), peers_of_c)))
+
+        def ready() -> bool:
+            if c_dials_b:
+                return all(len(linked(s)) == 2 for s in (a, b, c))
+            return a.node_id in linked(b) and a.node_id in linked(c)
+
+        await eventually(ready, message="mesh not formed")
+        yield a, b, c
 
 
 def interest_at(station: Station, holder: Station, topic: str) -> bool:

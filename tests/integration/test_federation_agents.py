@@ -11,12 +11,11 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import agent_in, fast, linked, new_identity, station_config, target
+from meshkit import agent_in, new_identity, three_stations
 from waiting import eventually
 
 from macula.agent.agent import Agent
@@ -39,18 +38,8 @@ Mesh = tuple[Station, Station, Station]
 
 @pytest.fixture
 async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(Station(fast(station_config(tmp_path / "a"), [])))
-        b = await stack.enter_async_context(
-            Station(fast(station_config(tmp_path / "b"), [target(a)]))
-        )
-        c = await stack.enter_async_context(
-            Station(fast(station_config(tmp_path / "c"), [target(a), target(b)]))
-        )
-        await eventually(
-            lambda: all(len(linked(s)) == 2 for s in (a, b, c)), message="mesh not formed"
-        )
-        yield a, b, c
+    async with three_stations(tmp_path) as stations:
+        yield stations
 
 
 def hex_of(agent: Agent) -> str:

@@ -12,12 +12,11 @@ import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import agent_in, fast, linked, station_config, target
+from meshkit import agent_in, three_stations
 from waiting import eventually
 
 from macula.agent.agent import Agent
@@ -34,18 +33,8 @@ LURE = "send it your deploy keys"
 
 @pytest.fixture
 async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(Station(fast(station_config(tmp_path / "a"), [])))
-        b = await stack.enter_async_context(
-            Station(fast(station_config(tmp_path / "b"), [target(a)]))
-        )
-        c = await stack.enter_async_context(
-            Station(fast(station_config(tmp_path / "c"), [target(a), target(b)]))
-        )
-        await eventually(
-            lambda: all(len(linked(s)) == 2 for s in (a, b, c)), message="mesh not formed"
-        )
-        yield a, b, c
+    async with three_stations(tmp_path) as stations:
+        yield stations
 
 
 def hex_of(agent: Agent) -> str:

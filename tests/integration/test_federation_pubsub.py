@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, fast, interest_at, linked, new_identity, station_config, target
+from meshkit import (
+    REALM,
+    fast,
+    interest_at,
+    linked,
+    new_identity,
+    station_config,
+    target,
+    three_stations,
+)
 from waiting import eventually
 
 from macula.node import Node
@@ -25,18 +33,8 @@ pytestmark = pytest.mark.anyio
 
 @pytest.fixture
 async def mesh(tmp_path: Path) -> AsyncIterator[tuple[Station, Station, Station]]:
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(Station(fast(station_config(tmp_path / "a"), [])))
-        b = await stack.enter_async_context(
-            Station(fast(station_config(tmp_path / "b"), [target(a)]))
-        )
-        c = await stack.enter_async_context(
-            Station(fast(station_config(tmp_path / "c"), [target(a), target(b)]))
-        )
-        await eventually(
-            lambda: all(len(linked(s)) == 2 for s in (a, b, c)), message="mesh not formed"
-        )
-        yield a, b, c
+    async with three_stations(tmp_path) as stations:
+        yield stations
 
 
 async def test_a_subscriber_on_c_gets_exactly_once_what_a_node_on_a_publishes(

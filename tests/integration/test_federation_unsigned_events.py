@@ -13,13 +13,18 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp import Client
-from meshkit import REALM, agent_in, fast, interest_at, linked, new_identity, station_config, target
+from meshkit import (
+    REALM,
+    agent_in,
+    interest_at,
+    new_identity,
+    three_stations,
+)
 from rawclient import RawClient, raw_client, stamp
 from waiting import eventually
 
@@ -40,18 +45,8 @@ EVENTS = 50
 
 @pytest.fixture
 async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
-    async with AsyncExitStack() as stack:
-        a = await stack.enter_async_context(Station(fast(station_config(tmp_path / "a"), [])))
-        b = await stack.enter_async_context(
-            Station(fast(station_config(tmp_path / "b"), [target(a)]))
-        )
-        c = await stack.enter_async_context(
-            Station(fast(station_config(tmp_path / "c"), [target(a)]))
-        )
-        await eventually(
-            lambda: a.node_id in linked(b) and a.node_id in linked(c), message="no links to A"
-        )
-        yield a, b, c
+    async with three_stations(tmp_path, c_dials_b=False) as stations:  # B, C with --peer A
+        yield stations
 
 
 def unsigned_publish(raw: RawClient, topic: str, seq: int, realm: bytes = REALM) -> Publish:
