@@ -1,0 +1,85 @@
+"""The daemon's HTTP secret: one random token per ``MACULA_HOME``, for the console and ``/mcp``.
+
+Invariants:
+- the token lives in ``$MACULA_HOME/http/token``, a 0600 file in a 0700 folder, created on first
+  use with 32 random bytes (URL-safe base64, 43 characters); an existing file of the wrong mode
+  or shape is refused (``TokenFileError`` naming the file), never silently rewritten;
+- comparison is constant-time (``hmac.compare_digest``); nothing here logs the token;
+- ``port_path`` is where the daemon writes the loopback port it serves HTTP on (0600).
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+import secrets
+import stat
+from pathlib import Path
+from typing import Final
+
+from macula.errors import ConfigError
+
+DIR_NAME: Final = "http"
+TOKEN_NAME: Final = "token"
+PORT_NAME: Final = "port"
+_SHAPE: Final = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+class TokenFileError(ConfigError):
+    """The token file exists but is not one this module wrote (mode or content)."""
+
+
+def http_dir(home: Path) -> Path:
+    """``$MACULA_HOME/http``, created 0700 if missing."""
+    folder = home / DIR_NAME
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def token_path(home: Path) -> Path:
+    return home / DIR_NAME / TOKEN_NAME
+
+
+def port_path(home: Path) -> Path:
+    return home / DIR_NAME / PORT_NAME
+
+
+def _read(path: Path) -> str:
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise TokenFileError(f"{path} is readable by others (mode {mode:o}): chmod 600 it")
+    value = path.read_text(encoding="ascii", errors="replace").strip()
+    if not _SHAPE.fullmatch(value):
+        raise TokenFileError(f"{path} does not hold a token: remove it and a new one is made")
+    return value
+
+
+def home_token(home: Path) -> str:
+    """The home's token, made on first use (a race between two makers keeps the first file)."""
+    path = token_path(home)
+    if path.exists():
+        return _read(path)
+    http_dir(home)
+    value = secrets.token_urlsafe(32)
+    tmp = path.with_name(f".{TOKEN_NAME}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, value.encode("ascii") + b"\n")
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # fails if another process made it first: theirs wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _read(path)
+
+
+def matches(presented: str | None, expected: str) -> bool:
+    """Constant-time check of a presented token (``None`` or empty never matches)."""
+    if not presented:
+        return False
+    return hmac.compare_digest(presented.encode("utf-8", "replace"), expected.encode("ascii"))
