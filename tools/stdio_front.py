@@ -21,7 +21,9 @@ version) and ``server/discover``, learned from the backend's replies, kept in
 ``$MACULA_HOME/cache/handshake.json`` (0600) under a fingerprint of the code and the settings
 that shape them. With a card the front answers the opening request from it at once, still
 passes the request on, and drops the backend's own reply to it (relearning the card when that
-reply differs). Without one (a new home, new code) the backend answers, and is learned.
+reply differs). Without one (a new home, new code) the shipped seed answers ``initialize``
+(``tools/handshake_seed.json``, made by ``python -m tools.handshake_seed`` and checked by tests
+to be this code's own answer); without either the backend answers, and is learned.
 
 Invariants: stdlib only (nothing heavy is imported here); one writer lock on the wire; a
 line that is not JSON, or not an opening request, is passed on untouched, in order.
@@ -45,6 +47,7 @@ CHANNEL_ENV: Final = "MACULA_MCP_CHANNEL"  # tools.channel.ENABLED_ENV (a test k
 TERSE_ENV: Final = "MACULA_MCP_TERSE_TOOLS"
 HOME_ENV: Final = "MACULA_HOME"
 CARD_FILE: Final = Path("cache") / "handshake.json"
+SEED_FILE: Final = Path(__file__).resolve().with_name("handshake_seed.json")  # tools.handshake_seed
 # mcp_types.version's, without importing it (a test keeps them equal)
 HANDSHAKE_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
@@ -133,29 +136,55 @@ def fingerprint(env: Mapping[str, str]) -> str:
     return digest.hexdigest()[:32]
 
 
-class HandshakeCard:
-    """The backend's answers to opening requests, remembered for the next spawn."""
+def installed_mcp() -> str | None:
+    """The installed ``mcp`` distribution's version, from its dist-info folder's name (no import,
+    no metadata parse: ``importlib.metadata`` costs ~60 ms here)."""
+    spec = importlib.util.find_spec("mcp")
+    if spec is None or not spec.origin:
+        return None
+    found = sorted(Path(spec.origin).parent.parent.glob("mcp-*.dist-info"))
+    return found[0].name[len("mcp-") : -len(".dist-info")] if len(found) == 1 else None
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+
+def seed_answers(env: Mapping[str, str], path: Path = SEED_FILE) -> dict[str, Any]:
+    """The shipped card's answers for this channel setting; {} when it was made with another
+    ``mcp`` than the installed one, or is missing or malformed."""
+    with contextlib.suppress(OSError, ValueError):
+        stored = json.loads(path.read_bytes())
+        if isinstance(stored, dict) and stored.get("mcp") == installed_mcp():
+            answers = (stored.get("channel") or {}).get("1" if channel_on(env) else "0")
+            if isinstance(answers, dict):
+                return answers
+    return {}
+
+
+class HandshakeCard:
+    """The backend's answers to opening requests, remembered for the next spawn; before the
+    first one is learned in this home, the shipped seed's (``seed_answers``)."""
+
+    def __init__(self, env: Mapping[str, str], seed: Path = SEED_FILE) -> None:
         raw = env.get(HOME_ENV)
         home = Path(raw if raw else "~/.macula").expanduser()
         self.path = home / CARD_FILE
         self.print = fingerprint(env)
-        self.answers: dict[str, Any] = {}
+        self.learned: dict[str, Any] = {}
         with contextlib.suppress(OSError, ValueError):
             stored = json.loads(self.path.read_bytes())
             if isinstance(stored, dict) and stored.get("fingerprint") == self.print:
                 answers = stored.get("answers")
-                self.answers = answers if isinstance(answers, dict) else {}
+                self.learned = answers if isinstance(answers, dict) else {}
+        self.answers: dict[str, Any] = {**seed_answers(env, seed), **self.learned}
 
     def learn(self, key: str, result: Any) -> bool:
-        """Remember ``result`` under ``key``; True when it was new or different."""
-        if self.answers.get(key) == result:
+        """Remember ``result`` under ``key``; True when it differs from the answer held (learned
+        or seeded). A seeded answer confirmed is written down too, so the home has its card."""
+        changed: bool = self.answers.get(key) != result
+        if not changed and self.learned.get(key) == result:
             return False
-        self.answers[key] = result
+        self.answers[key] = self.learned[key] = result
         with contextlib.suppress(OSError):
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            text = json.dumps({"fingerprint": self.print, "answers": self.answers})
+            text = json.dumps({"fingerprint": self.print, "answers": self.learned})
             temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
@@ -163,7 +192,7 @@ class HandshakeCard:
             finally:
                 os.close(fd)
             os.replace(temporary, self.path)
-        return True
+        return changed
 
 
 Deliver = Callable[[bytes | None], None]  # a line for the backend, None at end of input

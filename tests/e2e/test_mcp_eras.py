@@ -15,7 +15,7 @@ from mcp import Client
 from relay.station import Station
 from tests.e2e.mcpkit import server_env, server_params, stop_daemon
 from tools.launch import server_command
-from tools.stdio_front import CARD_FILE
+from tools.stdio_front import CARD_FILE, seed_answers
 
 pytestmark = pytest.mark.anyio
 CHANNEL = "claude/channel"
@@ -58,16 +58,20 @@ async def test_with_push_off_an_auto_client_gets_the_modern_era(
 
 
 async def test_the_card_answer_is_the_servers_own(station: Station, tmp_path: Path) -> None:
-    """The first session learns the server's initialize answer; the next is answered from the
-    card before the SDK is loaded, and gets exactly what the server itself would say."""
+    """The first session of a new home is answered from the shipped seed and learns the
+    server's own answer, equal to it; the next is answered from the card before the SDK is
+    loaded, and gets exactly what the server itself would say."""
     home = tmp_path / "h"
     params = server_params(server_env(home, station.endpoint))
     async with Client(params, mode="legacy") as first:
         said = first.session.initialize_result
         assert said is not None
+        assert (await first.list_tools()).tools  # the backend has answered initialize too
     card = json.loads((home / CARD_FILE).read_text())
     learned = card["answers"]["initialize 2025-11-25"]
     assert learned == said.model_dump(by_alias=True, mode="json", exclude_none=True)
+    # the shipped seed the first spawn of a new home was answered from is that same answer
+    assert seed_answers({})["initialize 2025-11-25"] == learned
     async with Client(params, mode="legacy") as second:
         again = second.session.initialize_result
         assert again is not None and again == said

@@ -90,14 +90,14 @@ def test_a_reply_the_front_gave_is_dropped_and_a_changed_one_relearned(tmp_path:
     assert front.from_backend(other) == other  # not the watched one: passed on
     assert front.from_backend(b'{"jsonrpc":"2.0","id":0,"result":{"new":2}}\n') is None
     assert not front.watching
-    assert HandshakeCard(env).answers == {"initialize 2025-06-18": {"new": 2}}
+    assert HandshakeCard(env).learned == {"initialize 2025-06-18": {"new": 2}}
     assert oct((tmp_path / CARD_FILE).stat().st_mode & 0o777) == "0o600"
 
 
 def test_a_card_of_other_code_or_settings_is_not_used(tmp_path: Path) -> None:
     env = {"MACULA_HOME": str(tmp_path)}
     HandshakeCard(env).learn("initialize 2025-11-25", {"a": 1})
-    assert HandshakeCard(env).answers == {"initialize 2025-11-25": {"a": 1}}
-    assert HandshakeCard({**env, CHANNEL_ENV: "0"}).answers == {}
+    assert HandshakeCard(env).learned == {"initialize 2025-11-25": {"a": 1}}
+    assert HandshakeCard({**env, CHANNEL_ENV: "0"}).learned == {}
     (tmp_path / CARD_FILE).write_text("not json")
-    assert HandshakeCard(env).answers == {}
+    assert HandshakeCard(env).learned == {}
