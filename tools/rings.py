@@ -135,6 +135,7 @@ async def mesh_ring(
         str | None,
         Field(description="of a fresh room (a room you are in keeps its own)"),
     ] = None,
+    wait_answer_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0.0,
     idempotency_key: Annotated[str | None, KEY_FIELD] = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
@@ -149,6 +150,9 @@ async def mesh_ring(
         problems.append("room_topic: expected agents.room.<32 lowercase hex>")
     problems += check_wait(
         "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
+    )
+    problems += check_wait(
+        "wait_answer_seconds", wait_answer_seconds, allow_zero=True, limit=MAX_WAIT_S
     )
     if problems:
         return invalid(problems)
@@ -177,15 +181,16 @@ async def mesh_ring(
         if room_topic is None:  # a fresh room the station refused us is left again
             checked = left_if_refused(agent, rung.room_topic, checked)
         in_realm = await checked
-        return (
-            _placed_view(rung)
-            | in_realm
-            | {
-                "petname": petname(callee),
-                "joined": rung.joined or 0,
-                "next": _NEXT.get(rung.answer or 0, "they are not reachable now; try again later"),
-            }
+        view = (
+            _placed_view(rung) | in_realm | {"petname": petname(callee), "joined": rung.joined or 0}
         )
+        if rung.answer == 3 and wait_answer_seconds > 0:
+            await ctx.report_progress(0, None, "deferred: waiting for their answer")
+            late = await agent.rings.wait_answer(rung.ring_id, wait_answer_seconds)
+            if late is not None:
+                view |= {"answer": late.answer, "reason": late.reason, "late_answer": 1}
+        answer = view["answer"] or 0
+        return view | {"next": _NEXT.get(answer, "they are not reachable now; try again later")}
 
     args = {
         "to": to,
@@ -194,6 +199,7 @@ async def mesh_ring(
         "wait_join_seconds": wait_join_seconds,
         "private": private,
         "realm": realm,
+        "wait_answer_seconds": wait_answer_seconds,
     }
     return await run_agent_tool(runtime, "mesh_ring", args, work, idempotency_key=idempotency_key)
 

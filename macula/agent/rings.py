@@ -309,6 +309,27 @@ class Rings:
             events = [self._unseen.popleft() for _ in range(min(limit, len(self._unseen)))]
             return RingsWaited(events, len(self._unseen))
 
+    async def wait_answer(self, ring_id: str, wait_seconds: float) -> RingEvent | None:
+        """The late answer to our deferred ring ``ring_id`` (a person or the callee's model
+        answering later), within ``wait_seconds``; None when none came. The event is taken, so
+        a later ``wait_rings`` does not report it again."""
+
+        def found() -> RingEvent | None:
+            for event in self._unseen:
+                if event.late_answer and event.ring_id == ring_id:
+                    return event
+            return None
+
+        async with self._incoming:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._incoming.wait_for(lambda: found() is not None), max(0.0, wait_seconds)
+                )
+            event = found()
+            if event is not None:
+                self._unseen.remove(event)
+            return event
+
     async def answer_ring(
         self, ring_id: str, answer: int, reason: str | None = None
     ) -> RingAnswered:

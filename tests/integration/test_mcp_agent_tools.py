@@ -307,6 +307,48 @@ async def test_ask_policy_defers_then_answer_and_trust(
         assert ambiguous["candidates"] == {"node_id": twins}
 
 
+async def test_a_ring_deferred_under_ask_waits_for_its_late_answer(
+    station: Station, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """wait_answer_seconds: the caller's mesh_ring returns the callee's later accept itself
+    (late_answer 1), and mesh_wait_ring does not report that answer a second time."""
+    async with (
+        mcp_agent(station, tmp_path, "alice") as alice,
+        mcp_agent(station, tmp_path, "bob", "ask") as bob,
+    ):
+        _, bob_view = await meet(alice, bob)
+        ringing = await entered(
+            Rings,
+            "wait_answer",
+            call(
+                alice,
+                "mesh_ring",
+                {"to": bob_view["node_id"], "purpose": "pair?", "wait_answer_seconds": 30},
+            ),
+        )
+        [pending] = (await call(bob, "mesh_read_inbox"))["rings"]["pending"]
+        await call(bob, "mesh_answer_ring", {"ring_id": pending["ring_id"], "answer": 1})
+        rung = await ringing
+        assert (rung["answer"], rung["late_answer"]) == (1, 1)
+        assert rung["ring_id"] == pending["ring_id"] and "mesh_say" in rung["next"]
+        again = await call(alice, "mesh_wait_ring", {"wait_seconds": 0.2})
+        assert again["timed_out"] == 1
+        # no answer within the wait: the ring stays deferred, as without the wait
+        monkeypatch.setattr("macula.agent.rings.RATE_WINDOW_MS", 0)  # 1 ring per 2 s: not here
+        unanswered = await call(
+            alice,
+            "mesh_ring",
+            {"to": bob_view["node_id"], "purpose": "later?", "wait_answer_seconds": 0.2},
+        )
+        assert unanswered["answer"] == 3 and "late_answer" not in unanswered
+        bad = await refused(
+            alice,
+            "mesh_ring",
+            {"to": bob_view["node_id"], "purpose": "x", "wait_answer_seconds": -1},
+        )
+        assert bad["code"] == "invalid_argument"
+
+
 async def test_public_rooms_participants_and_observing(station: Station, tmp_path: Path) -> None:
     async with (
         mcp_agent(station, tmp_path, "alice") as alice,
