@@ -75,13 +75,17 @@ def _policy_view(runtime: Runtime) -> dict[str, Any]:
 async def _room_views(runtime: Runtime) -> list[dict[str, Any]]:
     rooms = runtime.agent.rooms
     inbox = await rooms.inbox(limit=MAX_MESSAGES, peek=1)
+    joined = {m.room_topic: m for m in await rooms.transcript.joined_rooms()}
     views = []
     for thread in inbox.rooms:
         topic = thread.room_topic
         keyed = None if rooms.keys is None else await rooms.keys.store.room(topic)
+        membership = joined.get(topic)
         views.append(
             {
                 "room_topic": topic,
+                "purpose": None if membership is None else membership.purpose,
+                "role": None if membership is None else membership.role,
                 "realm": rooms.realm_of(topic).hex(),
                 "private": int(keyed is not None),
                 "unread": thread.unread,

@@ -35,6 +35,11 @@ async function post(path, body) {
   return data;
 }
 
+function roomPurpose(room) {
+  const opened = room.messages.find((m) => m.kind === "room_opened");
+  return room.purpose || (opened && (opened.purpose || opened.text)) || "(no purpose)";
+}
+
 function roomKey(identity, room) { return identity.node_id + "/" + room.room_topic; }
 
 function allRooms(snapshot) {
@@ -54,6 +59,7 @@ function renderRooms(snapshot) {
     "data-agent": r.identity.petname,
     onclick: () => { state.room = r.key; render(); },
   },
+  el("div", { class: "purpose" }, roomPurpose(r.room)),
   el("span", { class: "who" }, r.identity.petname),
   el("span", { class: "topic" }, short(r.room.room_topic.replace("agents.room.", ""))),
   r.room.private ? el("span", { class: "tag" }, "private") : null,
