@@ -146,6 +146,6 @@ async def test_a_realm_join_is_approved_from_the_page(
         await page.click('#tabs button[data-tab="realms"]')
         await page.click("#join-list li button.approve")
         await eventually(lambda: realm.status_of(joiner, now_ms())[0] == "approved")
-        status, member = realm.status_of(joiner, now_ms())
+        _, member = realm.status_of(joiner, now_ms())
         assert member is not None and member.node == joiner
         assert realm.pending(now_ms()) == [] and session.status == "pending"
