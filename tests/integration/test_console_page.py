@@ -8,6 +8,8 @@ Skipped, saying why, when /usr/bin/chromium is absent (``.ci/run`` installs it w
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +20,9 @@ from consolekit import ARGS, CHROMIUM, Agent, Home, agent, console
 from waiting import eventually
 
 from macula.clock import now_ms
+from macula.node import Node
 from macula.realm.authority import Realm
+from macula.realm.service import JoinService
 from relay.station import Station
 
 pytestmark = [
@@ -27,6 +31,7 @@ pytestmark = [
 ]
 
 SHOWN_WITHIN_MS = 1000  # the issue's "within a second of mesh_say"
+REALM = "org.example.crew"
 
 
 @pytest.fixture
@@ -39,6 +44,23 @@ async def browser() -> AsyncIterator[Any]:
             yield launched
         finally:
             await launched.close()
+
+
+@contextlib.asynccontextmanager
+async def join_service(station: Station, home: Path) -> AsyncIterator[Realm]:
+    """The realm ``REALM`` of ``home``, its join service on ``station`` (``macula-realm serve``)."""
+    realm = Realm(home, REALM)
+    realm.create(difficulty=0)
+    async with Node(realm.authority, [station.endpoint]) as node:
+        service = JoinService(realm, node, publish_every_s=0.05)
+        await service.start()
+        stop = asyncio.Event()
+        running = asyncio.create_task(service.run(stop))
+        try:
+            yield realm
+        finally:
+            stop.set()
+            await running
 
 
 async def meet(alice: Agent, bob: Agent) -> None:
@@ -136,16 +158,21 @@ async def test_a_ring_under_ask_is_accepted_from_the_page(
 async def test_a_realm_join_is_approved_from_the_page(
     station: Station, tmp_path: Path, browser: Any
 ) -> None:
-    home = Home(tmp_path / "home")
-    realm = Realm(home.home, "crew")
-    realm.create(difficulty=0)
-    async with agent(home, station, "alice") as alice, console(home) as served:
-        joiner = bytes.fromhex(alice.node_id)  # a join request in the realm's state file
-        session = realm.start_session(joiner, now_ms())
+    home = Home(tmp_path / "home")  # the console's home holds the realm's authority key
+    elsewhere = Home(tmp_path / "elsewhere")  # the joiner's, not hosted by this console
+    async with (
+        join_service(station, home.home) as realm,
+        agent(elsewhere, station, "dana") as dana,
+        console(home) as served,
+    ):
+        asked = await dana.call("mesh_join_realm", realm=REALM)
+        assert asked["status"] == "pending", asked
         page = await opened(browser, served.url)
         await page.click('#tabs button[data-tab="realms"]')
-        await page.click("#join-list li button.approve")
-        await eventually(lambda: realm.status_of(joiner, now_ms())[0] == "approved")
-        _, member = realm.status_of(joiner, now_ms())
-        assert member is not None and member.node == joiner
-        assert realm.pending(now_ms()) == [] and session.status == "pending"
+        await page.click(f'#join-list li[data-join="{asked["code"]}"] button.approve')
+
+        joined = await dana.call("mesh_join_realm", realm=REALM, wait_seconds=20)
+        assert joined["status"] == "approved", joined
+        status, member = realm.status_of(bytes.fromhex(dana.node_id), now_ms())
+        assert status == "approved" and member is not None
+        await page.wait_for_selector("#join-list li[data-join]", state="detached")
