@@ -192,6 +192,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         daemon(arguments[1:])
         return
+    if arguments[:1] == ["console"]:  # macula-mcp console [--open]
+        from tools.console.command import main as console
+
+        console(arguments[1:])
+        return
     if arguments[:1] == ["attach"]:  # (the entry point dispatches it earlier, unimported)
         from tools.attach import main as attach
 
@@ -212,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "daemon",
             "attach",
             "station",
+            "console",
             *REGISTER_COMMANDS,
         ],
     )

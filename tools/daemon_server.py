@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import logging.handlers
 import os
@@ -46,6 +47,7 @@ from tools.daemon_socket import (
     pid_path,
     prepare_folder,
 )
+from tools.runtime import Runtime
 
 log = logging.getLogger("macula.daemon")
 
@@ -102,9 +104,16 @@ class _SocketSink:
 
 
 class Daemon:
-    def __init__(self, settings: DaemonSettings, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        settings: DaemonSettings,
+        clock: Callable[[], float] = time.monotonic,
+        mcp_app: Any = None,
+    ):
         self.settings = settings
         self.clock = clock
+        self.mcp_app = mcp_app  # MCP over Streamable HTTP, mounted at /mcp when given
+        self.http_port = 0  # the console's loopback port, once it listens
         self.idle = IdleClock(settings.idle_timeout, clock())
         self.stopping = asyncio.Event()
         self.connections: set[asyncio.Task[Any]] = set()
@@ -121,6 +130,7 @@ class Daemon:
                 self._connection, sock=listener, limit=self.settings.max_line
             )
             log.info("daemon %s listening on %s", protocol.VERSION, self.settings.socket)
+            group.create_task(self._http(), name="http")
             try:
                 await self._until_stopped()
             finally:
@@ -131,6 +141,29 @@ class Daemon:
                     await asyncio.wait(list(self.connections))
                 await self.hosts.close_all()
         log.info("daemon stopped")
+
+    @property
+    def home(self) -> Path:
+        return self.settings.home
+
+    def runtimes(self) -> list[Runtime]:
+        """The open runtimes (what the console reads)."""
+        hosted = [] if self.hosts is None else list(self.hosts.by_id.values())
+        return [h.runtime for h in hosted if h.runtime is not None and not h.closing.is_set()]
+
+    async def _http(self) -> None:
+        """The console and /mcp on loopback (``tools.daemon_http``) until the daemon stops; a
+        listener that cannot start is logged, and the daemon goes on without it. Its modules
+        (starlette, uvicorn, the agent views) are imported off the loop: an attach arriving
+        meanwhile is not held up."""
+        try:
+            http = await asyncio.to_thread(importlib.import_module, "tools.daemon_http")
+            bind, build_app, serve = http.bind, http.build_app, http.serve
+            sock = bind(self.settings.http_port)
+            self.http_port = sock.getsockname()[1]
+            await serve(build_app(self, self.mcp_app), sock, self.home, self.stopping)
+        except Exception:
+            log.exception("the HTTP listener (console, /mcp) failed")
 
     async def _until_stopped(self) -> None:
         assert self.hosts is not None
@@ -154,6 +187,7 @@ class Daemon:
             "home": str(self.settings.home),
             "log": str(self.settings.log_file),
             "idle_timeout_s": self.settings.idle_timeout,
+            "http_port": self.http_port,
             "sessions": self.hosts.sessions,
             "identities": [h.view(now, self.idle) for h in self.hosts.by_id.values()],
         }

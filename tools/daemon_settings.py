@@ -19,6 +19,7 @@ LOG_BYTES_ENV: Final = "MACULA_MCP_DAEMON_LOG_BYTES"
 LOG_FILES_ENV: Final = "MACULA_MCP_DAEMON_LOG_FILES"
 DEFAULT_LOG_BYTES: Final = 1024 * 1024
 DEFAULT_LOG_FILES: Final = 3
+HTTP_PORT_ENV: Final = "MACULA_MCP_HTTP_PORT"  # the console and /mcp; 0 or unset: a free port
 
 
 class DaemonSettingError(ValueError):
@@ -38,6 +39,15 @@ def _number(env: Mapping[str, str], name: str, default: float, low: float, high:
     return value
 
 
+def _port(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdecimal() or int(raw) > 65535:
+        raise DaemonSettingError(f"{name} must be a port number 0-65535 (0: any free), not {raw!r}")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class DaemonSettings:
     home: Path
@@ -46,6 +56,7 @@ class DaemonSettings:
     max_line: int
     log_bytes: int
     log_files: int
+    http_port: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DaemonSettings:
@@ -56,6 +67,7 @@ class DaemonSettings:
             max_line=int(_number(env, MAX_LINE_ENV, DEFAULT_MAX_LINE, 4096, 2**31)),
             log_bytes=int(_number(env, LOG_BYTES_ENV, DEFAULT_LOG_BYTES, 4096, 2**31)),
             log_files=int(_number(env, LOG_FILES_ENV, DEFAULT_LOG_FILES, 1, 100)),
+            http_port=_port(env, HTTP_PORT_ENV),
         )
 
     @property

@@ -365,9 +365,11 @@ class Rooms(TranscriptWaits):
 
     # -- operations -----------------------------------------------------------------------------
 
-    async def _publish(self, topic: str, kind: str, text: str = "", **fields: Any) -> Envelope:
+    async def _publish(
+        self, topic: str, kind: str, text: str = "", message_id: str | None = None, **fields: Any
+    ) -> Envelope:
         envelope = build_envelope(
-            message_id=new_message_id(self.random(16)),
+            message_id=message_id or new_message_id(self.random(16)),
             room_topic=topic,
             sender=self.node.identity.node_id,
             kind=kind,
@@ -482,7 +484,10 @@ class Rooms(TranscriptWaits):
         in_reply_to: str | None = None,
         refs: Sequence[str] | None = None,
         wait_reply_seconds: float = 0,
+        message_id: str | None = None,
     ) -> Said:
+        """Say ``text`` in a joined room (or central); ``message_id``: one the caller made
+        (``new_message_id``), for a mark that must be bound to it (``macula.agent.person``)."""
         if kind not in TALK_KINDS:
             raise RoomError(
                 f"kind must be one of {sorted(TALK_KINDS)}; lifecycle kinds are the room tools'"
@@ -492,7 +497,12 @@ class Rooms(TranscriptWaits):
         }:
             raise RoomError(f"not in {topic}: join it first (mesh_join_room)")
         envelope = await self._publish(
-            topic, kind, text, in_reply_to=in_reply_to, refs=list(refs) if refs else None
+            topic,
+            kind,
+            text,
+            message_id,
+            in_reply_to=in_reply_to,
+            refs=list(refs) if refs else None,
         )
         said = str(envelope["message_id"])
         if wait_reply_seconds <= 0:

@@ -1,0 +1,178 @@
+"""The console in a real headless Chromium (Debian's ``chromium`` driven by playwright) over a
+real station: the page shows what agents say in a room as it happens; what a person types there
+reaches the other agent's ``mesh_wait_room`` marked ``from_person`` 1; a ring waiting under
+``ask`` is accepted from the page; a realm join is approved from the page. Agents are real
+runtimes in this process, each used through its MCP tools (the SDK's in-process client), hosted
+by the console as the daemon hosts them (the daemon's own listener: tests/e2e/test_console_cli.py).
+Skipped, saying why, when /usr/bin/chromium is absent (``.ci/run`` installs it with apt-get)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from consolekit import ARGS, CHROMIUM, Agent, Home, agent, console
+from waiting import eventually
+
+from macula.clock import now_ms
+from macula.node import Node
+from macula.realm.authority import Realm
+from macula.realm.service import JoinService
+from relay.station import Station
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} absent (apt chromium)"),
+]
+
+SHOWN_WITHIN_MS = 1000  # the issue's "within a second of mesh_say"
+REALM = "org.example.crew"
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@contextlib.asynccontextmanager
+async def join_service(station: Station, home: Path) -> AsyncIterator[Realm]:
+    """The realm ``REALM`` of ``home``, its join service on ``station`` (``macula-realm serve``)."""
+    realm = Realm(home, REALM)
+    realm.create(difficulty=0)
+    async with Node(realm.authority, [station.endpoint]) as node:
+        service = JoinService(realm, node, publish_every_s=0.05)
+        await service.start()
+        stop = asyncio.Event()
+        running = asyncio.create_task(service.run(stop))
+        try:
+            yield realm
+        finally:
+            stop.set()
+            await running
+
+
+async def meet(alice: Agent, bob: Agent) -> None:
+    await alice.call("mesh_hello")
+    await bob.call("mesh_hello")
+    await alice.call("mesh_hello")
+
+    async def sees(who: Agent, other: Agent) -> bool:
+        rows = (await who.call("mesh_agents"))["agents"]
+        return any(r["node_id"] == other.node_id and r["source"] != "directory" for r in rows)
+
+    await eventually(lambda: sees(alice, bob))
+    await eventually(lambda: sees(bob, alice))
+
+
+async def waited_for(who: Agent, room: str, text: str) -> list[dict[str, Any]]:
+    """Every message ``who``'s ``mesh_wait_room`` returns until one says ``text``."""
+    heard: list[dict[str, Any]] = []
+    while not any(m["text"] == text for m in heard):
+        got = await who.call("mesh_wait_room", room_topic=room, wait_seconds=10)
+        assert got["timed_out"] == 0, heard
+        heard.extend(got["messages"])
+    return heard
+
+
+async def opened(browser: Any, url: str) -> Any:
+    page = await browser.new_page()
+    await page.goto(url)
+    assert "token=" not in page.url  # the token left the address bar at once
+    await page.wait_for_selector('#feed[data-state="live"]')
+    return page
+
+
+async def test_the_page_shows_a_room_live_and_a_persons_reply_reaches_the_other_agent(
+    station: Station, tmp_path: Path, browser: Any
+) -> None:
+    home = Home(tmp_path / "home")
+    async with (
+        agent(home, station, "alice") as alice,
+        agent(home, station, "bob") as bob,
+        console(home) as served,
+    ):
+        await meet(alice, bob)
+        rung = await alice.call("mesh_ring", to=bob.node_id, purpose="the deploy")
+        assert rung["answer"] == 1 and rung["joined"] == 1, rung
+        room = rung["room_topic"]
+        page = await opened(browser, served.url)
+        alice_name = alice.runtime.agent.identity_view()["petname"]
+        await page.click(f'#room-list li[data-room="{room}"][data-agent="{alice_name}"]')
+
+        said = await alice.call("mesh_say", room_topic=room, kind="remark_made", text="deploying")
+        shown = f'#transcript li[data-message="{said["message_id"]}"]'
+        await page.wait_for_selector(shown, timeout=SHOWN_WITHIN_MS)
+
+        await page.fill("#say-text", "stop: wait for the review")
+        await page.click("#say-send")
+        heard = await waited_for(bob, room, "stop: wait for the review")
+        person = [m for m in heard if m["text"] == "stop: wait for the review"]
+        assert len(person) == 1, heard
+        assert person[0]["from_person"] == 1 and person[0]["from"] == alice.node_id
+        assert person[0]["attested"] == 1
+        assert [m["from_person"] for m in heard if m is not person[0]] == [0] * (len(heard) - 1)
+        shown = f'#transcript li[data-message="{person[0]["message_id"]}"]'
+        assert await page.get_attribute(shown, "data-from-person") == "1"
+        inbox = await bob.call("mesh_read_inbox", peek=1)
+        [thread] = [r for r in inbox["rooms"] if r["room_topic"] == room]
+        marked = [m for m in thread["messages"] if m["text"] == "stop: wait for the review"]
+        assert marked[0]["from_person"] == 1
+
+
+async def test_a_ring_under_ask_is_accepted_from_the_page(
+    station: Station, tmp_path: Path, browser: Any
+) -> None:
+    home = Home(tmp_path / "home")
+    async with (
+        agent(home, station, "alice") as alice,
+        agent(home, station, "bob", policy="ask") as bob,
+        console(home) as served,
+    ):
+        await meet(alice, bob)
+        page = await opened(browser, served.url)
+        rung = await alice.call("mesh_ring", to=bob.node_id, purpose="pair on the bug")
+        assert rung["answer"] == 3, rung  # deferred: waits for a person
+        await page.click('#tabs button[data-tab="rings"]')
+        await page.click(f'li[data-ring="{rung["ring_id"]}"] button.accept')
+
+        answered = await alice.call("mesh_wait_ring", wait_seconds=10)
+        [event] = [e for e in answered["rings"] if e["ring_id"] == rung["ring_id"]]
+        assert event["answer"] == 1 and event["late_answer"] == 1, answered
+        rooms = await bob.call("mesh_rooms")
+        assert rung["room_topic"] in {r["room_topic"] for r in rooms["joined"]}
+        await page.wait_for_selector(f'li[data-ring="{rung["ring_id"]}"]', state="detached")
+
+
+async def test_a_realm_join_is_approved_from_the_page(
+    station: Station, tmp_path: Path, browser: Any
+) -> None:
+    home = Home(tmp_path / "home")  # the console's home holds the realm's authority key
+    elsewhere = Home(tmp_path / "elsewhere")  # the joiner's, not hosted by this console
+    async with (
+        join_service(station, home.home) as realm,
+        agent(elsewhere, station, "dana") as dana,
+        console(home) as served,
+    ):
+        asked = await dana.call("mesh_join_realm", realm=REALM)
+        assert asked["status"] == "pending", asked
+        page = await opened(browser, served.url)
+        await page.click('#tabs button[data-tab="realms"]')
+        await page.click(f'#join-list li[data-join="{asked["code"]}"] button.approve')
+
+        joined = await dana.call("mesh_join_realm", realm=REALM, wait_seconds=20)
+        assert joined["status"] == "approved", joined
+        status, member = realm.status_of(bytes.fromhex(dana.node_id), now_ms())
+        assert status == "approved" and member is not None
+        await page.wait_for_selector("#join-list li[data-join]", state="detached")
