@@ -1,7 +1,8 @@
 """The console in a real headless Chromium (Debian's ``chromium`` driven by playwright) over a
 real station: the page shows what agents say in a room as it happens; what a person types there
 reaches the other agent's ``mesh_wait_room`` marked ``from_person`` 1; a ring waiting under
-``ask`` is accepted from the page; a realm join is approved from the page. Agents are real
+``ask`` is accepted from the page and the caller's ``mesh_ring`` (waiting with
+``wait_answer_seconds``) returns accepted; a realm join is approved from the page. Agents are real
 runtimes in this process, each used through its MCP tools (the SDK's in-process client), hosted
 by the console as the daemon hosts them (the daemon's own listener: tests/e2e/test_console_cli.py).
 Skipped, saying why, when /usr/bin/chromium is absent (``.ci/run`` installs it with apt-get)."""
@@ -142,14 +143,19 @@ async def test_a_ring_under_ask_is_accepted_from_the_page(
     ):
         await meet(alice, bob)
         page = await opened(browser, served.url)
-        rung = await alice.call("mesh_ring", to=bob.node_id, purpose="pair on the bug")
-        assert rung["answer"] == 3, rung  # deferred: waits for a person
+        ringing = asyncio.create_task(
+            alice.call(
+                "mesh_ring", to=bob.node_id, purpose="pair on the bug", wait_answer_seconds=30
+            )
+        )  # deferred under ask: alice's mesh_ring waits for the person's answer
         await page.click('#tabs button[data-tab="rings"]')
-        await page.click(f'li[data-ring="{rung["ring_id"]}"] button.accept')
+        accept = "li[data-ring] button.accept"
+        await page.wait_for_selector(accept, timeout=15_000)
+        ring_id = await page.get_attribute("li[data-ring]", "data-ring")
+        await page.click(accept)
 
-        answered = await alice.call("mesh_wait_ring", wait_seconds=10)
-        [event] = [e for e in answered["rings"] if e["ring_id"] == rung["ring_id"]]
-        assert event["answer"] == 1 and event["late_answer"] == 1, answered
+        rung = await asyncio.wait_for(ringing, 30)
+        assert (rung["ring_id"], rung["answer"], rung["late_answer"]) == (ring_id, 1, 1), rung
         rooms = await bob.call("mesh_rooms")
         assert rung["room_topic"] in {r["room_topic"] for r in rooms["joined"]}
         await page.wait_for_selector(f'li[data-ring="{rung["ring_id"]}"]', state="detached")
