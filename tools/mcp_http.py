@@ -115,7 +115,11 @@ class McpHttp:
     ) -> None:
         self.hosts, self.home, self.env = hosts, home, dict(env)
         self.tokens = TokenBook(home)
-        self.idle_timeout, self.max_sessions, self.max_events = idle_timeout, max_sessions, max_events
+        self.idle_timeout, self.max_sessions, self.max_events = (
+            idle_timeout,
+            max_sessions,
+            max_events,
+        )
         self.sessions: dict[str, HttpSession] = {}
         self._group: TaskGroup | None = None
 
@@ -226,7 +230,9 @@ class McpHttp:
                     started = True
                     log.info("http session %s of %s opened", session.sid[:8], session.agent)
                     with session.transport.idle_scope or anyio.CancelScope():
-                        await serve_loop(low, read, write, lifespan_state=state, session_id=session.sid)
+                        await serve_loop(
+                            low, read, write, lifespan_state=state, session_id=session.sid
+                        )
                 if hosted.runtime is not None and not hosted.closing.is_set():
                     hosted.spares[LEGACY_SPARE] = _build(hosted, env)  # the next skips building
         except Exception:
@@ -246,7 +252,9 @@ class McpHttp:
 
     # -- the 2026-07-28 era: one request at a time ---------------------------------------------
 
-    async def _modern(self, env: dict[str, str], scope: Scope, receive: Receive, send: Send) -> None:
+    async def _modern(
+        self, env: dict[str, str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
         body = await _body(receive)
         if body is None:
             await _refuse(send, 413, f"a request body is at most {MAX_BODY} bytes")
@@ -254,7 +262,9 @@ class McpHttp:
         declined = _declined_discover(body, env)
         if declined is not None:
             status = ERROR_CODE_HTTP_STATUS.get(declined["error"]["code"], 400)
-            await _answer(send, status, {"content-type": "application/json"}, json.dumps(declined).encode())
+            await _answer(
+                send, status, {"content-type": "application/json"}, json.dumps(declined).encode()
+            )
             return
         try:
             async with self.hosts.session(env) as hosted:

@@ -63,7 +63,9 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def refusal(status: int, message: str, presented: bool = False) -> tuple[int, dict[str, str], bytes]:
+def refusal(
+    status: int, message: str, presented: bool = False
+) -> tuple[int, dict[str, str], bytes]:
     """(status, headers, body) of a refused request: a JSON-RPC error without an id."""
     headers = {"content-type": "application/json"}
     if status == 401:

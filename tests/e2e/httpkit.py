@@ -46,7 +46,9 @@ class Served:
 async def served(home: Path, endpoint: str, **extra: Any) -> AsyncIterator[Served]:
     """The daemon's ``/mcp`` for ``home`` on a station; ``extra`` goes to the environment
     (strings) or to ``McpHttp`` (``idle_timeout``, ``max_sessions``, ``max_events``)."""
-    settings = {k: extra.pop(k) for k in ("idle_timeout", "max_sessions", "max_events") if k in extra}
+    settings = {
+        k: extra.pop(k) for k in ("idle_timeout", "max_sessions", "max_events") if k in extra
+    }
     env = dict(os.environ, MACULA_HOME=str(home), MACULA_MESH_STATIONS=endpoint, **extra)
     async with asyncio.TaskGroup() as group:
         hosts = Hosts(group, IdleClock(3600.0, time.monotonic()), time.monotonic)
@@ -77,7 +79,9 @@ def http_client(token: str | None, **headers: str) -> httpx2.AsyncClient:
 
 
 @asynccontextmanager
-async def client(url: str, token: str, mode: str = "legacy", **kwargs: Any) -> AsyncIterator[Client]:
+async def client(
+    url: str, token: str, mode: str = "legacy", **kwargs: Any
+) -> AsyncIterator[Client]:
     """The SDK client over Streamable HTTP with ``Authorization: Bearer token``."""
     async with http_client(token) as http:
         transport = streamable_http_client(url, http_client=http)

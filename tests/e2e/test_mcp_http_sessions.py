@@ -113,9 +113,10 @@ async def pushes(response: httpx2.Response, count: int) -> list[tuple[str | None
 async def test_a_dropped_get_stream_resumes_with_last_event_id(
     station: Station, tmp_path: Path
 ) -> None:
-    async with served(
-        tmp_path / "h", station.endpoint, MACULA_MCP_CONTACT_POLICY="ask"
-    ) as daemon, http_client(daemon.token()) as http:
+    async with (
+        served(tmp_path / "h", station.endpoint, MACULA_MCP_CONTACT_POLICY="ask") as daemon,
+        http_client(daemon.token()) as http,
+    ):
         ada = Raw(http, daemon.url)
         await ada.open()
         ada_id = (await ada.call("mesh_hello"))["node_id"]
@@ -139,9 +140,10 @@ async def test_a_dropped_get_stream_resumes_with_last_event_id(
 
 
 async def test_delete_ends_the_session(station: Station, tmp_path: Path) -> None:
-    async with served(tmp_path / "h", station.endpoint) as daemon, http_client(
-        daemon.token()
-    ) as http:
+    async with (
+        served(tmp_path / "h", station.endpoint) as daemon,
+        http_client(daemon.token()) as http,
+    ):
         ada = Raw(http, daemon.url)
         await ada.open()
         assert (await http.delete(daemon.url, headers=ada.headers())).status_code == 200
@@ -193,23 +195,24 @@ async def test_a_foreign_origin_or_host_is_refused(station: Station, tmp_path: P
 async def test_a_token_never_reaches_another_identitys_session(
     station: Station, tmp_path: Path
 ) -> None:
-    async with served(tmp_path / "h", station.endpoint) as daemon:
-        async with http_client(daemon.token()) as ada_http, http_client(
-            daemon.token("bob")
-        ) as bob_http:
-            ada = Raw(ada_http, daemon.url)
-            await ada.open()
-            ada_id = (await ada.call("mesh_hello"))["node_id"]
-            intruder = Raw(bob_http, daemon.url)
-            intruder.sid = ada.sid  # bob's token, ada's session id
-            listed = {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
-            for method in ("POST", "GET", "DELETE"):
-                answer = await bob_http.request(
-                    method, daemon.url, headers=intruder.headers(), json=listed
-                )
-                assert answer.status_code == 404, method
-            assert ada.sid in daemon.mcp.sessions  # untouched
-            bob = Raw(bob_http, daemon.url)
-            await bob.open()
-            assert (await bob.call("mesh_hello"))["node_id"] != ada_id
-            assert (await ada.call("mesh_hello"))["node_id"] == ada_id
+    async with (
+        served(tmp_path / "h", station.endpoint) as daemon,
+        http_client(daemon.token()) as ada_http,
+        http_client(daemon.token("bob")) as bob_http,
+    ):
+        ada = Raw(ada_http, daemon.url)
+        await ada.open()
+        ada_id = (await ada.call("mesh_hello"))["node_id"]
+        intruder = Raw(bob_http, daemon.url)
+        intruder.sid = ada.sid  # bob's token, ada's session id
+        listed = {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
+        for method in ("POST", "GET", "DELETE"):
+            answer = await bob_http.request(
+                method, daemon.url, headers=intruder.headers(), json=listed
+            )
+            assert answer.status_code == 404, method
+        assert ada.sid in daemon.mcp.sessions  # untouched
+        bob = Raw(bob_http, daemon.url)
+        await bob.open()
+        assert (await bob.call("mesh_hello"))["node_id"] != ada_id
+        assert (await ada.call("mesh_hello"))["node_id"] == ada_id

@@ -70,23 +70,25 @@ async def one_call_per_group(ada: Client, bob: Client) -> None:
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         progressed.append(progress)
 
-    waited = await ada.call_tool("mesh_wait_ring", {"wait_seconds": 1}, progress_callback=on_progress)
+    waited = await ada.call_tool(
+        "mesh_wait_ring", {"wait_seconds": 1}, progress_callback=on_progress
+    )
     assert not waited.is_error and progressed  # progress notifications reach the client
 
 
 async def test_both_eras_serve_the_whole_surface(station: Station, tmp_path: Path) -> None:
     """ada in the 2025 era (a session), bob in the 2026-07-28 era (request by request): each
     lists what stdio lists, and they call each tool group on one another."""
-    async with served(tmp_path / "h", station.endpoint) as daemon:
-        async with (
-            client(daemon.url, daemon.token(), "legacy") as ada,
-            client(daemon.url, daemon.token("bob"), "2026-07-28") as bob,
-        ):
-            assert (ada.protocol_version, bob.protocol_version) == ("2025-11-25", "2026-07-28")
-            await check_surface(ada)
-            await check_surface(bob)
-            await one_call_per_group(ada, bob)
-            await one_call_per_group(bob, ada)
+    async with (
+        served(tmp_path / "h", station.endpoint) as daemon,
+        client(daemon.url, daemon.token(), "legacy") as ada,
+        client(daemon.url, daemon.token("bob"), "2026-07-28") as bob,
+    ):
+        assert (ada.protocol_version, bob.protocol_version) == ("2025-11-25", "2026-07-28")
+        await check_surface(ada)
+        await check_surface(bob)
+        await one_call_per_group(ada, bob)
+        await one_call_per_group(bob, ada)
 
 
 async def era(daemon: Served, mode: str) -> tuple[str, bool, int]:
