@@ -209,7 +209,7 @@ class McpHttp:
         assert self._group is not None
         try:
             await self._group.start(self._serve, session, env)
-        except (MaculaError, OSError) as exc:
+        except Exception as exc:  # the agent's runtime could not be opened
             self.sessions.pop(sid, None)
             await _refuse(send, 503, f"the agent could not be opened: {exc}")
             return
@@ -266,19 +266,21 @@ class McpHttp:
                 send, status, {"content-type": "application/json"}, json.dumps(declined).encode()
             )
             return
-        try:
-            async with self.hosts.session(env) as hosted:
-                pool: list[Any] = hosted.spares.setdefault(MODERN_POOL, [])
-                server = pool.pop() if pool else _build(hosted, {**env, CHANNEL_ENV: "0"})
-                try:
-                    low = server._lowlevel_server
-                    async with low.lifespan(low) as state:
-                        replay = _replaying(body, receive)
-                        await handle_modern_request(low, None, False, state, scope, replay, send)
-                finally:
-                    pool.append(server)
-        except (MaculaError, OSError) as exc:
-            await _refuse(send, 503, f"the agent could not be opened: {exc}")
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                hosted = await stack.enter_async_context(self.hosts.session(env))
+            except Exception as exc:  # the agent's runtime could not be opened
+                await _refuse(send, 503, f"the agent could not be opened: {exc}")
+                return
+            pool: list[Any] = hosted.spares.setdefault(MODERN_POOL, [])
+            server = pool.pop() if pool else _build(hosted, {**env, CHANNEL_ENV: "0"})
+            try:
+                low = server._lowlevel_server
+                async with low.lifespan(low) as state:
+                    replay = _replaying(body, receive)
+                    await handle_modern_request(low, None, False, state, scope, replay, send)
+            finally:
+                pool.append(server)
 
 
 def _declined_discover(body: bytes, env: Mapping[str, str]) -> dict[str, Any] | None:

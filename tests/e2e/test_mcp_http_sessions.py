@@ -216,3 +216,17 @@ async def test_a_token_never_reaches_another_identitys_session(
         await bob.open()
         assert (await bob.call("mesh_hello"))["node_id"] != ada_id
         assert (await ada.call("mesh_hello"))["node_id"] == ada_id
+
+
+async def test_an_agent_running_with_other_settings_is_refused_naming_them(
+    station: Station, tmp_path: Path
+) -> None:
+    """A stdio attach opened agent ``default`` with another contact policy: an HTTP session of
+    it is refused (503) naming the variable, and nothing is opened for it."""
+    async with served(tmp_path / "h", station.endpoint) as daemon:
+        env = {**daemon.mcp.env, "MACULA_MCP_AGENT": "default", "MACULA_MCP_CONTACT_POLICY": "ask"}
+        async with daemon.hosts.session(env):
+            answer = await refused(daemon, Authorization=f"Bearer {daemon.token()}")
+            assert answer.status_code == 503
+            assert "MACULA_MCP_CONTACT_POLICY" in answer.json()["error"]["message"]
+            assert daemon.mcp.sessions == {}
