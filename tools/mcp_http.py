@@ -40,6 +40,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from mcp.server._streamable_http_modern import handle_modern_request
 from mcp.server.runner import serve_loop
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, MCP_PROTOCOL_VERSION_HEADER
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import Receive, Scope, Send
@@ -122,6 +123,7 @@ class McpHttp:
         )
         self.sessions: dict[str, HttpSession] = {}
         self._group: TaskGroup | None = None
+        self._limited = RequestBodyLimitMiddleware(self._http, MAX_BODY)  # 413 past it
 
     @contextlib.asynccontextmanager
     async def lifespan(self) -> AsyncIterator[McpHttp]:
@@ -139,7 +141,7 @@ class McpHttp:
         if scope["type"] == "lifespan":
             await self._asgi_lifespan(receive, send)
         elif scope["type"] == "http":
-            await self._http(scope, receive, send)
+            await self._limited(scope, receive, send)
 
     async def _asgi_lifespan(self, receive: Receive, send: Send) -> None:
         await receive()  # lifespan.startup

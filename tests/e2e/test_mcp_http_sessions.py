@@ -13,12 +13,17 @@ from typing import Any
 
 import httpx2
 import pytest
+from mcp import ClientSession
+from mcp.client.extension import NotificationBinding
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.streamable_http import GET_STREAM_KEY
+from pydantic import BaseModel
 
 from relay.station import Station
 from tests.e2e.httpkit import Served, client, http_client, served
 from tests.e2e.mcpkit import good
 from tests.integration.waiting import eventually
+from tools.channel import METHOD
 
 pytestmark = pytest.mark.anyio
 
@@ -188,6 +193,12 @@ async def test_a_foreign_origin_or_host_is_refused(station: Station, tmp_path: P
         rebound = await refused(daemon, Authorization=auth, Host="evil.example")
         assert rebound.status_code == 421
         assert daemon.hosts.by_id == {} and daemon.mcp.sessions == {}
+        async with httpx2.AsyncClient() as http:
+            big = b"[" * (4 * 1024 * 1024 + 1)
+            answer = await http.post(
+                daemon.url, content=big, headers={**ACCEPT, "Authorization": auth}
+            )
+            assert answer.status_code == 413
         local = await refused(daemon, Authorization=auth, Origin="http://localhost:9999")
         assert local.status_code == 200
 
@@ -230,3 +241,43 @@ async def test_an_agent_running_with_other_settings_is_refused_naming_them(
             assert answer.status_code == 503
             assert "MACULA_MCP_CONTACT_POLICY" in answer.json()["error"]["message"]
             assert daemon.mcp.sessions == {}
+
+
+class Pushed(BaseModel):
+    content: str
+    meta: dict[str, str]
+
+
+async def test_the_sdk_clients_session_survives_its_get_stream_being_dropped(
+    station: Station, tmp_path: Path
+) -> None:
+    """The official client over HTTP: the daemon drops its GET stream; the client reconnects
+    with ``Last-Event-ID`` on its own, the session goes on, and what was pushed meanwhile (or
+    after) reaches it."""
+    received: list[Pushed] = []
+
+    async def record(params: Pushed) -> None:
+        received.append(params)
+
+    binding = NotificationBinding(method=METHOD, params_type=Pushed, handler=record)
+    async with (
+        served(tmp_path / "h", station.endpoint, MACULA_MCP_CONTACT_POLICY="ask") as daemon,
+        http_client(daemon.token()) as http,
+        streamable_http_client(daemon.url, http_client=http) as (read, write),
+        ClientSession(read, write, notification_bindings=[binding]) as ada,
+        client(daemon.url, daemon.token("bob")) as bob,
+        client(daemon.url, daemon.token("carol")) as carol,
+    ):
+        await ada.initialize()
+        ada_id = (await good(ada, "mesh_hello"))["node_id"]
+        [session] = [s for s in daemon.mcp.sessions.values() if s.agent == "default"]
+        await good(bob, "mesh_hello")
+        await good(carol, "mesh_hello")
+        await good(bob, "mesh_ring", to=ada_id, purpose="first")
+        await eventually(lambda: len(received) == 1, 15.0)
+        session.transport.close_standalone_sse_stream()  # the daemon drops the GET
+        rung = await good(carol, "mesh_ring", to=ada_id, purpose="second")
+        await eventually(lambda: len(received) == 2, 15.0)
+        assert received[1].meta["ring_id"] == rung["ring_id"]
+        assert (await good(ada, "mesh_hello"))["node_id"] == ada_id  # the same session
+        assert session.sid in daemon.mcp.sessions
