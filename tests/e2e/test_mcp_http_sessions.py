@@ -281,3 +281,19 @@ async def test_the_sdk_clients_session_survives_its_get_stream_being_dropped(
         assert received[1].meta["ring_id"] == rung["ring_id"]
         assert (await good(ada, "mesh_hello"))["node_id"] == ada_id  # the same session
         assert session.sid in daemon.mcp.sessions
+
+
+async def test_a_session_without_requests_ends_after_the_idle_timeout(
+    station: Station, tmp_path: Path
+) -> None:
+    async with (
+        served(tmp_path / "h", station.endpoint, idle_timeout=0.5) as daemon,
+        http_client(daemon.token()) as http,
+    ):
+        ada = Raw(http, daemon.url)
+        await ada.open()
+        [hosted] = daemon.hosts.by_id.values()
+        await eventually(lambda: ada.sid not in daemon.mcp.sessions and hosted.sessions == 0, 10)
+        later = await http.post(daemon.url, headers=ada.headers(), json={
+            "jsonrpc": "2.0", "id": 5, "method": "tools/list"})  # fmt: skip
+        assert later.status_code == 404

@@ -153,3 +153,20 @@ def test_http_token_makes_one_private_token_per_agent(
     assert book.identify(bob) is None
     assert http_cli.main(["http-token", "--agent", "../x"]) == 1
     assert "agent name" in capsys.readouterr().err
+
+
+def test_the_cli_sends_http_forms_to_http_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tools.cli import main
+
+    home = cli_env(tmp_path, monkeypatch)
+    with pytest.raises(SystemExit) as done:
+        main(["mcp-config", "--http", "--port", "6000"])
+    assert done.value.code == 0
+    entry = json.loads(capsys.readouterr().out)["mcpServers"]["macula"]
+    assert entry["url"] == "http://127.0.0.1:6000/mcp"
+    assert entry["headers"]["Authorization"] == f"Bearer {home_token(home)}"
+    with pytest.raises(SystemExit) as done:
+        main(["http-token", "--agent", "ci"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == agent_token(home, "ci")
