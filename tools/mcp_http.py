@@ -20,7 +20,9 @@ Invariants:
   opened for a refused request; a session is reachable only with the token that opened it
   (another token gets 404, as for a session that does not exist);
 - a session holds its identity's runtime (``Hosts.session``) for as long as it lives; at most
-  ``max_sessions`` sessions are open (503 past that);
+  ``max_sessions`` sessions are open (503 past that); a request body is at most ``MAX_BODY``
+  bytes (413); an agent whose runtime cannot be opened (other settings, a failure) gets 503
+  with the reason;
 - the token is never logged nor echoed.
 """
 
@@ -225,7 +227,7 @@ class McpHttp:
         started = False
         try:
             async with self.hosts.session(env) as hosted:
-                server = hosted.spares.pop(LEGACY_SPARE, None) or _build(hosted, env)
+                server = await self._server_for(hosted, env)
                 low = server._lowlevel_server
                 async with session.transport.connect() as (read, write), low.lifespan(low) as state:
                     task_status.started()
@@ -235,8 +237,6 @@ class McpHttp:
                         await serve_loop(
                             low, read, write, lifespan_state=state, session_id=session.sid
                         )
-                if hosted.runtime is not None and not hosted.closing.is_set():
-                    hosted.spares[LEGACY_SPARE] = _build(hosted, env)  # the next skips building
         except Exception:
             if not started:
                 raise  # to the request that opened it
@@ -245,6 +245,27 @@ class McpHttp:
             await self._discard(session)
             session.ended.set()
             log.info("http session %s ended", session.sid[:8])
+
+    async def _server_for(self, hosted: Hosted, env: dict[str, str]) -> Any:
+        """The server of a new session: the spare built ahead, or one built now (off the
+        event loop: it takes about half a second); the next session's is built meanwhile."""
+        server = hosted.spares.pop(LEGACY_SPARE, None)
+        if server is None:
+            server = await anyio.to_thread.run_sync(_build, hosted, env)
+        assert self._group is not None
+        self._group.start_soon(self._build_spare, hosted, env)
+        return server
+
+    async def _build_spare(self, hosted: Hosted, env: dict[str, str]) -> None:
+        if LEGACY_SPARE in hosted.spares:
+            return
+        try:
+            server = await anyio.to_thread.run_sync(_build, hosted, env)
+        except Exception:  # the next session builds its own
+            log.exception("building a spare server failed")
+            return
+        if hosted.runtime is not None and not hosted.closing.is_set():
+            hosted.spares.setdefault(LEGACY_SPARE, server)
 
     async def _discard(self, session: HttpSession) -> None:
         self.sessions.pop(session.sid, None)
@@ -275,7 +296,8 @@ class McpHttp:
                 await _refuse(send, 503, f"the agent could not be opened: {exc}")
                 return
             pool: list[Any] = hosted.spares.setdefault(MODERN_POOL, [])
-            server = pool.pop() if pool else _build(hosted, {**env, CHANNEL_ENV: "0"})
+            quiet = {**env, CHANNEL_ENV: "0"}  # no standalone stream to push on in this era
+            server = pool.pop() if pool else await anyio.to_thread.run_sync(_build, hosted, quiet)
             try:
                 low = server._lowlevel_server
                 async with low.lifespan(low) as state:
