@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from macula.errors import ConfigError
 from tools.config_formats import ConfigParseError
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
-from tools.http_register import HTTP_HARNESSES, HttpTarget, http_entry
+from tools.http_register import HTTP_HARNESSES, HttpTarget, http_entry, is_our_http_entry
 from tools.launch import server_command
 
 BACKUP_INFIX = ".macula-backup-"
@@ -383,6 +383,9 @@ def registration_checks(env: Mapping[str, str], platform: str) -> list[tuple[str
         if entry is None:
             continue
         name = f"registered in {harness.title}"
+        if is_our_http_entry(harness.name, entry):  # the daemon's /mcp: no command to find
+            results.append((name, True, f"{path}: {entry['url']} (HTTP)"))
+            continue
         parsed = harness.command_of(entry) if isinstance(entry, Mapping) else None
         if parsed is None:
             results.append((name, False, f"{path}: the '{ENTRY_NAME}' entry has no command"))

@@ -170,3 +170,14 @@ def test_the_cli_sends_http_forms_to_http_cli(
     with pytest.raises(SystemExit) as done:
         main(["http-token", "--agent", "ci"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == agent_token(home, "ci")
+
+
+def test_doctor_reads_an_http_entry_as_one_and_never_shows_its_token(tmp_path: Path) -> None:
+    from tools.register import registration_checks
+
+    opts = http_options(tmp_path)
+    place(BY_NAME["vscode"], opts, None)
+    assert register_one(BY_NAME["vscode"], [], opts).status == "registered"
+    [(name, good, detail)] = registration_checks(opts.env, "linux")
+    assert name == "registered in VS Code" and good is True
+    assert "http://127.0.0.1:4242/mcp (HTTP)" in detail and TOKEN not in detail
