@@ -23,7 +23,12 @@ Invariants:
   ``max_sessions`` sessions are open (503 past that); a request body is at most ``MAX_BODY``
   bytes (413); an agent whose runtime cannot be opened (other settings, a failure) gets 503
   with the reason;
+- servers are built off the event loop (about half a second each); a spare is built ahead as
+  each session opens, so the next session of that agent starts without building;
 - the token is never logged nor echoed.
+
+Mounting (the daemon's HTTP app): ``Route("/mcp", endpoint=mcp_http_app(hosts, home, env))``
+among its routes, and ``async with app.lifespan():`` inside its lifespan.
 """
 
 from __future__ import annotations
