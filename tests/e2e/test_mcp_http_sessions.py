@@ -6,6 +6,7 @@ identity's session, a foreign ``Origin`` or ``Host`` is refused before anything 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -204,8 +205,9 @@ async def test_a_foreign_origin_or_host_is_refused(station: Station, tmp_path: P
 
 
 async def test_a_token_never_reaches_another_identitys_session(
-    station: Station, tmp_path: Path
+    station: Station, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)  # and no log line, at any level, carries a token
     async with (
         served(tmp_path / "h", station.endpoint) as daemon,
         http_client(daemon.token()) as ada_http,
@@ -227,6 +229,9 @@ async def test_a_token_never_reaches_another_identitys_session(
         await bob.open()
         assert (await bob.call("mesh_hello"))["node_id"] != ada_id
         assert (await ada.call("mesh_hello"))["node_id"] == ada_id
+        for token in (daemon.token(), daemon.token("bob")):
+            assert token not in caplog.text
+        assert "http session" in caplog.text  # the log was captured
 
 
 async def test_an_agent_running_with_other_settings_is_refused_naming_them(
