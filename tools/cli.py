@@ -182,6 +182,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         from tools.register import run
 
         raise SystemExit(run(arguments[0], arguments[1:]))
+    http = arguments[:1] == ["mcp-config"] and "--http" in arguments
+    if arguments[:1] == ["http-token"] or http:
+        from tools.http_cli import main as http_cli  # the daemon's /mcp (tools.http_register)
+
+        raise SystemExit(http_cli(arguments))
     if arguments[:1] == ["station"]:  # macula-mcp station status|stop [--json]
         from tools.station_command import main as station
 

@@ -11,8 +11,9 @@ Invariants:
 - register never creates a folder: it writes a file into a folder that is already there.
 - an entry is *ours* when it is exactly what register writes for some macula command: the
   ``macula-mcp`` script (any absolute path) or ``python -m tools.cli``, with no argument or
-  ``attach``, and only ``MACULA_MESH_STATIONS`` in its environment. Anything else named
-  ``macula`` was written or edited by hand.
+  ``attach``, and only ``MACULA_MESH_STATIONS`` in its environment, or exactly the HTTP form
+  ``register --http`` writes (``tools.http_register``). Anything else named ``macula`` was
+  written or edited by hand.
 
 Sources (checked with the search tool, Nov 2026; cited per harness below).
 """
@@ -26,6 +27,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from tools.config_formats import ConfigFormat, JsonFormat, TomlFormat, YamlFormat
+from tools.http_register import is_our_http_entry
 
 ENTRY_NAME = "macula"
 ENV_KEYS = frozenset({"MACULA_MESH_STATIONS"})  # the only variables register writes
@@ -77,6 +79,8 @@ class Harness:
     def is_ours(self, entry: Any) -> bool:
         if not isinstance(entry, Mapping):
             return False
+        if is_our_http_entry(self.name, entry):  # register --http's (tools.http_register)
+            return True
         parsed = self.command_of(entry)
         if parsed is None:
             return False

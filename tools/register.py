@@ -35,8 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from macula.errors import ConfigError
 from tools.config_formats import ConfigParseError
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
+from tools.http_register import HTTP_HARNESSES, HttpTarget, http_entry, is_our_http_entry
 from tools.launch import server_command
 
 BACKUP_INFIX = ".macula-backup-"
@@ -152,12 +154,19 @@ class Options:
     dry_run: bool = False
     force: bool = False
     now: float = 0.0
+    http: HttpTarget | None = None  # register the daemon's /mcp (tools.http_register)
 
 
 def register_one(harness: Harness, command: list[str], options: Options) -> RegistrationResult:
     path = harness.config_path(options.env, options.platform)
     target = _target(path)
-    entry = harness.build(command, entry_environment(options.env))
+    try:
+        if options.http is not None:
+            entry = http_entry(harness.name, options.http)
+        else:
+            entry = harness.build(command, entry_environment(options.env))
+    except ConfigError as exc:
+        return RegistrationResult(harness.name, "failed", str(exc), failed=True)
     try:
         before = _read(target)
         existing = harness.format.read_entry(before, ENTRY_NAME) if before is not None else None
@@ -186,6 +195,8 @@ def register_one(harness: Harness, command: list[str], options: Options) -> Regi
     try:
         copy = backup(target, options.now) if before is not None else None
         mode = stat.S_IMODE(target.stat().st_mode) if before is not None else NEW_FILE_MODE
+        if options.http is not None:
+            mode &= ~0o077  # the entry holds a bearer token: the file is its owner's only
         write_atomic(target, after, mode, expected=before)
     except OSError as exc:
         return RegistrationResult(harness.name, "failed", f"{path}: {exc}", failed=True)
@@ -265,8 +276,7 @@ def _selected(names: Sequence[str] | None, options: Options) -> list[tuple[Harne
     return [(h, h.present(options.env, options.platform)) for h in chosen]
 
 
-def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
-    """``register`` or ``uninstall`` as the CLI runs them; the exit code (0, or 1 on failure)."""
+def _parser(command: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"macula-mcp {command}")
     parser.add_argument(
         "--harness",
@@ -278,16 +288,49 @@ def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
         parser.add_argument(
             "--attach", action="store_true", help="register `macula-mcp attach` (the daemon form)"
         )
+        parser.add_argument(
+            "--http",
+            action="store_true",
+            help="register the daemon's http://127.0.0.1:PORT/mcp with a bearer token "
+            "(Claude Code, Cursor, VS Code)",
+        )
+        parser.add_argument("--agent", help="--http: the token of this agent (default: home's)")
+        parser.add_argument("--port", type=int, help="--http: this port (default: the daemon's)")
     parser.add_argument("--dry-run", action="store_true", help="show the change, write nothing")
     parser.add_argument(
         "--force", action="store_true", help="also replace/remove a hand-written macula entry"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _http_target(args: argparse.Namespace, env: Mapping[str, str]) -> HttpTarget | None:
+    """The ``--http`` target, or None without ``--http`` (ConfigError when it cannot be had)."""
+    from macula.config import macula_home
+    from tools.http_register import http_target
+
+    if not getattr(args, "http", False):
+        if getattr(args, "agent", None) or getattr(args, "port", None):
+            raise ConfigError("--agent and --port go with --http")
+        return None
+    if args.attach:
+        raise ConfigError("--http and --attach are two forms: choose one")
+    return http_target(macula_home(env), args.agent, args.port)
+
+
+def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
+    """``register`` or ``uninstall`` as the CLI runs them; the exit code (0, or 1 on failure)."""
+    args = _parser(command).parse_args(argv)
     if sys.platform not in ("linux", "darwin"):
         print(f"macula-mcp {command}: only Linux and macOS are supported", file=sys.stderr)
         return 1
+    env = dict(os.environ)
+    try:
+        http = _http_target(args, env)
+    except (ConfigError, OSError) as exc:
+        print(f"macula-mcp {command}: {exc}", file=sys.stderr)
+        return 1
     options = Options(
-        dict(os.environ), sys.platform, dry_run=args.dry_run, force=args.force, now=time.time()
+        env, sys.platform, dry_run=args.dry_run, force=args.force, now=time.time(), http=http
     )
     try:
         selected = _selected(args.harness, options)
@@ -296,6 +339,7 @@ def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
         return 1
     outcomes: list[RegistrationResult] = []
     missing: list[str] = []
+    stdio_only: list[str] = []
     for harness, present in selected:
         path = harness.config_path(options.env, options.platform)
         if present is None and args.harness:  # asked for by name: say so, and fail
@@ -303,17 +347,22 @@ def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
             outcomes.append(RegistrationResult(harness.name, "not-found", where, failed=True))
         elif present is None:
             missing.append(harness.name)
+        elif http is not None and harness.name not in HTTP_HARNESSES and not args.harness:
+            stdio_only.append(harness.name)  # named with --harness, it fails and says why
         elif command == "register":
             outcomes.append(register_one(harness, macula_command(args.attach), options))
         else:
             outcomes.append(uninstall_one(harness, options))
+    shown = http.redact if http is not None else str  # the token is never printed
     for outcome in outcomes:
         stream = sys.stderr if outcome.failed else out
-        print(f"{outcome.harness}: {outcome.status}: {outcome.detail}", file=stream)
+        print(shown(f"{outcome.harness}: {outcome.status}: {outcome.detail}"), file=stream)
         if outcome.diff and args.dry_run:
-            print(outcome.diff, end="", file=out)
+            print(shown(outcome.diff), end="", file=out)
     if missing:
         print(f"not found (skipped): {', '.join(missing)}", file=out)
+    if stdio_only:
+        print(f"no HTTP form (skipped; register without --http): {', '.join(stdio_only)}", file=out)
     if not outcomes and command == "register":
         print("macula-mcp register: no MCP client found", file=sys.stderr)
         return 1
@@ -334,6 +383,9 @@ def registration_checks(env: Mapping[str, str], platform: str) -> list[tuple[str
         if entry is None:
             continue
         name = f"registered in {harness.title}"
+        if is_our_http_entry(harness.name, entry):  # the daemon's /mcp: no command to find
+            results.append((name, True, f"{path}: {entry['url']} (HTTP)"))
+            continue
         parsed = harness.command_of(entry) if isinstance(entry, Mapping) else None
         if parsed is None:
             results.append((name, False, f"{path}: the '{ENTRY_NAME}' entry has no command"))
