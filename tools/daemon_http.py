@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tools.console.app import Console
 from tools.console.snapshot import ConsoleSource
-from tools.http_token import home_token, http_dir, matches, port_path
+from tools.http_token import home_token, http_dir, last_port_path, matches, port_path
 
 log = logging.getLogger("macula.daemon")
 
@@ -191,17 +191,49 @@ def bind(port: int) -> socket.socket:
     return sock
 
 
-def write_port(home: Path, port: int) -> Path:
-    """The port file (0600), written whole or not at all."""
-    path = port_path(home)
-    http_dir(home)
-    tmp = path.with_name(f".port.{os.getpid()}.tmp")
+def bind_home(home: Path, port: int) -> socket.socket:
+    """The home's listener: on ``port`` when one is set (``MACULA_MCP_HTTP_PORT``; taken is an
+    error), else on the port this home used last, so the URLs ``register --http`` wrote stay
+    right across daemon restarts, and on a free one when that is taken (remembered from then)."""
+    if port:
+        return bind(port)
+    last = last_port(home)
+    sock: socket.socket | None = None
+    if last:
+        with contextlib.suppress(OSError):
+            sock = bind(last)
+    if sock is None:
+        sock = bind(0)
+    chosen = sock.getsockname()[1]
+    if chosen != last:
+        _write_private(last_port_path(home), f"{chosen}\n")
+    return sock
+
+
+def last_port(home: Path) -> int:
+    """The port the home's listener had last (0: none or unreadable)."""
+    with contextlib.suppress(OSError, ValueError):
+        value = int(last_port_path(home).read_text(encoding="ascii").strip())
+        if 1024 <= value <= 65535:
+            return value
+    return 0
+
+
+def _write_private(path: Path, text: str) -> None:
+    http_dir(path.parent.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, f"{port}\n".encode("ascii"))
+        os.write(fd, text.encode("ascii"))
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+def write_port(home: Path, port: int) -> Path:
+    """The port file (0600), written whole or not at all."""
+    path = port_path(home)
+    _write_private(path, f"{port}\n")
     return path
 
 

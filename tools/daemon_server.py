@@ -109,10 +109,12 @@ class Daemon:
         settings: DaemonSettings,
         clock: Callable[[], float] = time.monotonic,
         mcp_app: Any = None,
+        env: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.clock = clock
-        self.mcp_app = mcp_app  # MCP over Streamable HTTP, mounted at /mcp when given
+        self.env = dict(os.environ if env is None else env)  # what /mcp sessions start from
+        self.mcp_app = mcp_app  # MCP over Streamable HTTP at /mcp (default: tools.mcp_http's)
         self.http_port = 0  # the console's loopback port, once it listens
         self.idle = IdleClock(settings.idle_timeout, clock())
         self.stopping = asyncio.Event()
@@ -158,10 +160,12 @@ class Daemon:
         meanwhile is not held up."""
         try:
             http = await asyncio.to_thread(importlib.import_module, "tools.daemon_http")
-            bind, build_app, serve = http.bind, http.build_app, http.serve
-            sock = bind(self.settings.http_port)
+            if self.mcp_app is None:
+                mcp = await asyncio.to_thread(importlib.import_module, "tools.mcp_http")
+                self.mcp_app = mcp.mcp_http_app(self.hosts, self.home, self.env)
+            sock = http.bind_home(self.home, self.settings.http_port)
             self.http_port = sock.getsockname()[1]
-            await serve(build_app(self, self.mcp_app), sock, self.home, self.stopping)
+            await http.serve(http.build_app(self, self.mcp_app), sock, self.home, self.stopping)
         except Exception:
             log.exception("the HTTP listener (console, /mcp) failed")
 
@@ -320,7 +324,7 @@ def run_foreground(env: Mapping[str, str]) -> int:
         pid_path(settings.socket).write_text(f"{os.getpid()}\n")
         _logging(settings, env)
         try:
-            run_loop(Daemon(settings).run(listener))
+            run_loop(Daemon(settings, env=env).run(listener))
         finally:
             for path in (settings.socket, pid_path(settings.socket)):
                 with contextlib.suppress(FileNotFoundError):

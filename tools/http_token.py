@@ -5,7 +5,8 @@ Invariants:
   use with 32 random bytes (URL-safe base64, 43 characters); an existing file of the wrong mode
   or shape is refused (``TokenFileError`` naming the file), never silently rewritten;
 - comparison is constant-time (``hmac.compare_digest``); nothing here logs the token;
-- ``port_path`` is where the daemon writes the loopback port it serves HTTP on (0600).
+- ``port_path`` is where the daemon writes the loopback port it serves HTTP on (0600), while
+  it does; ``last_port_path`` keeps that port across stops, so a restart takes it again.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def token_path(home: Path) -> Path:
 
 def port_path(home: Path) -> Path:
     return home / DIR_NAME / PORT_NAME
+
+
+def last_port_path(home: Path) -> Path:
+    """The port the listener had last (kept across stops: the next start asks for it again)."""
+    return home / DIR_NAME / "last_port"
 
 
 def _read(path: Path) -> str:
