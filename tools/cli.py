@@ -71,8 +71,6 @@ Check = tuple[str, bool | None, str]  # name, passed (None: a warning, not a fai
 
 
 async def _doctor() -> list[Check]:
-    from mcp import Client, StdioServerParameters
-
     from macula.config import identity_path
     from macula.keyfile import load_or_create_identity
     from macula.stations import parse_station_list
@@ -94,31 +92,37 @@ async def _doctor() -> list[Check]:
     except MaculaError as exc:
         results.append(("configuration", False, str(exc)))
         stations = []
-    for station in stations:
-        results.append(await _station_check(env, station))
+    station_checks = [await _station_check(env, station) for station in stations]
+    results.extend(station_checks)
+    reachable = any(good is not False for _, good, _ in station_checks)
     from tools.doctor_checks import first_answer_check, local_station_check
 
     if not env.get("MACULA_MESH_STATIONS"):
         results.append(local_station_check(env))
     results.append(await asyncio.to_thread(first_answer_check, env))
     command = server_command()
-    try:
-        params = StdioServerParameters(command=command[0], args=command[1:], env=env)
-        async with Client(params) as client:
-            tools = await client.list_tools()
-        results.append(
-            (
-                "MCP round trip",
-                len(tools.tools) > 0,
-                f"{len(tools.tools)} tools listed by a fresh server",
-            )
-        )
-    except Exception as exc:
-        results.append(("MCP round trip", False, f"{type(exc).__name__}: {exc}"))
+    if not reachable:  # a fresh server would spend its whole connect budget failing
+        results.append(("MCP round trip", None, "not tried: no configured station is reachable"))
+    else:
+        results.append(await _round_trip(env, command))
     from tools.register import registration_checks
 
     results.extend(registration_checks(env, sys.platform))
     return results
+
+
+async def _round_trip(env: dict[str, str], command: list[str]) -> Check:
+    """A fresh ``macula-mcp`` started as a harness starts it lists its tools."""
+    from mcp import Client, StdioServerParameters
+
+    try:
+        params = StdioServerParameters(command=command[0], args=command[1:], env=env)
+        async with Client(params) as client:
+            tools = await client.list_tools()
+        listed = len(tools.tools)
+        return "MCP round trip", listed > 0, f"{listed} tools listed by a fresh server"
+    except Exception as exc:
+        return "MCP round trip", False, f"{type(exc).__name__}: {exc}"
 
 
 async def _station_check(env: dict[str, str], station: StationAddress) -> Check:

@@ -47,6 +47,7 @@ def test_doctor_passes_against_a_live_station_and_names_the_failure_otherwise(
     assert "first answer: " in good.stdout and "declined 2026-07-28" in good.stdout
     assert bad.returncode == 1
     assert "[FAIL] station 127.0.0.1:9" in bad.stdout
+    assert "[warn] MCP round trip: not tried: no configured station is reachable" in bad.stdout
 
 
 def test_bad_settings_fail_at_start_in_one_line_naming_the_variable(tmp_path: Path) -> None:
