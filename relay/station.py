@@ -107,7 +107,7 @@ class Station:
         self._server: QuicServer | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
-        self._running = 0  # tasks spawned into the group and not yet done
+        self._running: set[asyncio.Task[None]] = set()  # spawned into the group, not yet done
         self._timers = Timers()
         self._closing = False
         self._exit_stack: contextlib.AsyncExitStack | None = None
@@ -174,16 +174,24 @@ class Station:
         )
         stack.callback(self._close_server)
         self._dht = self._builtins.dht = await build.start_dht(
-            config, self.identity, self.port, stack
+            config, self.identity, self.port, stack, self.spawn
         )
         self.core.dht_started(self._dht.port)  # told to peer stations in CONNECT/HELLO
         self._house = await build.open_house(
-            config, self.identity, self.port, self.core.linked_stations, self.call_station, stack
+            config,
+            self.identity,
+            self.port,
+            self.core.linked_stations,
+            self.call_station,
+            stack,
+            self.spawn,
         )
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
         self.known_peers, remembered = build.known_peers_for(config, self.identity)
-        self.links = build.link_manager_for(config, self.identity, self._links, remembered)
+        self.links = build.link_manager_for(
+            config, self.identity, self._links, remembered, self.spawn
+        )
         stack.push_async_callback(self.links.stop)  # after the drain: no redial meanwhile
         stack.push_async_callback(self._drain)
         self.spawn(self.upkeep.tick_forever())
@@ -234,22 +242,24 @@ class Station:
             ready.set_result(None)
             await asyncio.Event().wait()
 
-    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
         """Run ``coroutine`` in the station's task group (a failure is logged, never spreads);
-        once the station stops, nothing new runs."""
+        its task, or None once the station stops (then nothing new runs). The station's
+        ``macula.task_scope.Spawner``: every relay-side component spawns through it."""
         if self._closing or self._group is None:
             coroutine.close()  # the station is stopping: no new work
-            return
+            return None
         try:
             task = self._group.create_task(_logged(coroutine))
         except RuntimeError:  # the group was cancelled from outside (the loop shutting down)
             coroutine.close()
-            return
-        self._running += 1
-        task.add_done_callback(lambda _: self._ended(coroutine))
+            return None
+        self._running.add(task)
+        task.add_done_callback(lambda _: self._ended(task, coroutine))
+        return task
 
-    def _ended(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._running -= 1
+    def _ended(self, task: asyncio.Task[None], coroutine: Coroutine[Any, Any, None]) -> None:
+        self._running.discard(task)
         coroutine.close()  # a task cancelled before it ran: its coroutine never started
 
     async def _finish_tasks(self) -> None:
@@ -262,7 +272,11 @@ class Station:
 
     def background(self) -> tuple[int, int]:
         """(tasks running, timers pending) of the station's own background work."""
-        return self._running, len(self._timers)
+        return len(self._running), len(self._timers)
+
+    def tasks(self) -> frozenset[asyncio.Task[None]]:
+        """The tasks running in the station's group now (every component's included)."""
+        return frozenset(self._running)
 
     # -- read accessors ----------------------------------------------------------------------
 
