@@ -130,14 +130,20 @@ class _Server(Server):  # type: ignore[misc]
     protocol: DhtProtocol
 
     def __init__(
-        self, config: DhtConfig, node_id: bytes, storage: RecordShelf, guard: DhtGuard
+        self,
+        config: DhtConfig,
+        node_id: bytes,
+        storage: RecordShelf,
+        guard: DhtGuard,
+        spawn: Spawner | None = None,
     ) -> None:
         super().__init__(config.ksize, config.alpha, node_id, storage)
         self.config = config
         self.guard = guard
+        self.spawn = spawn
 
     def _create_protocol(self) -> DhtProtocol:
-        return DhtProtocol(self.node, self.storage, self.config, self.guard)
+        return DhtProtocol(self.node, self.storage, self.config, self.guard, self.spawn)
 
     def refresh_table(self, interval: int = 3600) -> None:
         pass  # StationDht runs the refresh on its own period (and cancels it on stop)
@@ -174,8 +180,10 @@ class StationDht:
             self.config.limits, clock, VerifiedRecords(self.config.verified_cache)
         )
         self.guard = DhtGuard(os.urandom(32), self.config.guard, endpoints=self._endpoint_addresses)
-        self._server = _Server(self.config, dht_id(identity.node_id), self.storage, self.guard)
         self._scope = TaskScope(spawn)
+        self._server = _Server(
+            self.config, dht_id(identity.node_id), self.storage, self.guard, self._scope.spawn
+        )
         self.port = 0
         # stations() learned: node id -> (address, when to look it up again, expires_at)
         self._addresses: dict[bytes, tuple[StationAddress, int, int]] = {}
