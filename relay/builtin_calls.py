@@ -6,15 +6,18 @@ endorsements (``Builtins.present``), ``_relay.ping`` a built-in that also report
 this connection was not told in-band (counted by the core), any other built-in
 ``Builtins.run``, everything else the house services. While the house is not open yet (the
 station is starting), or when a house service fails, the answer is TEMPORARY_RELAY_FAILURE.
-Never raises for a failing service; the station shell carries the outcome back to the core.
+Never raises for a failing service; ``run_builtin`` carries the outcome back to the core (the
+station runs it as a task of its group for each ``RunBuiltin``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
+from macula import clock
 from macula.wire.codes import ErrorCode
-from relay.actions import RunBuiltin
+from relay.actions import Action, RunBuiltin
 from relay.builtins import Builtins
 from relay.core import BUILTINS, RouterCore
 from relay.house.services import HouseServices
@@ -43,6 +46,18 @@ async def _house(
     except Exception:
         log.exception("house service %s failed", call.procedure)
         return Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
+
+
+async def run_builtin(
+    action: RunBuiltin,
+    core: RouterCore,
+    builtins: Builtins,
+    house: HouseServices | None,
+    run: Callable[[list[Action]], None],
+) -> None:
+    """Answer ``action`` and hand its outcome to the core; ``run`` carries out what follows."""
+    outcome = await answer(action, core, builtins, house, clock.now_ms(), clock.now_us())
+    run(core.builtin_done(action.conn, action.stream, action.call, outcome, clock.now_ms()))
 
 
 async def answer(

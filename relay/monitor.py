@@ -59,7 +59,10 @@ class Monitor:
         self.station = station
         self.lifecycle = lifecycle
         self.server = MonitorServer(
-            self.handle, max_clients=max_clients, read_timeout_s=read_timeout_s
+            self.handle,
+            max_clients=max_clients,
+            read_timeout_s=read_timeout_s,
+            spawn=station.spawn,
         )
         self.address: tuple[str, int] = ("", 0)
 

@@ -7,7 +7,9 @@ response carries ``Connection: close`` and the connection closes after it. The s
 most ``max_clients`` connections at once (more are answered 503 and closed at once) and gives
 each ``read_timeout_s`` to send its whole request head (then 408 and closed), so a slow or
 hostile client costs a bounded amount of memory and never holds the station's loop: every read
-and write is awaited, bounded and timed out.
+and write is awaited, bounded and timed out. Each client is served by a task run through the
+injected ``spawn`` (the station's task group) in a ``macula.task_scope.TaskScope``; ``close``
+cancels and awaits them, and a client accepted while the station stops is closed at once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
+
+from macula.task_scope import Spawner, TaskScope
 
 log = logging.getLogger("macula.relay.monitor")
 
@@ -161,18 +165,25 @@ Handler = Callable[[Request], Awaitable[Response]]
 class MonitorServer:
     """``asyncio.start_server`` on the station's loop with the bounds above."""
 
-    def __init__(self, handler: Handler, *, max_clients: int = 16, read_timeout_s: float = 5.0):
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_clients: int = 16,
+        read_timeout_s: float = 5.0,
+        spawn: Spawner | None = None,
+    ):
         self.handler = handler
         self.max_clients = max_clients
         self.read_timeout_s = read_timeout_s
         self.clients = 0
         self.stats = {"requests": 0, "timed_out": 0, "refused_busy": 0, "bad_requests": 0}
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._scope = TaskScope(spawn)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         self._server = await asyncio.start_server(
-            self._client, host, port, limit=MAX_HEADER_BYTES + 2, reuse_address=True
+            self._accepted, host, port, limit=MAX_HEADER_BYTES + 2, reuse_address=True
         )
         bound = self._server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])
@@ -181,17 +192,16 @@ class MonitorServer:
         server, self._server = self._server, None
         if server is not None:
             server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._scope.aclose()
         if server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1.0)
 
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._scope.spawn(self._client(reader, writer)) is None:
+            writer.close()  # closing: served by nobody
+
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
         self.clients += 1
         try:
             if self.clients > self.max_clients:
@@ -202,8 +212,6 @@ class MonitorServer:
         finally:
             self.clients -= 1
             writer.close()
-            if task is not None:
-                self._tasks.discard(task)
 
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = False

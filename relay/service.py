@@ -117,17 +117,16 @@ class Service:
         self.lifecycle.ready = 1
         self.notifier.ready(f"serving {self.station.endpoint}")
         if self.notifier.watchdog_s is not None:
-            self._watchdog = loop.create_task(self._ping(self.notifier.watchdog_s))
+            self._watchdog = self.station.spawn(self._ping(self.notifier.watchdog_s))
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.stopping()
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        if self._watchdog is not None:
+        if self._watchdog is not None:  # a task of the station's group: cancelled here first
             self._watchdog.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watchdog
+            await asyncio.wait([self._watchdog])
         if self.monitor is not None:
             await self.monitor.close()
 

@@ -5,13 +5,17 @@ station's key and certificate on first start, opens the stores, and serves until
 ends; leaving it sends GOODBYE to every client, closes the connections and the stores.
 Invariants: every resource is registered on one ``AsyncExitStack`` the moment it opens
 (``relay.station_build`` makes the parts), so a start that fails partway closes what it opened
-before the error propagates, and a stop undoes the start in reverse; every background task
-(the upkeep of ``relay.station_upkeep``, built-ins, a DHT join) runs in the station's one
-``asyncio.TaskGroup`` and every delayed close or resume is a timer the station owns: before
-``stop`` returns the timers are cancelled and the group's tasks cancelled and awaited; once
-stopping, nothing new is spawned or scheduled. A stop drains first: GOODBYE to every
+before the error propagates, and a stop undoes the start in reverse; every relay-side
+background task (the upkeep of ``relay.station_upkeep``, built-ins, a DHT join, and through
+the ``spawn`` each is given: the link manager, the station DHT, the history writer, the
+monitor's clients) runs in the station's one ``asyncio.TaskGroup`` (``relay.station_group``)
+and every delayed close or resume is a timer the station owns: before ``stop`` returns the
+timers are cancelled and the group's tasks cancelled and awaited; once stopping, nothing new
+is spawned or scheduled. A stop drains first (``relay.station_drain``): GOODBYE to every
 connected peer, then a wait (bounded by ``DRAIN_DEADLINE_S``) until each acknowledged a QUIC
 PING sent behind its GOODBYE or its connection ended, then every connection is closed.
+The parts a start opens and their read accessors are ``relay.station_parts``'s; a built-in
+call is answered by ``relay.builtin_calls``.
 Links to peer stations are QUIC *client* connections kept by
 ``relay.federation.links.LinkManager`` through ``relay.station_links.StationLinks``; their
 frames reach the core through the same sink type, under the same connection numbering, as
@@ -22,17 +26,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
-from macula.clock import now_ms, now_us
+from macula.clock import now_ms
 from macula.quic_backend import QuicConnection, QuicServer, lean_handshake
 from macula.transport import FrameProtocol, StreamLimits
 from macula.wire.errors import FramingError
 from macula.wire.frames import Publish
-from macula.wire.identity import Identity
 from relay import station_build as build
 from relay.actions import (
     Action,
@@ -46,20 +48,15 @@ from relay.actions import (
     Send,
     StationReplied,
 )
-from relay.builtin_calls import answer
-from relay.builtins import Builtins
-from relay.core import RouterCore
-from relay.federation.dht import StationDht
-from relay.federation.known_peers import KnownPeers
-from relay.federation.links import LinkManager
-from relay.house.services import HouseServices
+from relay.builtin_calls import run_builtin
 from relay.logbook import clip
-from relay.realm_files import Allowlist
 from relay.station_config import StationConfig
+from relay.station_drain import drain
+from relay.station_group import StationGroup
 from relay.station_links import StationLinks
+from relay.station_parts import StationParts
 from relay.station_upkeep import Upkeep
 from relay.station_waits import StationCalls, Timers
-from relay.store import ContentStore, RecordStore
 
 __all__ = ["DRAIN_DEADLINE_S", "Station", "StationConfig"]
 
@@ -97,34 +94,19 @@ class _Sink:
         self.station.forget(self.conn, reason)
 
 
-class Station:
+class Station(StationParts):
+    """The QUIC shell; its parts and read accessors are ``relay.station_parts``'s."""
+
     def __init__(self, config: StationConfig) -> None:
-        self.config = config
-        self.identity: Identity | None = None
-        self._core: RouterCore | None = None
-        self._connections: dict[int, FrameProtocol] = {}
+        super().__init__(config)
         self._next_conn = 0
         self._server: QuicServer | None = None
-        self._supervisor: asyncio.Task[None] | None = None
-        self._group: asyncio.TaskGroup | None = None
-        self._running = 0  # tasks spawned into the group and not yet done
+        self._group = StationGroup()
         self._timers = Timers()
-        self._closing = False
         self._exit_stack: contextlib.AsyncExitStack | None = None
-        self._records: RecordStore | None = None
-        self._content: ContentStore | None = None
-        self._builtins: Builtins | None = None
-        self._house: HouseServices | None = None
-        self._dht: StationDht | None = None
         self._station_calls = StationCalls()
-        self.port = 0
-        self.links: LinkManager | None = None
         self._links = StationLinks(self)
         self.upkeep = Upkeep(self)
-        self.known_peers: KnownPeers | None = None
-        # called as (node_id, host, dht_port) when a link comes up (e.g. a DHT bootstrap)
-        self.link_up_hook: Callable[[bytes, str, int], None] | None = None
-        self.allowlist: Allowlist | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -153,7 +135,7 @@ class Station:
         the stores.
         """
         config = self.config
-        await self._open_group()
+        await self._group.open()
         stack.push_async_callback(self._finish_tasks)  # a failed start: nothing left running
         self.identity, *certificate = build.identity_and_certificate(config)
         gate, rule, self.allowlist = build.realm_rules(config)
@@ -174,16 +156,24 @@ class Station:
         )
         stack.callback(self._close_server)
         self._dht = self._builtins.dht = await build.start_dht(
-            config, self.identity, self.port, stack
+            config, self.identity, self.port, stack, self.spawn
         )
         self.core.dht_started(self._dht.port)  # told to peer stations in CONNECT/HELLO
         self._house = await build.open_house(
-            config, self.identity, self.port, self.core.linked_stations, self.call_station, stack
+            config,
+            self.identity,
+            self.port,
+            self.core.linked_stations,
+            self.call_station,
+            stack,
+            self.spawn,
         )
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
         self.known_peers, remembered = build.known_peers_for(config, self.identity)
-        self.links = build.link_manager_for(config, self.identity, self._links, remembered)
+        self.links = build.link_manager_for(
+            config, self.identity, self._links, remembered, self.spawn
+        )
         stack.push_async_callback(self.links.stop)  # after the drain: no redial meanwhile
         stack.push_async_callback(self._drain)
         self.spawn(self.upkeep.tick_forever())
@@ -204,11 +194,7 @@ class Station:
         passed), close every connection."""
         if self.links is not None:
             self.links.halt()
-        told = [c for n, c in self._connections.items() if self.core.is_connected(n)]
-        self.run(self.core.shutdown(now_ms()))
-        await asyncio.gather(*(_acknowledged(c, DRAIN_DEADLINE_S) for c in told))
-        for connection in list(self._connections.values()):
-            connection.close_connection("station stopped")
+        await drain(self._connections, self.core, self.run, DRAIN_DEADLINE_S)
 
     def _close_server(self) -> None:
         server, self._server = self._server, None
@@ -217,110 +203,28 @@ class Station:
 
     def _cancel_timers(self) -> None:
         self._closing = True  # from now on a Close is carried out at once and nothing spawns
+        self._group.close_to_new()
         self._timers.cancel_all()
 
     # -- background work: one task group -----------------------------------------------------
 
-    async def _open_group(self) -> None:
-        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(ready))
-        await ready
-
-    async def _supervise(self, ready: asyncio.Future[None]) -> None:
-        """Hold the station's task group open until ``_finish_tasks`` cancels this task; the
-        group then cancels and awaits every task in it."""
-        async with asyncio.TaskGroup() as group:
-            self._group = group
-            ready.set_result(None)
-            await asyncio.Event().wait()
-
-    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        """Run ``coroutine`` in the station's task group (a failure is logged, never spreads);
-        once the station stops, nothing new runs."""
-        if self._closing or self._group is None:
-            coroutine.close()  # the station is stopping: no new work
-            return
-        try:
-            task = self._group.create_task(_logged(coroutine))
-        except RuntimeError:  # the group was cancelled from outside (the loop shutting down)
-            coroutine.close()
-            return
-        self._running += 1
-        task.add_done_callback(lambda _: self._ended(coroutine))
-
-    def _ended(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        self._running -= 1
-        coroutine.close()  # a task cancelled before it ran: its coroutine never started
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
+        """Run ``coroutine`` in the station's one task group (a failure is logged, never
+        spreads); its task, or None once the station stops. The station's
+        ``macula.task_scope.Spawner``: every relay-side component spawns through it."""
+        return self._group.spawn(coroutine)
 
     async def _finish_tasks(self) -> None:
         self._closing = True
-        supervisor, self._supervisor = self._supervisor, None
-        if supervisor is not None:
-            supervisor.cancel()
-            await asyncio.wait([supervisor])  # the group cancelled and awaited its tasks
-        self._group = None
+        await self._group.finish()
 
     def background(self) -> tuple[int, int]:
         """(tasks running, timers pending) of the station's own background work."""
-        return self._running, len(self._timers)
+        return len(self._group), len(self._timers)
 
-    # -- read accessors ----------------------------------------------------------------------
-
-    @property
-    def core(self) -> RouterCore:
-        assert self._core is not None, "station not started"
-        return self._core
-
-    @property
-    def dht(self) -> StationDht:
-        assert self._dht is not None, "station not started"
-        return self._dht
-
-    @property
-    def dht_or_none(self) -> StationDht | None:
-        return self._dht
-
-    @property
-    def records(self) -> RecordStore | None:
-        return self._records
-
-    @property
-    def content(self) -> ContentStore | None:
-        return self._content
-
-    @property
-    def builtins(self) -> Builtins | None:
-        return self._builtins
-
-    @property
-    def house(self) -> HouseServices | None:
-        return self._house
-
-    @property
-    def closing(self) -> bool:
-        return self._closing
-
-    @property
-    def node_id(self) -> bytes:
-        assert self.identity is not None, "station not started"
-        return self.identity.node_id
-
-    @property
-    def retry(self) -> bool:
-        """QUIC address validation (Retry): on unless turned off or bound to loopback."""
-        return self.config.policy.quic_retry and not _is_loopback(self.config.host)
-
-    def connection_count(self) -> int:
-        """Connections open now (clients and links)."""
-        return len(self._connections)
-
-    def connection(self, conn: int) -> FrameProtocol | None:
-        return self._connections.get(conn)
-
-    @property
-    def endpoint(self) -> str:
-        """``node_id@host:port``: what a client needs to dial and pin this station."""
-        return f"{self.node_id.hex()}@{self.config.host}:{self.port}"
+    def tasks(self) -> frozenset[asyncio.Task[None]]:
+        """The tasks running in the station's group now (every component's included)."""
+        return self._group.tasks()
 
     # -- connections -------------------------------------------------------------------------
 
@@ -385,7 +289,8 @@ class Station:
         elif isinstance(action, Close):
             self._close_later(action)
         elif isinstance(action, RunBuiltin):
-            self.spawn(self._builtin(action))
+            assert self._builtins is not None
+            self.spawn(run_builtin(action, self.core, self._builtins, self._house, self.run))
         elif isinstance(action, PauseReading):
             self._pause(action)
         elif isinstance(action, ResumeReading):
@@ -419,13 +324,9 @@ class Station:
         """CALL ``procedure`` (in ``realm``) at the linked station ``node_id``, signed by this
         station; how it settled (``ok`` False: no such link, the link lost, no reply within
         ``timeout_s``)."""
-        now = now_ms()
-        started = self.core.call_station(
-            node_id, procedure, payload, now + int(timeout_s * 1000), now, realm=realm
-        )
-        # the core settles it by the deadline (tick); the margin covers a stopped ticker
-        margin_s = 2 * self.config.tick_interval_s
-        return await self._station_calls.call(started, self.run, timeout_s + margin_s)
+        call = (node_id, procedure, payload, realm)
+        margin_s = 2 * self.config.tick_interval_s  # a stopped ticker settles nothing
+        return await self._station_calls.ask(self.core, self.run, call, timeout_s, margin_s)
 
     def _pause(self, action: PauseReading) -> None:
         """Stop reading the stream (its bytes wait unread in QUIC's window) until ``until_ms``,
@@ -447,35 +348,3 @@ class Station:
         self._timers.later(
             action.after_ms / 1000, lambda: connection.close_connection(action.reason)
         )
-
-    async def _builtin(self, action: RunBuiltin) -> None:
-        """A built-in (§6.6) or a house service (``relay.builtin_calls``): its outcome goes
-        back to the core."""
-        assert self._builtins is not None
-        outcome = await answer(action, self.core, self._builtins, self._house, now_ms(), now_us())
-        self.run(self.core.builtin_done(action.conn, action.stream, action.call, outcome, now_ms()))
-
-
-async def _logged(coroutine: Coroutine[Any, Any, None]) -> None:
-    try:
-        await coroutine
-    except Exception:
-        log.exception("station task failed")
-
-
-async def _acknowledged(connection: FrameProtocol, timeout_s: float) -> None:
-    """Until the peer acknowledged a QUIC PING sent now (behind what was queued), its
-    connection ended, or ``timeout_s`` passed."""
-    if connection.lost:
-        return
-    with contextlib.suppress(ConnectionError):
-        await connection.acknowledged(timeout_s)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -21,6 +21,7 @@ from macula.datagram_reader import bound_socket, open_draining
 from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
 from macula.quic_backend import QuicConfiguration, QuicServer
+from macula.task_scope import Spawner
 from macula.transport import (
     ALPN,
     CONNECTION_WINDOW,
@@ -172,7 +173,11 @@ async def serve_quic(
 
 
 async def start_dht(
-    config: StationConfig, identity: Identity, quic_port: int, stack: contextlib.AsyncExitStack
+    config: StationConfig,
+    identity: Identity,
+    quic_port: int,
+    stack: contextlib.AsyncExitStack,
+    spawn: Spawner,
 ) -> StationDht:
     """The DHT among stations on UDP ``dht_port`` (None: the QUIC port + 1, or any free port
     when that is 0)."""
@@ -180,7 +185,7 @@ async def start_dht(
     if port is None:
         port = config.port + 1 if 0 < config.port < 0xFFFF else 0
     hosts = [*config.advertised_hosts, config.host]
-    dht = StationDht(identity, quic_port=quic_port, hosts=hosts, config=config.dht)
+    dht = StationDht(identity, quic_port=quic_port, hosts=hosts, config=config.dht, spawn=spawn)
     try:
         bound = await dht.start(config.host, port)
     except OSError as exc:
@@ -197,6 +202,7 @@ async def open_house(
     linked: Callable[[], list[bytes]],
     call_station: CallStation,
     stack: contextlib.AsyncExitStack,
+    spawn: Spawner,
 ) -> HouseServices:
     """The house services; those of linked stations are asked in the house realm."""
     house = await HouseServices.open(
@@ -214,6 +220,7 @@ async def open_house(
             concurrency=config.house.mesh_concurrency,
             timeout_s=config.house.mesh_timeout_ms / 1000,
         ),
+        spawn=spawn,
     )
     stack.push_async_callback(house.close)
     return house
@@ -237,7 +244,11 @@ def known_peers_for(
 
 
 def link_manager_for(
-    config: StationConfig, identity: Identity, links: StationLinks, remembered: list[LinkTarget]
+    config: StationConfig,
+    identity: Identity,
+    links: StationLinks,
+    remembered: list[LinkTarget],
+    spawn: Spawner,
 ) -> LinkManager:
     return LinkManager(
         identity.node_id,
@@ -250,4 +261,5 @@ def link_manager_for(
         discover_interval_s=config.discover_interval_s,
         backoff_base_s=config.link_backoff_s,
         backoff_max_s=config.link_backoff_max_s,
+        spawn=spawn,
     )

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 
+from macula.clock import now_ms
 from macula.wire.codes import ErrorCode
 from relay.actions import Action, StationReplied
+from relay.core import RouterCore
 
 
 class Timers:
@@ -49,6 +51,23 @@ class Timers:
 class StationCalls:
     def __init__(self) -> None:
         self._waiting: dict[bytes, asyncio.Future[StationReplied]] = {}
+
+    async def ask(
+        self,
+        core: RouterCore,
+        run: Callable[[list[Action]], None],
+        call: tuple[bytes, str, object, bytes],
+        timeout_s: float,
+        margin_s: float,
+    ) -> StationReplied:
+        """CALL ``procedure`` in ``realm`` (``call``: node id, procedure, payload, realm) at a
+        linked station through ``core``; how it settled. The core settles it by its deadline
+        (tick); ``margin_s`` more covers a stopped ticker."""
+        node_id, procedure, payload, realm = call
+        now = now_ms()
+        deadline = now + int(timeout_s * 1000)
+        started = core.call_station(node_id, procedure, payload, deadline, now, realm=realm)
+        return await self.call(started, run, timeout_s + margin_s)
 
     async def call(
         self,

@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "content-cpu": ("bench_content_cpu", (), "content put+get: station and client CPU per MiB"),
     "wire": ("bench_wire", (), "frame encode+sign and decode+verify rates, BLAKE3, MCID"),
     "cbor": ("bench_cbor", (), "CBOR decode/encode and parse_frame, µs per frame"),
+    "mesh": ("bench_mesh", (), "three stations: start -> linked pairwise through the DHT"),
     "attach": ("bench_attach", (), "macula-mcp first byte and first tools/list, cold and warm"),
     "profile": ("bench_profile", (), "summarise collapsed stacks (py-spy) by area"),
 }

@@ -32,10 +32,10 @@ from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realms import parse_hex
 from tools.results import bad_argument
 from tools.runtime import run_tool
+from tools.text_limits import MAX_CONTENT_NAME, MAX_PUT_BYTES
 
-MAX_PUT_BYTES = 4 * 1024 * 1024
 MAX_INLINE_BYTES = 12 * 1024
-MAX_NAME = 255
+MAX_NAME = MAX_CONTENT_NAME
 MANIFEST_TIMEOUT_S = 5.0
 
 

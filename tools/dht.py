@@ -122,7 +122,7 @@ async def mesh_find_records(
 
 async def mesh_find_records_by_type(
     ctx: Context,
-    record_type: str | int,
+    record_type: str | Annotated[int, Field(ge=1, le=255)],
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     number = parse_record_type(record_type)

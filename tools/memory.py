@@ -15,8 +15,9 @@ from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.directory_reader import ReadLimits, read_directory, resolve_root
 from tools.results import InvalidArgument, bad_argument
 from tools.runtime import run_tool
+from tools.text_limits import MAX_MEMORY_BYTES
 
-MAX_CONTENT_BYTES = 256 * 1024
+MAX_CONTENT_BYTES = MAX_MEMORY_BYTES
 LIMITS = ReadLimits()
 DEFAULT_EXTENSIONS = (".md", ".mdx", ".txt")
 DEFAULT_EXCLUDES = (".git", "node_modules", ".venv", "__pycache__", "dist", "build")

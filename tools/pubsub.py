@@ -29,6 +29,7 @@ from tools.realm_access import (
 from tools.realms import parse_realm
 from tools.results import bad_argument
 from tools.runtime import run_tool
+from tools.text_limits import MAX_TOPIC
 from tools.value_limits import too_deep
 
 MAX_WAIT_S = 3600.0
@@ -47,8 +48,8 @@ async def mesh_publish(
     tag = parse_realm(realm)
     if isinstance(tag, CallToolResult):
         return tag
-    if not topic or len(topic) > 256:
-        return bad_argument("topic", "must be 1-256 characters")
+    if not topic or len(topic) > MAX_TOPIC:
+        return bad_argument("topic", f"must be 1-{MAX_TOPIC} characters")
     if deep := too_deep("fact", fact):
         return deep
 

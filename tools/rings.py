@@ -125,7 +125,7 @@ async def _edit_allowlist(runtime: Runtime, node_id: str, *, trusted: bool) -> d
 async def mesh_ring(
     ctx: Context,
     to: Annotated[str, Field(description="node id or petname")],
-    purpose: Annotated[str, Field(description="<= 280 chars")],
+    purpose: str,
     room_topic: Annotated[str | None, Field(description="omit: a fresh room")] = None,
     wait_join_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = DEFAULT_JOIN_WAIT_S,
     private: Annotated[
@@ -208,7 +208,7 @@ async def mesh_answer_ring(
     ctx: Context,
     ring_id: Annotated[str, Field(description="from rings.pending")],
     answer: Annotated[int, Field(ge=1, le=2, description="1 accept (join), 2 decline")],
-    reason: Annotated[str | None, Field(description="<= 280 chars, told to the caller")] = None,
+    reason: Annotated[str | None, Field(description="told to the caller")] = None,
     idempotency_key: Annotated[str | None, KEY_FIELD] = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)

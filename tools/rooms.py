@@ -166,7 +166,7 @@ async def _privacy(rooms: Rooms, topic: str) -> dict[str, Any]:
 
 async def mesh_open_room(
     ctx: Context,
-    purpose: Annotated[str | None, Field(description="<= 280 chars")] = None,
+    purpose: str | None = None,
     public: Annotated[int, Field(ge=0, le=1, description="1: also announce it on central")] = 0,
     private: Annotated[int, Field(ge=0, le=1, description="1: end-to-end encrypted")] = 0,
     participants: Annotated[list[str] | None, Field(description="node ids or petnames")] = None,

@@ -45,7 +45,7 @@ from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realm_access import ADVERTISE_REFUSALS, acting, check
 from tools.realms import parse_realm
 from tools.results import InvalidArgument, bad_argument, plain
-from tools.runtime import MAX_IDEMPOTENCY_KEY, Runtime, check_key, run_tool
+from tools.runtime import Runtime, check_key, run_tool
 from tools.serve_gate import (
     ALLOW_MODES,
     DEFAULT_RATE_PER_MINUTE,
@@ -53,6 +53,7 @@ from tools.serve_gate import (
     ServeGate,
     command_env,
 )
+from tools.text_limits import MAX_EXEC, MAX_IDEMPOTENCY_KEY, MAX_PROCEDURE
 from tools.value_limits import too_deep
 
 log = logging.getLogger("macula.tools")
@@ -65,8 +66,6 @@ MAX_EXEC_TIMEOUT_S = 60.0
 MAX_STDOUT = 1024 * 1024
 MAX_STDERR = 64 * 1024
 MAX_RUNNING = 8  # concurrent executions per served procedure; more are refused as "busy"
-MAX_PROCEDURE = 256
-MAX_EXEC = 4096
 ANNOUNCE_TIMEOUT_S = 10.0
 RESERVED_PREFIXES = ("_", "agent.")  # station built-ins; the agent layer's ring endpoints
 _READ = 64 * 1024

@@ -41,10 +41,9 @@ from tools import local_station, local_station_settings
 from tools.channel import ChannelSettings
 from tools.receipts import ReceiptStore, args_digest
 from tools.results import InvalidArgument, bad_argument, fail, from_error, ok
+from tools.text_limits import MAX_IDEMPOTENCY_KEY
 
 log = logging.getLogger("macula.tools")
-
-MAX_IDEMPOTENCY_KEY = 120
 
 
 def agent_settings(env: Mapping[str, str], identity: Identity) -> AgentSettings:

@@ -23,6 +23,7 @@ from tools import (
     rpc,
     surface,
     tasks,
+    text_limits,
 )
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime
@@ -81,6 +82,7 @@ def build_server(
         lifespan=lifespan,
         version="0.1.0",
         terse=describe.terse,
+        lengths=text_limits.limits(environ),
     )
     binding = channel.install(app, environ)  # None with MACULA_MCP_CHANNEL=0
     for group in GROUPS:

@@ -126,7 +126,7 @@ async def mesh_task_send(
     ctx: Context,
     input: Annotated[TaskValue, Field(description="<= 16 KB")],
     to: Annotated[str | None, Field(description="node id or petname")] = None,
-    title: Annotated[str | None, Field(description="<= 280 chars (new task)")] = None,
+    title: Annotated[str | None, Field(description="new task")] = None,
     wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
     task_id: Annotated[str | None, Field(description="answer this task's question")] = None,
     idempotency_key: Annotated[str | None, KEY] = None,

@@ -10,7 +10,8 @@ Invariants:
   string exactly as sent, JSON-looking or not; only a parameter that cannot take text (a list,
   an object) has a JSON string parsed for it, as the SDK does (models often send ``"[...]"``);
 - every argument is checked before the body runs: unknown parameters, missing ones, wrong
-  types and values out of the schema's range are all listed, each ``"<parameter>: <problem>"``,
+  types, values out of the schema's range and text longer than its listed ``maxLength``
+  (``tools.text_limits``) are all listed, each ``"<parameter>: <problem>"``,
   in one ``invalid_argument`` error ``{code, detail, retryable 0, next_action}``
   (``tools.results``) that also lists them in ``problems``, as the agent tools' own checks do;
   the values themselves are never echoed (they are the caller's data);
@@ -21,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import types
+from collections.abc import Mapping
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from mcp.server.mcpserver.tools.base import Tool
@@ -29,6 +31,7 @@ from mcp_types import CallToolResult
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
+from tools import text_limits
 from tools.results import fail
 
 MAX_LISTED = 20  # problems named in one error; the rest are counted
@@ -108,7 +111,23 @@ def _problem(error: Any) -> str:
     return text
 
 
-def problems(tool: Tool, arguments: dict[str, Any]) -> list[str]:
+def too_long(
+    tool: str, arguments: dict[str, Any], lengths: Mapping[tuple[str, str], int]
+) -> list[str]:
+    """A problem for each text argument longer than its limit (``tools.text_limits``)."""
+    found = []
+    for name, value in arguments.items():
+        limit = text_limits.limit_of(lengths, tool, name)
+        if isinstance(value, str) and limit is not None and len(value) > limit:
+            found.append(f"{_shown(name)}: at most {limit} characters ({len(value)} given)")
+    return found
+
+
+def problems(
+    tool: Tool,
+    arguments: dict[str, Any],
+    lengths: Mapping[tuple[str, str], int] | None = None,
+) -> list[str]:
     """Every problem with ``arguments`` for ``tool``, each naming its parameter; [] if none."""
     metadata = adopt(tool)
     fields = _fields(metadata)
@@ -121,7 +140,10 @@ def problems(tool: Tool, arguments: dict[str, Any]) -> list[str]:
         metadata.arg_model.model_validate(metadata.pre_parse_json(known))
     except ValidationError as exc:
         found += [f"{_where(tuple(e['loc']))}: {_problem(e)}" for e in exc.errors()]
-    return found
+    table = text_limits.limits({}) if lengths is None else lengths
+    long = too_long(tool.name, known, table)
+    named = {problem.split(":", 1)[0] for problem in found}
+    return found + [problem for problem in long if problem.split(":", 1)[0] not in named]
 
 
 def refusal(found: list[str]) -> CallToolResult:

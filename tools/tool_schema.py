@@ -16,17 +16,20 @@ Invariants:
 - with terse descriptions (``MACULA_MCP_TERSE_TOOLS=1``) a parameter keeps its description
   only when it holds a caveat (``TERSE_KEPT``: what a 0/1 flag does, what runs where, what
   cannot be undone).
+- every text parameter (a ``string`` schema, or the ``string`` arm of an ``anyOf``) is listed
+  with its ``maxLength`` from ``tools.text_limits``, the limit the argument boundary enforces.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, InputRequiredResult
 from mcp_types import Tool as MCPTool
 
-from tools import tool_arguments
+from tools import text_limits, tool_arguments
 
 # parameter name -> its rule, said once in the server instructions (tools.server.INSTRUCTIONS)
 SHARED = {
@@ -83,14 +86,25 @@ def compact(schema: Any) -> Any:
     return out
 
 
-def tool_schema(tool: str, schema: dict[str, Any], terse: bool) -> dict[str, Any]:
-    """The input schema ``tool`` is listed with."""
+def tool_schema(
+    tool: str,
+    schema: dict[str, Any],
+    terse: bool,
+    lengths: Mapping[tuple[str, str], int] | None = None,
+) -> dict[str, Any]:
+    """The input schema ``tool`` is listed with (``lengths``: ``tools.text_limits.limits``)."""
     out: dict[str, Any] = compact(schema)
+    table = text_limits.limits({}) if lengths is None else lengths
     for name, spec in out.get("properties", {}).items():
         if not isinstance(spec, dict):
             continue
         if terse and (tool, name) not in TERSE_KEPT:
             spec.pop("description", None)
+        limit = text_limits.limit_of(table, tool, name)
+        if limit is not None:
+            for arm in [spec, *spec.get("anyOf", [])]:
+                if isinstance(arm, dict) and arm.get("type") == "string":
+                    arm["maxLength"] = limit
     return out
 
 
@@ -98,15 +112,24 @@ class MeshServer(MCPServer[Any]):
     """``MCPServer`` whose ``tools/list`` carries compacted input schemas and whose tool calls
     cross one argument boundary (``tools.tool_arguments``) before the SDK runs the tool."""
 
-    def __init__(self, *args: Any, terse: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        terse: bool = False,
+        lengths: Mapping[tuple[str, str], int] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.terse_schemas = terse
+        self.lengths = dict(text_limits.limits({}) if lengths is None else lengths)
 
     async def list_tools(self) -> list[MCPTool]:
         return [
             tool.model_copy(
                 update={
-                    "input_schema": tool_schema(tool.name, tool.input_schema, self.terse_schemas)
+                    "input_schema": tool_schema(
+                        tool.name, tool.input_schema, self.terse_schemas, self.lengths
+                    )
                 }
             )
             for tool in await super().list_tools()
@@ -118,7 +141,7 @@ class MeshServer(MCPServer[Any]):
         tool = self._tool_manager.get_tool(name)
         if tool is None:
             return tool_arguments.unknown_tool(name)
-        found = tool_arguments.problems(tool, arguments)
+        found = tool_arguments.problems(tool, arguments, self.lengths)
         if found:
             return tool_arguments.refusal(found)
         return await super().call_tool(name, arguments, context)

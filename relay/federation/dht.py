@@ -24,7 +24,9 @@ Invariants:
   returns was checked again here (the reader), whoever sent it.
 - ``StationDht`` owns its loops (own records every ``own_period_s``, re-storing everything it
   holds to the current k closest plus reaping every ``replicate_period_s``, the routing table
-  refresh every ``refresh_period_s``); ``stop`` cancels and awaits them, then closes the socket.
+  refresh every ``refresh_period_s``), run through the injected ``spawn`` (the station's task
+  group) in a ``macula.task_scope.TaskScope``; ``stop`` cancels and awaits them, then closes
+  the socket.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from kademlia.network import Server
 from kademlia.node import Node
 
 from macula.clock import now_ms
+from macula.task_scope import Spawner, TaskScope
 from macula.transport import ALPN, enlarge_receive_buffer
 from macula.wire.errors import RecordInvalid
 from macula.wire.identity import ZERO_REALM, Identity
@@ -127,14 +130,20 @@ class _Server(Server):  # type: ignore[misc]
     protocol: DhtProtocol
 
     def __init__(
-        self, config: DhtConfig, node_id: bytes, storage: RecordShelf, guard: DhtGuard
+        self,
+        config: DhtConfig,
+        node_id: bytes,
+        storage: RecordShelf,
+        guard: DhtGuard,
+        spawn: Spawner | None = None,
     ) -> None:
         super().__init__(config.ksize, config.alpha, node_id, storage)
         self.config = config
         self.guard = guard
+        self.spawn = spawn
 
     def _create_protocol(self) -> DhtProtocol:
-        return DhtProtocol(self.node, self.storage, self.config, self.guard)
+        return DhtProtocol(self.node, self.storage, self.config, self.guard, self.spawn)
 
     def refresh_table(self, interval: int = 3600) -> None:
         pass  # StationDht runs the refresh on its own period (and cancels it on stop)
@@ -160,6 +169,7 @@ class StationDht:
         hosts: Sequence[str],
         config: DhtConfig | None = None,
         clock: Callable[[], int] = now_ms,
+        spawn: Spawner | None = None,
     ) -> None:
         self.identity = identity
         self.quic_port = quic_port
@@ -170,8 +180,10 @@ class StationDht:
             self.config.limits, clock, VerifiedRecords(self.config.verified_cache)
         )
         self.guard = DhtGuard(os.urandom(32), self.config.guard, endpoints=self._endpoint_addresses)
-        self._server = _Server(self.config, dht_id(identity.node_id), self.storage, self.guard)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._scope = TaskScope(spawn)
+        self._server = _Server(
+            self.config, dht_id(identity.node_id), self.storage, self.guard, self._scope.spawn
+        )
         self.port = 0
         # stations() learned: node id -> (address, when to look it up again, expires_at)
         self._addresses: dict[bytes, tuple[StationAddress, int, int]] = {}
@@ -201,10 +213,7 @@ class StationDht:
         return self.port
 
     async def stop(self) -> None:
-        tasks, self._tasks = list(self._tasks), set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._scope.aclose()
         self._server.stop()
         protocol = self._server.protocol
         if protocol is not None:  # pending calls end as "no reply" now, not at their timeout
@@ -225,8 +234,7 @@ class StationDht:
                     log.exception("DHT %s failed", getattr(work, "__name__", "work"))
                 await asyncio.sleep(period_s)
 
-        task = asyncio.get_running_loop().create_task(loop())
-        self._tasks.add(task)
+        self._scope.spawn(loop())
 
     # -- linked stations (told by the QUIC link layer) ------------------------------------------
 

@@ -38,6 +38,7 @@ import umsgpack
 from kademlia.node import Node
 from kademlia.protocol import KademliaProtocol
 
+from macula.task_scope import Spawner, TaskScope
 from macula.wire.records import Record
 from relay.federation.dht_checks import (
     is_challenge,
@@ -67,7 +68,12 @@ class DhtProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no 
     storage: RecordShelf
 
     def __init__(
-        self, source_node: Node, storage: RecordShelf, config: DhtConfig, guard: DhtGuard
+        self,
+        source_node: Node,
+        storage: RecordShelf,
+        config: DhtConfig,
+        guard: DhtGuard,
+        spawn: Spawner | None = None,
     ) -> None:
         super().__init__(source_node, storage, config.ksize)
         self._wait_timeout = config.rpc_timeout_s
@@ -76,7 +82,7 @@ class DhtProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no 
         self.guard = guard
         self._misses: OrderedDict[bytes, int] = OrderedDict()  # consecutive, by node id
         self._welcomed: OrderedDict[bytes, None] = OrderedDict()
-        self._pushes: set[asyncio.Task[Any]] = set()
+        self._pushes = TaskScope(spawn)  # records pushed to newcomers (the station's group)
         self._tokens: OrderedDict[Address, tuple[bytes, int]] = OrderedDict()  # token, got at
         self._asked: dict[bytes, Address] = {}  # msg id -> the address it was sent to
 
@@ -121,9 +127,7 @@ class DhtProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no 
                     return
                 budget -= 1
                 self.stats["welcome_pushed"] += 1
-                task = asyncio.ensure_future(self.call_store(node, dkey, batch))
-                self._pushes.add(task)
-                task.add_done_callback(self._pushes.discard)
+                self._pushes.spawn(self._push(node, dkey, batch))
 
     def handle_call_response(self, result: Any, node: Node) -> Any:
         if result[0]:
@@ -341,6 +345,10 @@ class DhtProtocol(KademliaProtocol):  # type: ignore[misc]  # kademlia ships no 
         address = (node_to_ask.ip, node_to_ask.port)
         result = await self._call(address, "find_more", self.source_node.id, key, skip)
         return self._answered(result, is_page, node_to_ask)
+
+    async def _push(self, node: Node, key: bytes, batch: bytes) -> None:
+        """One batch pushed to a newcomer, as a task of the station's group."""
+        await self.call_store(node, key, batch)
 
     async def call_store(self, node_to_ask: Node, key: bytes, value: bytes) -> Any:
         address = (node_to_ask.ip, node_to_ask.port)

@@ -11,6 +11,8 @@ station; a discovered target that discovery no longer names is dropped while it 
 a remembered one likewise, but only once discovery has named another station (until then the
 DHT knows nobody, and the remembered stations are how this one finds the mesh again);
 after ``halt`` nothing new is dialled; ``stop`` cancels and awaits every task it started.
+Its tasks run through the injected ``spawn`` (the station's task group; a plain loop task when
+used on its own), kept in a ``macula.task_scope.TaskScope``.
 Time and sleep are injected (``clock``, ``sleep``, ``jitter``), so tests step them.
 """
 
@@ -24,6 +26,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from macula.task_scope import Spawner, TaskScope
 
 log = logging.getLogger("macula.relay")
 
@@ -97,6 +101,7 @@ class LinkManager:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
+        spawn: Spawner | None = None,
     ) -> None:
         self.own_id = own_id
         self._run_link = run_link
@@ -115,8 +120,8 @@ class LinkManager:
         self.targets: dict[bytes, LinkTarget] = {}
         self._pinned: set[bytes] = set()  # ``--peer`` entries: never dropped
         self._remembered: set[bytes] = set()  # kept until discovery names another station
-        self._tasks: dict[bytes, asyncio.Task[None]] = {}
-        self._discovery: asyncio.Task[None] | None = None
+        self._scope = TaskScope(spawn)
+        self._tasks: dict[bytes, asyncio.Task[None]] = {}  # one per target, in the scope
         self.halted = False
         self.attempts = 0  # dials started, in all
 
@@ -128,7 +133,7 @@ class LinkManager:
             if self._add(target):
                 self._remembered.add(target.node_id)
         if self._discover is not None:
-            self._discovery = asyncio.get_running_loop().create_task(self._discovering())
+            self._scope.spawn(self._discovering())
 
     def halt(self) -> None:
         """From now on nothing is dialled (the station is stopping)."""
@@ -136,12 +141,8 @@ class LinkManager:
 
     async def stop(self) -> None:
         self.halt()
-        tasks = [t for t in [self._discovery, *self._tasks.values()] if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._scope.aclose()
         self._tasks.clear()
-        self._discovery = None
 
     def _add(self, target: LinkTarget) -> bool:
         node_id = target.node_id
@@ -150,8 +151,10 @@ class LinkManager:
         if len(self._tasks) >= self.max_links:
             log.warning("not linking %s: already %d links (max_links)", target, self.max_links)
             return False
+        task = self._scope.spawn(self._keep(target))
+        if task is None:  # the station is stopping
+            return False
         self.targets[node_id] = target
-        task = asyncio.get_running_loop().create_task(self._keep(target))
         self._tasks[node_id] = task
         task.add_done_callback(functools.partial(self._finished, node_id))
         return True

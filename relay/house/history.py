@@ -12,7 +12,9 @@ Invariants:
   ``max_pending``; beyond that it counts ``dropped_pending``) and starts a writer task if none
   runs; ``write_pending`` stores the queue in one transaction, run by that task and by every
   fetch first, so a fetch sees every PUBLISH the station handled before it; ``close`` stores
-  what is left.
+  what is left. The writer runs through the injected ``spawn`` (the station's task group); a
+  writer cancelled mid-write (the station stopping) puts its batch back (the transaction rolled
+  back; a repeat is ignored), so ``close`` still stores it: nothing queued is lost.
 - Every kept event gets an ``id`` from one AUTOINCREMENT sequence: ids never repeat, even after
   deletions or a restart; a reader pages by ``after_id``.
 - Bounded (``HistoryBounds``): per topic at most ``max_per_room`` events, in all at most
@@ -38,6 +40,7 @@ from typing import Any, ClassVar, Final
 from macula.agent.envelope import is_envelope_topic
 from macula.house import HISTORY_FETCH
 from macula.store.base import DAY_MS, Migration, Row, SqliteStore, execute
+from macula.task_scope import Spawner, TaskScope
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import ProtocolError
@@ -333,6 +336,7 @@ class HistoryService:
         fetch_rate: float = DEFAULT_FETCH_RATE,
         max_reply_bytes: int = MAX_REPLY_BYTES,
         clock: Callable[[], int] | None = None,
+        spawn: Spawner | None = None,
     ) -> None:
         self.store = store
         self.bounds = bounds or HistoryBounds()
@@ -341,6 +345,7 @@ class HistoryService:
         self.stats: Counter[str] = Counter()
         self._clock = clock
         self._pending: list[Kept] = []
+        self._scope = TaskScope(spawn)
         self._writer: asyncio.Task[None] | None = None  # stores the queue, then ends
         self._writing = asyncio.Lock()
         self._handlers = {HISTORY_FETCH: self._fetch}
@@ -362,7 +367,7 @@ class HistoryService:
             return
         self._pending.append(kept)
         if self._writer is None or self._writer.done():
-            self._writer = asyncio.get_running_loop().create_task(self._drain())
+            self._writer = self._scope.spawn(self._drain())  # None: stopping, close stores it
 
     async def write_pending(self, now_ms: int | None = None) -> int:
         """Store what ``note`` queued; how many were new."""
@@ -373,6 +378,9 @@ class HistoryService:
             now = now_ms if now_ms is not None else max(k.received_ms for k in batch)
             try:
                 stored = await self.store.keep(batch, self.bounds, now)
+            except asyncio.CancelledError:
+                self._pending[:0] = batch  # rolled back: stored by the next write (close)
+                raise
             except Exception:
                 self.stats["write_failed"] += len(batch)
                 raise
@@ -391,7 +399,8 @@ class HistoryService:
         """Store what is still queued (the store itself is closed by its owner)."""
         writer, self._writer = self._writer, None
         if writer is not None and not writer.done():
-            await writer
+            await asyncio.wait([writer])  # finished, or cancelled by the station's stop
+        await self._scope.aclose()  # nothing more is spawned
         await self.write_pending()
 
     # -- fetching ----------------------------------------------------------------------------

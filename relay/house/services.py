@@ -32,6 +32,7 @@ from macula.house import (
     MEMORY_PROCEDURES,
     STATION_DIRECTORY_PROCEDURES,
 )
+from macula.task_scope import Spawner
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Publish
 from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, Identity
@@ -122,6 +123,7 @@ class HouseServices:
         self.mesh_agents: MeshAgentList | None = None
         self._ask_linked: AskLinked | None = None
         self.history: HistoryService | None = None
+        self._spawn: Spawner | None = None  # the station's task group (the history writer)
 
     @classmethod
     async def open(
@@ -133,10 +135,12 @@ class HouseServices:
         port: int,
         *,
         ask_linked: AskLinked | None = None,
+        spawn: Spawner | None = None,
     ) -> HouseServices:
         """The services ``config`` turns on; ``ask_linked`` (the linked stations) makes the
         directories mesh-wide (unless ``config.mesh_fanout`` is 0)."""
         house = cls()
+        house._spawn = spawn
         if config.mesh_fanout > 0:
             house._ask_linked = ask_linked
         try:
@@ -194,7 +198,7 @@ class HouseServices:
     async def _open_history(self, config: HouseConfig, data_dir: Path) -> None:
         store = await HistoryStore.open(data_dir / "history.sqlite3")
         self._closers.append(store.close)
-        self.history = HistoryService(store, config.history_bounds)
+        self.history = HistoryService(store, config.history_bounds, spawn=self._spawn)
         self._closers.append(self.history.close)
         self._serve(HISTORY_PROCEDURES, self.history.handle)
 

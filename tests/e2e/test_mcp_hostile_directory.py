@@ -88,7 +88,7 @@ async def test_roots_a_model_could_be_tricked_into_are_refused_structured(
             ("/dev/zero", "not a directory"),
             ("/dev", "pseudo-filesystem"),
             ("/proc/self", "pseudo-filesystem"),
-            ("/" + "x" * 5000, "name too long"),
+            ("/" + "x" * 5000, "at most 4096 characters"),  # its listed maxLength (PATH_MAX)
             (f"{tree}/" + "y" * 300, "name too long"),
         ):
             error = await tools.bad("mesh_remember_directory", directory=directory)

@@ -80,7 +80,7 @@ def count_stores(dht: StationDht) -> list[Any]:
 
 async def quiet(dht: StationDht) -> None:
     """Its own loops (publishing, replication) stopped: only what the test asks for runs."""
-    tasks, dht._tasks = list(dht._tasks), set()
+    tasks = list(dht._scope.tasks())  # the scope stays open: pushes the test causes still run
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -407,7 +407,7 @@ async def test_public_rooms_participants_and_observing(station: Station, tmp_pat
 async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_path: Path) -> None:
     async with mcp_agent(station, tmp_path, "alice") as alice:
         me = (await call(alice, "mesh_hello"))["node_id"]
-        # a value outside its schema (type, range) is refused at the argument boundary
+        # a value outside its schema (type, range, length) is refused at the argument boundary
         # (tools.tool_arguments) before a tool's own checks run: only those problems are listed
         cases: list[tuple[str, dict[str, Any], str, int]] = [
             ("mesh_hello", {"operator_name": "x" * 281, "model": "y" * 281}, "invalid_argument", 2),
@@ -417,7 +417,7 @@ async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_pa
                 "mesh_open_room",
                 {"public": 2, "purpose": "p" * 281, "wait_join_seconds": 4000},
                 "invalid_argument",
-                2,
+                3,
             ),
             ("mesh_open_room", {"participants": ["no_such_agent", "abc123"]}, "unknown_agent", 2),
             ("mesh_open_room", {"participants": [me]}, "invalid_argument", 1),
@@ -442,18 +442,24 @@ async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_pa
             ("mesh_wait_room", {"room_topic": UNJOINED_ROOM, "wait_seconds": 1}, "refused", 0),
             ("mesh_observe_lobby", {"max_rooms": 0}, "invalid_argument", 1),
             ("mesh_lobby_transcript", {"limit": 0, "topic": "bogus"}, "invalid_argument", 1),
-            ("mesh_unobserve_lobby", {"idempotency_key": "k" * 121}, "invalid_argument", 0),
+            ("mesh_unobserve_lobby", {"idempotency_key": "k" * 121}, "invalid_argument", 1),
             (
                 "mesh_ring",
                 {"to": " ", "purpose": "p" * 281, "room_topic": "bad", "wait_join_seconds": -1},
                 "invalid_argument",
-                1,
+                2,
             ),
             (
                 "mesh_ring",
                 {"to": " ", "purpose": "p" * 281, "room_topic": "bad"},
                 "invalid_argument",
-                3,
+                1,
+            ),
+            (  # within the schema: the tool's own checks, every problem listed
+                "mesh_ring",
+                {"to": " ", "purpose": "p", "room_topic": "bad"},
+                "invalid_argument",
+                2,
             ),
             ("mesh_ring", {"to": me, "purpose": "talk to myself"}, "refused", 0),
             ("mesh_ring", {"to": me, "purpose": "x", "room_topic": UNJOINED_ROOM}, "refused", 0),
@@ -461,13 +467,19 @@ async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_pa
                 "mesh_answer_ring",
                 {"ring_id": "no such!", "answer": 3, "reason": "r" * 281},
                 "invalid_argument",
-                1,
+                2,
             ),
             (
                 "mesh_answer_ring",
                 {"ring_id": "no such!", "answer": 1, "reason": "r" * 281},
                 "invalid_argument",
-                2,
+                1,
+            ),
+            (
+                "mesh_answer_ring",
+                {"ring_id": "no such!", "answer": 1, "reason": "r"},
+                "invalid_argument",
+                1,
             ),
             ("mesh_answer_ring", {"ring_id": "abc", "answer": 1}, "refused", 0),
             ("mesh_wait_ring", {"wait_seconds": 3601}, "invalid_argument", 1),

@@ -17,9 +17,11 @@ from tools.tool_schema import SHARED, TERSE_KEPT, compact
 pytestmark = pytest.mark.anyio
 
 # bytes of JSON, as scripts/mcp_surface.py measures them; 30,000 until the five kept-loaded
-# tools carried their `_meta` (~190 bytes, tools/tool_search.py) and every integer its range
-FULL_BUDGET = 30_250
-TERSE_BUDGET = 20_000
+# tools carried their `_meta` (~190 bytes, tools/tool_search.py) and every integer its range;
+# 30,250 / 20,000 until every text parameter carried its maxLength (~95 of them, ~1.5 KB;
+# tools/text_limits.py), the "<= 280 chars" they replace dropped from the descriptions
+FULL_BUDGET = 31_750
+TERSE_BUDGET = 21_000
 
 # tool -> phrases (lowercase) its description or parameter descriptions must keep, full and terse
 CAVEATS: dict[str, tuple[str, ...]] = {
@@ -145,7 +147,7 @@ async def test_schemas_are_compact_and_keep_types_defaults_and_required() -> Non
             assert "type" not in spec or spec.get("default", 0) is not None, tool["name"]
     serve = next(t for t in await listed(False) if t["name"] == "mesh_serve")["input_schema"]
     assert serve["required"] == ["name", "exec"]
-    assert serve["properties"]["realm"] == {"type": "string"}
+    assert serve["properties"]["realm"] == {"type": "string", "maxLength": 128}
     assert serve["properties"]["rate_per_minute"]["default"] == 60
 
 

@@ -248,3 +248,10 @@ def test_bench_content_cpu_and_backend_cpu_print_one_json_line_each() -> None:
         ran("backend-cpu", "--messages", "50", "--content-mib", "0.25", quick=False)
     )
     assert backend["pubsub"]["messages"] == 50 and backend["content"]["cpu_ms_per_mib"] > 0
+
+
+def test_bench_mesh_times_three_stations_linking() -> None:
+    out = ran("mesh", "--runs", "1", quick=False)
+    assert re.search(
+        r"^mesh: three stations linked pairwise after start in p50 [\d.]+ s", out, re.M
+    )

@@ -1,0 +1,67 @@
+"""Every text parameter of every MCP tool is listed with its ``maxLength``, every integer with
+its range (``tools.text_limits``, ``tools.tool_schema``), and the limits are the ones enforced:
+the station's own (relay/house) and the task limits the environment sets."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from relay.house import memory as house_memory
+from relay.house import stations as house_stations
+from tools import text_limits
+from tools.server import build_server
+
+
+def listed(env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    tools = asyncio.run(build_server(env).list_tools())
+    return {tool.name: tool.input_schema for tool in tools}
+
+
+def arms(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(spec.get("anyOf", [spec]))
+
+
+def test_every_string_has_a_max_length_and_every_integer_a_range() -> None:
+    strings = integers = 0
+    for tool, schema in listed({"MACULA_HOME": "/nonexistent"}).items():
+        for name, spec in schema["properties"].items():
+            kinds = {arm.get("type") for arm in arms(spec)}
+            json_value = {"array", "object"} <= kinds  # any JSON value: bounded in bytes inside
+            for arm in arms(spec):
+                if arm.get("type") == "string":
+                    assert isinstance(arm.get("maxLength"), int), (tool, name, spec)
+                    assert arm["maxLength"] > 0, (tool, name)
+                    strings += 1
+                if arm.get("type") == "integer" and not json_value:
+                    bounded = "enum" in arm or (
+                        ("minimum" in arm or "exclusiveMinimum" in arm) and "maximum" in arm
+                    )
+                    assert bounded, (tool, name, spec)
+                    integers += 1
+    assert strings >= 90 and integers >= 20, (strings, integers)
+
+
+def test_the_listed_lengths_are_the_enforced_ones() -> None:
+    schemas = listed({"MACULA_HOME": "/nonexistent"})
+    assert schemas["mesh_publish"]["properties"]["topic"]["maxLength"] == 256
+    assert schemas["mesh_call"]["properties"]["idempotency_key"]["maxLength"] == 120
+    assert schemas["mesh_say"]["properties"]["room_topic"]["maxLength"] == len(
+        "agents.room." + "0" * 32
+    )
+    assert schemas["mesh_put"]["properties"]["content"]["maxLength"] == 5_592_408
+    record_type = schemas["mesh_find_records_by_type"]["properties"]["record_type"]
+    [integer] = [arm for arm in record_type["anyOf"] if arm["type"] == "integer"]
+    assert (integer["minimum"], integer["maximum"]) == (1, 255)
+    # the station's limits (tools/ may not import relay/: the numbers are kept in step here)
+    assert text_limits.STATION_LABEL_CHARS == house_memory.MAX_LABEL_CHARS
+    assert text_limits.STATION_QUERY_BYTES == house_memory.MAX_QUERY_BYTES
+    assert text_limits.STATION_PLACE_CHARS == house_stations.MAX_PLACE_CHARS
+
+
+def test_task_limits_follow_the_environment() -> None:
+    env = {"MACULA_HOME": "/nonexistent", "MACULA_MCP_TASKS_MAX_TITLE_CHARS": "50"}
+    send = listed(env)["mesh_task_send"]["properties"]
+    assert send["title"]["maxLength"] == 50
+    [text] = [arm for arm in send["input"]["anyOf"] if arm["type"] == "string"]
+    assert text["maxLength"] == 16 * 1024
