@@ -19,9 +19,11 @@ pytestmark = pytest.mark.anyio
 # bytes of JSON, as scripts/mcp_surface.py measures them; 30,000 until the five kept-loaded
 # tools carried their `_meta` (~190 bytes, tools/tool_search.py) and every integer its range;
 # 30,250 / 20,000 until every text parameter carried its maxLength (~95 of them, ~1.5 KB;
-# tools/text_limits.py), the "<= 280 chars" they replace dropped from the descriptions
-FULL_BUDGET = 31_750
-TERSE_BUDGET = 21_000
+# tools/text_limits.py), the "<= 280 chars" they replace dropped from the descriptions;
+# 31,750 / 21,000 until mesh_ring gained wait_answer_seconds and mesh_read_inbox named
+# from_person (the console's person mark): 31,900 / 21,033 measured then
+FULL_BUDGET = 32_000
+TERSE_BUDGET = 21_100
 
 # tool -> phrases (lowercase) its description or parameter descriptions must keep, full and terse
 CAVEATS: dict[str, tuple[str, ...]] = {
