@@ -1,17 +1,17 @@
 """CALLs forwarded to the node that advertised the procedure (PROTOCOL.md §6.2), sans-I/O.
 
 ``RouterCore`` owns it and hands it only CALLs and RESULT/ERROR frames admitted (verified, or on
-a bound connection, whose node id they claim: issue 27). Invariants: one from a bound
-connection is verified before it goes onto a link (``relay.bound_claims``); a CALL is forwarded verbatim, only to a CONNECTED advertiser
-(a local client first, else a linked station that gossiped it: ``AdvertGossip.serving``), and
-only while no CALL with the same ``call_id`` is pending; a CALL that came from a station peer
-goes only to a local client (one hop across the mesh, else 0x01); a reply is accepted only
-from the connection the CALL went to and only signed by that node (§13 #3) — over a link, by
-whichever node answered behind it (the frame is verified against its own signer); every
-pending call ends exactly once — replied, expired (0x07 at the caller's deadline, 0x0F at the
-end of the forwarding slot), failed with 0x01 when its provider (or link) goes, or dropped
-when its caller goes. The station's own CALLs (caller ``ORIGIN``) end the same ways, each as
-one ``StationReplied``.
+a bound connection, whose node id they claim: issue 27). Invariants: one from a bound connection
+is verified before it goes onto a link (``relay.bound_claims``); a CALL is forwarded verbatim,
+only to a CONNECTED advertiser (a local client first, else a linked station that gossiped it:
+``AdvertGossip.serving``), and only while no CALL with the same ``call_id`` is pending; a CALL
+that came from a station peer goes only to a local client (one hop across the mesh, else 0x01);
+a reply is accepted only from the connection the CALL went to and only signed by that node (§13
+#3) — over a link, by whichever node answered behind it (the frame is verified against its own
+signer); every pending call ends exactly once — replied, expired (0x07 at the caller's deadline,
+0x0F at the end of the forwarding slot), failed with 0x01 when its provider (or link) goes, or
+dropped when its caller goes. The station's own CALLs (caller ``ORIGIN``) end the same ways,
+each as one ``StationReplied``.
 """
 
 from __future__ import annotations

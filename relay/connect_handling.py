@@ -5,10 +5,10 @@ the actions (the core's one convention). Rules:
 - the first stream a peer sends on is its control stream; data on another before CONNECT closes
   the connection; a frame before CONNECT is a counted drop; a malformed CONNECT closes it;
 - a verified CONNECT is refused in-band (HELLO ``"false"`` + §9 code, then closed) by admission
-  (signature, replay, clock), a ``bound_to`` naming another station (issue 27: a client's CONNECT
-  bound to this station binds its connection, ``Peer.bound``), who may connect at all (``--admission``, ``ConnectRule``), a
-  station shutting down (retryable, so a reconnecting client never believes it is in) or a
-  second inbound link of one station;
+  (signature, replay, clock), a ``bound_to`` naming another station (issue 27: a client's
+  CONNECT bound to this station binds its connection, ``Peer.bound``), who may connect at all
+  (``--admission``, ``ConnectRule``), a station shutting down (retryable, so a reconnecting
+  client never believes it is in) or a second inbound link of one station;
 - a station peer gets HELLO with this station's DHT port (and endorsements) and its link comes
   up (``LinkHandshake.link_up``); a client's CONNECT endorsements are vouched to the links
   before its HELLO, and the newest connection of a node id wins: the older gets GOODBYE

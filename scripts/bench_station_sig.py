@@ -206,9 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 report(args, frames, subs, station_peer=station_peer, bound=bound)
 
 
-def report(
-    args: Any, frames: list[bytes], subs: int, *, station_peer: bool, bound: bool
-) -> None:
+def report(args: Any, frames: list[bytes], subs: int, *, station_peer: bool, bound: bool) -> None:
     """One line: the best of ``args.rounds`` runs of one case."""
     best = min(
         (

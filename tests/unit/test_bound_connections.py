@@ -41,7 +41,7 @@ from test_router_core import (
 
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import CAP_STATION, Call, Connect, Event, Hello, Result
-from macula.wire.identity import Identity, puzzle_evidence
+from macula.wire.identity import Identity
 from relay.actions import Send
 from relay.core import RouterCore
 
