@@ -477,7 +477,8 @@ class ClientCore:
             return
         expected = self.pinned or hello.node_id
         # TLS already proved the pinned key: only the id is compared (issue 27)
-        if hello.node_id != expected or not (self.tls_pinned or hello.verifies(expected)):
+        proven = self.tls_pinned and self.pinned is not None
+        if hello.node_id != expected or not (proven or hello.verifies(expected)):
             error = HandshakeError(f"HELLO does not verify against {expected.hex()}")
             out += self._end("station could not prove its key", terminal=False, failure=error)
             return

@@ -6,8 +6,8 @@ replay window. Invariants: an admitted frame is well-formed, names no topic or p
 longer than ``max_name_bytes`` of UTF-8 (realms are exactly 32 bytes by the wire), verifies
 against its expected signer (else the connection's node id) — on a connection bound to this
 station (issue 27) names the connection's node id as that signer instead, unverified — and
-was not seen before; a
-rejected CALL always names its ``call_id`` so the router can answer it; the replay cache
+was not seen before; a rejected CALL always names its ``call_id`` so the router can answer it;
+the replay cache
 holds, per node, only ids that could still pass the skew check, and nothing for a node that
 has neither ids nor a connection.
 A link to a peer station carries frames signed by many clients, interleaved and out of

@@ -19,7 +19,8 @@ from stationmesh import Clock
 from test_client_pair import ALICE, BOB, REALM, STATION, Link, established
 
 from macula.client_core import ClientCore
-from macula.client_events import EventArrived, Transmit
+from macula.client_events import EventArrived, HandshakeFailed, Transmit
+from macula.wire.frames import Hello, new_frame_id
 from macula.wire.framing import FrameDecoder
 
 
@@ -113,3 +114,19 @@ def test_a_delivery_costs_one_verify_end_to_end(verifies: Verifies) -> None:
         link.client_did(alice, alice.core.publish(REALM, "news", "hi", 1, link.clock.now))
     assert [o.authenticated for o in bob.take(EventArrived)] == [True]
     assert verifies.n == 1  # bob's publisher_sig, nothing at the station
+
+
+def test_tls_pinned_without_a_pinned_key_still_verifies_the_hello() -> None:
+    """``tls_pinned`` means TLS proved *the pinned* key: with none pinned it proves nothing."""
+    core = ClientCore(ALICE, random.Random(1).randbytes, tls_pinned=True)
+    core.connect(1_767_225_600_000)
+    hello = Hello(
+        frame_id=new_frame_id(1_767_225_600_000, bytes(10)),
+        sent_at_ms=1_767_225_600_000,
+        node_id=STATION.node_id,
+        station_id=STATION.node_id,
+        accepted=True,
+        negotiated_capabilities=0,
+    ).signed_by(BOB)  # not the key it names
+    out = core.frames_received(0, [hello.to_map()], 1_767_225_600_000)
+    assert [type(o) for o in out if isinstance(o, HandshakeFailed)] == [HandshakeFailed]
