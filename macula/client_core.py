@@ -10,8 +10,10 @@ Invariants:
   its own ``node_id`` when nothing is pinned) counts; ``accepted`` false is a ``HandshakeFailed``
   carrying the refusal code. Control frames before an accepted HELLO are ignored.
 - every frame that names a signer is verified before it touches any state (§4.3); a station-signed
-  frame needs no check when TLS already proved the station key (``tls_pinned``). EVENTs carrying a
-  ``publisher_sig`` must verify end to end. Failures are counted in ``dropped``, never raised.
+  frame (HELLO, EVENT, PONG, a built-in's RESULT/ERROR) needs no check when TLS already proved
+  the station key (``tls_pinned``). EVENTs carrying a ``publisher_sig`` must verify end to end.
+  Failures are counted in ``dropped``, never raised. The CONNECT names the pinned station
+  (``bound_to``, issue 27), so that station checks our frames' claims by id, not by signature.
 - a CALL gets a ``call_id`` from ``random_bytes`` and a deadline; exactly one ``CallSettled``
   per call: its RESULT/ERROR (only on the stream it was sent on), ``tick`` past the deadline
   (``CallTimeout``), or the end of the connection (``BrokenError``/``ClosedError``).
@@ -132,6 +134,7 @@ class ClientCore:
             node_id=self.identity.node_id,
             station_id=self.identity.node_id,
             puzzle_evidence=self.identity.puzzle_evidence,
+            bound_to=self.pinned,  # the station we dial, when we know it (issue 27)
         )
         return [Transmit(self.control, frame.sign_and_encode(self.identity))]
 
@@ -473,7 +476,9 @@ class ClientCore:
             self.dropped["unexpected_hello"] += 1
             return
         expected = self.pinned or hello.node_id
-        if hello.node_id != expected or not hello.verifies(expected):
+        # TLS already proved the pinned key: only the id is compared (issue 27)
+        proven = self.tls_pinned and self.pinned is not None
+        if hello.node_id != expected or not (proven or hello.verifies(expected)):
             error = HandshakeError(f"HELLO does not verify against {expected.hex()}")
             out += self._end("station could not prove its key", terminal=False, failure=error)
             return
@@ -493,7 +498,7 @@ class ClientCore:
         station's key: nothing but the station can have sent it on this connection. Relayed
         frames name their signer and are always verified end to end."""
         signer = frame.expected_signer()
-        if signer is None and self.tls_pinned:
+        if self.tls_pinned and signer in (None, self.station_key):  # a built-in's RESULT too
             return True
         key = signer or self.station_key
         if key and frame.verifies(key):

@@ -4,8 +4,10 @@ Every frame is parsed and its signature verified before it may touch any router 
 its ``sent_at_ms``/``frame_id`` are checked against the clock skew bound and the per-node
 replay window. Invariants: an admitted frame is well-formed, names no topic or procedure
 longer than ``max_name_bytes`` of UTF-8 (realms are exactly 32 bytes by the wire), verifies
-against its expected signer (else the connection's node id) and was not seen before; a
-rejected CALL always names its ``call_id`` so the router can answer it; the replay cache
+against its expected signer (else the connection's node id) — on a connection bound to this
+station (issue 27) names the connection's node id as that signer instead, unverified — and
+was not seen before; a rejected CALL always names its ``call_id`` so the router can answer it;
+the replay cache
 holds, per node, only ids that could still pass the skew check, and nothing for a node that
 has neither ids nor a connection.
 A link to a peer station carries frames signed by many clients, interleaved and out of
@@ -83,6 +85,16 @@ def _received_signable(frame: Frame, frame_map: dict[str, Any]) -> tuple[bytes |
     return None, frame.signable_bytes()
 
 
+def _foreign_signer(frame: Frame) -> Rejected:
+    """A frame on a bound connection claiming a signer that is not the connection: refused
+    without a verify (a CALL answered 0x0E, as an unverifiable one)."""
+    why = f"{frame.FRAME_TYPE}: claims another signer than this bound connection"
+    if isinstance(frame, Call):
+        detail = b"signer is not this connection"
+        return Rejected("foreign_signer", why, frame.call_id, ErrorCode.SIGNATURE_INVALID, detail)
+    return Rejected("foreign_signer", why)
+
+
 class LinkReplayWindow:
     """Frame ids seen on one station link, with a replay floor per signer (see the top)."""
 
@@ -144,9 +156,17 @@ class FrameAdmission:
         return verdict if isinstance(verdict, Rejected) else verdict.frame
 
     def admit_received(
-        self, frame_map: dict[str, Any], node_id: bytes, now_ms: int, *, station: bool = False
+        self,
+        frame_map: dict[str, Any],
+        node_id: bytes,
+        now_ms: int,
+        *,
+        station: bool = False,
+        bound: bool = False,
     ) -> Admitted | Rejected:
-        """``admit``, and the received body when it is canonical (``Admitted.body``)."""
+        """``admit``, and the received body when it is canonical (``Admitted.body``). On a
+        ``bound`` connection (issue 27) the claimed signer is compared, not verified: the
+        connection's own frames pass without a verify, any other signer is refused."""
         try:
             frame = parse_frame(frame_map)
         except UnknownFrameType:
@@ -169,7 +189,9 @@ class FrameAdmission:
             return Rejected("name_too_long", why)
         signer = frame.expected_signer() or node_id
         body, signable = _received_signable(frame, frame_map)
-        if not verify(signer, signable, frame.signature):  # over the bytes received
+        if bound and signer != node_id:
+            return _foreign_signer(frame)
+        if not bound and not verify(signer, signable, frame.signature):  # the bytes received
             problem = "signature does not verify"
         elif not (
             self.fresh_on_link(frame, now_ms, node_id, signer)

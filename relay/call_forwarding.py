@@ -1,16 +1,17 @@
 """CALLs forwarded to the node that advertised the procedure (PROTOCOL.md §6.2), sans-I/O.
 
-``RouterCore`` owns it and hands it only verified CALLs that passed its checks, and verified
-RESULT/ERROR frames. Invariants: a CALL is forwarded verbatim, only to a CONNECTED advertiser
-(a local client first, else a linked station that gossiped it: ``AdvertGossip.serving``), and
-only while no CALL with the same ``call_id`` is pending; a CALL that came from a station peer
-goes only to a local client (one hop across the mesh, else 0x01); a reply is accepted only
-from the connection the CALL went to and only signed by that node (§13 #3) — over a link, by
-whichever node answered behind it (the frame is verified against its own signer); every
-pending call ends exactly once — replied, expired (0x07 at the caller's deadline, 0x0F at the
-end of the forwarding slot), failed with 0x01 when its provider (or link) goes, or dropped
-when its caller goes. The station's own CALLs (caller ``ORIGIN``) end the same ways, each as
-one ``StationReplied``.
+``RouterCore`` owns it and hands it only CALLs and RESULT/ERROR frames admitted (verified, or on
+a bound connection, whose node id they claim: issue 27). Invariants: one from a bound connection
+is verified before it goes onto a link (``relay.bound_claims``); a CALL is forwarded verbatim,
+only to a CONNECTED advertiser (a local client first, else a linked station that gossiped it:
+``AdvertGossip.serving``), and only while no CALL with the same ``call_id`` is pending; a CALL
+that came from a station peer goes only to a local client (one hop across the mesh, else 0x01);
+a reply is accepted only from the connection the CALL went to and only signed by that node (§13
+#3) — over a link, by whichever node answered behind it (the frame is verified against its own
+signer); every pending call ends exactly once — replied, expired (0x07 at the caller's deadline,
+0x0F at the end of the forwarding slot), failed with 0x01 when its provider (or link) goes, or
+dropped when its caller goes. The station's own CALLs (caller ``ORIGIN``) end the same ways,
+each as one ``StationReplied``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Call, Error, Result
 from relay.actions import Action, Send, StationReplied
+from relay.bound_claims import crossing_verified
 from relay.federation.gossip import AdvertGossip
 from relay.peers import Peer, PeerState
 from relay.pending import ORIGIN, Pending, PendingCalls
@@ -60,6 +62,10 @@ class CallForwarder:
         if call.call_id in self.pending:
             detail = b"bad_request: this call_id is already in flight"
             code = ErrorCode.UNKNOWN_ERROR
+            return [self._frames.error(peer.conn, stream, call.call_id, code, detail, now_ms)]
+        if provider.is_station and not crossing_verified(peer, call, body):
+            self._drop(peer, "unverified_frame", "call: signature does not verify")
+            code, detail = ErrorCode.SIGNATURE_INVALID, b"signature does not verify"
             return [self._frames.error(peer.conn, stream, call.call_id, code, detail, now_ms)]
         slot_end = now_ms + self._forward_slot_ms
         self.pending.add(
@@ -113,12 +119,15 @@ class CallForwarder:
         ):
             self._drop(peer, "unexpected_reply", "reply to a call not forwarded to this connection")
             return []
+        caller = self._peers.get(pending.caller_conn)
+        if caller is not None and caller.is_station and not crossing_verified(peer, reply, body):
+            self._drop(peer, "unverified_frame", f"{reply.FRAME_TYPE}: signature does not verify")
+            return []  # the call stays pending: a good reply, or its deadline, ends it
         self.pending.pop(reply.call_id)
         if pending.caller_conn == ORIGIN:
             if isinstance(reply, Result):
                 return [StationReplied(reply.call_id, True, reply.payload)]
             return [StationReplied(reply.call_id, False, reply.detail_text, reply.code)]
-        caller = self._peers.get(pending.caller_conn)
         if caller is None:
             return []
         return [Send(caller.conn, pending.caller_stream, self._frames.relayed(reply, body))]

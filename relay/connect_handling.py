@@ -5,9 +5,10 @@ the actions (the core's one convention). Rules:
 - the first stream a peer sends on is its control stream; data on another before CONNECT closes
   the connection; a frame before CONNECT is a counted drop; a malformed CONNECT closes it;
 - a verified CONNECT is refused in-band (HELLO ``"false"`` + §9 code, then closed) by admission
-  (signature, replay, clock), who may connect at all (``--admission``, ``ConnectRule``), a
-  station shutting down (retryable, so a reconnecting client never believes it is in) or a
-  second inbound link of one station;
+  (signature, replay, clock), a ``bound_to`` naming another station (issue 27: a client's
+  CONNECT bound to this station binds its connection, ``Peer.bound``), who may connect at all
+  (``--admission``, ``ConnectRule``), a station shutting down (retryable, so a reconnecting
+  client never believes it is in) or a second inbound link of one station;
 - a station peer gets HELLO with this station's DHT port (and endorsements) and its link comes
   up (``LinkHandshake.link_up``); a client's CONNECT endorsements are vouched to the links
   before its HELLO, and the newest connection of a node id wins: the older gets GOODBYE
@@ -68,6 +69,7 @@ def handshake(
         return _refused(core, peer, stream, connect, refusal, now_ms)
     peer.node_id = connect.node_id
     peer.capabilities = connect.capabilities
+    peer.bound = connect.bound_to is not None and not peer.is_station  # a link: never
     peer.state = PeerState.CONNECTED
     core.stats["handshakes"] += 1
     if peer.is_station:
@@ -80,6 +82,10 @@ def _refusal(
 ) -> tuple[int, str] | None:
     """Why this CONNECT is refused (a §9 code and a reason), or None."""
     refusal = core.admission.connect_refusal(connect, now_ms)
+    if refusal is None and connect.bound_to not in (None, core.identity.node_id):
+        # meant for another station: a replay of what that station captured (issue 27)
+        core.stats["connects_bound_elsewhere"] += 1
+        refusal = (ErrorCode.SIGNATURE_INVALID, "CONNECT is bound to another station")
     if refusal is None:  # who may connect at all (relay.realm_admission)
         refusal = _connect_rule_refusal(core, peer, connect, now_ms)
     if refusal is None and core.stopping:

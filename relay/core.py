@@ -9,7 +9,9 @@ State lives in small tables (``StationSubscriptions``, ``AdvertTable``, ``Pendin
 - handshake (§5): the first CONNECT, verified against its ``node_id``, makes its stream the
   control stream; HELLO ``"true"`` or an in-band refusal (HELLO ``"false"`` + §9 code); the
   newest connection of a node id wins, the older gets GOODBYE ``replaced_by_newer_handshake``;
-- every frame after that is parsed and verified per §4.3 before it touches any state, and the
+- every frame after that is parsed and verified per §4.3 before it touches any state (on a
+  connection bound to this station, issue 27: its claimed signer compared with the connection's
+  node id instead, ``relay.admission``; verified before it crosses a link), and the
   §13 weaknesses an honest client cannot notice are closed: replayed frame ids and skewed clocks
   (#1), CALL/STREAM_OPEN ``caller`` must be the connection (#2), replies only from the
   connection a CALL was forwarded to (#3), foreign declarations refused (#5-#7, a bad
@@ -428,8 +430,10 @@ class RouterCore:
     def admit(self, peer: Peer, frame_map: dict[str, Any], now_ms: int) -> Admitted | Rejected:
         """Parse and verify a frame from ``peer`` before it touches any state (§4.3, §13 #1,
         #10); a ``Rejected`` one goes to ``refused``."""
-        station = peer.is_station
-        return self.admission.admit_received(frame_map, peer.node_id, now_ms, station=station)
+        station, bound = peer.is_station, peer.bound
+        return self.admission.admit_received(
+            frame_map, peer.node_id, now_ms, station=station, bound=bound
+        )
 
     def refused(self, peer: Peer, stream: int, verdict: Rejected, now_ms: int) -> list[Action]:
         """A frame ``admit`` rejected: counted; a CALL is answered on ``stream``."""

@@ -41,6 +41,9 @@ class Peer:
     content_streams: dict[int, int] = field(default_factory=dict)  # stream -> builtins running
     finished_content: set[int] = field(default_factory=set)
     ignored_streams: set[int] = field(default_factory=set)
+    # a client whose CONNECT named this station (``bound_to``, issue 27): a frame claiming its
+    # node id is admitted on the id comparison, one claiming another is refused (relay.admission)
+    bound: bool = False
     # --- station links (docs/federation.md) ---
     dialled: bool = False  # this station dialled it: HELLO from ``expected_node_id`` awaited
     expected_node_id: bytes = b""

@@ -1,6 +1,8 @@
 """Streaming RPC through the station (PROTOCOL.md §8): open a route, relay, tear it down.
 
-Sans-I/O like ``RouterCore``, which owns it and hands it only verified frames. Invariants: a
+Sans-I/O like ``RouterCore``, which owns it and hands it only admitted frames (verified, or on a
+bound connection, claiming its node id: issue 27; such a frame is verified before it goes onto a
+link, ``relay.bound_claims``). Invariants: a
 route exists only between two CONNECTED peers when it is opened; its provider is a local client
 advertiser, else (for a local caller only: one hop) a linked station that gossiped the
 procedure, whose leg is a stream the station opens on that link; a frame is relayed only if it
@@ -19,6 +21,7 @@ from typing import Any
 
 from macula.wire.frames import Frame, StreamData, StreamEnd, StreamError, StreamOpen, StreamReply
 from relay.actions import Action, EndStream, Send
+from relay.bound_claims import crossing_verified
 from relay.federation.gossip import AdvertGossip
 from relay.peers import Peer
 from relay.routes import Leg, Route, RouteTable
@@ -71,6 +74,10 @@ class StreamRelay:
         if provider is None:
             msg = b"procedure not advertised"
             return self.refuse(peer, stream, frame_map, b"unknown_next_peer", msg, now_ms)
+        if provider.is_station and not crossing_verified(peer, frame):
+            self._drop(peer, "unverified_frame", "stream_open: signature does not verify")
+            msg = b"signature does not verify"
+            return self.refuse(peer, stream, frame_map, b"signature_invalid", msg, now_ms)
         try:
             provider_stream = self._open_stream(provider.conn)
         except Exception as exc:  # the provider's connection cannot take a new stream
@@ -111,6 +118,9 @@ class StreamRelay:
                 other.conn, other.stream, None, frame.code, frame.message, now_ms, route.stream_id
             )
             return [error, *self.teardown(route, now_ms)]
+        if other.via_link and not crossing_verified(peer, frame):
+            self._drop(peer, "unverified_frame", f"{frame.FRAME_TYPE}: signature does not verify")
+            return []
         out: list[Action] = [Send(other.conn, other.stream, self._frames.relayed(frame))]
         if route.after_frame(leg, frame):
             out += self.teardown(route, now_ms)

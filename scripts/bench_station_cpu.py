@@ -2,9 +2,12 @@
 
 Drives the sans-I/O ``RouterCore`` with pre-built, pre-signed frames fed through
 ``FrameDecoder`` as the shell feeds them, and prints CPU µs (``process_time``) per operation:
-PUBLISH with 1 and 50 local subscribers, and one CALL forwarded plus its RESULT forwarded back.
-``--profile`` prints cProfile's top self-time functions instead. No sockets, no clock reads
-in the core. Run: ``uv run python scripts/bench.py station-cpu [--messages 2000] [--profile]``.
+PUBLISH with 1 and 50 local subscribers, and one CALL forwarded plus its RESULT forwarded back,
+for clients whose CONNECT names the station (``bound``, as our pinned client's: issue 27) and
+clients whose CONNECT does not (``--bound``); ``--count`` adds the Ed25519 signs and verifies
+per operation (a separate, uncounted run gives the µs). ``--profile`` prints cProfile's top
+self-time functions instead. No sockets, no clock reads in the core.
+Run: ``uv run python scripts/bench.py station-cpu [--messages 2000] [--profile] [--count]``.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import pstats
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from macula.wire.frames import Advertise, Call, Connect, Result, new_frame_id
 from macula.wire.identity import Identity, puzzle_evidence
@@ -24,7 +28,7 @@ from relay.policy import Quotas, StationPolicy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common
-from bench_station_sig import REALM, T0, load_frames, setup, wire_frames
+from bench_station_sig import REALM, T0, Counts, load_frames, setup, wire_frames
 
 PROCEDURE = "bench.echo"
 CALLER, PROVIDER = Identity(bytes([1]) * 32), Identity(bytes([2]) * 32)  # fixed: frames kept
@@ -45,9 +49,9 @@ def cached(name: str, build: Callable[[], list[bytes]]) -> list[bytes]:
     return frames
 
 
-def pubsub(subscribers: int, n: int) -> Callable[[], int]:
+def pubsub(subscribers: int, n: int, bound: bool = False) -> Callable[[], int]:
     frames = cached(f"publish-{n}", lambda: load_frames(None, n + 1, 128))
-    core, _, pub_conn = setup(subscribers, station_peer=False)
+    core, _, pub_conn = setup(subscribers, station_peer=False, bound=bound)
 
     def one(i: int) -> int:
         maps = wire_frames(frames[i])
@@ -64,7 +68,7 @@ def pubsub(subscribers: int, n: int) -> Callable[[], int]:
     return run
 
 
-def rpc(n: int) -> Callable[[], int]:
+def rpc(n: int, bound: bool = False) -> Callable[[], int]:
     quotas = Quotas(call_rate=1e9, call_burst=1e9, max_pending_calls=10**6)
     core = RouterCore(
         Identity(os.urandom(32)),
@@ -81,6 +85,7 @@ def rpc(n: int) -> Callable[[], int]:
             node_id=ident.node_id,
             station_id=ident.node_id,
             puzzle_evidence=puzzle_evidence(ident.node_id),
+            bound_to=core.identity.node_id if bound else None,
         )
         core.frames_received(conn, 0, wire_frames(connect.sign_and_encode(ident)), T0)
     advert = Advertise(
@@ -147,16 +152,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="best of this many runs")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--only", choices=("pub1", "pub50", "rpc"))
+    parser.add_argument("--bound", choices=("no", "yes", "both"), default="both")
+    parser.add_argument("--count", action="store_true", help="Ed25519 signs/verifies per op")
     args = parser.parse_args(argv)
+    for bound in {"no": (False,), "yes": (True,), "both": (False, True)}[args.bound]:
+        cases(args, bound)
+
+
+def cases(args: Any, bound: bool) -> None:
+    """Every case (or ``--only`` one) with clients ``bound`` or not."""
     n = args.messages
     cases = {
-        "pub1": ("PUBLISH, 1 subscriber", lambda: pubsub(1, n)),
-        "pub50": ("PUBLISH, 50 subscribers", lambda: pubsub(50, n)),
-        "rpc": ("CALL + RESULT forwarded", lambda: rpc(n)),
+        "pub1": ("PUBLISH, 1 subscriber", lambda: pubsub(1, n, bound)),
+        "pub50": ("PUBLISH, 50 subscribers", lambda: pubsub(50, n, bound)),
+        "rpc": ("CALL + RESULT forwarded", lambda: rpc(n, bound)),
     }
-    for key, (label, make) in cases.items():
+    for key, (name, make) in cases.items():
         if args.only and key != args.only:
             continue
+        label = ("bound, " if bound else "unbound, ") + name
         if args.profile:
             run = make()
             profile = cProfile.Profile()
@@ -167,7 +181,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             pstats.Stats(profile).sort_stats("tottime").print_stats(22)
             continue
         best = bench_common.best_cpu_seconds(args.rounds, make)
-        print(f"{label:<28} {best / n * 1e6:8.1f} µs/op")
+        counted = ""
+        if args.count:
+            run, counts = make(), Counts()
+            counts.install()
+            run()
+            counts.remove()
+            counted = f"  sign {counts.sign / n:.2f}  verify {counts.verify / n:.2f}"
+        print(f"{label:<37} {best / n * 1e6:8.1f} µs/op{counted}")
 
 
 if __name__ == "__main__":  # run through the one entry point: python scripts/bench.py station-cpu

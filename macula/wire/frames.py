@@ -81,6 +81,10 @@ class Connect(Frame):
     addresses: list[Any] = wire(ARRAY, [])
     site: Any = wire(nullable(MAP), None)
     endorsements: list[Any] = wire(ARRAY, [])
+    # ours, an extra field the reference keeps and ignores (§2.5), covered by the signature:
+    # the node id of the station this CONNECT is meant for (issue 27, SECURITY.md "Each claim
+    # verified once"); that station binds the connection, any other refuses it; absent: unbound
+    bound_to: bytes | None = wire(optional(B32), None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -146,15 +146,16 @@ class Mesh:
         self.stations.append(station)
         return station
 
-    def client(self, station: MeshStation, identity: Identity) -> Client:
-        """A client of ``station``, its handshake done."""
+    def client(self, station: MeshStation, identity: Identity, *, pinned: bool = True) -> Client:
+        """A client of ``station``, its handshake done; ``pinned`` (as our clients are when
+        they know the station's key) binds its connection there (issue 27)."""
         conn = station.new_conn()
         core = ClientCore(
             identity,
             random.Random(conn * 1000 + len(self.stations)).randbytes,
             intent=Intent(),
             dedup=EventDedup(),
-            pinned=station.node_id,
+            pinned=station.node_id if pinned else None,
         )
         client = station.clients[conn] = Client(core, conn)
         station.router.connection_made(conn, self.clock.now)

@@ -86,8 +86,10 @@ class Link:
         intent: Intent | None = None,
         dedup: EventDedup | None = None,
         pinned: bytes | None = None,
+        tls_pinned: bool = False,
     ) -> End:
-        """A new connection from ``identity``: CONNECT sent and the link pumped."""
+        """A new connection from ``identity``: CONNECT sent and the link pumped
+        (``tls_pinned``: as a session whose TLS proved the pinned key)."""
         conn = next(self._conns)
         core = ClientCore(
             identity,
@@ -95,6 +97,7 @@ class Link:
             intent=intent or Intent(),
             dedup=dedup or EventDedup(),
             pinned=self.station.node_id if pinned is None else pinned,
+            tls_pinned=tls_pinned,
         )
         end = self.ends[conn] = End(core, conn)
         self.router.connection_made(conn, self.clock.now)

@@ -1,0 +1,104 @@
+"""Each claim verified once (issue 27) over real QUIC on loopback: our pinned client's
+connection is bound (its CONNECT names the station), a CONNECT bound to one station is refused
+by another, and a raw v2 client that names no station (no ``bound_to``, no ``publisher_sig``)
+still has every frame verified."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from meshkit import REALM, new_identity, station_config
+from rawclient import raw_client, stamp
+from waiting import eventually
+
+from macula.node import Node
+from macula.serving import IncomingCall
+from macula.wire.codes import ErrorCode
+from macula.wire.frames import Connect, Publish
+from relay.peers import Peer
+from relay.station import Station
+
+pytestmark = pytest.mark.anyio
+
+
+def peer_of(station: Station, node_id: bytes) -> Peer:
+    return station.core.peers[station.core.node_conn[node_id]]
+
+
+async def test_our_pinned_nodes_are_bound_and_call_each_other(tmp_path: Path) -> None:
+    async with (
+        Station(station_config(tmp_path / "s")) as station,
+        Node(new_identity(), [station.endpoint]) as provider,
+        Node(new_identity(), [station.endpoint]) as caller,
+    ):
+
+        async def echo(call: IncomingCall) -> Any:
+            return {"echo": call.payload}
+
+        await provider.advertise(REALM, "org.example.echo_v1", echo)
+        await provider.flush()
+        assert await caller.call(REALM, "org.example.echo_v1", {"n": 1}) == {"echo": {"n": 1}}
+        assert peer_of(station, provider.identity.node_id).bound
+        assert peer_of(station, caller.identity.node_id).bound
+        assert station.core.stats["foreign_signer"] == 0
+
+
+async def test_a_connect_bound_to_station_a_is_refused_by_station_b(tmp_path: Path) -> None:
+    async with (
+        Station(station_config(tmp_path / "a")) as a,
+        Station(station_config(tmp_path / "b")) as b,
+        raw_client(a, handshake=False) as at_a,
+        raw_client(b, handshake=False) as at_b,
+    ):
+        connect = Connect(
+            **stamp(),
+            node_id=at_a.node_id,
+            station_id=at_a.node_id,
+            puzzle_evidence=at_a.identity.puzzle_evidence,
+            bound_to=a.node_id,
+        )
+        at_a.control = at_a.new_stream()
+        captured = at_a.send(connect)  # what station A saw
+        hello_a = await at_a.expect(lambda r: r.frame_type == "hello")
+        assert hello_a.frame["accepted"] == "true"
+        at_b.control = at_b.new_stream()
+        at_b.send_bytes(captured)  # A replays it to B, well within the skew window
+        hello_b = await at_b.expect(lambda r: r.frame_type == "hello")
+        assert hello_b.frame["accepted"] == "false"
+        assert hello_b.frame["refusal_code"] == ErrorCode.SIGNATURE_INVALID
+        assert b.core.stats["connects_bound_elsewhere"] == 1
+        await at_b.wait_lost()
+        assert peer_of(a, at_a.node_id).bound
+
+
+async def test_an_unbound_raw_client_still_has_every_frame_verified(tmp_path: Path) -> None:
+    async with (
+        Station(station_config(tmp_path / "s")) as station,
+        Node(new_identity(), [station.endpoint]) as subscriber,
+        raw_client(station) as raw,
+    ):
+        assert not peer_of(station, raw.node_id).bound
+        sub = await subscriber.subscribe(REALM, "raw.news")
+        await subscriber.flush()
+
+        def publish(seq: int, payload: bytes) -> Publish:
+            fields = stamp()
+            return Publish(
+                **fields,
+                topic="raw.news",
+                realm=REALM,
+                publisher=raw.node_id,
+                seq=seq,
+                payload=payload,
+                published_at_ms=fields["sent_at_ms"],
+            )
+
+        forged = publish(1, b"forged")
+        raw.send(forged, signer=new_identity())  # its own frame, badly signed
+        raw.send(publish(2, b"genuine"))
+        await raw.flush()
+        delivery = await sub.next(5)
+        assert (delivery.payload, delivery.authenticated) == (b"genuine", False)
+        await eventually(lambda: station.core.stats["unverified_frame"] == 1)

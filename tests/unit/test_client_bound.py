@@ -1,0 +1,132 @@
+"""Each claim verified once (issue 27): the client side, paired with a real router core.
+
+Our client names the station it pinned in its CONNECT (``bound_to``), so the station admits its
+frames on the id comparison; on a connection whose TLS proved the pinned key (``tls_pinned``)
+it does not verify what only the station can have sent (HELLO, a built-in's RESULT, EVENT
+frames), and still verifies ``publisher_sig`` once and every frame another node signed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import nacl.bindings
+import pytest
+from stationmesh import Clock
+from test_client_pair import ALICE, BOB, REALM, STATION, Link, established
+
+from macula.client_core import ClientCore
+from macula.client_events import EventArrived, HandshakeFailed, Transmit
+from macula.wire.frames import Hello, new_frame_id
+from macula.wire.framing import FrameDecoder
+
+
+class Verifies:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.n = 0
+        self.counting = False
+        verify = nacl.bindings.crypto_sign_open
+
+        def counted(*args: Any, **kw: Any) -> Any:
+            self.n += self.counting
+            return verify(*args, **kw)
+
+        monkeypatch.setattr(nacl.bindings, "crypto_sign_open", counted)
+
+    @contextmanager
+    def on(self) -> Iterator[None]:
+        self.n, self.counting = 0, True
+        try:
+            yield
+        finally:
+            self.counting = False
+
+
+@pytest.fixture
+def verifies(monkeypatch: pytest.MonkeyPatch) -> Verifies:
+    return Verifies(monkeypatch)
+
+
+def connect_map(core: ClientCore) -> dict[str, Any]:
+    [out] = core.connect(1_767_225_600_000)
+    assert isinstance(out, Transmit)
+    [frame_map] = FrameDecoder().feed(out.data)
+    return dict(frame_map)
+
+
+def test_a_pinned_client_binds_its_connect_to_the_station() -> None:
+    core = ClientCore(ALICE, random.Random(1).randbytes, pinned=STATION.node_id)
+    assert connect_map(core)["bound_to"] == STATION.node_id
+
+
+def test_an_unpinned_client_sends_the_connect_it_always_sent() -> None:
+    core = ClientCore(ALICE, random.Random(1).randbytes)
+    assert "bound_to" not in connect_map(core)
+
+
+def test_the_station_binds_a_pinned_clients_connection() -> None:
+    link = Link(Clock())
+    alice = established(link, ALICE)
+    assert link.router.peers[alice.conn].bound is True
+
+
+def test_a_tls_pinned_client_does_not_verify_the_stations_hello(verifies: Verifies) -> None:
+    link = Link(Clock())
+    with verifies.on():
+        established(link, ALICE, tls_pinned=True)
+    assert verifies.n == 1  # the station's verify of the CONNECT, nothing at the client
+
+
+def test_a_client_without_tls_proof_still_verifies_the_hello(verifies: Verifies) -> None:
+    link = Link(Clock())
+    with verifies.on():
+        established(link, ALICE)
+    assert verifies.n == 2
+
+
+def test_a_builtins_result_on_a_tls_pinned_connection_costs_no_verify(
+    verifies: Verifies,
+) -> None:
+    link = Link(Clock())
+    alice = established(link, ALICE, tls_pinned=True)
+    with verifies.on():
+        link.flush(alice)  # _relay.ping: CALL, RESULT signed by the station
+    assert verifies.n == 0
+
+
+def test_without_tls_proof_a_builtins_result_is_verified(verifies: Verifies) -> None:
+    link = Link(Clock())
+    alice = established(link, ALICE)
+    with verifies.on():
+        link.flush(alice)
+    assert verifies.n == 1
+
+
+def test_a_delivery_costs_one_verify_end_to_end(verifies: Verifies) -> None:
+    link = Link(Clock())
+    alice, bob = established(link, ALICE, tls_pinned=True), established(link, BOB, tls_pinned=True)
+    link.client_did(bob, bob.core.subscribe(REALM, "news", link.clock.now))
+    link.flush(bob)
+    with verifies.on():
+        link.client_did(alice, alice.core.publish(REALM, "news", "hi", 1, link.clock.now))
+    assert [o.authenticated for o in bob.take(EventArrived)] == [True]
+    assert verifies.n == 1  # bob's publisher_sig, nothing at the station
+
+
+def test_tls_pinned_without_a_pinned_key_still_verifies_the_hello() -> None:
+    """``tls_pinned`` means TLS proved *the pinned* key: with none pinned it proves nothing."""
+    core = ClientCore(ALICE, random.Random(1).randbytes, tls_pinned=True)
+    core.connect(1_767_225_600_000)
+    hello = Hello(
+        frame_id=new_frame_id(1_767_225_600_000, bytes(10)),
+        sent_at_ms=1_767_225_600_000,
+        node_id=STATION.node_id,
+        station_id=STATION.node_id,
+        accepted=True,
+        negotiated_capabilities=0,
+    ).signed_by(BOB)  # not the key it names
+    out = core.frames_received(0, [hello.to_map()], 1_767_225_600_000)
+    assert [type(o) for o in out if isinstance(o, HandshakeFailed)] == [HandshakeFailed]
