@@ -61,7 +61,7 @@ elif BACKEND == "qh3":
         from qh3.asyncio.server import QuicServer, serve
         from qh3.quic import events
         from qh3.quic.configuration import QuicConfiguration as _Qh3Configuration
-        from qh3.quic.connection import NetworkAddress, QuicConnection
+        from qh3.quic.connection import NetworkAddress, QuicConnection, QuicConnectionError
         from qh3.quic.packet import QuicErrorCode, QuicFrameType
         from qh3.tls import SignatureAlgorithm
     except ImportError as exc:
@@ -113,6 +113,18 @@ else:
     from aioquic.quic.packet import QuicErrorCode, QuicFrameType
     from aioquic.quic.stream import QuicStream
 
+# What the library raises when a stream or connection can no longer be written (finished,
+# reset, stopped, or the connection closed): aioquic's assertions and ValueError/RuntimeError;
+# qh3 wraps its native core's refusals in its own ``QuicConnectionError``, an ``Exception``
+WRITE_REFUSED: tuple[type[Exception], ...] = (AssertionError, ValueError, RuntimeError)
+if not TYPE_CHECKING and BACKEND == "qh3":
+    WRITE_REFUSED += (QuicConnectionError,)
+
+# aioquic can close a server connection before its first datagram is fed (the close goes out
+# in an Initial packet, with no handshake work done); qh3 builds its native core from that
+# first datagram and ignores a close before it, so there the refusal follows the datagram
+CLOSES_BEFORE_FIRST_DATAGRAM = BACKEND == "aioquic"
+
 
 class QuicConnectionProtocol(_BaseProtocol):
     """The library's protocol; on a connected UDP socket (a client's ``dial``) every datagram
@@ -158,7 +170,9 @@ class _ConnectedDatagrams(asyncio.DatagramTransport):
 
 __all__ = [
     "BACKEND",
+    "CLOSES_BEFORE_FIRST_DATAGRAM",
     "MAX_STREAM_DATA_FRAME_CAPACITY",
+    "WRITE_REFUSED",
     "NetworkAddress",
     "QuicBackendError",
     "QuicConfiguration",
