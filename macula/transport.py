@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import ipaddress
 import logging
 import socket
@@ -66,6 +65,8 @@ from macula.quic_backend import (
     release_crypto_buffers,
     unsent_bytes,
 )
+from macula.quic_paths import DATAGRAM_SIZE, LOOPBACK_DATAGRAM_SIZE, with_datagram_size
+from macula.quic_paths import datagram_size as datagram_size  # (re-exported)
 from macula.stream_credit import ReceiveCredit
 from macula.wire import cbor
 from macula.wire.errors import FramingError
@@ -79,12 +80,6 @@ STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 60.0
 RELEASE_CHUNK = 64 * 1024  # held bytes handed over per loop turn after a resume
-# UDP payload per datagram when the peer is on loopback (MTU 64 KiB): one datagram carries
-# what takes thirteen of 1,200 bytes, so far fewer packet builds, AEAD calls and syscalls.
-# aioquic writes a frame's length in two bytes (under 16,384), which bounds it; any other path
-# keeps aioquic's 1,200 (it has no path-MTU discovery)
-LOOPBACK_DATAGRAM_SIZE = 16_000
-DATAGRAM_SIZE = 1200  # aioquic's default: RFC 9000's smallest maximum datagram size
 # QUIC carries a close reason in one packet; a longer one is cut (at a character boundary)
 MAX_CLOSE_REASON_BYTES = 100
 
@@ -139,6 +134,7 @@ class FrameProtocol(AckRidingProtocol):
         self.credit = ReceiveCredit(quic, STREAM_WINDOW)
         self._holding = HeldStreams()  # paused (or still releasing) streams' bytes
         self._written: dict[int, int] = {}  # stream id -> bytes given to ``send``
+        self._bytes = [0, 0]  # stream bytes received, given to ``send`` (qh3's ``stream_bytes``)
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         first = self.peer_host is None
@@ -178,6 +174,7 @@ class FrameProtocol(AckRidingProtocol):
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.StreamDataReceived):
+            self._bytes[0] += len(event.data)
             self._stream_data(event.stream_id, event.data, event.end_stream)
         elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
             # the peer abandoned the stream (or will not read it any more): same for us
@@ -342,6 +339,7 @@ class FrameProtocol(AckRidingProtocol):
             log.debug("send on stream %d refused: %s", stream_id, exc)
             return
         self._written[stream_id] = self._written.get(stream_id, 0) + len(data)
+        self._bytes[1] += len(data)
         self._payload_queued = True
         self._schedule_transmit()
 
@@ -410,11 +408,12 @@ class FrameProtocol(AckRidingProtocol):
         return release_crypto_buffers(self._quic)
 
     def stream_bytes(self) -> tuple[int, int]:
-        """(stream bytes received, stream bytes sent) so far, as QUIC's connection-level flow
-        control counts them; zeros where the QUIC library does not say (qh3)."""
-        received = getattr(getattr(self._quic, "_local_max_data", None), "used", 0)
-        sent = getattr(self._quic, "_remote_max_data_used", 0)
-        return int(received), int(sent)
+        """(stream bytes received, stream bytes sent) so far, as aioquic's connection-level flow
+        control counts them; on qh3 (which does not say) as this protocol counted them."""
+        limit = getattr(self._quic, "_local_max_data", None)
+        if limit is None:
+            return self._bytes[0], self._bytes[1]
+        return int(limit.used), int(self._quic._remote_max_data_used)
 
     # -- TLS ------------------------------------------------------------------------------
 
@@ -484,6 +483,7 @@ def client_configuration(
         idle_timeout=IDLE_TIMEOUT_S,
         max_data=CONNECTION_WINDOW,
         max_stream_data=STREAM_WINDOW,
+        max_datagram_size=DATAGRAM_SIZE,  # (qh3's own default is 1,280)
         server_name=server_name,
     )
     if cafile is not None:
@@ -492,32 +492,6 @@ def client_configuration(
     else:
         configuration.verify_mode = ssl.CERT_REQUIRED if verify_certificate else ssl.CERT_NONE
     return configuration
-
-
-def datagram_size(host: str, loopback_size: int = LOOPBACK_DATAGRAM_SIZE) -> int:
-    """The QUIC datagram size for a path to (or a socket bound on) ``host``."""
-    if not DATAGRAM_SIZE <= loopback_size <= LOOPBACK_DATAGRAM_SIZE:
-        raise ValueError(
-            f"loopback datagram size must be {DATAGRAM_SIZE} to "
-            f"{LOOPBACK_DATAGRAM_SIZE} bytes, not {loopback_size}"
-        )
-    if host == "localhost":
-        return loopback_size
-    try:
-        loopback = ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        loopback = False
-    return loopback_size if loopback else DATAGRAM_SIZE
-
-
-def with_datagram_size(
-    configuration: QuicConfiguration, host: str, loopback_size: int = LOOPBACK_DATAGRAM_SIZE
-) -> QuicConfiguration:
-    """``configuration`` (a copy when changed) sized for a path to ``host``."""
-    size = datagram_size(host, loopback_size)
-    if configuration.max_datagram_size == size:
-        return configuration
-    return dataclasses.replace(configuration, max_datagram_size=size)
 
 
 async def _resolved(
