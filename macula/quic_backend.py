@@ -4,9 +4,11 @@ Every import of the QUIC library in ``macula`` and ``relay`` goes through this m
 - the choice is made once, at import, from ``MACULA_QUIC``: unset, empty or ``aioquic`` selects
   aioquic; ``qh3`` selects qh3. Any other value, or ``qh3`` when qh3 is not installed, raises
   ``QuicBackendError`` naming the fix; nothing falls back silently;
-- aioquic stays the default even when qh3 is installed: qh3 2.1's packet core is native and has
-  no hook for receive credit, so ``macula.stream_credit`` cannot install and a paused stream does
-  not push back on its sender (docs/performance.md §7);
+- aioquic stays the default even when qh3 is installed: with this project's trims (large
+  loopback datagrams, ACKs that ride on replies) it costs no more CPU than qh3 2.1 per message
+  or per content MiB, and only on aioquic does a paused stream push back on its sender (qh3's
+  native core has no hook for receive credit, so ``macula.held_streams`` cuts a stream off
+  past one window instead; docs/performance.md §7);
 - names and types are aioquic's (mypy checks against aioquic only); on qh3 the same names come
   from qh3, adapted where its API differs: the client advertises Ed25519 in TLS
   ``signature_algorithms`` (qh3 leaves it out by default), ``close(error_code, reason_phrase)``

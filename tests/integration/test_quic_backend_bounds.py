@@ -25,14 +25,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import new_identity
+from meshkit import REALM, new_identity, station_config
+from rawclient import raw_client, stamp
 from waiting import eventually
 
 from macula import quic_backend
-from macula.transport import ALPN, FrameProtocol, client_configuration, dial
+from macula.transport import ALPN, STREAM_WINDOW, FrameProtocol, client_configuration, dial
 from macula.wire import cbor
 from macula.wire.errors import FramingError
+from macula.wire.frames import Publish
 from macula.wire.framing import frame_bytes
+from relay.policy import Quotas, StationPolicy
+from relay.station import Station
 from relay.tls import ensure_certificate
 
 pytestmark = pytest.mark.anyio
@@ -160,6 +164,41 @@ async def test_on_qh3_a_stream_sent_past_one_window_while_paused_fails_with_flow
         client.send(stream, numbered(1000))
         await client.acknowledged(5)
         assert [f["n"] for f in sink.frames] == [0]
+
+
+@pytest.mark.skipif(not ON_QH3, reason="on aioquic the sender is blocked instead (tests above)")
+async def test_on_qh3_a_station_cuts_off_a_client_that_sends_a_window_past_its_pause(
+    tmp_path: Path,
+) -> None:
+    quotas = Quotas(publish_rate=0.01, publish_burst=1.0)  # the second PUBLISH pauses for 100 s
+    async with (
+        Station(station_config(tmp_path / "station", StationPolicy(quotas=quotas))) as station,
+        raw_client(station) as hostile,
+    ):
+        for seq in (1, 2):
+            fields = stamp()
+            hostile.send(
+                Publish(
+                    topic="flood",
+                    realm=REALM,
+                    publisher=hostile.node_id,
+                    seq=seq,
+                    payload=seq,
+                    published_at_ms=fields["sent_at_ms"],
+                    **fields,
+                )
+            )
+        await eventually(lambda: station.core.stats["publishers_paused"] > 0)
+        (served,) = station._connections.values()
+        assert served.credit.window == STREAM_WINDOW
+        served.credit.window = WINDOW  # (the test's smaller window: the same rule, less to send)
+        hostile.send_bytes(bytes(2 * WINDOW))  # unread: held while paused
+        goodbye = await hostile.expect(lambda r: r.frame_type == "goodbye", timeout=20)
+        assert goodbye.frame["reason"] == "protocol_error"
+        assert "while its reading was paused" in str(goodbye.frame.get("detail"))
+        await asyncio.wait_for(hostile.lost.wait(), 10)
+        assert "flow_control" in hostile.lost_reason
+        assert station.core.stats["framing_errors"] == 1
 
 
 async def test_a_send_on_a_connection_closed_locally_is_refused_quietly(tmp_path: Path) -> None:
