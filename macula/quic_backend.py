@@ -185,6 +185,7 @@ __all__ = [
     "QuicServer",
     "QuicStream",
     "application_space",
+    "closed_by_peer_early",
     "events",
     "lean_handshake",
     "offer_x25519_only",
@@ -223,6 +224,17 @@ def unsent_bytes(quic: QuicConnection, stream_id: int, written: int) -> int | No
     if not native._stream_can_send(stream_id):
         return None
     return int(native.get_send_buffer_size(stream_id))
+
+
+def closed_by_peer_early(quic: QuicConnection) -> events.ConnectionTerminated | None:
+    """qh3, client side: the close the peer sent (or a protocol error), as soon as it is known.
+    qh3 reports ``ConnectionTerminated`` only once its draining period is over (4 s after a
+    refusal on a first flight); aioquic needs no help here. None when there is none, on a
+    server (its draining must keep absorbing the peer's packets), or on aioquic."""
+    if BACKEND != "qh3" or not quic.configuration.is_client:
+        return None
+    event: events.ConnectionTerminated | None = getattr(quic, "_close_event", None)
+    return event
 
 
 def offer_x25519_only(quic: QuicConnection) -> None:

@@ -58,6 +58,7 @@ from macula.quic_backend import (
     QuicConnectionProtocol,
     QuicErrorCode,
     QuicFrameType,
+    closed_by_peer_early,
     events,
     lean_handshake,
     offer_x25519_only,
@@ -150,7 +151,22 @@ class FrameProtocol(AckRidingProtocol):
         if first and not CLOSES_BEFORE_FIRST_DATAGRAM:
             self._first_datagram()  # qh3: its core (which a close needs) exists from here on
         self._process_events()
+        if not self._lost and (closed := closed_by_peer_early(self._quic)) is not None:
+            self._ended_early(closed)
         self._schedule_transmit()
+
+    def _ended_early(self, closed: events.ConnectionTerminated) -> None:
+        """What the library does on ``ConnectionTerminated``, at once (``closed_by_peer_early``):
+        the handshake and ping waiters fail, ``wait_closed`` returns, the loss is reported."""
+        waiter, self._connected_waiter = self._connected_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionError(closed.reason_phrase))
+        for ping in self._ping_waiters.values():
+            if not ping.done():
+                ping.set_exception(ConnectionError(closed.reason_phrase))
+        self._ping_waiters.clear()
+        self._closed.set()
+        self._report_lost(closed.reason_phrase or f"closed (code {closed.error_code})")
 
     def _first_datagram(self) -> None:
         if self.on_first_datagram is not None and self.peer_host is not None:
