@@ -4,9 +4,11 @@ Every import of the QUIC library in ``macula`` and ``relay`` goes through this m
 - the choice is made once, at import, from ``MACULA_QUIC``: unset, empty or ``aioquic`` selects
   aioquic; ``qh3`` selects qh3. Any other value, or ``qh3`` when qh3 is not installed, raises
   ``QuicBackendError`` naming the fix; nothing falls back silently;
-- aioquic stays the default even when qh3 is installed: qh3 2.1's packet core is native and has
-  no hook for receive credit, so ``macula.stream_credit`` cannot install and a paused stream does
-  not push back on its sender (docs/performance.md §7);
+- aioquic stays the default even when qh3 is installed: with this project's trims (large
+  loopback datagrams, ACKs that ride on replies) it costs no more CPU than qh3 2.1 per message
+  or per content MiB, and only on aioquic does a paused stream push back on its sender (qh3's
+  native core has no hook for receive credit, so ``macula.held_streams`` cuts a stream off
+  past one window instead; docs/performance.md §7);
 - names and types are aioquic's (mypy checks against aioquic only); on qh3 the same names come
   from qh3, adapted where its API differs: the client advertises Ed25519 in TLS
   ``signature_algorithms`` (qh3 leaves it out by default), ``close(error_code, reason_phrase)``
@@ -61,7 +63,7 @@ elif BACKEND == "qh3":
         from qh3.asyncio.server import QuicServer, serve
         from qh3.quic import events
         from qh3.quic.configuration import QuicConfiguration as _Qh3Configuration
-        from qh3.quic.connection import NetworkAddress, QuicConnection
+        from qh3.quic.connection import NetworkAddress, QuicConnection, QuicConnectionError
         from qh3.quic.packet import QuicErrorCode, QuicFrameType
         from qh3.tls import SignatureAlgorithm
     except ImportError as exc:
@@ -113,6 +115,18 @@ else:
     from aioquic.quic.packet import QuicErrorCode, QuicFrameType
     from aioquic.quic.stream import QuicStream
 
+# What the library raises when a stream or connection can no longer be written (finished,
+# reset, stopped, or the connection closed): aioquic's assertions and ValueError/RuntimeError;
+# qh3 wraps its native core's refusals in its own ``QuicConnectionError``, an ``Exception``
+WRITE_REFUSED: tuple[type[Exception], ...] = (AssertionError, ValueError, RuntimeError)
+if not TYPE_CHECKING and BACKEND == "qh3":
+    WRITE_REFUSED += (QuicConnectionError,)
+
+# aioquic can close a server connection before its first datagram is fed (the close goes out
+# in an Initial packet, with no handshake work done); qh3 builds its native core from that
+# first datagram and ignores a close before it, so there the refusal follows the datagram
+CLOSES_BEFORE_FIRST_DATAGRAM = BACKEND == "aioquic"
+
 
 class QuicConnectionProtocol(_BaseProtocol):
     """The library's protocol; on a connected UDP socket (a client's ``dial``) every datagram
@@ -158,7 +172,9 @@ class _ConnectedDatagrams(asyncio.DatagramTransport):
 
 __all__ = [
     "BACKEND",
+    "CLOSES_BEFORE_FIRST_DATAGRAM",
     "MAX_STREAM_DATA_FRAME_CAPACITY",
+    "WRITE_REFUSED",
     "NetworkAddress",
     "QuicBackendError",
     "QuicConfiguration",
@@ -169,6 +185,7 @@ __all__ = [
     "QuicServer",
     "QuicStream",
     "application_space",
+    "closed_by_peer_early",
     "events",
     "lean_handshake",
     "offer_x25519_only",
@@ -207,6 +224,17 @@ def unsent_bytes(quic: QuicConnection, stream_id: int, written: int) -> int | No
     if not native._stream_can_send(stream_id):
         return None
     return int(native.get_send_buffer_size(stream_id))
+
+
+def closed_by_peer_early(quic: QuicConnection) -> events.ConnectionTerminated | None:
+    """qh3, client side: the close the peer sent (or a protocol error), as soon as it is known.
+    qh3 reports ``ConnectionTerminated`` only once its draining period is over (4 s after a
+    refusal on a first flight); aioquic needs no help here. None when there is none, on a
+    server (its draining must keep absorbing the peer's packets), or on aioquic."""
+    if BACKEND != "qh3" or not quic.configuration.is_client:
+        return None
+    event: events.ConnectionTerminated | None = getattr(quic, "_close_event", None)
+    return event
 
 
 def offer_x25519_only(quic: QuicConnection) -> None:

@@ -18,9 +18,14 @@ The only module of ``macula`` that imports ``aioquic.asyncio``. Invariants:
   which ``FrameProtocol`` builds on);
 - connection loss is reported exactly once (``connection_lost``), with the reason;
 - ``pause_reading(stream)`` stops handing that stream's frames to the sink: its bytes are held
-  (in arrival order) and it gets no new QUIC credit (``macula.stream_credit``), so the sender is
-  blocked after at most ``STREAM_WINDOW`` bytes; ``resume_reading`` hands the held bytes over a
-  chunk per loop turn (pausing again stops at the next chunk), then reading goes on as before;
+  (``macula.held_streams``) and, on aioquic, it gets no new QUIC credit (``macula.stream_credit``),
+  so the sender is blocked after at most ``STREAM_WINDOW`` bytes; on qh3 (credit is native) a
+  stream holding more than that fails (``framing_failed``, ``flow_control``), its bytes dropped.
+  ``resume_reading`` hands the held bytes over a chunk per loop turn (pausing again stops at
+  the next chunk), then reading goes on as before;
+- a server connection over a cap is refused (``refuse``) before any handshake work on aioquic;
+  on qh3 just after its first datagram is fed (its core exists only from then on);
+- a dial that did not connect closes at once, without waiting for a close that cannot come;
 - ``queued_bytes(stream)`` is what ``send`` wrote on a stream that aioquic has not sent yet.
 TLS: the station presents a self-signed Ed25519 certificate whose key *is* its node id
 (PROTOCOL.md §1.2); a client pins it by comparing the certificate's raw public key with the
@@ -31,12 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import ipaddress
 import logging
 import socket
 import ssl
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, cast
 
@@ -44,14 +47,18 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from macula.datagram_reader import open_draining
+from macula.held_streams import HeldStreams
 from macula.quic_acks import AckRidingProtocol
 from macula.quic_backend import (
+    CLOSES_BEFORE_FIRST_DATAGRAM,
+    WRITE_REFUSED,
     NetworkAddress,
     QuicConfiguration,
     QuicConnection,
     QuicConnectionProtocol,
     QuicErrorCode,
     QuicFrameType,
+    closed_by_peer_early,
     events,
     lean_handshake,
     offer_x25519_only,
@@ -59,6 +66,8 @@ from macula.quic_backend import (
     release_crypto_buffers,
     unsent_bytes,
 )
+from macula.quic_paths import DATAGRAM_SIZE, LOOPBACK_DATAGRAM_SIZE, with_datagram_size
+from macula.quic_paths import datagram_size as datagram_size  # (re-exported)
 from macula.stream_credit import ReceiveCredit
 from macula.wire import cbor
 from macula.wire.errors import FramingError
@@ -72,12 +81,6 @@ STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 60.0
 RELEASE_CHUNK = 64 * 1024  # held bytes handed over per loop turn after a resume
-# UDP payload per datagram when the peer is on loopback (MTU 64 KiB): one datagram carries
-# what takes thirteen of 1,200 bytes, so far fewer packet builds, AEAD calls and syscalls.
-# aioquic writes a frame's length in two bytes (under 16,384), which bounds it; any other path
-# keeps aioquic's 1,200 (it has no path-MTU discovery)
-LOOPBACK_DATAGRAM_SIZE = 16_000
-DATAGRAM_SIZE = 1200  # aioquic's default: RFC 9000's smallest maximum datagram size
 # QUIC carries a close reason in one packet; a longer one is cut (at a character boundary)
 MAX_CLOSE_REASON_BYTES = 100
 
@@ -130,23 +133,44 @@ class FrameProtocol(AckRidingProtocol):
         self.refused: asyncio.Future[str] = self._loop.create_future()
         self._last_reserved: int | None = None
         self.credit = ReceiveCredit(quic, STREAM_WINDOW)
-        self._paused: set[int] = set()
-        self._held: dict[int, deque[bytes]] = {}  # paused (or still releasing) streams' bytes
-        self._held_end: set[int] = set()  # streams whose end arrived while held
+        self._holding = HeldStreams()  # paused (or still releasing) streams' bytes
         self._written: dict[int, int] = {}  # stream id -> bytes given to ``send``
+        self._bytes = [0, 0]  # stream bytes received, given to ``send`` (qh3's ``stream_bytes``)
 
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
-        if self.peer_host is None:
+        first = self.peer_host is None
+        if first:
             self.peer_host = str(addr[0])
-            if self.on_first_datagram is not None:
-                self.on_first_datagram(self.peer_host)  # may ``refuse``: the reply is a close
+            if CLOSES_BEFORE_FIRST_DATAGRAM:
+                self._first_datagram()
         # aioquic's own ``datagram_received`` transmits after every datagram; here the
         # datagram is fed and its events handled at once, but the transmit (ACKs, frames the
         # events produced) waits for the end of the loop turn, so every datagram read in one
         # turn shares one ``transmit`` (one packet build, fewer datagrams sent)
         self._feed(cast(bytes, data), addr)
+        if first and not CLOSES_BEFORE_FIRST_DATAGRAM:
+            self._first_datagram()  # qh3: its core (which a close needs) exists from here on
         self._process_events()
+        if not self._lost and (closed := closed_by_peer_early(self._quic)) is not None:
+            self._ended_early(closed)
         self._schedule_transmit()
+
+    def _ended_early(self, closed: events.ConnectionTerminated) -> None:
+        """What the library does on ``ConnectionTerminated``, at once (``closed_by_peer_early``):
+        the handshake and ping waiters fail, ``wait_closed`` returns, the loss is reported."""
+        waiter, self._connected_waiter = self._connected_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionError(closed.reason_phrase))
+        for ping in self._ping_waiters.values():
+            if not ping.done():
+                ping.set_exception(ConnectionError(closed.reason_phrase))
+        self._ping_waiters.clear()
+        self._closed.set()
+        self._report_lost(closed.reason_phrase or f"closed (code {closed.error_code})")
+
+    def _first_datagram(self) -> None:
+        if self.on_first_datagram is not None and self.peer_host is not None:
+            self.on_first_datagram(self.peer_host)  # may ``refuse``: the reply is a close
 
     def refuse(self, reason: str) -> None:
         """Close before the QUIC handshake is answered: QUIC ``CONNECTION_REFUSED`` with
@@ -166,6 +190,7 @@ class FrameProtocol(AckRidingProtocol):
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
         if isinstance(event, events.StreamDataReceived):
+            self._bytes[0] += len(event.data)
             self._stream_data(event.stream_id, event.data, event.end_stream)
         elif isinstance(event, (events.StreamReset, events.StopSendingReceived)):
             # the peer abandoned the stream (or will not read it any more): same for us
@@ -177,12 +202,22 @@ class FrameProtocol(AckRidingProtocol):
             self._report_lost(event.reason_phrase or f"terminated (code {event.error_code})")
 
     def _stream_data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
-        if stream_id in self._paused or stream_id in self._held:
-            self._held.setdefault(stream_id, deque()).append(data)
-            if end_stream:
-                self._held_end.add(stream_id)
-            return
-        self._deliver(stream_id, data, end_stream)
+        holding = self._holding
+        if not holding.holds(stream_id):
+            self._deliver(stream_id, data, end_stream)
+        elif stream_id not in self._failed_streams:
+            held = holding.hold(stream_id, data, end_stream)
+            if held > self.credit.window:  # qh3 only: aioquic's credit stops the sender first
+                self._overflowed(stream_id)
+
+    def _overflowed(self, stream_id: int) -> None:
+        """A held stream got more than one window: it fails, and what it held is dropped."""
+        self._forget_held(stream_id)
+        self._decoders.pop(stream_id, None)
+        self._failed_streams.add(stream_id)
+        if self.sink is not None:
+            detail = f"over {self.credit.window} bytes sent while its reading was paused"
+            self.sink.framing_failed(stream_id, FramingError("flow_control", detail))
 
     def _deliver(self, stream_id: int, data: bytes, end_stream: bool) -> None:
         self.credit.consume(stream_id, len(data))
@@ -231,45 +266,38 @@ class FrameProtocol(AckRidingProtocol):
 
     def pause_reading(self, stream_id: int) -> None:
         """Hold ``stream_id``'s bytes and grant it no more credit until ``resume_reading``."""
-        self._paused.add(stream_id)
+        if stream_id not in self._failed_streams:
+            self._holding.paused.add(stream_id)
 
     def resume_reading(self, stream_id: int) -> None:
         """Hand the held bytes over (from the next loop turn on) and grant credit again."""
-        self._paused.discard(stream_id)
-        if stream_id in self._held:
+        self._holding.paused.discard(stream_id)
+        if self._holding.has_bytes(stream_id):
             self._loop.call_soon(self._release, stream_id)
         self._payload_queued = True
         self._schedule_transmit()  # the new MAX_STREAM_DATA leaves at once
 
     def paused(self, stream_id: int) -> bool:
-        return stream_id in self._paused
+        return stream_id in self._holding.paused
 
     def held_bytes(self, stream_id: int) -> int:
-        return sum(map(len, self._held.get(stream_id, ())))
+        return self._holding.size(stream_id)
 
     def _release(self, stream_id: int) -> None:
         """One chunk of held bytes to the sink; the rest on a later turn, unless paused."""
-        held = self._held.get(stream_id)
-        if held is None or stream_id in self._paused or self._lost:
+        holding = self._holding
+        if stream_id in holding.paused or self._lost:
             return
-        chunk: list[bytes] = []
-        size = 0
-        while held and size < RELEASE_CHUNK:
-            chunk.append(held.popleft())
-            size += len(chunk[-1])
-        end = not held and stream_id in self._held_end
-        if not held:
-            del self._held[stream_id]
-            self._held_end.discard(stream_id)
-        self._deliver(stream_id, b"".join(chunk), end)
-        if stream_id in self._held and stream_id not in self._paused:
+        taken = holding.take(stream_id, RELEASE_CHUNK)
+        if taken is None:
+            return
+        self._deliver(stream_id, *taken)
+        if holding.has_bytes(stream_id) and stream_id not in holding.paused:
             self._loop.call_soon(self._release, stream_id)
         self._schedule_transmit()
 
     def _forget_held(self, stream_id: int) -> None:
-        self._held.pop(stream_id, None)
-        self._held_end.discard(stream_id)
-        self._paused.discard(stream_id)
+        self._holding.forget(stream_id)
         self.credit.forget(stream_id)
 
     def _within_gate(self, stream_id: int, size: int) -> bool:
@@ -323,10 +351,11 @@ class FrameProtocol(AckRidingProtocol):
             return
         try:
             self._quic.send_stream_data(stream_id, data, end_stream)
-        except (AssertionError, ValueError, RuntimeError) as exc:  # finished, reset or stopped
+        except WRITE_REFUSED as exc:  # finished, reset, stopped, or the connection closed
             log.debug("send on stream %d refused: %s", stream_id, exc)
             return
         self._written[stream_id] = self._written.get(stream_id, 0) + len(data)
+        self._bytes[1] += len(data)
         self._payload_queued = True
         self._schedule_transmit()
 
@@ -372,8 +401,11 @@ class FrameProtocol(AckRidingProtocol):
         (``_ping_waiters``), as ``ping()`` does."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         uid = id(waiter)
+        try:
+            self._quic.send_ping(uid)
+        except WRITE_REFUSED as exc:  # the library's connection is closed already
+            raise ConnectionError(f"connection closed: {exc}") from exc
         self._ping_waiters[uid] = waiter
-        self._quic.send_ping(uid)
         self._payload_queued = True
         self.transmit()
         try:
@@ -392,11 +424,12 @@ class FrameProtocol(AckRidingProtocol):
         return release_crypto_buffers(self._quic)
 
     def stream_bytes(self) -> tuple[int, int]:
-        """(stream bytes received, stream bytes sent) so far, as QUIC's connection-level flow
-        control counts them; zeros where the QUIC library does not say (qh3)."""
-        received = getattr(getattr(self._quic, "_local_max_data", None), "used", 0)
-        sent = getattr(self._quic, "_remote_max_data_used", 0)
-        return int(received), int(sent)
+        """(stream bytes received, stream bytes sent) so far, as aioquic's connection-level flow
+        control counts them; on qh3 (which does not say) as this protocol counted them."""
+        limit = getattr(self._quic, "_local_max_data", None)
+        if limit is None:
+            return self._bytes[0], self._bytes[1]
+        return int(limit.used), int(self._quic._remote_max_data_used)
 
     # -- TLS ------------------------------------------------------------------------------
 
@@ -466,6 +499,7 @@ def client_configuration(
         idle_timeout=IDLE_TIMEOUT_S,
         max_data=CONNECTION_WINDOW,
         max_stream_data=STREAM_WINDOW,
+        max_datagram_size=DATAGRAM_SIZE,  # (qh3's own default is 1,280)
         server_name=server_name,
     )
     if cafile is not None:
@@ -474,32 +508,6 @@ def client_configuration(
     else:
         configuration.verify_mode = ssl.CERT_REQUIRED if verify_certificate else ssl.CERT_NONE
     return configuration
-
-
-def datagram_size(host: str, loopback_size: int = LOOPBACK_DATAGRAM_SIZE) -> int:
-    """The QUIC datagram size for a path to (or a socket bound on) ``host``."""
-    if not DATAGRAM_SIZE <= loopback_size <= LOOPBACK_DATAGRAM_SIZE:
-        raise ValueError(
-            f"loopback datagram size must be {DATAGRAM_SIZE} to "
-            f"{LOOPBACK_DATAGRAM_SIZE} bytes, not {loopback_size}"
-        )
-    if host == "localhost":
-        return loopback_size
-    try:
-        loopback = ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        loopback = False
-    return loopback_size if loopback else DATAGRAM_SIZE
-
-
-def with_datagram_size(
-    configuration: QuicConfiguration, host: str, loopback_size: int = LOOPBACK_DATAGRAM_SIZE
-) -> QuicConfiguration:
-    """``configuration`` (a copy when changed) sized for a path to ``host``."""
-    size = datagram_size(host, loopback_size)
-    if configuration.max_datagram_size == size:
-        return configuration
-    return dataclasses.replace(configuration, max_datagram_size=size)
 
 
 async def _resolved(
@@ -550,6 +558,7 @@ async def dial(
         sock.close()
         raise
     transport = await open_draining(sock, protocol)
+    connected_once = False
     try:
         protocol.connect(address)
         connected: asyncio.Future[None] = asyncio.ensure_future(protocol.wait_connected())
@@ -571,9 +580,11 @@ async def dial(
             connected.cancel()
             _consume_waiter(protocol)
             raise
+        connected_once = True
         yield protocol
     finally:
         protocol.close_connection("client closed")
-        with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-            await asyncio.wait_for(protocol.wait_closed(), 1.0)
+        if connected_once:  # else nothing answers a close: a refused or silent address
+            with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
+                await asyncio.wait_for(protocol.wait_closed(), 1.0)
         transport.close()

@@ -9,11 +9,20 @@ import pytest
 from aioquic.tls import Group
 from meshkit import REALM
 
+from macula import quic_backend
 from macula.node import Node
 from macula.quic_backend import ACTIVE_CONNECTION_ID_LIMIT, _skip_padding
 from relay.station import Station
 
-pytestmark = pytest.mark.anyio
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(
+        quic_backend.BACKEND == "qh3",
+        reason=(
+            "aioquic's handshake trims; on qh3 those helpers of macula.quic_backend do nothing"
+        ),
+    ),
+]
 
 
 async def test_client_offers_one_key_share(make_node: Callable[..., Node]) -> None:

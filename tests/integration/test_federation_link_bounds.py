@@ -147,10 +147,12 @@ def signed_event(station: Identity, publisher: Identity, topic: str, seq: int) -
 async def test_a_flooding_peer_station_is_slowed_and_cannot_starve_an_honest_client(
     tmp_path: Path,
 ) -> None:
-    rate = 300.0
+    # well under what a loaded machine relays (300-640 EVENTs/s measured at load 10, on either
+    # QUIC backend): at 300/s the flood sometimes never outran the link's rate, nothing paused
+    rate = 100.0
     quotas = dataclasses.replace(Quotas(), station_event_rate=rate, station_event_burst=rate)
     policy = dataclasses.replace(StationPolicy(), quotas=quotas)
-    flood = 1_200  # four seconds' worth at the link's rate
+    flood = 400  # four seconds' worth at the link's rate
     async with (
         station_with(tmp_path, policy) as station,
         Node(new_identity(), [station.endpoint]) as subscriber,
