@@ -41,6 +41,7 @@ import bench_common
 from bench_common import SCRIPT, child_process, percentile, process_cpu_seconds
 
 from macula.agent.presence import HELLO_TOPIC, Profile, hello_payload
+from macula.errors import MaculaError
 from macula.node import DEFAULT_PROBE_INTERVAL_S, Node
 from macula.subscriptions import Subscription
 from macula.wire.identity import ZERO_REALM, Identity
@@ -74,6 +75,12 @@ async def listen(sub: Subscription, seen: dict[str, list[float]]) -> None:
             seen["arrival" if beat == 0 else "heartbeat"].append((now - sent) / 1e6)
 
 
+async def join(stack: contextlib.AsyncExitStack, node: Node) -> Node:
+    await stack.enter_async_context(node)
+    await node.session(30)
+    return node
+
+
 def new_node(identity: Identity, args: argparse.Namespace) -> Node:
     """A node as ``macula-mcp`` makes one, but for ``--probe-interval``."""
     return Node(identity, [args.of], probe_interval_s=args.probe_interval)
@@ -98,10 +105,15 @@ async def worker(args: argparse.Namespace) -> None:
         await asyncio.to_thread(sys.stdin.readline)  # the parent: everyone listens now
         gate = asyncio.Semaphore(CONNECT_AT_ONCE)
 
+        failed: list[str] = []
+
         async def arrive(identity: Identity) -> None:
             async with gate:
-                node = await stack.enter_async_context(new_node(identity, args))
-                await node.session(60)
+                try:  # one that cannot connect in time is counted, not waited for
+                    node = await asyncio.wait_for(join(stack, new_node(identity, args)), 30)
+                except (TimeoutError, MaculaError) as exc:
+                    failed.append(type(exc).__name__)
+                    return
                 arrived.append(node)
             tasks.append(asyncio.create_task(heartbeat(node, profile, args.interval)))
 
@@ -111,7 +123,8 @@ async def worker(args: argparse.Namespace) -> None:
         nodes = [*listener_nodes, *arrived]
         reconnects = sum(node.stats.reconnects for node in nodes)
         probes = sum(node.stats.probes_acknowledged for node in nodes)
-        print(json.dumps({"seen": seen, "reconnects": reconnects, "probes": probes}), flush=True)
+        figures = {"seen": seen, "reconnects": reconnects, "probes": probes, "failed": len(failed)}
+        print(json.dumps(figures), flush=True)
         os._exit(0)  # the parent has its figures: closing hundreds of connections one by one
         # would only hold it up (the station forgets them when they go quiet)
 
@@ -199,7 +212,8 @@ def report(
     steady_cpu: float,
 ) -> dict[str, Any]:
     seen = {k: [x for r in results for x in r["seen"][k]] for k in ("arrival", "heartbeat")}
-    arrivals_expected = args.agents - args.listeners  # a listener says no hello
+    failed = sum(r["failed"] for r in results)
+    arrivals_expected = args.agents - args.listeners - failed  # a listener says no hello
     out: dict[str, Any] = {
         "agents": args.agents,
         "listeners": args.listeners,
@@ -211,6 +225,7 @@ def report(
         "hello_to_seen_heartbeat_ms": latency("heartbeat", seen["heartbeat"]),
         "arrival_hellos_lost": arrivals_expected * args.listeners - len(seen["arrival"]),
         "reconnects": sum(r["reconnects"] for r in results),
+        "could_not_connect": failed,
         "probes_acknowledged": sum(r["probes"] for r in results),
         "probe_interval_s": args.probe_interval,
         "all_listening_deliveries_per_s": round(args.agents**2 / args.interval),
@@ -221,6 +236,7 @@ def report(
         flush=True,
     )
     print(
+        f"could not connect in 30 s: {out['could_not_connect']}; "
         f"arrival hellos lost: {out['arrival_hellos_lost']}; reconnects (a probe unanswered in "
         f"time): {out['reconnects']}; probes answered: {out['probes_acknowledged']:,}",
         flush=True,
