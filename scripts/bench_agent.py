@@ -238,7 +238,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.presence:
         import bench_presence
 
-        bench_presence.main([*rest, *(["--quick"] if args.quick else [])])
+        shared = [
+            *(["--quick"] if args.quick else []),
+            *(["--json", str(args.json)] if args.json else []),
+        ]
+        bench_presence.main([*rest, *shared])
         return
     if rest:
         arguments.error(f"unrecognised arguments: {' '.join(rest)}")
