@@ -16,7 +16,12 @@ from pathlib import Path
 
 import bench_common
 
-WAITING = ("EpollSelector.select ", "_connection_worker_thread ", "_worker (concurrent/")
+WAITING = (
+    "EpollSelector.select ",
+    "_connection_worker_thread ",
+    "_worker (concurrent/",
+    "Front._read ",  # macula-mcp's stdin reader thread, blocked in os.read
+)
 AREAS = (
     ("aioquic/", "aioquic"),
     ("nacl/", "Ed25519 (PyNaCl)"),

@@ -30,6 +30,9 @@ Invariants:
   it is tapped and published only there, so a station protecting the realm lets only members
   join or read it; a delivery from another realm is counted (``wrong_realm``), not recorded.
   Central is in the all-zero realm, and never announces a room of another realm.
+- our own envelope comes back on the room's tap; it was recorded before it was published, so
+  the copy is dropped before anything else (counted ``own_echoes``) when its ``message_id`` is
+  one of the last ``OWN_ECHOES`` we published in that room (from our own node id only).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ log = logging.getLogger("macula.agent.rooms")
 
 HELP_KINDS = frozenset({"help_requested", "help_offered"})
 DEFAULT_MAX_ROOMS = 20
+OWN_ECHOES = 256  # our last published message ids whose echo is dropped unread
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +170,7 @@ class Rooms(TranscriptWaits):
         self.catch_up: CatchUp | None = None
         self._history = history
         self._catching: asyncio.Task[int] | None = None
+        self._said: dict[tuple[str, str], None] = {}  # (topic, message_id) we published last
 
     # -- taps ---------------------------------------------------------------------------------
 
@@ -285,6 +290,9 @@ class Rooms(TranscriptWaits):
 
     async def _heard(self, topic: str, delivery: Delivery) -> None:
         envelope = delivery.payload
+        if self._own_echo(topic, delivery):
+            self.stats["own_echoes"] += 1  # recorded when we published it
+            return
         problems = validate(envelope)
         if problems or envelope.get("room_topic") != topic:
             self.stats["invalid_envelopes"] += 1
@@ -304,6 +312,19 @@ class Rooms(TranscriptWaits):
             await self._heard_one(
                 topic, item, seq if item.publisher == delivery.publisher else None
             )
+
+    def _own_echo(self, topic: str, delivery: Delivery) -> bool:
+        envelope = delivery.payload
+        return (
+            delivery.publisher == self.node.identity.node_id
+            and isinstance(envelope, dict)
+            and (topic, envelope.get("message_id")) in self._said
+        )
+
+    def _published(self, topic: str, message_id: str) -> None:
+        self._said[(topic, message_id)] = None
+        if len(self._said) > OWN_ECHOES:
+            del self._said[next(iter(self._said))]
 
     async def _heard_one(self, topic: str, heard: Heard, event_seq: int | None = None) -> None:
         envelope = heard.envelope
@@ -382,6 +403,7 @@ class Rooms(TranscriptWaits):
             wire = await self.keys.seal(wire)  # sealed in a private room, refused without a key
         # record first: the tap may deliver our own copy later (ignored as a duplicate)
         await self._record(envelope, self.node.identity.node_id, True)
+        self._published(topic, str(envelope["message_id"]))
         # confirmed: a station stopped right after this call returns still has it (history)
         await self.node.publish_confirmed(self.realm_of(topic), topic, wire)
         return envelope

@@ -210,6 +210,14 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise self._failed(exc) from exc
 
+    async def _execute_one_trip(self, sql: str, params: Params = ()) -> int:
+        """``_execute`` in one trip to the connection's thread (see ``changed``)."""
+        async with self._lock:
+            try:
+                return await changed(self._connection(), sql, params)
+            except sqlite3.Error as exc:
+                raise self._failed(exc) from exc
+
     async def _fetchall(self, sql: str, params: Params = ()) -> list[Row]:
         async with self._lock:
             db = self._connection()
@@ -393,3 +401,13 @@ def check_node_id(node_id: bytes, name: str = "node_id") -> bytes:
     if type(node_id) is not bytes or len(node_id) != 32:
         raise ValueError(f"{name} must be exactly 32 bytes")
     return node_id
+
+
+async def changed(db: aiosqlite.Connection, sql: str, params: Params = ()) -> int:
+    """``execute`` in one trip to aiosqlite's thread instead of two (running the statement,
+    then closing its cursor: each trip wakes that thread and the event loop): the rows changed,
+    read from ``total_changes``. Only for tables without triggers (their changes count too),
+    under the store's lock or inside its ``_transaction`` (no statement between the reads)."""
+    before = db.total_changes
+    await db.execute_fetchall(sql, params)
+    return db.total_changes - before

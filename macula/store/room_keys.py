@@ -14,6 +14,11 @@ Invariants:
 - Bounded (``Bounds``, default 1,000 rooms, 30 days): ``prune`` keeps the ``max_rows`` rooms
   updated last (with their keys and held envelopes) and drops held envelopes older than
   ``max_age_ms``; it runs by itself after every ``prune_every`` changes.
+- ``room`` answers from memory once it has read a topic (every room envelope sent or heard asks
+  whether its room is private, so the answer must not cost a query each time): the memo holds
+  at most ``ROOM_MEMO`` topics, and every write to ``private_rooms`` (``advance``, ``prune``)
+  empties it; a read that a write overlapped is not remembered (``_writes`` moved). This
+  process is the file's only writer (one process hosts an agent: the daemon, or the server).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from macula.store.base import DAY_MS, Bounds, Migration, SqliteStore, execute, f
 
 DEFAULT_BOUNDS: Final = Bounds(max_rows=1_000, max_age_ms=30 * DAY_MS)
 DEFAULT_HELD_PER_ROOM: Final = 1_000
+ROOM_MEMO: Final = 4_096  # topics whose privacy ``room`` remembers
 
 Role = Literal["opener", "participant"]
 Advanced = Literal["advanced", "duplicate", "stale", "conflict"]
@@ -106,8 +112,25 @@ class RoomKeyStore(SqliteStore):
         self.bounds: Bounds = DEFAULT_BOUNDS
         self.held_per_room = DEFAULT_HELD_PER_ROOM
         self._unpruned = 0
+        self._rooms: dict[str, PrivateRoom | None] = {}  # the memo of ``room``
+        self._writes = 0  # writes to private_rooms begun: a read they overlap is not kept
 
     async def room(self, topic: str) -> PrivateRoom | None:
+        if topic in self._rooms:
+            return self._rooms[topic]
+        writes = self._writes
+        found = await self._read_room(topic)
+        if writes == self._writes:
+            if len(self._rooms) >= ROOM_MEMO:
+                self._rooms.clear()
+            self._rooms[topic] = found
+        return found
+
+    def _forget_rooms(self) -> None:
+        self._writes += 1
+        self._rooms.clear()
+
+    async def _read_room(self, topic: str) -> PrivateRoom | None:
         row = await self._fetchone(
             "SELECT room_topic, opener_hex, role, epoch, key_id, recipients, key_envelope,"
             " updated_ms FROM private_rooms WHERE room_topic = ?",
@@ -150,6 +173,25 @@ class RoomKeyStore(SqliteStore):
         now_ms: int,
     ) -> Advanced:
         """Move ``topic`` to ``epoch`` (keeping ``key`` when it was sealed to us)."""
+        self._forget_rooms()
+        try:
+            return await self._advance(topic, opener_hex, role, epoch, key_id, recipients,
+                                       key_envelope, key, now_ms)  # fmt: skip
+        finally:
+            self._forget_rooms()
+
+    async def _advance(
+        self,
+        topic: str,
+        opener_hex: str,
+        role: Role,
+        epoch: int,
+        key_id: str,
+        recipients: tuple[str, ...],
+        key_envelope: str,
+        key: RoomKey | None,
+        now_ms: int,
+    ) -> Advanced:
         async with self._transaction() as db:
             rows = await fetchall(
                 db, "SELECT epoch, key_id FROM private_rooms WHERE room_topic = ?", (topic,)
@@ -231,6 +273,13 @@ class RoomKeyStore(SqliteStore):
     async def prune(self, now_ms: int) -> int:
         """Apply ``bounds``; return how many rooms went."""
         self._unpruned = 0
+        self._forget_rooms()
+        try:
+            return await self._prune(now_ms)
+        finally:
+            self._forget_rooms()
+
+    async def _prune(self, now_ms: int) -> int:
         async with self._transaction() as db:
             await execute(
                 db,

@@ -43,6 +43,7 @@ from macula.store.base import (
     Migration,
     Params,
     Row,
+    changed,
     check_flag,
     execute,
     fetchall,
@@ -248,7 +249,7 @@ class TranscriptStore(RoomRealms):
             "envelope": envelope,
             "event_seq": None if event_seq is None else check_int(event_seq, "event_seq"),
         }
-        new = await self._execute(_INSERT_MESSAGE, params) > 0
+        new = await self._execute_one_trip(_INSERT_MESSAGE, params) > 0
         if new:
             self._unpruned += 1
             if self._unpruned >= self.bounds.prune_every:
@@ -297,17 +298,17 @@ class TranscriptStore(RoomRealms):
         where, order = _unread_filter(after)
         params = {"room": room_topic, "me": me_hex, "after": after, "limit": limit}
         async with self._transaction() as db:
-            rows = await fetchall(
+            counted = await fetchall(
                 db,
-                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY {order}"
-                " LIMIT :limit",
+                f"SELECT {_MESSAGE_COLUMNS}, count(*) OVER () FROM messages WHERE {where}"
+                f" ORDER BY {order} LIMIT :limit",
                 params,
-            )
-            [(total,)] = await fetchall(db, f"SELECT count(*) FROM messages WHERE {where}", params)
-            taken = _within(rows, max_chars)
+            )  # count(*) OVER (): every row the WHERE matches, before the LIMIT
+            total = int(counted[0][-1]) if counted else 0
+            taken = _within([row[:-1] for row in counted], max_chars)
             marks = ", ".join(str(int(row[0])) for row in taken)
             if marks:
-                await execute(
+                await changed(
                     db,
                     f"UPDATE messages SET read_ms = ? WHERE seq IN ({marks}) AND read_ms IS NULL",
                     (now_ms,),

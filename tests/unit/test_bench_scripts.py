@@ -271,3 +271,26 @@ def test_bench_mesh_times_three_stations_linking() -> None:
     assert re.search(
         r"^mesh: three stations linked pairwise after start in p50 [\d.]+ s", out, re.M
     )
+
+
+@pytest.mark.slow
+def test_bench_agent_times_say_to_wait_through_two_real_mcp_servers(tmp_path: Path) -> None:
+    """Two ``macula-mcp`` on stdio and a station process: every message said is the one the
+    other's wait returned (the bench checks the id), with the CPU of each process."""
+    out_json = tmp_path / "agent.json"
+    out = ran("agent", "--json", str(out_json))
+    assert "say → wait returned" in out and "goal p50 <= 6.0 ms" in out, out
+    figures = json.loads(out_json.read_text())
+    assert figures["messages"] == 20
+    assert 0 < figures["say_to_wait_ms"]["p50"] <= figures["say_to_wait_ms"]["p99"]
+    assert set(figures["cpu_ms_per_message"]) == {"station", "agent_a", "agent_b", "driver"}
+
+
+@pytest.mark.slow
+def test_bench_agent_presence_counts_every_hello_seen(tmp_path: Path) -> None:
+    out_json = tmp_path / "presence.json"
+    ran("agent", "--presence", "--json", str(out_json))
+    figures = json.loads(out_json.read_text())
+    assert figures["agents"] == 20 and figures["arrival_hellos_lost"] == 0
+    assert figures["hello_to_seen_arrival_ms"]["samples"] == (20 - 2) * 2  # 2 listeners
+    assert figures["station_cpu_percent_steady"] >= 0

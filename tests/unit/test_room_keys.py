@@ -378,3 +378,77 @@ def test_a_leave_and_a_removal_at_once_make_one_new_epoch(tmp_path: Path) -> Non
                 await alice.remove(topic, [ALICE.node_id], "k4")
 
     run(main())
+
+
+# -- the memo of RoomKeyStore.room ---------------------------------------------------------------
+
+
+async def _privacy_reads(store: RoomKeyStore) -> list[str]:
+    """Every statement that reads a room's row from ``private_rooms``, from now on."""
+    reads: list[str] = []
+
+    def traced(sql: str) -> None:
+        if sql.startswith("SELECT room_topic, opener_hex"):
+            reads.append(sql)
+
+    await store._db.set_trace_callback(traced)
+    return reads
+
+
+def test_a_rooms_privacy_is_read_from_the_file_once_then_remembered(tmp_path: Path) -> None:
+    """Every envelope sent or heard asks whether its room is private: one read per topic."""
+
+    async def main() -> None:
+        async with keys_of(BOB, tmp_path) as bob:
+            reads = await _privacy_reads(bob.store)
+            topic = "agents.room." + "ab" * 16
+            for n in range(5):
+                envelope = said(BOB, f"plain {n}", topic, f"m{n}")
+                assert await bob.seal(envelope) == envelope  # not private: sent as it is
+                assert len(await bob.receive(envelope, BOB.node_id, True)) == 1
+            assert len(reads) == 1, reads
+
+    run(main())
+
+
+def test_a_room_that_turns_private_is_sealed_at_once(tmp_path: Path) -> None:
+    """A key accepted (a write to private_rooms) empties the memo: the next seal seals."""
+
+    async def main() -> None:
+        async with keys_of(ALICE, tmp_path) as alice, keys_of(BOB, tmp_path) as bob:
+            first = await alice.create([BOB.node_id], "k1")
+            topic = first["room_topic"]
+            assert await bob.store.room(topic) is None  # remembered: not private
+            envelope = said(BOB, topic=topic)
+            assert await bob.seal(envelope) == envelope
+            assert (await bob.accept(first, ALICE.node_id)).keyed == 1
+            assert "cipher" in await bob.seal(envelope)
+            assert await bob.receive(said(ALICE, topic=topic), ALICE.node_id, True) == []
+
+    run(main())
+
+
+def test_a_read_that_a_write_overlapped_is_not_remembered(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with keys_of(ALICE, tmp_path) as alice, keys_of(BOB, tmp_path) as bob:
+            first = await alice.create([BOB.node_id], "k1")
+            topic = first["room_topic"]
+            store = bob.store
+            read_room = store._read_room
+            gate = asyncio.Event()
+
+            async def slow_read(read_topic: str) -> Any:
+                found = await read_room(read_topic)  # read before the write...
+                await gate.wait()  # ...returned after it
+                return found
+
+            store._read_room = slow_read  # type: ignore[method-assign]
+            stale = asyncio.create_task(store.room(topic))
+            await asyncio.sleep(0)
+            assert (await bob.accept(first, ALICE.node_id)).keyed == 1
+            gate.set()
+            assert await stale is None  # what the file said when it was read
+            store._read_room = read_room  # type: ignore[method-assign]
+            assert (await store.room(topic)) is not None  # read again, not the stale answer
+
+    run(main())

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from test_agent_unread import BOB, CAROL, ME, NOW_MS, said
+from test_agent_unread import BOB, CAROL, ME, NOW_MS, envelope, said
 
 from macula.agent.envelope import new_room_topic
 from macula.agent.room_waits import answer_index
@@ -94,5 +94,45 @@ def test_say_returns_everything_after_it_once_an_answer_is_there(tmp_path: Path)
         kinds = [m.kind for m in done.heard.messages]
         assert kinds == ["participant_joined", "answer_given"] and done.answer_index == 1
         assert done.reply is not None and done.reply.message_id == answer
+
+    run_in(tmp_path, body)
+
+
+def _trips(transcript: TranscriptStore) -> list[object]:
+    """Every call run on the store's aiosqlite thread from now on (each a wake-up of that
+    thread and of the event loop)."""
+    trips: list[object] = []
+    db = transcript._db
+    run_there = db._execute
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(fn)
+        return await run_there(fn, *args, **kwargs)
+
+    db._execute = counted  # type: ignore[method-assign]
+    return trips
+
+
+def test_recording_and_taking_a_message_cost_few_trips_to_the_sqlite_thread(
+    tmp_path: Path,
+) -> None:
+    """On the say → wait path: a message heard is one trip, a wait that takes it four (BEGIN,
+    the rows with their count, the read marks, COMMIT), one that finds nothing three."""
+
+    async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
+        topic = new_room_topic(os.urandom(16))
+        trips = _trips(transcript)
+        env = dict(envelope(topic, BOB, "one trip"))
+        assert await rooms._record(env, BOB.node_id, True, 1) is True
+        assert len(trips) == 1, trips
+        assert await rooms._record(env, BOB.node_id, True, 1) is False  # a repeat: not new
+        assert len(trips) == 2, trips
+        trips.clear()
+        taken, left = await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS)
+        assert [m.message_id for m in taken] == [env["message_id"]] and left == 0
+        assert len(trips) == 4, trips
+        trips.clear()
+        assert await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS) == ([], 0)
+        assert len(trips) == 3, trips
 
     run_in(tmp_path, body)
