@@ -52,7 +52,9 @@ def last_port_path(home: Path) -> Path:
     return home / DIR_NAME / "last_port"
 
 
-def _read(path: Path) -> str:
+def read_token(path: Path) -> str:
+    """The token in ``path``, refused (``TokenFileError``) when others can read the file or it
+    does not hold one."""
     mode = stat.S_IMODE(path.stat().st_mode)
     if mode & 0o077:
         raise TokenFileError(f"{path} is readable by others (mode {mode:o}): chmod 600 it")
@@ -62,17 +64,15 @@ def _read(path: Path) -> str:
     return value
 
 
-def home_token(home: Path) -> str:
-    """The home's token, made on first use (a race between two makers keeps the first file)."""
-    path = token_path(home)
+def token_file(path: Path) -> str:
+    """The token in ``path`` (its folder made 0700 by the caller), made on first use with 32
+    random bytes; a race between two makers keeps the first file."""
     if path.exists():
-        return _read(path)
-    http_dir(home)
-    value = secrets.token_urlsafe(32)
-    tmp = path.with_name(f".{TOKEN_NAME}.{os.getpid()}.tmp")
+        return read_token(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, value.encode("ascii") + b"\n")
+        os.write(fd, secrets.token_urlsafe(32).encode("ascii") + b"\n")
     finally:
         os.close(fd)
     try:
@@ -81,7 +81,15 @@ def home_token(home: Path) -> str:
         pass
     finally:
         tmp.unlink(missing_ok=True)
-    return _read(path)
+    return read_token(path)
+
+
+def home_token(home: Path) -> str:
+    """The home's token, made on first use."""
+    path = token_path(home)
+    if not path.exists():
+        http_dir(home)
+    return token_file(path)
 
 
 def matches(presented: str | None, expected: str) -> bool:

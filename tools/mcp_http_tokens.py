@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +24,11 @@ from typing import Final
 
 from macula.config import AGENT_ENV, IDENTITY_ENV, SESSION_ENV
 from macula.errors import ConfigError
-from tools.http_token import TokenFileError, home_token, http_dir, matches
+from tools.http_token import TokenFileError, home_token, http_dir, matches, read_token, token_file
 
 AGENTS_DIR: Final = "agents"
 SUFFIX: Final = ".token"
 DEFAULT_AGENT: Final = "default"
-_SHAPE: Final = re.compile(r"[A-Za-z0-9_-]{43}")
 _NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -53,35 +50,12 @@ def agent_token_path(home: Path, name: str) -> Path:
     return home / "http" / AGENTS_DIR / f"{check_agent_name(name)}{SUFFIX}"
 
 
-def _read(path: Path) -> str:
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        raise TokenFileError(f"{path} is readable by others (mode {mode:o}): chmod 600 it")
-    value = path.read_text(encoding="ascii", errors="replace").strip()
-    if not _SHAPE.fullmatch(value):
-        raise TokenFileError(f"{path} does not hold a token: remove it and a new one is made")
-    return value
-
-
 def agent_token(home: Path, name: str) -> str:
     """Agent ``name``'s token, made on first use (a race between two makers keeps the first)."""
     path = agent_token_path(home, name)
-    if path.exists():
-        return _read(path)
-    agents_dir(home)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, secrets.token_urlsafe(32).encode("ascii") + b"\n")
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)  # fails if another process made it first: theirs wins
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
-    return _read(path)
+    if not path.exists():
+        agents_dir(home)
+    return token_file(path)
 
 
 @dataclass(frozen=True)
@@ -115,7 +89,7 @@ class TokenBook:
         folder = self.home / "http" / AGENTS_DIR
         for path in sorted(folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []:
             try:
-                expected = _read(path)
+                expected = read_token(path)
             except (OSError, TokenFileError):
                 continue  # a damaged file grants nothing
             name = path.name[: -len(SUFFIX)]
