@@ -19,8 +19,8 @@ from macula.transport import FrameProtocol
 
 log = logging.getLogger("macula.relay")
 
-PROBE_INTERVAL_S = 1.0
-PROBE_TIMEOUT_S = 2.0
+PROBE_INTERVAL_S = 1.0  # of silence on the link before a ping
+PROBE_TIMEOUT_S = 4.0  # lenient: a loaded worker acknowledges late, and a closed link loses events
 
 
 async def until_lost(
@@ -29,11 +29,18 @@ async def until_lost(
     interval_s: float = PROBE_INTERVAL_S,
     timeout_s: float = PROBE_TIMEOUT_S,
 ) -> None:
-    """Return once ``lost`` is set, closing the connection first if a ping goes unanswered."""
+    """Return once ``lost`` is set; a link quiet for ``interval_s`` (no stream bytes received)
+    is pinged, and closed first if the ping goes unanswered for ``timeout_s``. A link the
+    other worker keeps talking on is never pinged."""
+    heard = connection.stream_bytes()[0]
     while not lost.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(lost.wait(), interval_s)
             return
+        received = connection.stream_bytes()[0]
+        if received != heard:
+            heard = received
+            continue
         try:
             answered = await connection.acknowledged(timeout_s)
         except ConnectionError:
