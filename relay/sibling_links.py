@@ -19,7 +19,7 @@ from macula.transport import FrameProtocol
 
 log = logging.getLogger("macula.relay")
 
-PROBE_INTERVAL_S = 1.0  # of silence on the link before a ping
+PROBE_INTERVAL_S = 1.0  # of a link moving no bytes before a ping
 PROBE_TIMEOUT_S = 4.0  # lenient: a loaded worker acknowledges late, and a closed link loses events
 
 
@@ -29,17 +29,18 @@ async def until_lost(
     interval_s: float = PROBE_INTERVAL_S,
     timeout_s: float = PROBE_TIMEOUT_S,
 ) -> None:
-    """Return once ``lost`` is set; a link quiet for ``interval_s`` (no stream bytes received)
-    is pinged, and closed first if the ping goes unanswered for ``timeout_s``. A link the
-    other worker keeps talking on is never pinged."""
-    heard = connection.stream_bytes()[0]
+    """Return once ``lost`` is set; a link quiet for ``interval_s`` (no stream bytes received
+    or sent: sending needs the other worker's flow-control credit, so a dead one stops it
+    within a window) is pinged, and closed first if the ping goes unanswered for
+    ``timeout_s``. A link that keeps moving bytes either way is never pinged."""
+    heard = connection.stream_bytes()
     while not lost.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(lost.wait(), interval_s)
             return
-        received = connection.stream_bytes()[0]
-        if received != heard:
-            heard = received
+        moved = connection.stream_bytes()
+        if moved != heard:
+            heard = moved
             continue
         try:
             answered = await connection.acknowledged(timeout_s)
