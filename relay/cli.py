@@ -9,7 +9,9 @@ written 0600 once it listens (whole, by rename), removed on a clean exit when th
 this station's lines. ``--log-file``: logs go to that file, rotated at ``--log-max-bytes``
 keeping ``--log-backups`` old ones, instead of stderr. ``--exit-when-gone PATH`` and
 ``--idle-exit-s N``: the station stops by itself once PATH is gone or after N s with no
-connection (``relay.lifetime``), as on SIGTERM.
+connection (``relay.lifetime``), as on SIGTERM. ``--workers N`` (``relay.workers``): N station
+processes behind the one port under a parent (``relay.worker_supervisor``) that prints the line
+and writes the files once all of them listen.
 """
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ async def test_a_killed_worker_is_started_again_and_its_clients_come_back(
             # the client of the killed worker is back (on whichever worker now), its
             # subscription replayed: an event from it reaches the other client again
             await eventually(lambda: second.stats.reconnects >= 1, timeout=20)
-            await eventually(lambda: _both_linked(station), timeout=20)
+            # the lower worker leaves the dead link after 3 unanswered pings, then dials again
+            await eventually(lambda: _both_linked(station), timeout=40)
             assert await eventually(
                 lambda: _heard(second, subscription, "workers.after", "again"), timeout=20
             )
