@@ -69,9 +69,10 @@ class DrainingProtocol(asyncio.DatagramProtocol):
         self.inner.resume_writing()
 
 
-async def bound_socket(host: str, port: int) -> socket.socket:
+async def bound_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
     """A non-blocking UDP socket bound to ``host:port`` (the first address that binds), as
-    ``loop.create_datagram_endpoint(local_addr=...)`` would make it."""
+    ``loop.create_datagram_endpoint(local_addr=...)`` would make it; ``reuse_port``: with
+    ``SO_REUSEPORT``, so several processes share the port (``macula-relay --workers``)."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
     error: OSError | None = None
@@ -79,6 +80,8 @@ async def bound_socket(host: str, port: int) -> socket.socket:
         sock = socket.socket(family, kind, proto)
         try:
             sock.setblocking(False)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind(address)
         except OSError as exc:
             sock.close()

@@ -9,7 +9,9 @@ written 0600 once it listens (whole, by rename), removed on a clean exit when th
 this station's lines. ``--log-file``: logs go to that file, rotated at ``--log-max-bytes``
 keeping ``--log-backups`` old ones, instead of stderr. ``--exit-when-gone PATH`` and
 ``--idle-exit-s N``: the station stops by itself once PATH is gone or after N s with no
-connection (``relay.lifetime``), as on SIGTERM.
+connection (``relay.lifetime``), as on SIGTERM. ``--workers N`` (``relay.workers``): N station
+processes behind the one port under a parent (``relay.worker_supervisor``) that prints the line
+and writes the files once all of them listen.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from macula.event_loop import run as run_loop
 from macula.logformat import JsonFormatter, KeyValueFormatter
 from macula.wire.framing import MAX_FRAME_SIZE
 from macula.wire.records import Record
-from relay import config_file, service
+from relay import config_file, service, worker_start, workers
 from relay.cli_options import BOUNDS, DHT_CAPS, build_parser
 from relay.federation.dht import DhtConfig
 from relay.federation.dht_storage import DhtLimits
@@ -269,13 +271,8 @@ def _options(argv: Sequence[str]) -> tuple[argparse.Namespace, config_file.Loade
         raise SystemExit(f"macula-relay: {exc}") from None
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args, loaded = _options(argv)
-    if args.print_config:
-        print(config_file.render(build_parser(), args), end="")
-        return
-    service.check(args)
+def _log_handler(args: argparse.Namespace) -> logging.Handler:
+    """stderr or the rotated ``--log-file``; a worker's lines are labelled with its index."""
     handler: logging.Handler = logging.StreamHandler(sys.stderr)
     if args.log_file is not None:
         try:
@@ -284,23 +281,62 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         except OSError as exc:
             raise SystemExit(f"macula-relay: --log-file {args.log_file}: {exc}") from None
-    handler.setFormatter(JsonFormatter() if args.log_format == "json" else KeyValueFormatter())
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    json_lines = args.log_format == "json"
+    formatter: logging.Formatter = JsonFormatter() if json_lines else KeyValueFormatter()
+    if args.worker_role is not None:
+        formatter = workers.WorkerLabel(formatter, args.worker_role.index, json_lines)
+    handler.setFormatter(formatter)
+    return handler
+
+
+def _serve_workers(
+    argv: list[str], args: argparse.Namespace, config: StationConfig, count: int
+) -> None:
+    """The parent of ``--workers N``: its files are written once every worker is up."""
+    written: list[tuple[Path, str]] = []
+
+    def ready(endpoint: str) -> None:
+        files = [(args.endpoint_file, f"{endpoint}\n"), (args.pid_file, f"{os.getpid()}\n")]
+        for path, text in files:
+            if path is not None:
+                _write_private(path, text)
+                written.append((path, text))
+
+    try:
+        code = worker_start.run_workers(argv, args, config, count, ready)
+    finally:
+        for path, text in written:
+            _remove_if_holds(path, text)
+    if code:
+        raise SystemExit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, loaded = _options(argv)
+    if args.print_config:
+        print(config_file.render(build_parser(), args), end="")
+        return
+    service.check(args)
+    logging.basicConfig(level=args.log_level.upper(), handlers=[_log_handler(args)])
     logging.getLogger("quic").setLevel(logging.WARNING)
     for chatty in ("kademlia", "rpcudp"):  # the DHT package logs every lookup at INFO
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
+        count = workers.worker_count(args)
         config = config_from_args(args)
     except SystemExit as exc:  # a check naming a --flag: also where the file set it
         raise SystemExit(loaded.blame(str(exc.code))) from None
+    if args.worker_role is None and count > 1:
+        return _serve_workers(argv, args, config, count)
     options = service.ServiceOptions(args, reparse=lambda: _options(argv)[0])
     lifetime = LifetimeRule(args.exit_when_gone, args.idle_exit_s)
+    files = (args.endpoint_file, args.pid_file)
+    if args.worker_role is not None:  # a worker: its parent writes the files
+        config = workers.worker_config(config, args.worker_role)
+        files = (None, None)
     try:
-        run_loop(
-            serve(
-                config, args.endpoint_file, args.pid_file, lifetime, args.lifetime_check_s, options
-            )
-        )
+        run_loop(serve(config, *files, lifetime, args.lifetime_check_s, options))
     except (ConfigError, StationEndorsementError) as exc:  # e.g. MACULA_LOOP names no loop
         raise SystemExit(f"macula-relay: {exc}") from None
     except OSError as exc:

@@ -21,6 +21,7 @@ from relay.realm_admission import AdmissionMode
 from relay.realms import ProtectedRealm, parse_realm_flag
 from relay.station_config import StationConfig
 from relay.store import StoreLimits
+from relay.workers import MAX_WORKERS, parse_role
 
 
 def _positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -164,6 +165,17 @@ def _process_flags(parser: argparse.ArgumentParser) -> None:
         type=_positive(float),
         metavar="SECONDS",
         help="exit by itself after this long with no connection open (default: never)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"station processes sharing the UDP port, 1..{MAX_WORKERS} (default: one per core"
+        " up to that on a public address, 1 on loopback; docs/operations.md)",
+    )
+    parser.add_argument(  # set by the parent of --workers N on each worker it starts
+        "--worker-role", type=parse_role, default=None, help=argparse.SUPPRESS
     )
     parser.add_argument(  # how often those two are checked (tests shorten it)
         "--lifetime-check-s", type=_positive(float), default=2.0, help=argparse.SUPPRESS

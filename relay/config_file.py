@@ -22,7 +22,8 @@ from typing import Any
 
 import tomlkit
 
-NOT_KEYS = frozenset({"help", "config", "print_config"})  # dests with no key in the file
+# dests with no key in the file (``worker_role``: set by ``--workers``' parent only)
+NOT_KEYS = frozenset({"help", "config", "print_config", "worker_role"})
 
 
 class ConfigFileError(Exception):

@@ -155,6 +155,9 @@ class Station(StationParts):
             config, (certificate[0], certificate[1]), self._protocol, self.retry
         )
         stack.callback(self._close_server)
+        await build.serve_sibling_links(
+            config, (certificate[0], certificate[1]), self._protocol, stack
+        )
         self._dht = self._builtins.dht = await build.start_dht(
             config, self.identity, self.port, stack, self.spawn
         )

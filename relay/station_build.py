@@ -10,6 +10,7 @@ Nothing here keeps state: what a function makes it returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Coroutine
@@ -83,7 +84,7 @@ def realm_rules(config: StationConfig) -> tuple[RealmGate, ConnectRule, Allowlis
         max_revocations=policy.max_realm_revocations,
     )
     allowlist = None if config.allowlist is None else Allowlist.load(config.allowlist)
-    stations = frozenset(target.node_id for target in config.peers)
+    stations = frozenset(target.node_id for target in [*config.peers, *config.siblings])
     return gate, ConnectRule(mode, allowlist, stations), allowlist
 
 
@@ -166,10 +167,27 @@ async def serve_quic(
     # aioquic's ``serve`` with a socket of our own, so the server reads every datagram
     # waiting at each readiness (macula.datagram_reader), not one per loop turn
     server = QuicServer(configuration=quic, create_protocol=protocol, retry=retry)
-    sock = await bound_socket(config.host, config.port)
+    sock = await bound_socket(config.host, config.port, reuse_port=config.reuse_port)
     await open_draining(sock, server)
     enlarge_receive_buffer(sock)
     return server, int(sock.getsockname()[1])
+
+
+async def serve_sibling_links(
+    config: StationConfig,
+    certificate: tuple[Path, Path],
+    protocol: Callable[..., FrameProtocol],
+    stack: contextlib.AsyncExitStack,
+) -> None:
+    """A worker's second QUIC listener, on 127.0.0.1:``link_port``, where the other workers
+    dial it (the shared port would hash a dial to any worker); none without ``link_port``."""
+    if config.link_port is None:
+        return
+    sibling = dataclasses.replace(
+        config, host="127.0.0.1", port=config.link_port, reuse_port=False, link_port=None
+    )
+    server, _ = await serve_quic(sibling, certificate, protocol, retry=False)
+    stack.callback(server.close)
 
 
 async def start_dht(
@@ -255,6 +273,7 @@ def link_manager_for(
         run_link=links.run,
         has_link=links.has_link,
         peers=config.peers,
+        siblings=config.siblings,
         remembered=remembered,
         discover=links.noting(config.discover if config.discover is not None else links.discover),
         max_links=config.max_links,

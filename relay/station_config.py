@@ -50,3 +50,9 @@ class StationConfig:
     station_endorsements: list[Record] = field(default_factory=list)
     admission: AdmissionMode = AdmissionMode.OPEN
     allowlist: Path | None = None  # node ids, one a line; re-read when it changes
+    # --- one worker of ``macula-relay --workers N`` (relay.workers) ---
+    reuse_port: bool = False  # bind ``port`` with SO_REUSEPORT, shared with the other workers
+    # a second QUIC listener on 127.0.0.1 for the other workers' links (None: none)
+    link_port: int | None = None
+    # the other workers to dial: they hold this station's own key (``relay.workers``)
+    siblings: list[LinkTarget] = field(default_factory=list)

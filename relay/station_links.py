@@ -26,6 +26,7 @@ from relay.federation.dht import StationDht
 from relay.federation.known_peers import KnownPeers
 from relay.federation.links import LinkFailed, LinkTarget, StationLike
 from relay.house.services import HouseServices
+from relay.sibling_links import until_lost
 from relay.station_config import StationConfig
 
 log = logging.getLogger("macula.relay")
@@ -96,7 +97,10 @@ class StationLinks:
             self._targets[conn] = target
             try:
                 shell.run(shell.core.dial(conn, target.node_id, now_ms(), host=target.host))
-                await lost.wait()
+                if target in shell.config.siblings:  # another worker: probed (relay.workers)
+                    await until_lost(connection, lost)
+                else:
+                    await lost.wait()
             finally:
                 if shell.connection(conn) is not None:  # cancelled (stopping): forget it now
                     shell.forget(conn, "link closed")

@@ -425,6 +425,10 @@ async def our_station(args: argparse.Namespace) -> AsyncIterator[tuple[str, Stat
     if args.station:
         print(f"station: {args.station} (external; its own quotas apply)", flush=True)
         yield args.station, None
+    elif args.workers is not None:
+        async with relay_workers(args.workers) as endpoint:
+            print(f"station: {endpoint} (macula-relay --workers {args.workers})", flush=True)
+            yield endpoint, None
     elif args.station_process:
         async with child_process("serve-station", "1800", ready="endpoint") as child:
             print(f"station: {child.said} (child process {child.pid}, limits lifted)", flush=True)
@@ -434,6 +438,31 @@ async def our_station(args: argparse.Namespace) -> AsyncIterator[tuple[str, Stat
             async with Station(bench_station_config(Path(tmp))) as station:
                 print(f"station: {station.endpoint} (in this process, limits lifted)", flush=True)
                 yield station.endpoint, station
+
+
+@contextlib.asynccontextmanager
+async def relay_workers(count: int) -> AsyncIterator[str]:
+    """``macula-relay --workers count`` (a parent and its workers, real processes) on
+    127.0.0.1:0 with the benchmark's limits lifted as flags; its endpoint."""
+    lifted = ["--publish-rate", "1e9", "--call-rate", "1e9", "--station-event-rate", "1e9"]
+    lifted += ["--max-connections", str(MAX_CONNECTIONS)]
+    lifted += ["--max-connections-per-address", str(MAX_CONNECTIONS)]
+    with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "relay.cli", "--port", "0", "--data-dir", tmp),
+            *("--workers", str(count), "--log-level", "warning", *lifted),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert process.stdout is not None
+            line = await asyncio.wait_for(process.stdout.readline(), 120)
+            if b"@" not in line:
+                raise RuntimeError(f"macula-relay --workers {count} printed {line!r}")
+            yield line.decode().strip()
+        finally:
+            if process.returncode is None:
+                process.terminate()
+            await process.wait()
 
 
 async def serve_station(seconds: float) -> None:
@@ -549,6 +578,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--station", help="benchmark this station (node_id@host:port) instead")
     parser.add_argument(
         "--station-process", action="store_true", help="run our station in a child process"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="run our station as macula-relay --workers N (real processes) instead",
     )
     parser.add_argument("--only", choices=sorted(SELECTIONS), default="all")
     parser.add_argument("--no-peers", "--no-nats", action="store_true", help="skip NATS and amqtt")

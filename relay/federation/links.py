@@ -7,7 +7,8 @@ entries, the stations ``remembered`` from before a restart (``relay.federation.k
 and what the injected ``discover`` returns (the DHT's ``stations()``; none by default).
 Invariants: at most ``max_links`` targets at once; never itself, never a station it already has
 a link with (``has_link``: e.g. one that dialled this station), never two tasks for one
-station; a discovered target that discovery no longer names is dropped while it is not linked;
+station (a ``sibling``, another worker of this station, holds its node id: dialled all the
+same); a discovered target that discovery no longer names is dropped while it is not linked;
 a remembered one likewise, but only once discovery has named another station (until then the
 DHT knows nobody, and the remembered stations are how this one finds the mesh again);
 after ``halt`` nothing new is dialled; ``stop`` cancels and awaits every task it started.
@@ -91,6 +92,7 @@ class LinkManager:
         run_link: Callable[[LinkTarget], Awaitable[None]],
         has_link: Callable[[bytes], bool],
         peers: Sequence[LinkTarget] = (),
+        siblings: Sequence[LinkTarget] = (),
         remembered: Sequence[LinkTarget] = (),
         discover: Callable[[], Awaitable[Sequence[StationLike]]] | None = None,
         max_links: int = 64,
@@ -107,6 +109,7 @@ class LinkManager:
         self._run_link = run_link
         self._has_link = has_link
         self._peers = list(peers)
+        self._siblings = list(siblings)  # workers of this station: they share its node id
         self._remembered_targets = list(remembered)
         self._discover = discover
         self.max_links = max_links
@@ -129,6 +132,9 @@ class LinkManager:
         for target in self._peers:
             if self._add(target):
                 self._pinned.add(target.node_id)
+        for target in self._siblings:
+            if self._add(target, sibling=True):
+                self._pinned.add(target.node_id)
         for target in self._remembered_targets:
             if self._add(target):
                 self._remembered.add(target.node_id)
@@ -144,9 +150,9 @@ class LinkManager:
         await self._scope.aclose()
         self._tasks.clear()
 
-    def _add(self, target: LinkTarget) -> bool:
+    def _add(self, target: LinkTarget, sibling: bool = False) -> bool:
         node_id = target.node_id
-        if self.halted or node_id == self.own_id or node_id in self._tasks:
+        if self.halted or (node_id == self.own_id and not sibling) or node_id in self._tasks:
             return False
         if len(self._tasks) >= self.max_links:
             log.warning("not linking %s: already %d links (max_links)", target, self.max_links)
