@@ -171,8 +171,8 @@ def _process_flags(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help=f"station processes sharing the UDP port, 1..{MAX_WORKERS} (default: one per core"
-        " up to that on a public address, 1 on loopback; docs/operations.md)",
+        help=f"station processes sharing the UDP port, 1..{MAX_WORKERS} (default 1;"
+        " docs/operations.md)",
     )
     parser.add_argument(  # set by the parent of --workers N on each worker it starts
         "--worker-role", type=parse_role, default=None, help=argparse.SUPPRESS

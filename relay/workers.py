@@ -48,11 +48,13 @@ def is_loopback_host(host: str) -> bool:
 
 
 def default_count(host: str, cores: int | None) -> int:
-    """1 on loopback (a local station serves one home), else one worker per core, at most
-    ``MAX_WORKERS``."""
-    if is_loopback_host(host):
-        return 1
-    return max(1, min(cores or 1, MAX_WORKERS))
+    """1, wherever the station listens: ``--workers 2`` is opt-in. Departure from issue 27
+    (one per core on a public address), on figures: on 2 cores two workers moved 0.70x the
+    pub/sub and 0.76x the fan-out of one (docs/performance.md, "Every core"), and a worker's
+    restart re-hashes the other's clients; ``host`` and ``cores`` are kept for when links
+    between workers are told apart and more workers pay."""
+    del host, cores
+    return 1
 
 
 def worker_count(args: argparse.Namespace) -> int:
