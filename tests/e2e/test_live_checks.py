@@ -1,4 +1,7 @@
-"""The two-process live checks pass end to end: real station process, two client processes."""
+"""The two-process live checks pass end to end: real station process, two client processes.
+The conversation and federation checks run by default; the others are live checks of what the
+integration tests cover in one process over real QUIC, so they run with ``-m slow`` (the suite
+stays under its 8 minutes)."""
 
 from __future__ import annotations
 
@@ -15,11 +18,11 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 @pytest.mark.parametrize(
     "script",
     [
-        "pubsub-two-process-check.py",
-        "rpc-two-process-check.py",
-        "content-two-process-check.py",
-        "ring-two-process-check.py",
-        "realm-two-process-check.py",
+        pytest.param("pubsub-two-process-check.py", marks=pytest.mark.slow),
+        pytest.param("rpc-two-process-check.py", marks=pytest.mark.slow),
+        pytest.param("content-two-process-check.py", marks=pytest.mark.slow),
+        pytest.param("ring-two-process-check.py", marks=pytest.mark.slow),
+        pytest.param("realm-two-process-check.py", marks=pytest.mark.slow),
         "conversation-two-process-check.py",
         "federation-two-process-check.py",
     ],
