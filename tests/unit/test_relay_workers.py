@@ -181,6 +181,6 @@ async def test_the_link_manager_dials_a_sibling_that_holds_its_own_node_id(
     for _ in range(100):  # a few loop turns for the task to start
         if dialled:
             break
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: polled predicate (dialled), bounded above
     await manager.stop()
     assert dialled == [sibling]  # the sibling is dialled; a --peer naming itself is not

@@ -437,14 +437,17 @@ def test_a_read_that_a_write_overlapped_is_not_remembered(tmp_path: Path) -> Non
             read_room = store._read_room
             gate = asyncio.Event()
 
+            was_read = asyncio.Event()
+
             async def slow_read(read_topic: str) -> Any:
                 found = await read_room(read_topic)  # read before the write...
+                was_read.set()
                 await gate.wait()  # ...returned after it
                 return found
 
             store._read_room = slow_read  # type: ignore[method-assign]
             stale = asyncio.create_task(store.room(topic))
-            await asyncio.sleep(0)
+            await was_read.wait()
             assert (await bob.accept(first, ALICE.node_id)).keyed == 1
             gate.set()
             assert await stale is None  # what the file said when it was read

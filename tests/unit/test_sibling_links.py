@@ -28,7 +28,7 @@ class FakeLink:
 
     async def acknowledged(self, timeout_s: float) -> bool:
         self.pings += 1
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn, as a real acknowledgement yields
         return self.answers[self.pings - 1] if self.pings <= len(self.answers) else False
 
     def close_connection(self, reason: str = "") -> None:
@@ -58,7 +58,7 @@ async def test_a_link_moving_bytes_is_never_pinged(anyio_backend: str) -> None:
     link = FakeLink([], moving=True)
     probing = asyncio.create_task(_probe(link, timeout_s=0.001))
     while link.bytes < 20:  # twenty looks at the counters
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # polled predicate: the probe runs between looks
     link.lost.set()
     await probing
     assert link.pings == 0 and link.closed == []
