@@ -12,13 +12,13 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from macula.errors import MaculaError
+from macula.private_file import write_private
 from macula.wire.errors import ProtocolError
 from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, Identity
 
@@ -34,39 +34,7 @@ def save_identity(
 
     With ``exclusive`` an existing file is never replaced: ``FileExistsError`` instead.
     """
-    target = Path(path)
-    parent = target.parent
-    if not parent.exists():
-        parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(parent, 0o700)  # mkdir's mode is filtered by the umask
-    tmp = parent / f".{target.name}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(identity.to_key_file())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o600)
-        if exclusive:
-            os.link(tmp, target)  # atomic, and fails when another process got there first
-            tmp.unlink()
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-    _sync_directory(parent)
-    return target
-
-
-def _sync_directory(directory: Path) -> None:
-    """fsync a directory, making a rename or link in it durable (POSIX)."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return write_private(path, identity.to_key_file(), exclusive=exclusive)
 
 
 def load_identity(path: str | os.PathLike[str]) -> Identity:
