@@ -31,6 +31,7 @@ from macula.config import macula_home
 from macula.errors import ConfigError
 from macula.event_loop import run as run_loop
 from macula.logformat import JsonFormatter, KeyValueFormatter
+from macula.private_file import write_private
 from macula.wire.framing import MAX_FRAME_SIZE
 from macula.wire.records import Record
 from relay import config_file, service, worker_start, workers
@@ -204,18 +205,6 @@ def config_from_args(args: argparse.Namespace) -> StationConfig:
     )
 
 
-def _write_private(path: Path, text: str) -> None:
-    """``text`` into ``path``, 0600, whole: a reader sees the old file or the new one."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-
-
 def _remove_if_holds(path: Path, text: str) -> None:
     """Remove ``path`` unless another station has written its own line there since."""
     with contextlib.suppress(OSError):
@@ -242,7 +231,7 @@ async def serve(
         try:
             for path, text in written:
                 try:
-                    _write_private(path, text)
+                    write_private(path, text.encode())
                 except OSError as exc:
                     raise SystemExit(f"macula-relay: cannot write {path}: {exc}") from None
             print(station.endpoint, flush=True)
@@ -299,7 +288,7 @@ def _serve_workers(
         files = [(args.endpoint_file, f"{endpoint}\n"), (args.pid_file, f"{os.getpid()}\n")]
         for path, text in files:
             if path is not None:
-                _write_private(path, text)
+                write_private(path, text.encode())
                 written.append((path, text))
 
     try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from pathlib import Path
 
 from cryptography import x509
@@ -19,6 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID
 
+from macula.private_file import write_private
 from macula.wire.identity import Identity
 
 VALIDITY = datetime.timedelta(days=3650)
@@ -98,16 +98,6 @@ def ensure_certificate(data_dir: Path, identity: Identity, hosts: list[str]) -> 
     fits = cert_path.exists() and key_path.exists()
     if fits and _certificate_fits(cert_path.read_bytes(), identity, hosts, now):
         return cert_path, key_path
-    _write_private(key_path, private_key_pem(identity))
-    _write_private(cert_path, build_certificate(identity, hosts, now))
+    write_private(key_path, private_key_pem(identity))
+    write_private(cert_path, build_certificate(identity, hosts, now))
     return cert_path, key_path
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)

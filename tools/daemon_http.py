@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import hmac
 import logging
-import os
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from macula.private_file import write_private
 from tools.console.app import Console
 from tools.console.snapshot import ConsoleSource
 from tools.http_token import home_token, http_dir, last_port_path, matches, port_path
@@ -221,13 +221,7 @@ def last_port(home: Path) -> int:
 
 def _write_private(path: Path, text: str) -> None:
     http_dir(path.parent.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, text.encode("ascii"))
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_private(path, text.encode("ascii"))
 
 
 def write_port(home: Path, port: int) -> Path:

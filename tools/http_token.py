@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from macula.errors import ConfigError
+from macula.private_file import write_private
 
 DIR_NAME: Final = "http"
 TOKEN_NAME: Final = "token"
@@ -69,18 +71,8 @@ def token_file(path: Path) -> str:
     random bytes; a race between two makers keeps the first file."""
     if path.exists():
         return read_token(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, secrets.token_urlsafe(32).encode("ascii") + b"\n")
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)  # fails if another process made it first: theirs wins
-    except FileExistsError:
-        pass
-    finally:
-        tmp.unlink(missing_ok=True)
+    with contextlib.suppress(FileExistsError):  # another maker got there first: theirs wins
+        write_private(path, secrets.token_urlsafe(32).encode("ascii") + b"\n", exclusive=True)
     return read_token(path)
 
 

@@ -25,7 +25,8 @@ reply differs). Without one (a new home, new code) the shipped seed answers ``in
 (``tools/handshake_seed.json``, made by ``python -m tools.handshake_seed`` and checked by tests
 to be this code's own answer); without either the backend answers, and is learned.
 
-Invariants: stdlib only (nothing heavy is imported here); one writer lock on the wire; a
+Invariants: stdlib only (nothing heavy is imported here; the card's writer,
+``macula.private_file``, is imported when a card is written); one writer lock on the wire; a
 line that is not JSON, or not an opening request, is passed on untouched, in order.
 """
 
@@ -183,15 +184,10 @@ class HandshakeCard:
             return False
         self.answers[key] = self.learned[key] = result
         with contextlib.suppress(OSError):
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            from macula.private_file import write_private  # stdlib only, off the opening path
+
             text = json.dumps({"fingerprint": self.print, "answers": self.learned})
-            temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
-            os.replace(temporary, self.path)
+            write_private(self.path, text.encode())
         return changed
 
 

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from macula.config import macula_home
 from macula.errors import ConfigError, MaculaError
 from macula.keyfile import KeyFileError
 from macula.node import Node
+from macula.private_file import write_private
 from macula.realm.authority import (
     DEFAULT_MAX_PENDING,
     DEFAULT_SESSION_TTL_MS,
@@ -213,22 +213,6 @@ def _node_id(text: str) -> bytes:
     return node
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """``data`` into ``path`` (0600), whole: a temporary file renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-
-
 def _endorse_station(realm: Realm, args: argparse.Namespace, out: _Out, now: int) -> int:
     station = _node_id(args.station_id)
     valid_until = now + int(args.valid_days * 86_400_000)
@@ -241,7 +225,7 @@ def _endorse_station(realm: Realm, args: argparse.Namespace, out: _Out, now: int
     }
     text = f"endorsed station {station.hex()} for realm {realm.name} until {_when(valid_until)}"
     if args.out is not None:
-        _write_private(args.out, cbor.encode(record.to_rpc()))
+        write_private(args.out, cbor.encode(record.to_rpc()))
         result["file"] = str(args.out)
         text += f"\nwrote {args.out}; run the station with: macula-relay "
         text += f"--realm {realm.name}={realm.authority.node_id.hex()} --realm-endorsement FILE"

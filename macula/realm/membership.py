@@ -20,16 +20,15 @@ Invariants:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
 from macula.clock import MsClock, now_ms
 from macula.errors import MaculaError, MeshError
+from macula.private_file import write_private
 from macula.realm.records import (
     REVOKED_ROLE,
     Endorsement,
@@ -105,22 +104,7 @@ class MembershipStore:
         return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
     def _write(self, entries: list[dict[str, Any]]) -> None:
-        folder = self.path.parent
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(folder, 0o700)
-        tmp = folder / f".{self.path.name}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump({"memberships": entries}, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            raise
+        write_private(self.path, json.dumps({"memberships": entries}).encode("utf-8"))
 
     def _read(self, entry: dict[str, Any]) -> Membership | None:
         try:
