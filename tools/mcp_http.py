@@ -80,7 +80,9 @@ class HttpSession:
 
 
 async def _answer(send: Send, status: int, headers: Mapping[str, str], body: bytes) -> None:
+    """A whole response with its Content-Length (see ``tools.daemon_http._refuse``)."""
     raw = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    raw.append((b"content-length", str(len(body)).encode("ascii")))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 

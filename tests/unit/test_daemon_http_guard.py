@@ -4,10 +4,14 @@ a token in the URL traded for a cookie (and taken out of the URL), 401 otherwise
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from tools.daemon_http import COOKIE, cookie_value, guard
+from tools.daemon_http import COOKIE, Verdict, cookie_value, guard
+from tools.daemon_http import _refuse as refuse_console
 from tools.daemon_settings import DaemonSettingError, DaemonSettings
+from tools.mcp_http import _refuse as refuse_mcp
 
 TOKEN = "A" * 43
 PORT = 8765
@@ -72,3 +76,23 @@ def test_the_http_port_setting() -> None:
     for bad in ("-1", "65536", "eighty", "80.5"):
         with pytest.raises(DaemonSettingError, match="MACULA_MCP_HTTP_PORT"):
             DaemonSettings.from_env({"MACULA_HOME": "/tmp/h", "MACULA_MCP_HTTP_PORT": bad})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("which", ["console", "mcp"])
+async def test_a_refusal_is_sent_whole_with_its_length(which: str) -> None:
+    # Sent chunked before the request's body was read, a refusal was cut by a reset about 1
+    # time in 200 (urllib, uvicorn's h11): with its Content-Length it arrives whole.
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    if which == "console":
+        await refuse_console(send, Verdict(421, "only http://127.0.0.1 on its own port"))
+    else:
+        await refuse_mcp(send, 401, "a bearer token is required")
+    start, body = sent
+    headers = dict(start["headers"])
+    assert int(headers[b"content-length"]) == len(body["body"]) > 0
+    assert not body.get("more_body")
