@@ -6,7 +6,8 @@ Invariants:
   the same directory, are fsynced, then renamed (or, with ``exclusive``, hard-linked) into place,
   and the directory is fsynced so the rename itself survives a power loss;
 - the file is 0600 and a missing directory is made 0700 (mkdir's mode is filtered by the umask,
-  so it is set again);
+  so it is set again), unless ``parents=False``: then a missing directory is an error
+  (``FileNotFoundError``), for files a person named (a station's ``--endpoint-file``);
 - every call has a temporary file of its own (``mkstemp``): two threads of one process writing
   the same path at once never share one. Naming it by pid alone let a daemon's second thread
   fail on the first's temporary file and take that for "the file exists";
@@ -34,10 +35,12 @@ def private_dir(folder: Path) -> Path:
     return folder
 
 
-def write_private(path: str | os.PathLike[str], data: bytes, *, exclusive: bool = False) -> Path:
+def write_private(
+    path: str | os.PathLike[str], data: bytes, *, exclusive: bool = False, parents: bool = True
+) -> Path:
     """Write ``data`` to ``path`` whole, 0600 (see the module docstring)."""
     target = Path(path)
-    parent = private_dir(target.parent)
+    parent = private_dir(target.parent) if parents else target.parent
     fd, name = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=".tmp")
     tmp = Path(name)
     try:

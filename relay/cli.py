@@ -231,7 +231,7 @@ async def serve(
         try:
             for path, text in written:
                 try:
-                    write_private(path, text.encode())
+                    write_private(path, text.encode(), parents=False)
                 except OSError as exc:
                     raise SystemExit(f"macula-relay: cannot write {path}: {exc}") from None
             print(station.endpoint, flush=True)
@@ -288,7 +288,7 @@ def _serve_workers(
         files = [(args.endpoint_file, f"{endpoint}\n"), (args.pid_file, f"{os.getpid()}\n")]
         for path, text in files:
             if path is not None:
-                write_private(path, text.encode())
+                write_private(path, text.encode(), parents=False)
                 written.append((path, text))
 
     try:

@@ -225,7 +225,7 @@ def _endorse_station(realm: Realm, args: argparse.Namespace, out: _Out, now: int
     }
     text = f"endorsed station {station.hex()} for realm {realm.name} until {_when(valid_until)}"
     if args.out is not None:
-        write_private(args.out, cbor.encode(record.to_rpc()))
+        write_private(args.out, cbor.encode(record.to_rpc()), parents=False)
         result["file"] = str(args.out)
         text += f"\nwrote {args.out}; run the station with: macula-relay "
         text += f"--realm {realm.name}={realm.authority.node_id.hex()} --realm-endorsement FILE"

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from macula.keyfile import load_identity, load_or_create_identity, save_identity
+from macula.private_file import write_private
 from macula.wire.identity import Identity
 
 
@@ -63,3 +64,12 @@ def test_an_exclusive_save_beside_another_writer_of_the_same_file_still_refuses(
     assert outcomes == ["refused", "saved"]
     assert load_identity(target).node_id in {ours.node_id, theirs.node_id}
     assert [p.name for p in tmp_path.iterdir()] == ["ada.key"]
+
+
+def test_a_named_file_in_a_missing_folder_is_an_error_not_a_new_folder(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(FileNotFoundError):
+        write_private(missing / "endpoint", b"x\n", parents=False)
+    assert not missing.exists()
+    write_private(missing / "endpoint", b"x\n")
+    assert stat.S_IMODE(missing.stat().st_mode) == 0o700
