@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from macula.config import AGENT_ENV, IDENTITY_ENV, SESSION_ENV, identity_path
 from macula.errors import ConfigError, MaculaError
@@ -109,15 +109,18 @@ class Daemon:
         settings: DaemonSettings,
         clock: Callable[[], float] = time.monotonic,
         mcp_app: Any = None,
+        env: Mapping[str, str] | None = None,
     ):
         self.settings = settings
         self.clock = clock
-        self.mcp_app = mcp_app  # MCP over Streamable HTTP, mounted at /mcp when given
+        self.env = dict(os.environ if env is None else env)  # what /mcp sessions start from
+        self.mcp_app = mcp_app  # MCP over Streamable HTTP at /mcp (default: tools.mcp_http's)
         self.http_port = 0  # the console's loopback port, once it listens
         self.idle = IdleClock(settings.idle_timeout, clock())
         self.stopping = asyncio.Event()
         self.connections: set[asyncio.Task[Any]] = set()
         self.hosts: Hosts | None = None
+        self._session_modules: asyncio.Task[list[Any]] | None = None
 
     async def run(self, listener: Any) -> None:
         """Serve on ``listener`` (a bound, listening socket) until stopped or idle."""
@@ -126,6 +129,13 @@ class Daemon:
             loop.add_signal_handler(sig, self.stopping.set)
         async with asyncio.TaskGroup() as group:
             self.hosts = Hosts(group, self.idle, self.clock)
+            # the SDK server's modules, imported once off the loop before any session builds a
+            # server and before the HTTP listener imports its own (which import them too): one
+            # importer at a time, as Python's per-module import locks can hand a second thread
+            # a partly initialised module on an import cycle
+            self._session_modules = group.create_task(
+                asyncio.to_thread(_import, SESSION_MODULES), name="imports"
+            )
             server = await asyncio.start_unix_server(
                 self._connection, sock=listener, limit=self.settings.max_line
             )
@@ -157,11 +167,14 @@ class Daemon:
         (starlette, uvicorn, the agent views) are imported off the loop: an attach arriving
         meanwhile is not held up."""
         try:
-            http = await asyncio.to_thread(importlib.import_module, "tools.daemon_http")
-            build_app, serve = http.build_app, http.serve
+            assert self._session_modules is not None
+            await self._session_modules
+            http, mcp = await asyncio.to_thread(_import, HTTP_MODULES)
+            if self.mcp_app is None:
+                self.mcp_app = mcp.mcp_http_app(self.hosts, self.home, self.env)
             sock = http.bind_home(self.home, self.settings.http_port)
             self.http_port = sock.getsockname()[1]
-            await serve(build_app(self, self.mcp_app), sock, self.home, self.stopping)
+            await http.serve(http.build_app(self, self.mcp_app), sock, self.home, self.stopping)
         except Exception:
             log.exception("the HTTP listener (console, /mcp) failed")
 
@@ -258,6 +271,8 @@ class Daemon:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
+        if self._session_modules is not None:
+            await self._session_modules
         from tools.stdio_guard import serve_guarded
 
         shape = _shape(env)
@@ -274,6 +289,14 @@ def _shape(env: Mapping[str, str]) -> str:
     """What makes two sessions' servers differ (the rest of their settings must agree)."""
     channel = env.get(CHANNEL_ENV, "1").strip() or "1"  # pushes into this session, or not
     return f"{env.get('MACULA_MCP_TERSE_TOOLS', '0')}/{channel}"
+
+
+SESSION_MODULES: Final = ("tools.server", "tools.stdio_guard")
+HTTP_MODULES: Final = ("tools.daemon_http", "tools.mcp_http")
+
+
+def _import(names: tuple[str, ...]) -> list[Any]:
+    return [importlib.import_module(name) for name in names]
 
 
 def _server(hosted: Hosted, env: dict[str, str]) -> Any:
@@ -320,7 +343,7 @@ def run_foreground(env: Mapping[str, str]) -> int:
         pid_path(settings.socket).write_text(f"{os.getpid()}\n")
         _logging(settings, env)
         try:
-            run_loop(Daemon(settings).run(listener))
+            run_loop(Daemon(settings, env=env).run(listener))
         finally:
             for path in (settings.socket, pid_path(settings.socket)):
                 with contextlib.suppress(FileNotFoundError):

@@ -89,14 +89,30 @@ async def test_console_starts_the_daemon_and_serves_its_agents(
     assert "console and HTTP listening" in log and token not in log
 
 
-async def test_the_console_keeps_its_port_across_daemon_restarts(
+async def test_the_daemon_serves_mcp_over_http_on_a_port_kept_across_restarts(
     home: Path, station: Station
 ) -> None:
-    """Stopped and started again, the daemon listens on the home's port again (http/last_port)."""
+    """The daemon ``console`` started serves ``/mcp`` (the home token is agent ``default``) on
+    the same port as the console; stopped and started again, it listens on that port again, so
+    the entries ``register --http`` wrote stay right."""
+    from tests.e2e.httpkit import client
+
     env = dict(os.environ, MACULA_HOME=str(home), MACULA_MESH_STATIONS=station.endpoint)
     done = await asyncio.to_thread(cli, ["console"], env)
     assert done.returncode == 0, done.stderr
-    origin = done.stdout.strip().split("/?token=")[0]
+    origin, token = done.stdout.strip().split("/?token=")
+    async with client(origin + "/mcp", token) as mcp:
+        names = {tool.name for tool in (await mcp.list_tools()).tools}
+        assert {"mesh_hello", "mesh_say", "mesh_wait_room"} <= names
+        said = await mcp.call_tool("mesh_hello", {})
+        assert not said.is_error, said.structured_content
+    wrong = urllib.request.Request(
+        origin + "/mcp", data=b"{}", method="POST", headers={"Authorization": "Bearer " + "x" * 43}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        await asyncio.to_thread(urllib.request.urlopen, wrong, None, 20)
+    assert refused.value.code == 401
+
     stop_daemon(home)
     assert not port_path(home).exists()  # no live port while nothing listens
     again = await asyncio.to_thread(cli, ["console"], env)
