@@ -68,6 +68,9 @@ class Upkeep:
 
     async def tick_forever(self) -> None:
         shell = self.shell
+        # the first sweep is one realm_sweep_ms after the start, not at the first tick: no
+        # membership is older than the start, and each endorsement is checked when presented
+        self.revocations_checked_ms = now_ms()
         while True:
             await asyncio.sleep(shell.config.tick_interval_s)
             now = now_ms()
