@@ -31,7 +31,13 @@ signal.signal(signal.SIGHUP, lambda *_: mark("hup"))
 signal.signal(signal.SIGTERM, lambda *_: (mark("term"), sys.exit(0)))
 print("up", flush=True)
 mark("up")
-if mode == "end":
+if mode == "end":  # only once the first worker can hear SIGTERM (its "up" is after its handler)
+    import os, time
+    first, deadline = os.path.join(os.path.dirname(marks), "w0"), time.monotonic() + 20
+    while not (os.path.exists(first) and "up" in open(first).read().split()):
+        if time.monotonic() > deadline:
+            sys.exit(4)
+        time.sleep(0.01)
     sys.exit(0)
 while True:
     signal.pause()
