@@ -23,6 +23,10 @@ Invariants:
   room-mate or allowlisted (a stranger's ring says who and where, never what);
 - peer text is one line, control characters removed, clipped to ``MACULA_MCP_CHANNEL_MAX_CHARS``;
   ``meta`` values are strings, keys are identifiers;
+- a room message a person wrote at the sender's console says so: ``meta.from_person`` "1" and
+  "(…, person at the console)" after the sender in ``content``, only when
+  ``macula.agent.person.from_person`` verifies both signatures on the attested envelope (as
+  every reader's view does); a copied or forged mark, or an unattested envelope, says nothing;
 - a token bucket per agent (``MACULA_MCP_CHANNEL_PER_MIN``, default 6; ``..._BURST``, default 3)
   bounds what reaches the session; what it holds back is counted and said in the next push.
 """
@@ -44,6 +48,7 @@ from mcp_types import Notification, ServerNotification
 from macula.agent.agent import Agent
 from macula.agent.contact_policy import Answer
 from macula.agent.envelope import LOBBY_TOPIC, TALK_KINDS
+from macula.agent.person import from_person
 from macula.agent.petnames import petname
 from macula.agent.rings import RingEvent
 from macula.agent.rooms import EnvelopeHeard
@@ -130,6 +135,11 @@ def sender_label(node_id: bytes) -> str:
     return f"{petname(node_id)} ({node_id.hex()[:8]})"
 
 
+def person_label(node_id: bytes) -> str:
+    """The sender of a message its person wrote at the console (``macula.agent.person``)."""
+    return f"{petname(node_id)} ({node_id.hex()[:8]}, person at the console)"
+
+
 def mentions(text: str, me: bytes) -> bool:
     """``text`` names us: our petname, or 8 to 64 hex characters our node id starts with."""
     lowered = text.lower()
@@ -155,6 +165,7 @@ class Candidate:
     room_mate: int  # an attested speaker in a room we are in (central excluded)
     allowlisted: int
     hint: str = ""  # what to do next (a tool)
+    from_person: int = 0  # 1: a person at the sender's console wrote it (verified)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +201,8 @@ def render(c: Candidate, verdict: Verdict, max_chars: int) -> tuple[str, dict[st
     else:
         second = c.hint
     meta = {"kind": c.kind, "from": sender_label(c.sender), "from_id": c.sender.hex()}
+    if c.from_person:
+        meta["from_person"] = "1"
     if c.room:
         meta["room"] = c.room
     for key, value in c.ids.items():
@@ -392,7 +405,13 @@ class ChannelHub:
         verb = {"task": "handed you a task", "answer": "answered you"}.get(
             channel_kind, "wrote to you"
         )
-        summary = f"{sender_label(sender)} {verb} in {where} ({kind})."
+        person = from_person(
+            attested=heard.attested, sender_hex=envelope.get("from"),
+            message_id=envelope.get("message_id"), room_topic=heard.topic, kind=kind,
+            text=envelope.get("text"), refs=_refs(envelope),
+        )  # fmt: skip
+        who = person_label(sender) if person else sender_label(sender)
+        summary = f"{who} {verb} in {where} ({kind})."
         message_id = str(envelope.get("message_id"))
         hint = (
             f"Reply with mesh_say room_topic={heard.topic} in_reply_to={message_id}."
@@ -405,12 +424,17 @@ class ChannelHub:
             mate, allowed = await self._standing(sender, heard.topic)
         return Candidate(
             channel_kind, sender, heard.topic, {"message_id": message_id}, summary, text,
-            0, heard.attested, addressed, mate, allowed, hint,
+            0, heard.attested, addressed, mate, allowed, hint, person,
         )  # fmt: skip
 
     async def _ours(self, topic: str, message_id: str) -> bool:
         recent = await self.agent.rooms.transcript.messages(topic, limit=SCAN_LIMIT)
         return any(m.message_id == message_id and m.from_hex == self.me.hex() for m in recent)
+
+
+def _refs(envelope: Mapping[str, Any]) -> list[object] | None:
+    refs = envelope.get("refs")
+    return refs if isinstance(refs, list) else None
 
 
 _hubs: dict[int, ChannelHub] = {}  # by id(agent): one hub per runtime, while sessions hold it

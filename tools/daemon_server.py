@@ -171,7 +171,10 @@ class Daemon:
             await self._session_modules
             http, mcp = await asyncio.to_thread(_import, HTTP_MODULES)
             if self.mcp_app is None:
-                self.mcp_app = mcp.mcp_http_app(self.hosts, self.home, self.env)
+                self.mcp_app = mcp.mcp_http_app(
+                    self.hosts, self.home, self.env,
+                    max_sessions=self.settings.http_max_sessions,
+                )  # fmt: skip
             sock = http.bind_home(self.home, self.settings.http_port)
             self.http_port = sock.getsockname()[1]
             await http.serve(http.build_app(self, self.mcp_app), sock, self.home, self.stopping)

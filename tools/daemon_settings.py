@@ -20,6 +20,9 @@ LOG_FILES_ENV: Final = "MACULA_MCP_DAEMON_LOG_FILES"
 DEFAULT_LOG_BYTES: Final = 1024 * 1024
 DEFAULT_LOG_FILES: Final = 3
 HTTP_PORT_ENV: Final = "MACULA_MCP_HTTP_PORT"  # the console and /mcp; 0 or unset: a free port
+HTTP_MAX_SESSIONS_ENV: Final = "MACULA_MCP_HTTP_MAX_SESSIONS"  # /mcp sessions open at once
+DEFAULT_HTTP_MAX_SESSIONS: Final = 64
+MAX_HTTP_MAX_SESSIONS: Final = 1024  # each holds a server and an event store in memory
 
 
 class DaemonSettingError(ValueError):
@@ -48,6 +51,15 @@ def _port(env: Mapping[str, str], name: str) -> int:
     return int(raw)
 
 
+def _count(env: Mapping[str, str], name: str, default: int, high: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdecimal() or not 1 <= int(raw) <= high:
+        raise DaemonSettingError(f"{name} must be a whole number 1-{high}, not {raw!r}")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class DaemonSettings:
     home: Path
@@ -57,6 +69,7 @@ class DaemonSettings:
     log_bytes: int
     log_files: int
     http_port: int = 0
+    http_max_sessions: int = DEFAULT_HTTP_MAX_SESSIONS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DaemonSettings:
@@ -68,6 +81,9 @@ class DaemonSettings:
             log_bytes=int(_number(env, LOG_BYTES_ENV, DEFAULT_LOG_BYTES, 4096, 2**31)),
             log_files=int(_number(env, LOG_FILES_ENV, DEFAULT_LOG_FILES, 1, 100)),
             http_port=_port(env, HTTP_PORT_ENV),
+            http_max_sessions=_count(
+                env, HTTP_MAX_SESSIONS_ENV, DEFAULT_HTTP_MAX_SESSIONS, MAX_HTTP_MAX_SESSIONS
+            ),
         )
 
     @property

@@ -20,9 +20,13 @@ Invariants:
   opened for a refused request; a session is reachable only with the token that opened it
   (another token gets 404, as for a session that does not exist);
 - a session holds its identity's runtime (``Hosts.session``) for as long as it lives; at most
-  ``max_sessions`` sessions are open (503 past that); a request body is at most ``MAX_BODY``
-  bytes (413); an agent whose runtime cannot be opened (other settings, a failure) gets 503
-  with the reason;
+  ``max_sessions`` sessions are open. Harnesses often never send ``DELETE`` (``claude mcp
+  list`` opens one per run), so a new session that finds the table full ends the least
+  recently used session that is idle (no request in flight, no open GET stream), as a
+  ``DELETE`` would (its later requests get 404: a client opens a new session); only when
+  every session is busy is it refused (503). A request body is at most ``MAX_BODY`` bytes
+  (413); an agent whose runtime cannot be opened (other settings, a failure) gets 503 with
+  the reason;
 - servers are built off the event loop (about half a second each); a spare is built ahead as
   each session opens, so the next session of that agent starts without building;
 - the token is never logged nor echoed.
@@ -54,6 +58,7 @@ from starlette.types import Receive, Scope, Send
 
 from macula.errors import MaculaError
 from tools.daemon_hosts import Hosted, Hosts
+from tools.daemon_settings import DEFAULT_HTTP_MAX_SESSIONS
 from tools.mcp_http_events import DEFAULT_LIMIT, BoundedEventStore
 from tools.mcp_http_guard import bearer_token, host_allowed, origin_allowed, refusal
 from tools.mcp_http_tokens import Bearer, TokenBook
@@ -62,7 +67,7 @@ from tools.stdio_front import CHANNEL_ENV, channel_on, opening
 log = logging.getLogger("macula.daemon.http")
 
 IDLE_TIMEOUT_S: Final = 30 * 60.0
-MAX_SESSIONS: Final = 64
+MAX_SESSIONS: Final = DEFAULT_HTTP_MAX_SESSIONS
 MAX_BODY: Final = 4 * 1024 * 1024
 LEGACY_SPARE: Final = "http/legacy"  # Hosted.spares key: a session server built ahead
 MODERN_POOL: Final = "http/modern"  # Hosted.spares key: idle servers for 2026 requests
@@ -70,13 +75,21 @@ MODERN_POOL: Final = "http/modern"  # Hosted.spares key: idle servers for 2026 r
 
 @dataclass(eq=False)
 class HttpSession:
-    """One 2025-era session: whose it is, its transport and its event store."""
+    """One 2025-era session: whose it is, its transport and its event store; ``in_flight``
+    counts its requests being served (an open GET stream is one until it closes)."""
 
     sid: str
     agent: str
     transport: StreamableHTTPServerTransport
     events: BoundedEventStore
     ended: anyio.Event = field(default_factory=anyio.Event)
+    in_flight: int = 0
+
+
+def least_recent_idle(sessions: Mapping[str, HttpSession]) -> HttpSession | None:
+    """The first session in ``sessions`` (kept least recently used first) with nothing in
+    flight, or None when every one is busy."""
+    return next((s for s in sessions.values() if not s.in_flight), None)
 
 
 async def _answer(send: Send, status: int, headers: Mapping[str, str], body: bytes) -> None:
@@ -130,7 +143,7 @@ class McpHttp:
             max_sessions,
             max_events,
         )
-        self.sessions: dict[str, HttpSession] = {}
+        self.sessions: dict[str, HttpSession] = {}  # least recently used first
         self._group: TaskGroup | None = None
         self._limited = RequestBodyLimitMiddleware(self._http, MAX_BODY)  # 413 past it
 
@@ -200,31 +213,67 @@ class McpHttp:
         if session is None or session.agent != bearer.agent:
             await _refuse(send, 404, "session not found")
             return
-        await session.transport.handle_request(scope, receive, send)
+        async with self._using(session):
+            await session.transport.handle_request(scope, receive, send)
         if session.transport.is_terminated:  # DELETE: forget it now
             await self._discard(session)
+
+    @contextlib.asynccontextmanager
+    async def _using(self, session: HttpSession) -> AsyncIterator[None]:
+        """One request of ``session`` in flight: it is busy meanwhile, and most recently used
+        when the request starts and when it ends."""
+        session.in_flight += 1
+        self._touch(session)
+        try:
+            yield
+        finally:
+            session.in_flight -= 1
+            self._touch(session)
+
+    def _touch(self, session: HttpSession) -> None:
+        if self.sessions.get(session.sid) is session:
+            self.sessions[session.sid] = self.sessions.pop(session.sid)  # to the end
+
+    async def _make_room(self) -> bool:
+        """Below ``max_sessions`` again, ending idle sessions least recently used first; False
+        when every open session is busy."""
+        while len(self.sessions) >= self.max_sessions:
+            victim = least_recent_idle(self.sessions)
+            if victim is None:
+                return False
+            log.info(
+                "http session %s of %s ended to make room (%d open, the least recently used "
+                "idle one)", victim.sid[:8], victim.agent, len(self.sessions),
+            )  # fmt: skip
+            await self._discard(victim)  # it leaves the table before this awaits anything
+        return True
 
     async def _open(
         self, bearer: Bearer, env: dict[str, str], scope: Scope, receive: Receive, send: Send
     ) -> None:
-        if len(self.sessions) >= self.max_sessions:
-            await _refuse(send, 503, f"{self.max_sessions} sessions are open: end one first")
+        if not await self._make_room():
+            await _refuse(
+                send, 503, f"{self.max_sessions} sessions are open and all are in use: end one"
+            )
             return
         events = BoundedEventStore(self.max_events)
         sid = uuid.uuid4().hex
         transport = StreamableHTTPServerTransport(
             mcp_session_id=sid, event_store=events, idle_timeout=self.idle_timeout
         )
-        session = HttpSession(sid, bearer.agent, transport, events)
+        session = HttpSession(sid, bearer.agent, transport, events, in_flight=1)  # opening
         self.sessions[sid] = session
         assert self._group is not None
         try:
-            await self._group.start(self._serve, session, env)
-        except Exception as exc:  # the agent's runtime could not be opened
-            self.sessions.pop(sid, None)
-            await _refuse(send, 503, f"the agent could not be opened: {exc}")
-            return
-        status = await _status_of(transport, scope, receive, send)
+            try:
+                await self._group.start(self._serve, session, env)
+            except Exception as exc:  # the agent's runtime could not be opened
+                self.sessions.pop(sid, None)
+                await _refuse(send, 503, f"the agent could not be opened: {exc}")
+                return
+            status = await _status_of(transport, scope, receive, send)
+        finally:
+            session.in_flight -= 1
         if status is None or status >= 400:  # nothing was established
             await self._discard(session)
 

@@ -8,6 +8,7 @@ Invariants: loopback only; every served app is shut down (uvicorn exits, runtime
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import AsyncIterator
@@ -87,3 +88,81 @@ async def client(
         transport = streamable_http_client(url, http_client=http)
         async with Client(transport, mode=mode, **kwargs) as connected:  # type: ignore[arg-type]
             yield connected
+
+
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+
+
+async def events(response: httpx2.Response) -> AsyncIterator[tuple[str | None, Any]]:
+    """(id, parsed data) of each SSE event with data on ``response``."""
+    ident: str | None = None
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line.startswith("id:"):
+            ident = line[3:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+        elif line == "":
+            if data and "".join(data):
+                yield ident, json.loads("".join(data))
+            ident, data = None, []
+
+
+class Raw:
+    """One 2025-era session opened by hand."""
+
+    def __init__(self, http: httpx2.AsyncClient, url: str) -> None:
+        self.http, self.url = http, url
+        self.sid = ""
+        self.next_id = 10
+
+    def headers(self) -> dict[str, str]:
+        return {**ACCEPT, "Mcp-Session-Id": self.sid, "MCP-Protocol-Version": "2025-11-25"}
+
+    async def open(self) -> dict[str, Any]:
+        response = await self.http.post(self.url, json=INIT, headers=ACCEPT)
+        assert response.status_code == 200, response.text
+        self.sid = response.headers["mcp-session-id"]
+        result = await self._result(response)
+        said = await self.http.post(
+            self.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+            headers=self.headers(),
+        )  # fmt: skip
+        assert said.status_code == 202
+        return result
+
+    async def call(self, tool: str, **args: Any) -> dict[str, Any]:
+        self.next_id += 1
+        body = {"jsonrpc": "2.0", "id": self.next_id, "method": "tools/call",
+                "params": {"name": tool, "arguments": args}}  # fmt: skip
+        response = await self.http.post(self.url, json=body, headers=self.headers())
+        assert response.status_code == 200, response.text
+        result = await self._result(response)
+        return dict(result["structuredContent"])
+
+    async def _result(self, response: httpx2.Response) -> dict[str, Any]:
+        if response.headers["content-type"].startswith("application/json"):
+            return dict(response.json()["result"])
+        for line in response.text.splitlines():
+            if line.startswith("data:") and line[5:].strip():
+                return dict(json.loads(line[5:])["result"])
+        raise AssertionError(f"no result in {response.text!r}")
+
+    @asynccontextmanager
+    async def get_stream(self, last_event_id: str | None = None) -> AsyncIterator[httpx2.Response]:
+        headers = {**self.headers(), "Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        async with self.http.stream("GET", self.url, headers=headers) as response:
+            assert response.status_code == 200
+            yield response

@@ -3,13 +3,17 @@ installed here): ``macula-mcp register`` into a throwaway HOME, then ``claude mc
 health-checks the server by starting it. It must show macula connected in a fresh home, with
 another home's station holding 127.0.0.1:4433, and with a stale station whose home was deleted
 holding it; and Claude Code's own debug log must show one spawn, no probe timeout, and the
-2025-11-25 ("legacy") era, the one in which it keeps ``claude/channel``.
+2025-11-25 ("legacy") era, the one in which it keeps ``claude/channel``. Registered with
+``--http`` against a running daemon (``macula-mcp console`` starts it) whose ``/mcp`` keeps at
+most 2 sessions, ``claude mcp list`` (which never ends its session) connects over HTTP on every
+one of more runs than that: the daemon ends the least recently used idle session for each.
 
 Every station and daemon started here is stopped at the end; Claude Code ends the servers it
 started itself."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -17,13 +21,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mcpkit import cli
+from mcpkit import cli, stop_daemon
 
+from relay.station import Station
 from tools import local_station
+from tools.daemon_settings import HTTP_MAX_SESSIONS_ENV
+from tools.daemon_socket import read_pid, socket_path
 from tools.launch import server_command
 
 CLAUDE = shutil.which("claude")
@@ -160,3 +168,44 @@ def test_a_stale_station_whose_home_was_deleted_does_not_stop_a_new_home(
         register(home)
         listing = mcp_list(home)
         assert connected(listing), listing
+
+
+@pytest.fixture
+def short_home() -> Iterator[Path]:
+    """A HOME whose ``.macula`` is short enough for the daemon's socket; its daemon stopped
+    (killed if it will not stop) afterwards."""
+    home = Path(tempfile.mkdtemp(prefix="mcc-", dir="/tmp"))
+    yield home
+    macula_home = home / ".macula"
+    pid = read_pid(socket_path({"MACULA_HOME": str(macula_home)}))
+    stop_daemon(macula_home)
+    if pid is not None and pid != os.getpid():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_claude_code_connects_over_http_more_times_than_the_daemon_keeps_sessions(
+    short_home: Path, station: Station
+) -> None:
+    cap = 2
+    macula_home = short_home / ".macula"
+    env = harness_env(short_home) | {
+        "MACULA_HOME": str(macula_home),
+        "MACULA_MESH_STATIONS": station.endpoint,
+        HTTP_MAX_SESSIONS_ENV: str(cap),
+    }
+    started = await asyncio.to_thread(cli, ["console"], env)  # starts the daemon
+    assert started.returncode == 0, started.stderr
+    done = await asyncio.to_thread(cli, ["register", "--http", "--harness", "claude-code"], env)
+    assert done.returncode == 0, done.stderr
+    entry = json.loads((short_home / ".claude.json").read_text())["mcpServers"]["macula"]
+    assert entry["type"] == "http" and entry["url"].endswith("/mcp")
+    for run in range(cap + 3):  # each run opens a session and leaves it open
+        listing = await asyncio.to_thread(mcp_list, short_home)
+        assert connected(listing), (run, listing)
+        [line] = [text for text in listing.splitlines() if text.startswith("macula:")]
+        assert entry["url"] in line and "(HTTP)" in line, line
+    log = (macula_home / "logs" / "daemon.log").read_text()
+    assert log.count("ended to make room") >= 3, log[-2000:]

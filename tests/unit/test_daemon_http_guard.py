@@ -96,3 +96,12 @@ async def test_a_refusal_is_sent_whole_with_its_length(which: str) -> None:
     headers = dict(start["headers"])
     assert int(headers[b"content-length"]) == len(body["body"]) > 0
     assert not body.get("more_body")
+
+
+def test_the_http_max_sessions_setting() -> None:
+    name = "MACULA_MCP_HTTP_MAX_SESSIONS"
+    assert DaemonSettings.from_env({"MACULA_HOME": "/tmp/h"}).http_max_sessions == 64
+    assert DaemonSettings.from_env({"MACULA_HOME": "/tmp/h", name: "3"}).http_max_sessions == 3
+    for bad in ("0", "-1", "1025", "many", "2.5", "1e3"):
+        with pytest.raises(DaemonSettingError, match=f"{name} must be a whole number 1-1024"):
+            DaemonSettings.from_env({"MACULA_HOME": "/tmp/h", name: bad})
