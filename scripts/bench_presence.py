@@ -47,6 +47,7 @@ from macula.subscriptions import Subscription
 from macula.wire.identity import ZERO_REALM, Identity
 
 CONNECT_AT_ONCE = 4  # connections a worker opens at a time
+RESULT_LINE_LIMIT = 64 << 20  # a worker's samples are one JSON line: 1,000 agents' pass 64 KiB
 
 
 def hello(node: Node, profile: Profile, beat: int) -> dict[str, Any]:
@@ -140,7 +141,11 @@ async def workers(args: argparse.Namespace, endpoint: str) -> AsyncIterator[list
                    "--probe-interval", str(args.probe_interval)]  # fmt: skip
         procs.append(
             await asyncio.create_subprocess_exec(
-                *command, *options, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+                *command,
+                *options,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=RESULT_LINE_LIMIT,
             )
         )
     try:
