@@ -3,9 +3,12 @@
 Invariants:
 - a station quiet for ``interval_s`` is pinged at the QUIC level (a PING frame, acknowledged by
   its QUIC stack: no signature, and never stuck behind a control stream the station has paused
-  for backpressure); one that does not acknowledge within ``timeout_s`` is gone (crash, network
-  lost): the connection counts as lost, so the node moves on at once instead of after QUIC's
-  idle timeout;
+  for backpressure); one that acknowledges none of ``attempts`` pings in a row, waited
+  ``timeout_s``, then twice, four times as long (``timeout_s * (2**attempts - 1)`` in all), is
+  gone (crash, network lost): the connection counts as lost, so the node moves on instead of
+  after QUIC's idle timeout. A station merely behind (its receive queue seconds deep while
+  hundreds of agents arrive) answers the first ping late, and that answer counts: one missed
+  ping must not send every node on the station to reconnect at once, which would keep it behind;
 - a connection the station keeps talking on is never pinged;
 - the probe ends with the session, and is cancelled when the session ends first.
 """
@@ -27,13 +30,14 @@ async def until_ended(
     timeout_s: float,
     group: asyncio.TaskGroup | None,
     acknowledged: Callable[[], None],
+    attempts: int = 1,
 ) -> None:
     """Wait for ``session`` to end, probing the station meanwhile (unless ``interval_s`` or
     ``timeout_s`` is 0, or there is no task group to run the probe in)."""
     if not (interval_s and timeout_s) or group is None:
         await session.ended.wait()
         return
-    prober = group.create_task(probe(session, interval_s, timeout_s, acknowledged))
+    prober = group.create_task(probe(session, interval_s, timeout_s, acknowledged, attempts))
     try:
         await session.ended.wait()
     finally:
@@ -41,10 +45,15 @@ async def until_ended(
 
 
 async def probe(
-    session: Session, interval_s: float, timeout_s: float, acknowledged: Callable[[], None]
+    session: Session,
+    interval_s: float,
+    timeout_s: float,
+    acknowledged: Callable[[], None],
+    attempts: int = 1,
 ) -> None:
     """Ping ``session``'s station whenever it has been quiet for ``interval_s``; call
-    ``acknowledged`` for each ping answered; end the connection on one that is not."""
+    ``acknowledged`` for each probe answered; end the connection on one that is not (none of
+    its ``attempts`` pings acknowledged)."""
     probed_ms = session.heard_ms
     while session.alive:
         last_ms = max(session.heard_ms, probed_ms)
@@ -53,11 +62,12 @@ async def probe(
             await asyncio.sleep(interval_s - quiet_s)
             continue
         try:
-            answered = await session.protocol.acknowledged(timeout_s)
+            answered = await session.protocol.acknowledged(timeout_s, attempts)
         except ConnectionError:
             return  # the session ended meanwhile; the supervisor knows
         if not answered:
-            why = f"station {session.address} did not acknowledge a ping in {timeout_s:g} s"
+            patience = timeout_s * (2 ** max(1, attempts) - 1)
+            why = f"station {session.address} acknowledged no ping in {patience:g} s"
             log.warning("%s: moving on", why)
             session.connection_lost(why)
             return

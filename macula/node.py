@@ -57,10 +57,12 @@ log = logging.getLogger("macula.node")
 # presents realm endorsements on a new connection; returns the realms it presented
 Presenter = Callable[["Node", Session], Awaitable[Iterable[bytes]]]
 SLOW_CONSUMER = "slow_consumer"  # the GOODBYE / close reason of a station we did not keep up with
-# a station that dies without a word (crash, network gone) is noticed by an unanswered ping:
-# a ``_relay.ping`` after each interval of silence, the connection lost after the timeout
+# a station that dies without a word (crash, network gone) is noticed by unanswered pings:
+# a QUIC PING after each interval of silence, the connection lost when none of the attempts
+# (waited the timeout, then 2x, 4x: 10.5 s in all) is acknowledged (macula.liveness)
 DEFAULT_PROBE_INTERVAL_S = 1.0  # of silence from the station before a ping
 DEFAULT_PROBE_TIMEOUT_S = 1.5
+DEFAULT_PROBE_ATTEMPTS = 3
 
 
 class Node:
@@ -77,6 +79,7 @@ class Node:
         settle_s: float = DEFAULT_SETTLE_S,
         probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
         probe_timeout_s: float = DEFAULT_PROBE_TIMEOUT_S,
+        probe_attempts: int = DEFAULT_PROBE_ATTEMPTS,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         presenter: Presenter | None = None,
@@ -86,10 +89,11 @@ class Node:
         self.connect_timeout = connect_timeout
         self.backoff = backoff or Backoff()
         self._choice = StationChoice(len(self.stations), self.backoff, settle_s=settle_s)
-        if probe_interval_s < 0 or probe_timeout_s < 0:
-            raise ConfigError("probe_interval_s and probe_timeout_s must be >= 0 (0: no probe)")
+        if probe_interval_s < 0 or probe_timeout_s < 0 or probe_attempts < 1:
+            raise ConfigError("probe_interval_s, probe_timeout_s >= 0 (0: no probe), attempts >= 1")
         self.probe_interval_s = probe_interval_s
         self.probe_timeout_s = probe_timeout_s
+        self.probe_attempts = probe_attempts
         self._clock = clock  # monotonic seconds, for the failover policy
         self._sleep = sleep  # the wait after a round in which every station failed
         self._station_info: StationInfo | None = None
@@ -201,13 +205,9 @@ class Node:
                     info = StationInfo(session.station_key, address, index)
                     self._went_up(session, info, first, ever_connected)
                     ever_connected = True
-                    await until_ended(
-                        session,
-                        self.probe_interval_s,
-                        self.probe_timeout_s,
-                        self._group,
-                        self._probe_acknowledged,
-                    )
+                    probe = self.probe_interval_s, self.probe_timeout_s
+                    acked = self._probe_acknowledged
+                    await until_ended(session, *probe, self._group, acked, self.probe_attempts)
                     # let go at once: leaving the ``with`` waits for QUIC's close to finish
                     self._session = None
                     self._connected.clear()

@@ -48,7 +48,6 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from macula.datagram_reader import open_draining
 from macula.held_streams import HeldStreams
-from macula.quic_acks import AckRidingProtocol
 from macula.quic_backend import (
     CLOSES_BEFORE_FIRST_DATAGRAM,
     WRITE_REFUSED,
@@ -68,6 +67,7 @@ from macula.quic_backend import (
 )
 from macula.quic_paths import DATAGRAM_SIZE, LOOPBACK_DATAGRAM_SIZE, with_datagram_size
 from macula.quic_paths import datagram_size as datagram_size  # (re-exported)
+from macula.quic_pings import PingingProtocol
 from macula.stream_credit import ReceiveCredit
 from macula.wire import cbor
 from macula.wire.errors import FramingError
@@ -111,7 +111,7 @@ class FrameSink(Protocol):
     def connection_lost(self, reason: str) -> None: ...
 
 
-class FrameProtocol(AckRidingProtocol):
+class FrameProtocol(PingingProtocol):
     """A QUIC connection that speaks length-prefixed frames on every bidi stream."""
 
     def __init__(self, quic: QuicConnection, **kwargs: Any) -> None:
@@ -130,7 +130,6 @@ class FrameProtocol(AckRidingProtocol):
         self._first_stream: int | None = None
         self._received_before_open = 0
         self._gate_tripped = False
-        self.refused: asyncio.Future[str] = self._loop.create_future()
         self._last_reserved: int | None = None
         self.credit = ReceiveCredit(quic, STREAM_WINDOW)
         self._holding = HeldStreams()  # paused (or still releasing) streams' bytes
@@ -317,11 +316,6 @@ class FrameProtocol(AckRidingProtocol):
             self.sink.framing_failed(stream_id, error)
         return False
 
-    def error_received(self, exc: Exception) -> None:
-        """ICMP errors on the UDP socket: a refused port fails a pending handshake at once."""
-        if isinstance(exc, ConnectionRefusedError) and not self.refused.done():
-            self.refused.set_result(f"nothing listens there ({exc})")
-
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         self._report_lost(str(exc) if exc else "transport closed")
@@ -390,33 +384,6 @@ class FrameProtocol(AckRidingProtocol):
     @property
     def lost(self) -> bool:
         return self._lost
-
-    # -- liveness ---------------------------------------------------------------------------
-
-    async def acknowledged(self, timeout_s: float) -> bool:
-        """Send a QUIC PING: True once the peer's QUIC stack acknowledged it, False if it did
-        not within ``timeout_s``; ``ConnectionError`` if the connection ended meanwhile. Unlike
-        aioquic's ``ping()``, a ping that timed out leaves no waiter behind (whose later
-        ``ConnectionError`` nobody would retrieve). Uses aioquic's ping bookkeeping
-        (``_ping_waiters``), as ``ping()`` does."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        uid = id(waiter)
-        try:
-            self._quic.send_ping(uid)
-        except WRITE_REFUSED as exc:  # the library's connection is closed already
-            raise ConnectionError(f"connection closed: {exc}") from exc
-        self._ping_waiters[uid] = waiter
-        self._payload_queued = True
-        self.transmit()
-        try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self._ping_waiters.pop(uid, None)
-            if not waiter.done():
-                waiter.cancel()
 
     def release_handshake_buffers(self) -> bool:
         """Give back the TLS buffers the handshake needed (``release_crypto_buffers``): False

@@ -47,6 +47,15 @@ from macula.subscriptions import Subscription
 from macula.wire.identity import ZERO_REALM, Identity
 
 CONNECT_AT_ONCE = 4  # connections a worker opens at a time
+RESULT_LINE_LIMIT = 64 << 20  # a worker's samples are one JSON line: 1,000 agents' pass 64 KiB
+
+
+def udp_receive_drops() -> int:
+    """Datagrams the kernel dropped because a UDP socket's receive buffer was full, machine-wide
+    (``RcvbufErrors`` in /proc/net/snmp; on this loopback run, mostly the station's socket)."""
+    rows = [line.split() for line in Path("/proc/net/snmp").read_text().splitlines()]
+    names, values = [row for row in rows if row[0] == "Udp:"][:2]
+    return int(values[names.index("RcvbufErrors")])
 
 
 def hello(node: Node, profile: Profile, beat: int) -> dict[str, Any]:
@@ -140,7 +149,11 @@ async def workers(args: argparse.Namespace, endpoint: str) -> AsyncIterator[list
                    "--probe-interval", str(args.probe_interval)]  # fmt: skip
         procs.append(
             await asyncio.create_subprocess_exec(
-                *command, *options, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+                *command,
+                *options,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                limit=RESULT_LINE_LIMIT,
             )
         )
     try:
@@ -167,22 +180,37 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         for proc in procs:
             await said(proc, "LISTENING", 120)
         cpu0, wall0 = process_cpu_seconds(station.pid), time.perf_counter()
+        drops0, load0 = udp_receive_drops(), os.getloadavg()[0]
         for proc in procs:
             proc.stdin.write(b"go\n")
         for proc in procs:
             await said(proc, "READY", 1800)
         arrival_s = time.perf_counter() - wall0
         arrival_cpu = process_cpu_seconds(station.pid) - cpu0
+        drops1 = udp_receive_drops()
         print(f"{args.agents:,} agents present after {arrival_s:.1f} s", flush=True)
         cpu1, wall1 = process_cpu_seconds(station.pid), time.perf_counter()
         await asyncio.sleep(args.seconds)  # steady presence: what is measured is its cost
         steady_s = time.perf_counter() - wall1
         steady_cpu = process_cpu_seconds(station.pid) - cpu1
+        machine = {
+            "udp_receive_drops_arrival": drops1 - drops0,
+            "udp_receive_drops_steady": udp_receive_drops() - drops1,
+            "load_average_1min": [round(load0, 1), round(os.getloadavg()[0], 1)],
+        }
         results = []
         for proc in procs:
             proc.stdin.close()
             results.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 60)))
-    return report(args, results, arrival_s, arrival_cpu, steady_s, steady_cpu)
+    out = report(args, results, arrival_s, arrival_cpu, steady_s, steady_cpu)
+    print(
+        f"UDP datagrams dropped, receive buffer full (machine-wide): "
+        f"{machine['udp_receive_drops_arrival']:,} arriving, "
+        f"{machine['udp_receive_drops_steady']:,} steady; load average "
+        f"{machine['load_average_1min'][0]} → {machine['load_average_1min'][1]}",
+        flush=True,
+    )
+    return out | machine
 
 
 def latency(name: str, samples: list[float]) -> dict[str, float]:
@@ -211,6 +239,7 @@ def report(
     steady_s: float,
     steady_cpu: float,
 ) -> dict[str, Any]:
+    """Print the figures; the figures (the caller adds the machine's)."""
     seen = {k: [x for r in results for x in r["seen"][k]] for k in ("arrival", "heartbeat")}
     failed = sum(r["failed"] for r in results)
     arrivals_expected = args.agents - args.listeners - failed  # a listener says no hello

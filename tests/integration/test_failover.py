@@ -347,3 +347,39 @@ async def test_a_station_that_paused_our_control_stream_is_not_taken_for_dead(
             a._connections[conn].resume_reading(control)
             assert await node.flush() == {}
             assert node.stats.reconnects == 0
+
+
+async def test_a_station_behind_by_more_than_one_ping_keeps_its_nodes(tmp_path: Path) -> None:
+    """A station whose receive queue is deep (hundreds of agents arriving at once on a busy
+    machine) answers pings late; that is not a dead station, and its nodes stay (issue 27: when
+    one ping unanswered in its timeout counted as dead, every node on the station reconnected at
+    once, each reconnect a handshake for the station, which kept it behind: 1,000 arriving
+    agents never all arrived). The station's socket is not read for a while: as when it is busy."""
+    async with Station(station_config(tmp_path / "a")) as a, contextlib.AsyncExitStack() as stack:
+        nodes = [
+            Node(new_identity(), [a.endpoint], probe_interval_s=0.1, probe_timeout_s=0.2)
+            for _ in range(5)
+        ]  # one probe: 0.2 s, then 0.4 and 0.8 s more before the station counts as gone
+        states: list[str] = []
+        for node in nodes:
+            await stack.enter_async_context(node)
+            node.on_state(states.append)
+            await node.flush()
+        before = [node.stats.probes_acknowledged for node in nodes]
+        reading = a._server._transport  # type: ignore[union-attr]
+        reading.pause_reading()  # datagrams wait in the socket, unread
+
+        def first_ping_missed(node: Node) -> bool:
+            session = node._session
+            return session is None or len(session.protocol._ping_waiters) >= 2
+
+        try:  # each node's first ping has gone unanswered past its timeout
+            await eventually(lambda: all(first_ping_missed(node) for node in nodes), timeout=5)
+        finally:
+            reading.resume_reading()  # the station catches up
+        for node in nodes:
+            assert await node.flush() == {}
+        await eventually(
+            lambda: all(n.stats.probes_acknowledged > b for n, b in zip(nodes, before, strict=True))
+        )
+        assert states == [] and [node.stats.reconnects for node in nodes] == [0] * len(nodes)

@@ -196,6 +196,23 @@ async def test_pings_are_answered_both_ways(pair: Pair) -> None:
 async def test_a_ping_into_silence_is_not_acknowledged(pair: Pair) -> None:
     pair.to_server.hold = True
     assert not await pair.client.acknowledged(0.2)
+    assert not await pair.client.acknowledged(0.05, attempts=3)  # 0.05 + 0.1 + 0.2 s
+    assert pair.client._ping_waiters == {}  # no waiter outlives the call
+
+
+async def test_a_ping_answered_late_counts_while_attempts_remain(pair: Pair) -> None:
+    """A peer behind by more than one ping's time (its receive queue deep) answers the first
+    ping late: with attempts left (0.2 + 0.4 + 0.8 s) that late answer counts (issue 27)."""
+    pair.to_server.hold = True
+    answer = asyncio.ensure_future(pair.client.acknowledged(0.2, attempts=3))
+    # the second ping is out: the first went unanswered for its 0.2 s
+    await eventually(lambda: len(pair.client._ping_waiters) >= 2)
+    held, pair.to_server.held = pair.to_server.held, []
+    pair.to_server.hold = False
+    for datagram in held:  # the peer catches up: it reads what waited for it
+        pair.to_server.peer.datagram_received(datagram, CLIENT_ADDR)  # type: ignore[union-attr]
+    assert await asyncio.wait_for(answer, 5)
+    assert pair.client._ping_waiters == {}
 
 
 async def test_close_reaches_the_peer_with_its_reason(pair: Pair) -> None:

@@ -294,3 +294,4 @@ def test_bench_agent_presence_counts_every_hello_seen(tmp_path: Path) -> None:
     assert figures["agents"] == 20 and figures["arrival_hellos_lost"] == 0
     assert figures["hello_to_seen_arrival_ms"]["samples"] == (20 - 2) * 2  # 2 listeners
     assert figures["station_cpu_percent_steady"] >= 0
+    assert figures["udp_receive_drops_arrival"] >= 0 and len(figures["load_average_1min"]) == 2
