@@ -44,6 +44,7 @@ from relay.federation.known_peers import KnownPeers
 from relay.federation.links import LinkManager, LinkTarget
 from relay.house.mesh import linked_asker
 from relay.house.services import HouseServices
+from relay.quic_server import StationQuicServer
 from relay.realm_admission import AdmissionMode, ConnectRule
 from relay.realm_files import Allowlist
 from relay.realm_links import own_station_endorsements
@@ -166,7 +167,7 @@ async def serve_quic(
     quic.load_cert_chain(*certificate)
     # aioquic's ``serve`` with a socket of our own, so the server reads every datagram
     # waiting at each readiness (macula.datagram_reader), not one per loop turn
-    server = QuicServer(configuration=quic, create_protocol=protocol, retry=retry)
+    server = StationQuicServer(configuration=quic, create_protocol=protocol, retry=retry)
     sock = await bound_socket(config.host, config.port, reuse_port=config.reuse_port)
     await open_draining(sock, server)
     enlarge_receive_buffer(sock)
