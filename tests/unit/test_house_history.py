@@ -15,7 +15,8 @@ from macula.wire.codes import ErrorCode
 from macula.wire.frames import Publish, new_frame_id, publication_signable
 from macula.wire.identity import ZERO_REALM, Identity, verify
 from relay.cli import build_parser, config_from_args
-from relay.house.history import HistoryBounds, HistoryService, HistoryStore
+from relay.house import history as history_module
+from relay.house.history import HistoryBounds, HistoryService, HistoryStore, keepable
 from tests.unit.housekit import assert_no_booleans, ok, refused, run
 
 NOW = 1_767_225_600_000
@@ -275,3 +276,55 @@ def test_the_relay_flags_set_the_history_bounds(tmp_path: Path) -> None:
     )
     with pytest.raises(SystemExit):
         build_parser().parse_args([*base, "--history-max-per-room", "0"])
+
+
+def test_the_caps_hold_on_counts_kept_by_the_writes_across_restarts(tmp_path: Path) -> None:
+    """The store counts its rows once, then follows every keep and prune (the caps walk only
+    what they remove): after each write the real tables hold exactly what the caps allow, the
+    oldest going first, also after a restart and after a keep that was rolled back."""
+
+    async def real(store: HistoryStore) -> tuple[int, int]:
+        return await store.count(), await store.expired_count()
+
+    async def go() -> None:
+        bounds = {"max_per_room": 4, "max_events": 7, "max_expired": 5}
+        history = await service(tmp_path, **bounds)
+        seqs = itertools.count(1)
+        for round_ in range(6):
+            for topic in (ROOM, OTHER, ROOM):
+                for _ in range(round_ % 3 + 1):
+                    history.note(publish(ALICE, next(seqs), topic=topic), NOW)
+                await history.write_pending(NOW)
+                assert history.store._rows == await real(history.store)
+                assert await history.store.count() <= 7 and await history.store.count(ROOM) <= 4
+            if round_ == 2:  # the counts are read anew by a reopened store
+                await history.store.close()
+                history = await service(tmp_path, **bounds)
+        await history.store.prune(history.bounds, NOW)
+        assert history.store._rows == await real(history.store) == (7, 5)
+        newest = ok(await fetch(history))["events"]
+        assert [e["seq"] for e in newest] == sorted(e["seq"] for e in newest)
+        assert newest[-1]["seq"] == next(seqs) - 1  # the newest stayed, the oldest went
+
+        counted = history.store._rows
+        real_prune = history_module._prune
+
+        async def pruned_then_failed(*args: Any, **kwargs: Any) -> tuple[int, int]:
+            await real_prune(*args, **kwargs)  # every write done, inside the transaction
+            raise OSError("disk gone")
+
+        history_module._prune = pruned_then_failed  # type: ignore[assignment]
+        try:
+            with pytest.raises(OSError):
+                await history.store.keep(
+                    [keepable(publish(ALICE, next(seqs)), NOW)], history.bounds, NOW
+                )
+        finally:
+            history_module._prune = real_prune  # type: ignore[assignment]
+        assert history.store._rows == counted == await real(history.store)  # rolled back
+        history.note(publish(ALICE, next(seqs)), NOW)
+        await history.write_pending(NOW)
+        assert history.store._rows == await real(history.store) == (7, counted[1] + 1)
+        await history.store.close()
+
+    run(go())
