@@ -58,11 +58,7 @@ class StationQuicServer(QuicServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._protocols = ProtocolsByCid()
+        self._protocols: ProtocolsByCid = ProtocolsByCid()
 
     def _connection_terminated(self, protocol: Any) -> None:
-        protocols = self._protocols
-        if isinstance(protocols, ProtocolsByCid):
-            protocols.forget(protocol)
-        else:  # a library that set its map anew after ``__init__``: its own scan
-            super()._connection_terminated(protocol)
+        self._protocols.forget(protocol)

@@ -7,7 +7,9 @@ every subprocess is bounded by a timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 
 from mcp import Client, ClientSession, StdioServerParameters
 
+from tools.daemon_socket import read_pid, socket_path
 from tools.launch import server_command
 
 
@@ -70,6 +73,15 @@ def stop_daemon(home: Path) -> None:
         timeout=40,
         check=False,
     )
+
+
+def stop_daemon_for_good(home: Path) -> None:
+    """``stop_daemon(home)``, then SIGKILL to the pid the daemon had if it would not stop."""
+    pid = read_pid(socket_path({"MACULA_HOME": str(home)}))
+    stop_daemon(home)
+    if pid is not None and pid != os.getpid():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 async def good(session: ClientSession | Client, tool: str, **args: Any) -> dict[str, Any]:

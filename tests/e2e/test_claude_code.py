@@ -26,12 +26,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mcpkit import cli, stop_daemon
+from mcpkit import cli, stop_daemon_for_good
 
 from relay.station import Station
 from tools import local_station
 from tools.daemon_settings import HTTP_MAX_SESSIONS_ENV
-from tools.daemon_socket import read_pid, socket_path
 from tools.launch import server_command
 
 CLAUDE = shutil.which("claude")
@@ -176,12 +175,7 @@ def short_home() -> Iterator[Path]:
     (killed if it will not stop) afterwards."""
     home = Path(tempfile.mkdtemp(prefix="mcc-", dir="/tmp"))
     yield home
-    macula_home = home / ".macula"
-    pid = read_pid(socket_path({"MACULA_HOME": str(macula_home)}))
-    stop_daemon(macula_home)
-    if pid is not None and pid != os.getpid():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    stop_daemon_for_good(home / ".macula")
     shutil.rmtree(home, ignore_errors=True)
 
 

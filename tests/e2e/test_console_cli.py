@@ -6,11 +6,9 @@ never holds the token."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
-import signal
 import tempfile
 import urllib.error
 import urllib.request
@@ -21,8 +19,7 @@ import pytest
 from mcp import Client
 
 from relay.station import Station
-from tests.e2e.mcpkit import cli, good, server_params, stop_daemon
-from tools.daemon_socket import read_pid, socket_path
+from tests.e2e.mcpkit import cli, good, server_params, stop_daemon, stop_daemon_for_good
 from tools.http_token import port_path
 from tools.launch import server_command
 
@@ -34,11 +31,7 @@ def home() -> Iterator[Path]:
     """A short MACULA_HOME (its socket must fit AF_UNIX); its daemon stopped, or killed, after."""
     folder = Path(tempfile.mkdtemp(prefix="mco-", dir="/tmp"))
     yield folder
-    pid = read_pid(socket_path({"MACULA_HOME": str(folder)}))
-    stop_daemon(folder)
-    if pid is not None and pid != os.getpid():
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    stop_daemon_for_good(folder)
     shutil.rmtree(folder, ignore_errors=True)
 
 

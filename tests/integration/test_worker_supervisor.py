@@ -37,7 +37,7 @@ if mode == "end":  # only once the first worker can hear SIGTERM (its "up" is af
     while not (os.path.exists(first) and "up" in open(first).read().split()):
         if time.monotonic() > deadline:
             sys.exit(4)
-        time.sleep(0.01)
+        time.sleep(0.01)  # polling interval of a condition with a deadline (a child process)
     sys.exit(0)
 while True:
     signal.pause()
