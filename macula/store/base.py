@@ -26,16 +26,18 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
 import stat
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Self, TypeVar, cast
 
 import aiosqlite
 
@@ -66,6 +68,7 @@ WAL_SWITCH_ATTEMPTS: Final = int(BUSY_TIMEOUT_MS / 1000 / WAL_SWITCH_PAUSE_S)
 DAY_MS: Final = 24 * 3600 * 1000
 
 Row = tuple[Any, ...]
+T = TypeVar("T")
 Params = Mapping[str, Any] | tuple[Any, ...]
 Migration = tuple[str, ...]  # the statements of one schema step, run in order
 
@@ -246,6 +249,49 @@ class SqliteStore:
             except sqlite3.Error as exc:
                 raise self._failed(exc) from exc
 
+    async def _atomically(
+        self,
+        work: Callable[[sqlite3.Connection], T],
+        undo: Callable[[sqlite3.Connection, T], object] | None = None,
+    ) -> T:
+        """``work(connection)`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT``, in one trip to the
+        connection's thread (a ``_transaction`` makes a trip per statement, BEGIN and COMMIT
+        included, and each trip back wakes the loop through its self-pipe). Any exception in
+        ``work`` rolls back. A caller cancelled while the trip runs cannot stop it (it runs on
+        the thread); when it commits, ``undo(connection, result)`` runs in a second trip, so a
+        cancelled caller that gave ``undo`` leaves nothing changed that it was not told of."""
+        async with self._lock:
+            db = self._connection()
+            outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
+            try:
+                return await _on_thread(db, functools.partial(_in_transaction, db, work, outcome))
+            except sqlite3.Error as exc:
+                raise self._failed(exc) from exc
+            except asyncio.CancelledError:
+                if undo is not None:
+                    await self._undone(db, outcome, undo)
+                raise
+
+    async def _undone(
+        self,
+        db: aiosqlite.Connection,
+        outcome: concurrent.futures.Future[T],
+        undo: Callable[[sqlite3.Connection, T], object],
+    ) -> None:
+        """After a cancelled ``_atomically``: a second trip, queued behind the first (the thread
+        runs its queue in order), undoes what the first committed; once queued it runs even if
+        this caller is cancelled again."""
+
+        def after() -> None:
+            if outcome.done() and outcome.exception() is None:  # the trip committed
+                result = outcome.result()
+                _in_transaction(db, lambda connection: undo(connection, result), None)
+
+        try:
+            await _on_thread(db, after)
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: aiosqlite closed meanwhile
+            logger.warning("%s: a cancelled write could not be undone: %s", self.path, exc)
+
     def _connection(self) -> aiosqlite.Connection:
         if self._closed:
             raise ClosedError(f"{self.path}: the store is closed")
@@ -264,6 +310,37 @@ async def execute(db: aiosqlite.Connection, sql: str, params: Params = ()) -> in
     """Run ``sql`` on ``db`` (inside a ``_transaction``); return the number of rows changed."""
     async with db.execute(sql, params) as cursor:
         return max(cursor.rowcount, 0)
+
+
+def _in_transaction(
+    db: aiosqlite.Connection,
+    work: Callable[[sqlite3.Connection], T],
+    outcome: concurrent.futures.Future[T] | None,
+) -> T:
+    """On the connection's thread: ``work`` between BEGIN IMMEDIATE and COMMIT, rolled back on
+    any exception; its result (or exception) also goes to ``outcome``."""
+    connection = db._conn  # aiosqlite's own sqlite3 connection: only its thread touches it
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        result = work(connection)
+        connection.execute("COMMIT")
+    except BaseException as exc:
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
+        if outcome is not None:
+            outcome.set_exception(exc)
+        raise
+    if outcome is not None:
+        outcome.set_result(result)
+    return result
+
+
+async def _on_thread(db: aiosqlite.Connection, function: Callable[[], T]) -> T:
+    """Run ``function`` on ``db``'s worker thread, behind what is queued there (FIFO).
+    aiosqlite has no public call for this; ``_execute`` is what its own methods use (0.22,
+    locked; ``tests/unit/test_store_base.py`` pins the behaviour relied on)."""
+    run = cast(Callable[[Callable[[], T]], Awaitable[T]], db._execute)
+    return await run(function)
 
 
 def _rows(rows: Iterable[sqlite3.Row]) -> list[Row]:

@@ -30,6 +30,7 @@ Invariants:
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,6 @@ from macula.store.base import (
     Migration,
     Params,
     Row,
-    changed,
     check_flag,
     execute,
     fetchall,
@@ -297,23 +297,31 @@ class TranscriptStore(RoomRealms):
         after = None if after_seq is None else sql_int(after_seq)
         where, order = _unread_filter(after)
         params = {"room": room_topic, "me": me_hex, "after": after, "limit": limit}
-        async with self._transaction() as db:
-            counted = await fetchall(
-                db,
-                f"SELECT {_MESSAGE_COLUMNS}, count(*) OVER () FROM messages WHERE {where}"
-                f" ORDER BY {order} LIMIT :limit",
-                params,
-            )  # count(*) OVER (): every row the WHERE matches, before the LIMIT
+        select = (
+            f"SELECT {_MESSAGE_COLUMNS}, read_ms IS NULL, count(*) OVER () FROM messages"
+            f" WHERE {where} ORDER BY {order} LIMIT :limit"
+        )  # count(*) OVER (): every row the WHERE matches, before the LIMIT
+
+        def take(connection: sqlite3.Connection) -> tuple[list[Row], int, list[int]]:
+            counted = connection.execute(select, params).fetchall()
             total = int(counted[0][-1]) if counted else 0
-            taken = _within([row[:-1] for row in counted], max_chars)
-            marks = ", ".join(str(int(row[0])) for row in taken)
-            if marks:
-                await changed(
-                    db,
-                    f"UPDATE messages SET read_ms = ? WHERE seq IN ({marks}) AND read_ms IS NULL",
-                    (now_ms,),
+            taken = _within([tuple(row[:-2]) for row in counted], max_chars)
+            unread = zip(taken, (row[-2] for row in counted), strict=False)
+            marked = [int(row[0]) for row, was_unread in unread if was_unread]
+            if marked:
+                connection.execute(
+                    f"UPDATE messages SET read_ms = ? WHERE seq IN ({_ints(marked)})", (now_ms,)
                 )
-        return [_message(row, self.path) for row in taken], int(total) - len(taken)
+            return taken, total, marked
+
+        def unmark(connection: sqlite3.Connection, took: tuple[list[Row], int, list[int]]) -> None:
+            if took[2]:  # a cancelled take returned nothing: what it marked is unread again
+                connection.execute(
+                    f"UPDATE messages SET read_ms = NULL WHERE seq IN ({_ints(took[2])})"
+                )
+
+        taken, total, _ = await self._atomically(take, unmark)
+        return [_message(row, self.path) for row in taken], total - len(taken)
 
     async def message(self, room_topic: str, message_id: str) -> TranscriptMessage | None:
         """One message by its id, if recorded."""
@@ -523,6 +531,11 @@ def _unread_filter(after_seq: int | None) -> tuple[str, str]:
     if after_seq is None:  # transcript order: what was said first
         return where + " AND read_ms IS NULL", "sent_at, received_ms, seq"
     return where + " AND seq > :after", "seq"  # a sender's clock cannot hide a reply
+
+
+def _ints(values: list[int]) -> str:
+    """Integers for an ``IN (...)`` list (ints only: nothing else is ever spliced into SQL)."""
+    return ", ".join(str(int(value)) for value in values)
 
 
 def _within(rows: list[Row], max_chars: int) -> list[Row]:

@@ -8,13 +8,15 @@ Invariants:
   field needed to verify it again end to end (topic, realm, publisher, seq, payload as
   canonical CBOR, publisher_sig). Anything else is counted
   (``stats``), never stored. A repeat of ``(topic, realm, publisher, seq)`` is stored once.
-- ``note`` is synchronous and cheap enough for the publish path: it checks and queues (at most
-  ``max_pending``; beyond that it counts ``dropped_pending``) and starts a writer task if none
-  runs; ``write_pending`` stores the queue in one transaction, run by that task and by every
-  fetch first, so a fetch sees every PUBLISH the station handled before it; ``close`` stores
-  what is left. The writer runs through the injected ``spawn`` (the station's task group); a
-  writer cancelled mid-write (the station stopping) puts its batch back (the transaction rolled
-  back; a repeat is ignored), so ``close`` still stores it: nothing queued is lost.
+- ``note`` is synchronous and cheap enough for the publish path: it looks at the topic and
+  queues (at most ``max_pending``; beyond that it counts ``dropped_pending``) and starts a
+  writer task if none runs, which lets the loop turn once (the EVENTs leave first); then
+  ``write_pending`` checks the queue and stores it in one transaction (one trip to the
+  store's thread), run by that task and by every fetch first, so a fetch sees every PUBLISH
+  the station handled before it; ``close`` stores what is left. The writer runs through the
+  injected ``spawn`` (the station's task group); a writer cancelled mid-write (the station
+  stopping) puts its batch back (its trip rolled back, or committed after all: a repeat is
+  ignored), so ``close`` still stores it: nothing queued is lost.
 - Every kept event gets an ``id`` from one AUTOINCREMENT sequence: ids never repeat, even after
   deletions or a restart; a reader pages by ``after_id``.
 - Bounded (``HistoryBounds``): per topic at most ``max_per_room`` events, in all at most
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +42,7 @@ from typing import Any, ClassVar, Final
 
 from macula.agent.envelope import is_envelope_topic
 from macula.house import HISTORY_FETCH
-from macula.store.base import DAY_MS, Migration, Row, SqliteStore, execute
+from macula.store.base import DAY_MS, Migration, Row, SqliteStore
 from macula.task_scope import Spawner, TaskScope
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
@@ -159,35 +162,49 @@ class HistoryStore(SqliteStore):
     _rows: tuple[int, int] | None = None  # (events, expired marks) as committed; None: unread
 
     async def keep(self, events: list[Kept], bounds: HistoryBounds, now_ms: int) -> int:
-        """Store ``events`` (repeats ignored) and apply ``bounds``; how many were new."""
+        """Store ``events`` (repeats ignored) and apply ``bounds``; how many were new. One trip
+        to the store's thread (``_atomically``): a keep was eight, each waking the loop."""
         rows = [
             (e.topic, e.realm, e.publisher, e.seq, e.payload, e.publisher_sig, e.received_ms)
             for e in events
         ]
-        async with self._transaction() as db:
-            kept, marked = await self._counted(db)
+        self._keeps += 1
+        marks = self._keeps % self.MARKS_PRUNE_EVERY == 0
+        topics = {e.topic for e in events}
+
+        def work(db: sqlite3.Connection) -> tuple[int, tuple[int, int]]:
+            kept, marked = self._counted(db)
             before = db.total_changes
-            await db.executemany(_INSERT, rows)
+            db.executemany(_INSERT, rows)
             stored = db.total_changes - before
-            self._keeps += 1
-            marks = self._keeps % self.MARKS_PRUNE_EVERY == 0
-            topics = {e.topic for e in events}
-            counts = await _prune(db, bounds, topics, now_ms, (kept + stored, marked), marks=marks)
-        self._rows = counts  # committed: a rolled-back keep left the counts as they were
+            return stored, _prune(db, bounds, topics, now_ms, (kept + stored, marked), marks=marks)
+
+        stored, self._rows = await self._committed(work)
         return stored
 
     async def prune(self, bounds: HistoryBounds, now_ms: int) -> None:
-        async with self._transaction() as db:
-            counts = await _prune(db, bounds, set(), now_ms, await self._counted(db), marks=True)
-        self._rows = counts
+        def work(db: sqlite3.Connection) -> tuple[int, tuple[int, int]]:
+            return 0, _prune(db, bounds, set(), now_ms, self._counted(db), marks=True)
 
-    async def _counted(self, db: Any) -> tuple[int, int]:
+        _, self._rows = await self._committed(work)
+
+    async def _committed(
+        self, work: Callable[[sqlite3.Connection], tuple[int, tuple[int, int]]]
+    ) -> tuple[int, tuple[int, int]]:
+        try:
+            return await self._atomically(work)
+        except asyncio.CancelledError:
+            self._rows = None  # it may have committed after all: counted again next time
+            raise
+
+    def _counted(self, db: sqlite3.Connection) -> tuple[int, int]:
         """(events, expired marks) in the store: counted once (the only full walk), then kept
-        up to date by every write, which all go through ``keep`` and ``prune``."""
+        up to date by every write, which all go through ``keep`` and ``prune`` (on the store's
+        thread, inside their transaction; the counts are kept once it committed)."""
         if self._rows is None:
-            [(kept,)] = await db.execute_fetchall("SELECT count(*) FROM events")
-            [(marked,)] = await db.execute_fetchall("SELECT count(*) FROM expired")
-            self._rows = (int(kept), int(marked))
+            [(kept,)] = db.execute("SELECT count(*) FROM events").fetchall()
+            [(marked,)] = db.execute("SELECT count(*) FROM expired").fetchall()
+            return int(kept), int(marked)
         return self._rows
 
     async def page(
@@ -267,14 +284,20 @@ def _event(row: Row) -> dict[str, Any]:
     }
 
 
-async def _expire(db: Any, where: str, params: tuple[object, ...], now_ms: int) -> tuple[int, int]:
+def _execute(db: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> int:
+    return max(db.execute(sql, params).rowcount, 0)
+
+
+def _expire(
+    db: sqlite3.Connection, where: str, params: tuple[object, ...], now_ms: int
+) -> tuple[int, int]:
     """Move the events matching ``where`` to the expired marks; (marks added, events gone)."""
-    marked = await execute(db, _EXPIRE.format(where=where), (now_ms, *params))
-    return marked, await execute(db, f"DELETE FROM events WHERE {where}", params)
+    marked = _execute(db, _EXPIRE.format(where=where), (now_ms, *params))
+    return marked, _execute(db, f"DELETE FROM events WHERE {where}", params)
 
 
-async def _prune(
-    db: Any,
+def _prune(
+    db: sqlite3.Connection,
     bounds: HistoryBounds,
     topics: set[str],
     now_ms: int,
@@ -298,27 +321,25 @@ async def _prune(
         for topic in sorted(topics)
     ]
     for where, params in expiring:
-        added, gone = await _expire(db, where, params, now_ms)
+        added, gone = _expire(db, where, params, now_ms)
         marked, kept = marked + added, kept - gone
     if kept > bounds.max_events:
         oldest = "id IN (SELECT id FROM events ORDER BY id LIMIT ?)"
-        added, gone = await _expire(db, oldest, (kept - bounds.max_events,), now_ms)
+        added, gone = _expire(db, oldest, (kept - bounds.max_events,), now_ms)
         marked, kept = marked + added, kept - gone
     if not marks:
         return kept, marked
-    marked -= await _forget(
-        db, "expired_ms < ?", (now_ms - bounds.max_age_ms * EXPIRED_AGE_FACTOR,)
-    )
+    marked -= _forget(db, "expired_ms < ?", (now_ms - bounds.max_age_ms * EXPIRED_AGE_FACTOR,))
     if marked > bounds.max_expired:
         oldest = "id IN (SELECT id FROM expired ORDER BY id LIMIT ?)"
-        marked -= await _forget(db, oldest, (marked - bounds.max_expired,))
+        marked -= _forget(db, oldest, (marked - bounds.max_expired,))
     return kept, marked
 
 
-async def _forget(db: Any, where: str, params: tuple[object, ...]) -> int:
+def _forget(db: sqlite3.Connection, where: str, params: tuple[object, ...]) -> int:
     """Fold the expired marks matching ``where`` into their topics' ``forgotten`` counts, then
     remove them; how many went."""
-    await execute(
+    _execute(
         db,
         "INSERT INTO forgotten (topic, through_id, through_ms, marks)"
         f" SELECT topic, max(id), max(received_ms), count(*) FROM expired WHERE {where}"
@@ -327,7 +348,7 @@ async def _forget(db: Any, where: str, params: tuple[object, ...]) -> int:
         " through_ms = max(through_ms, excluded.through_ms), marks = marks + excluded.marks",
         params,
     )
-    return await execute(db, f"DELETE FROM expired WHERE {where}", params)
+    return _execute(db, f"DELETE FROM expired WHERE {where}", params)
 
 
 def keepable(frame: Publish, now_ms: int, *, sig_checked: bool = False) -> Kept | str:
@@ -380,7 +401,7 @@ class HistoryService:
         self.buckets = TokenBuckets(fetch_rate, fetch_rate * 4)
         self.stats: Counter[str] = Counter()
         self._clock = clock
-        self._pending: list[Kept] = []
+        self._pending: list[tuple[Publish, int, bool]] = []  # (PUBLISH, received_ms, checked)
         self._scope = TaskScope(spawn)
         self._writer: asyncio.Task[None] | None = None  # stores the queue, then ends
         self._writing = asyncio.Lock()
@@ -389,33 +410,42 @@ class HistoryService:
     # -- recording ---------------------------------------------------------------------------
 
     def note(self, frame: Publish, now_ms: int, *, sig_checked: bool = False) -> None:
-        """Queue one PUBLISH the station accepted, if it belongs in the history.
+        """Queue one PUBLISH the station accepted, if it may belong in the history.
         ``sig_checked``: a present ``publisher_sig`` was verified already (the station's
-        router drops a PUBLISH whose signature does not verify before the hook sees it)."""
+        router drops a PUBLISH whose signature does not verify before the hook sees it).
+        Called on the publish path, before the EVENTs leave: only the topic is looked at here;
+        the checks (a verify among them) run in the writer, after the packets have gone."""
         if not is_envelope_topic(frame.topic):
             return  # most traffic: not counted, not checked
-        kept = keepable(frame, now_ms, sig_checked=sig_checked)
-        if isinstance(kept, str):
-            self.stats[kept] += 1
-            return
         if len(self._pending) >= self.bounds.max_pending:
             self.stats["dropped_pending"] += 1
             return
-        self._pending.append(kept)
+        self._pending.append((frame, now_ms, sig_checked))
         if self._writer is None or self._writer.done():
             self._writer = self._scope.spawn(self._drain())  # None: stopping, close stores it
 
     async def write_pending(self, now_ms: int | None = None) -> int:
-        """Store what ``note`` queued; how many were new."""
+        """Store what ``note`` queued and may be kept; how many were new."""
         async with self._writing:
-            batch, self._pending = self._pending, []
+            noted, self._pending = self._pending, []
+            batch: list[Kept] = []
+            checked: list[tuple[Publish, int, bool]] = []
+            for frame, received_ms, sig_checked in noted:
+                kept = keepable(frame, received_ms, sig_checked=sig_checked)
+                if isinstance(kept, str):
+                    self.stats[kept] += 1
+                else:
+                    batch.append(kept)
+                    checked.append((frame, received_ms, True))
             if not batch:
                 return 0
             now = now_ms if now_ms is not None else max(k.received_ms for k in batch)
             try:
                 stored = await self.store.keep(batch, self.bounds, now)
             except asyncio.CancelledError:
-                self._pending[:0] = batch  # rolled back: stored by the next write (close)
+                # rolled back, or committed after all: stored by the next write (close), where
+                # a repeat is ignored; the checks are not made twice
+                self._pending[:0] = checked
                 raise
             except Exception:
                 self.stats["write_failed"] += len(batch)
@@ -424,6 +454,7 @@ class HistoryService:
             return stored
 
     async def _drain(self) -> None:
+        await asyncio.sleep(0)  # the packets the PUBLISH made leave first (their flush is queued)
         while self._pending:
             try:
                 await self.write_pending()

@@ -3,14 +3,18 @@ pagination, bad arguments. Real SQLite files under ``tmp_path``."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import itertools
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from macula.house import HISTORY_FETCH
+from macula.store.base import _on_thread
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Publish, new_frame_id, publication_signable
 from macula.wire.identity import ZERO_REALM, Identity, verify
@@ -309,8 +313,8 @@ def test_the_caps_hold_on_counts_kept_by_the_writes_across_restarts(tmp_path: Pa
         counted = history.store._rows
         real_prune = history_module._prune
 
-        async def pruned_then_failed(*args: Any, **kwargs: Any) -> tuple[int, int]:
-            await real_prune(*args, **kwargs)  # every write done, inside the transaction
+        def pruned_then_failed(*args: Any, **kwargs: Any) -> tuple[int, int]:
+            real_prune(*args, **kwargs)  # every write done, inside the transaction
             raise OSError("disk gone")
 
         history_module._prune = pruned_then_failed  # type: ignore[assignment]
@@ -326,5 +330,48 @@ def test_the_caps_hold_on_counts_kept_by_the_writes_across_restarts(tmp_path: Pa
         await history.write_pending(NOW)
         assert history.store._rows == await real(history.store) == (7, counted[1] + 1)
         await history.store.close()
+
+    run(go())
+
+
+def test_a_keep_is_one_trip_and_a_cancelled_one_leaves_the_counts_true(tmp_path: Path) -> None:
+    """A keep (insert, age, room cap, global cap, commit) runs on the store's thread in one
+    trip. A keep whose caller is cancelled while that trip runs still commits (the trip cannot
+    be stopped there): the counts are read again by the next keep, never left behind."""
+
+    async def go() -> None:
+        history = await service(tmp_path, max_events=3)
+        store = history.store
+        db = store._db
+        run_there = db._execute
+        trips: list[object] = []
+
+        async def counted(fn: Any, *args: Any) -> Any:
+            trips.append(fn)
+            return await run_there(fn, *args)
+
+        db._execute = counted  # type: ignore[method-assign]
+        seqs = itertools.count(1)
+        await store.keep([keepable(publish(ALICE, next(seqs)), NOW)], history.bounds, NOW)
+        assert len(trips) == 1  # the first keep also counts the tables, in the same trip
+        await store.keep([keepable(publish(ALICE, next(seqs)), NOW)], history.bounds, NOW)
+        assert len(trips) == 2
+        release = threading.Event()
+        holding = asyncio.ensure_future(_on_thread(db, lambda: release.wait(10)))
+        await asyncio.sleep(0)
+        batch = [keepable(publish(ALICE, next(seqs)), NOW) for _ in range(2)]
+        keeping = asyncio.ensure_future(store.keep(batch, history.bounds, NOW))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        keeping.cancel()
+        release.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeping
+        await holding
+        assert keeping.cancelled() and store._rows is None
+        assert await store.count() == 3  # it committed: 4 kept, the oldest went (cap 3)
+        await store.keep([keepable(publish(ALICE, next(seqs)), NOW)], history.bounds, NOW)
+        assert store._rows == (await store.count(), await store.expired_count()) == (3, 2)
+        await store.close()
 
     run(go())

@@ -5,7 +5,9 @@ never answers (``answer_index``); ``say``'s wait returns once an answer is there
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -16,6 +18,7 @@ from macula.agent.envelope import new_room_topic
 from macula.agent.room_waits import answer_index
 from macula.agent.rooms import Rooms
 from macula.node import Node
+from macula.store.base import _on_thread
 from macula.store.transcript import TranscriptStore
 
 
@@ -116,8 +119,9 @@ def _trips(transcript: TranscriptStore) -> list[object]:
 def test_recording_and_taking_a_message_cost_few_trips_to_the_sqlite_thread(
     tmp_path: Path,
 ) -> None:
-    """On the say → wait path: a message heard is one trip, a wait that takes it four (BEGIN,
-    the rows with their count, the read marks, COMMIT), one that finds nothing three."""
+    """On the say → wait path: a message heard is one trip, a wait's take one too (BEGIN, the
+    rows with their count, the read marks and COMMIT all run on the thread in one go), whether
+    it finds something or not."""
 
     async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
         topic = new_room_topic(os.urandom(16))
@@ -130,9 +134,44 @@ def test_recording_and_taking_a_message_cost_few_trips_to_the_sqlite_thread(
         trips.clear()
         taken, left = await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS)
         assert [m.message_id for m in taken] == [env["message_id"]] and left == 0
-        assert len(trips) == 4, trips
+        assert len(trips) == 1, trips
         trips.clear()
         assert await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS) == ([], 0)
-        assert len(trips) == 3, trips
+        assert len(trips) == 1, trips
+
+    run_in(tmp_path, body)
+
+
+def test_a_take_cancelled_while_its_trip_runs_leaves_the_messages_unread(
+    tmp_path: Path,
+) -> None:
+    """The take's one trip cannot be stopped on the thread; when its caller is cancelled (the
+    harness cancelled the wait) the marks it made are undone, so nothing is marked read that
+    nobody was given. A message that was already read stays read."""
+
+    async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
+        topic = new_room_topic(os.urandom(16))
+        old = await said(rooms, topic, BOB, "read before")
+        assert [
+            m.message_id for m in (await transcript.take_unread(topic, ME.node_id.hex(), 1))[0]
+        ] == [old]
+        new = await said(rooms, topic, CAROL, "unread")
+        seq_of_old = (await transcript.message(topic, old)).seq  # type: ignore[union-attr]
+        release = threading.Event()
+        holding = asyncio.ensure_future(_on_thread(transcript._db, lambda: release.wait(10)))
+        await asyncio.sleep(0)
+        taking = asyncio.ensure_future(
+            transcript.take_unread(topic, ME.node_id.hex(), NOW_MS, after_seq=seq_of_old - 1)
+        )
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        taking.cancel()
+        release.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await taking
+        assert taking.cancelled()
+        await holding
+        taken, left = await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS)
+        assert [m.message_id for m in taken] == [new] and left == 0  # the old one stays read
 
     run_in(tmp_path, body)

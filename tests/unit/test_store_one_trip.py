@@ -1,0 +1,159 @@
+"""``SqliteStore._atomically``: a transaction in one trip to the connection's thread.
+
+Real SQLite files under ``tmp_path``. The thread is held still with a blocking call queued
+first (aiosqlite runs its queue in order), so a caller can be cancelled while its trip waits or
+runs, deterministically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from macula.store.base import SqliteStore, StoreError, _on_thread
+
+
+class Counters(SqliteStore):
+    MIGRATIONS: ClassVar = (("CREATE TABLE n (k TEXT PRIMARY KEY, v INTEGER NOT NULL)",),)
+
+    async def values(self) -> dict[str, int]:
+        return {str(k): int(v) for k, v in await self._fetchall("SELECT k, v FROM n")}
+
+
+def _add(key: str, value: int) -> object:
+    def work(connection: sqlite3.Connection) -> int:
+        connection.execute("INSERT INTO n VALUES (?, ?)", (key, value))
+        return value
+
+    return work
+
+
+def _trips(store: SqliteStore) -> list[object]:
+    trips: list[object] = []
+    db = store._db
+    run_there = db._execute
+
+    async def counted(fn: object, *args: object) -> object:
+        trips.append(fn)
+        return await run_there(fn, *args)
+
+    db._execute = counted  # type: ignore[method-assign]
+    return trips
+
+
+def test_work_commits_in_one_trip_and_an_error_rolls_all_of_it_back(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with await Counters.open(tmp_path / "n.sqlite3") as store:
+            trips = _trips(store)
+
+            def two(connection: sqlite3.Connection) -> int:
+                connection.execute("INSERT INTO n VALUES ('a', 1)")
+                connection.execute("INSERT INTO n VALUES ('b', 2)")
+                return 3
+
+            assert await store._atomically(two) == 3
+            assert len(trips) == 1
+            assert await store.values() == {"a": 1, "b": 2}
+
+            def half_then_fail(connection: sqlite3.Connection) -> None:
+                connection.execute("INSERT INTO n VALUES ('c', 3)")
+                raise RuntimeError("changed my mind")
+
+            with pytest.raises(RuntimeError, match="changed my mind"):
+                await store._atomically(half_then_fail)
+
+            def half_then_conflict(connection: sqlite3.Connection) -> None:
+                connection.execute("INSERT INTO n VALUES ('d', 4)")
+                connection.execute("INSERT INTO n VALUES ('a', 5)")  # 'a' exists
+
+            with pytest.raises(StoreError, match="UNIQUE"):
+                await store._atomically(half_then_conflict)
+            assert await store.values() == {"a": 1, "b": 2}  # neither 'c' nor 'd'
+            assert not store._db.in_transaction
+
+    asyncio.run(scenario())
+
+
+async def _held(store: SqliteStore) -> tuple[threading.Event, asyncio.Task[object]]:
+    """The store's thread blocked until the event is set (a call queued before anything)."""
+    release = threading.Event()
+    holding = asyncio.ensure_future(_on_thread(store._db, lambda: release.wait(10)))
+    await asyncio.sleep(0)  # the blocking call is queued (and running)
+    return release, holding
+
+
+@pytest.mark.parametrize("with_undo", [0, 1])
+def test_a_caller_cancelled_during_its_trip(tmp_path: Path, with_undo: int) -> None:
+    """The trip cannot be stopped on the thread: without ``undo`` what it did stands; with
+    ``undo`` it is undone in a second trip, queued behind it. The caller sees the cancel."""
+
+    async def scenario() -> None:
+        async with await Counters.open(tmp_path / "n.sqlite3") as store:
+            release, holding = await _held(store)
+
+            def undo(connection: sqlite3.Connection, value: int) -> None:
+                connection.execute("DELETE FROM n WHERE v = ?", (value,))
+
+            caller = asyncio.ensure_future(
+                store._atomically(_add("x", 7), undo if with_undo else None)  # type: ignore[arg-type]
+            )
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # the trip is queued behind the held call
+            caller.cancel()
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+            await holding
+            assert await store.values() == ({} if with_undo else {"x": 7})
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_trip_that_failed_has_nothing_to_undo(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with await Counters.open(tmp_path / "n.sqlite3") as store:
+            await store._atomically(_add("x", 1))  # type: ignore[arg-type]
+            release, holding = await _held(store)
+            undone: list[int] = []
+            caller = asyncio.ensure_future(
+                store._atomically(
+                    _add("x", 2),  # type: ignore[arg-type]
+                    lambda connection, value: undone.append(value),
+                )
+            )
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            caller.cancel()
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await caller
+            await holding
+            assert await store.values() == {"x": 1} and undone == []
+
+    asyncio.run(scenario())
+
+
+def test_aiosqlite_runs_its_queue_in_order(tmp_path: Path) -> None:
+    """What ``_atomically``'s undo relies on: a call queued later runs after one queued
+    earlier, even when the earlier caller was cancelled."""
+
+    async def scenario() -> None:
+        async with await Counters.open(tmp_path / "n.sqlite3") as store:
+            release, holding = await _held(store)
+            order: list[str] = []
+            first = asyncio.ensure_future(_on_thread(store._db, lambda: order.append("first")))
+            await asyncio.sleep(0)
+            second = asyncio.ensure_future(_on_thread(store._db, lambda: order.append("second")))
+            await asyncio.sleep(0)
+            first.cancel()
+            release.set()
+            await second
+            await holding
+            assert order == ["first", "second"]
+
+    asyncio.run(scenario())
