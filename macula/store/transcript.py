@@ -249,7 +249,7 @@ class TranscriptStore(RoomRealms):
             "envelope": envelope,
             "event_seq": None if event_seq is None else check_int(event_seq, "event_seq"),
         }
-        new = await self._execute_one_trip(_INSERT_MESSAGE, params) > 0
+        new = await self._execute_one_trip(_INSERT_MESSAGE, params, inline=True) > 0
         if new:
             self._unpruned += 1
             if self._unpruned >= self.bounds.prune_every:
@@ -320,7 +320,7 @@ class TranscriptStore(RoomRealms):
                     f"UPDATE messages SET read_ms = NULL WHERE seq IN ({_ints(took[2])})"
                 )
 
-        taken, total, _ = await self._atomically(take, unmark)
+        taken, total, _ = await self._atomically(take, unmark, inline=True)
         return [_message(row, self.path) for row in taken], total - len(taken)
 
     async def message(self, room_topic: str, message_id: str) -> TranscriptMessage | None:
@@ -470,7 +470,8 @@ class TranscriptStore(RoomRealms):
         """Rooms we are in, earliest joined first."""
         rows = await self._fetchall(
             f"SELECT {_MEMBERSHIP_COLUMNS} FROM memberships WHERE left_ms IS NULL"
-            " ORDER BY joined_ms, room_topic"
+            " ORDER BY joined_ms, room_topic",
+            inline=True,
         )
         return [_membership(row) for row in rows]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
+import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -18,7 +18,6 @@ from macula.agent.envelope import new_room_topic
 from macula.agent.room_waits import answer_index
 from macula.agent.rooms import Rooms
 from macula.node import Node
-from macula.store.base import _on_thread
 from macula.store.transcript import TranscriptStore
 
 
@@ -116,61 +115,57 @@ def _trips(transcript: TranscriptStore) -> list[object]:
     return trips
 
 
-def test_recording_and_taking_a_message_cost_few_trips_to_the_sqlite_thread(
+def test_recording_and_taking_a_message_cost_no_trip_to_the_sqlite_thread(
     tmp_path: Path,
 ) -> None:
-    """On the say → wait path: a message heard is one trip, a wait's take one too (BEGIN, the
-    rows with their count, the read marks and COMMIT all run on the thread in one go), whether
-    it finds something or not."""
+    """On the say → wait path: a message heard and a wait's take (BEGIN, the rows with their
+    count, the read marks, COMMIT) run inline on the loop's thread, whether the take finds
+    something or not: no trip to the connection's thread and back."""
 
     async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
         topic = new_room_topic(os.urandom(16))
         trips = _trips(transcript)
         env = dict(envelope(topic, BOB, "one trip"))
         assert await rooms._record(env, BOB.node_id, True, 1) is True
-        assert len(trips) == 1, trips
         assert await rooms._record(env, BOB.node_id, True, 1) is False  # a repeat: not new
-        assert len(trips) == 2, trips
-        trips.clear()
         taken, left = await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS)
         assert [m.message_id for m in taken] == [env["message_id"]] and left == 0
-        assert len(trips) == 1, trips
-        trips.clear()
         assert await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS) == ([], 0)
-        assert len(trips) == 1, trips
+        assert trips == [], trips
 
     run_in(tmp_path, body)
 
 
-def test_a_take_cancelled_while_its_trip_runs_leaves_the_messages_unread(
+def test_a_take_that_meets_another_process_lock_waits_on_the_thread_and_a_cancel_undoes_it(
     tmp_path: Path,
 ) -> None:
-    """The take's one trip cannot be stopped on the thread; when its caller is cancelled (the
-    harness cancelled the wait) the marks it made are undone, so nothing is marked read that
-    nobody was given. A message that was already read stays read."""
+    """Another process holds the file's write lock: the inline take never waits for it on the
+    loop (SQLite busy at once), it goes to the connection's thread, which waits as usual. The
+    harness cancels the wait meanwhile; the lock goes; the take's trip commits on the thread
+    all the same, and its read marks are undone, so nothing is marked read that nobody was
+    given. A message that was already read stays read."""
 
     async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
         topic = new_room_topic(os.urandom(16))
         old = await said(rooms, topic, BOB, "read before")
-        assert [
-            m.message_id for m in (await transcript.take_unread(topic, ME.node_id.hex(), 1))[0]
-        ] == [old]
+        first, _ = await transcript.take_unread(topic, ME.node_id.hex(), 1)
+        assert [m.message_id for m in first] == [old]
         new = await said(rooms, topic, CAROL, "unread")
         seq_of_old = (await transcript.message(topic, old)).seq  # type: ignore[union-attr]
-        release = threading.Event()
-        holding = asyncio.ensure_future(_on_thread(transcript._db, lambda: release.wait(10)))
-        await asyncio.sleep(0)
+        other = sqlite3.connect(transcript.path, isolation_level=None)  # "another process"
+        other.execute("BEGIN IMMEDIATE")
+        trips = _trips(transcript)
         taking = asyncio.ensure_future(
             transcript.take_unread(topic, ME.node_id.hex(), NOW_MS, after_seq=seq_of_old - 1)
         )
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        while not trips:  # the inline attempt met the lock at once and went to the thread
+            await asyncio.sleep(0.001)
         taking.cancel()
-        release.set()
+        other.execute("COMMIT")
+        other.close()
         with contextlib.suppress(asyncio.CancelledError):
             await taking
         assert taking.cancelled()
-        await holding
         taken, left = await transcript.take_unread(topic, ME.node_id.hex(), NOW_MS)
         assert [m.message_id for m in taken] == [new] and left == 0  # the old one stays read
 

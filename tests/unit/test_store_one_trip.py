@@ -157,3 +157,52 @@ def test_aiosqlite_runs_its_queue_in_order(tmp_path: Path) -> None:
             assert order == ["first", "second"]
 
     asyncio.run(scenario())
+
+
+def test_inline_work_waits_for_what_a_cancelled_caller_left_on_the_thread(
+    tmp_path: Path,
+) -> None:
+    """Inline work runs on the loop's thread only when nothing of ours is still queued on the
+    connection's thread: after a cancelled call it lets that run out first (one empty trip),
+    so the connection is never used from two threads at once."""
+
+    async def scenario() -> None:
+        async with await Counters.open(tmp_path / "n.sqlite3") as store:
+            release, holding = await _held(store)
+            left = asyncio.ensure_future(store._atomically(_add("x", 1)))  # type: ignore[arg-type]
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # queued behind the held call
+            left.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await left
+            assert store._settled is False
+            inline = asyncio.ensure_future(store._atomically(_add("y", 2), inline=True))  # type: ignore[arg-type]
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not inline.done()  # waiting for the thread, not running beside it
+            release.set()
+            assert await inline == 2
+            await holding
+            assert store._settled is True
+            assert await store.values() == {"x": 1, "y": 2}
+
+    asyncio.run(scenario())
+
+
+def test_inline_work_rolls_back_on_error_like_the_thread(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with await Counters.open(tmp_path / "n.sqlite3") as store:
+            trips = _trips(store)
+
+            def half_then_fail(connection: sqlite3.Connection) -> None:
+                connection.execute("INSERT INTO n VALUES ('c', 3)")
+                raise RuntimeError("changed my mind")
+
+            with pytest.raises(RuntimeError):
+                await store._atomically(half_then_fail, inline=True)
+            assert await store._atomically(_add("d", 4), inline=True) == 4  # type: ignore[arg-type]
+            assert trips == []
+            assert await store.values() == {"d": 4}
+            assert not store._db.in_transaction
+
+    asyncio.run(scenario())
