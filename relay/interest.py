@@ -230,6 +230,7 @@ class InterestRouter:
         subscribers = self._subscriptions.subscribers((frame.realm, frame.topic.encode()))
         data = self._frames.event(frame, now_ms) if subscribers else b""  # once, for all
         out: list[Action] = []
+        echo: Send | None = None  # the publisher's own copy: sent last, the others wait less
         to_stations = 0
         from_station = peer.is_station
         node_conn, peers, connected = self._node_conn, self._peers, PeerState.CONNECTED
@@ -237,6 +238,9 @@ class InterestRouter:
             conn = node_conn.get(node_id)
             target = peers.get(conn) if conn is not None else None
             if target is None or target.state is not connected or target.control is None:
+                continue
+            if target is peer:
+                echo = Send(target.conn, target.control, data)
                 continue
             if target.capabilities & CAP_STATION:
                 if from_station:  # a peer station's frames never go on to a third one
@@ -246,6 +250,8 @@ class InterestRouter:
                     continue
                 to_stations += 1
             out.append(Send(target.conn, target.control, data))
+        if echo is not None:  # each connection's packets leave in the order of its first Send
+            out.append(echo)
         # publisher_sig is end to end: local clients verify it themselves (a bad one is
         # dropped by the client, never delivered), so the station checks it only where it
         # vouches for it further: before relaying it to a peer station (docs/performance.md §2)

@@ -257,3 +257,32 @@ def test_a_fan_out_sends_one_signed_event_to_each_subscriber_and_counts_them() -
     assert station.core.stats["events_delivered"] == len(SUBSCRIBERS)
     assert station.core.stats["events_to_stations"] == 0
     assert station.core.stats["publishes"] == 1
+
+
+def test_the_publisher_s_own_copy_of_its_event_is_sent_last() -> None:
+    """A room's members all follow its topic, the speaker too: its echo goes after everyone
+    else's copy (each connection's packets are flushed in the order of its first send), so the
+    listeners do not wait behind the speaker's own copy. Each member speaks once: whatever
+    order the subscriber set iterates in, only one of them could come last by chance."""
+    station = Station()
+    members = (CALLER, *SUBSCRIBERS)
+    for identity in members:
+        station.join(identity)
+        subscribe = Subscribe(
+            frame_id=fid(T0), sent_at_ms=T0, topic="room", realm=REALM, subscriber=identity.node_id
+        )
+        station.send(identity, subscribe.sign_and_encode(identity), T0)
+    for speaker in members:
+        publish = Publish(
+            frame_id=fid(T0 + 1),
+            sent_at_ms=T0 + 1,
+            topic="room",
+            realm=REALM,
+            publisher=speaker.node_id,
+            seq=1,
+            payload=b"x",
+            published_at_ms=T0 + 1,
+        ).with_publisher_sig(speaker)
+        sends = station.send(speaker, publish.sign_and_encode(speaker), T0 + 1)
+        assert sorted(s.conn for s in sends) == sorted(station.conns.values())
+        assert sends[-1].conn == station.conns[speaker.node_id]
