@@ -13,7 +13,9 @@ Invariants:
   frame (HELLO, EVENT, PONG, a built-in's RESULT/ERROR) needs no check when TLS already proved
   the station key (``tls_pinned``). EVENTs carrying a ``publisher_sig`` must verify end to end.
   Failures are counted in ``dropped``, never raised. The CONNECT names the pinned station
-  (``bound_to``, issue 27), so that station checks our frames' claims by id, not by signature.
+  (``bound_to``, issue 27), so that station checks our frames' claims by id, not by signature;
+  when its HELLO names us back in ``bound_to`` (``station_binds``), a PUBLISH goes without its
+  frame signature (``publisher_sig``, end to end, is always made).
 - a CALL gets a ``call_id`` from ``random_bytes`` and a deadline; exactly one ``CallSettled``
   per call: its RESULT/ERROR (only on the stream it was sent on), ``tick`` past the deadline
   (``CallTimeout``), or the end of the connection (``BrokenError``/``ClosedError``).
@@ -112,6 +114,9 @@ class ClientCore:
     control: int = 0
     pinned: bytes | None = None  # the station key we expect, if the address names one
     tls_pinned: bool = False  # TLS proved ``pinned`` (certificate key checked)
+    # the station's HELLO said it checks this connection's frames by id (``bound_to`` = us):
+    # a PUBLISH goes without its frame signature, which nobody would verify (issue 27)
+    station_binds: bool = False
     max_control_frame: int = MAX_CONTROL_FRAME
     max_control_items: int = MAX_CONTROL_ITEMS
     state: CoreState = CoreState.CONNECTING
@@ -239,7 +244,10 @@ class ClientCore:
             published_at_ms=now_ms,
         )
         self._open()  # both signatures from one encoding of the fields (macula.publishing)
-        data = encoded(partial(signed_publish, frame), self.identity)
+        data = encoded(
+            partial(signed_publish, frame, frame_signature=not self.station_binds),
+            self.identity,
+        )
         return [self._transmit(self.control, frame, data)]
 
     def call(
@@ -489,6 +497,8 @@ class ClientCore:
             out += self._end(f"refused{why}", terminal=False, failure=refusal)
             return
         self.station_key = hello.node_id
+        # only a station TLS proved, that we bound ourselves, and that names us back
+        self.station_binds = proven and hello.extras.get("bound_to") == self.identity.node_id
         self.state = CoreState.ESTABLISHED
         out += self.sync_intent(now_ms)  # the replay: before anyone hears we are up
         out.append(Established(hello.node_id))

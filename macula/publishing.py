@@ -10,7 +10,9 @@ both signed byte strings out of the same canonical pairs. Invariants:
   subset of canonically sorted pairs is itself canonically sorted, and the publication map's
   five values travel in the frame with the same encoding); tests/unit/test_publishing.py holds
   the two paths byte-equal;
-- ``frame`` must not carry a signature or a publisher_sig yet (both are made here).
+- ``frame`` must not carry a signature or a publisher_sig yet (both are made here);
+- without its frame signature (``frame_signature=False``) the bytes are exactly those of
+  ``frame.with_publisher_sig(id)`` encoded unsigned: ``publisher_sig`` is always there.
 """
 
 from __future__ import annotations
@@ -30,14 +32,18 @@ _SIGNATURE_KEY = cbor.encode_key("signature")
 _PUBLISHER_SIG_KEY = cbor.encode_key("publisher_sig")
 
 
-def signed_publish(frame: Publish, identity: Identity) -> bytes:
-    """The framed bytes of ``frame`` with its ``publisher_sig`` and frame signature."""
+def signed_publish(frame: Publish, identity: Identity, *, frame_signature: bool = True) -> bytes:
+    """The framed bytes of ``frame`` with its ``publisher_sig`` and frame signature; without
+    the frame signature when ``frame_signature`` is false: only for a station that said in its
+    HELLO it checks this connection's frames by id (``ClientCore.station_binds``, SECURITY.md
+    "Each claim verified once"), where nobody would verify it."""
     if frame.signature is not None or frame.publisher_sig is not None:
         raise LocalProtocolError("bad_field", "publish is already signed")
     pairs = frame.encoded_pairs()  # no signature or publisher_sig yet (checked above)
     publication = [pair for pair in pairs if pair[0] in _PUBLICATION_KEYS]
     publisher_sig = identity.sign(DOMAIN_EVENT_PUB + cbor.join_pairs(publication))
-    signature = identity.sign(DOMAIN_FRAME + cbor.join_pairs(pairs))
+    if frame_signature:
+        signature = identity.sign(DOMAIN_FRAME + cbor.join_pairs(pairs))
+        bisect.insort(pairs, (_SIGNATURE_KEY, cbor.encode(signature)))
     bisect.insort(pairs, (_PUBLISHER_SIG_KEY, cbor.encode(publisher_sig)))
-    bisect.insort(pairs, (_SIGNATURE_KEY, cbor.encode(signature)))
     return frame_bytes(cbor.join_pairs(pairs))

@@ -141,7 +141,8 @@ def _client_accepted(core: RouterState, peer: Peer, stream: int, now_ms: int) ->
     out: list[Action] = []
     if core.realms.to_vouch:  # its CONNECT endorsements: the links hear first
         out += core.vouch(core.realms.drain_vouches(), now_ms)
-    out.append(Send(peer.conn, stream, core.frames.hello(True, None, now_ms)))
+    bound = peer.node_id if peer.bound else None
+    out.append(Send(peer.conn, stream, core.frames.hello(True, None, now_ms, bound_client=bound)))
     older = core.node_conn.get(peer.node_id)
     core.node_conn[peer.node_id] = peer.conn
     if older is not None and older in core.peers:

@@ -129,7 +129,15 @@ class StationFrames:
         *,
         dht_port: int = 0,
         to_station: bool = False,
+        bound_client: bytes | None = None,
     ) -> bytes:
+        extras: dict[str, object] = {}
+        if to_station and accepted and self.endorsements:
+            extras["endorsements"] = self.endorsements
+        if bound_client is not None and accepted:
+            # this connection's frames are checked by id (issue 27): the client may leave out
+            # the signature nobody would verify (a PUBLISH's; SECURITY.md)
+            extras["bound_to"] = bound_client
         hello = Hello(
             **self.stamp(now_ms),
             capabilities=CAP_STATION,
@@ -140,12 +148,8 @@ class StationFrames:
             refusal_code=refusal,
             realms=self.realms,
             addresses=dht_addresses(dht_port),
-            # a key HELLO does not define (kept and signed like any extra, §2.5)
-            extras=(
-                {"endorsements": self.endorsements}
-                if to_station and accepted and self.endorsements
-                else {}
-            ),
+            # keys HELLO does not define (kept and signed like any extra, §2.5)
+            extras=extras,
         )
         return self.sign(hello)
 

@@ -45,6 +45,35 @@ async def test_our_pinned_nodes_are_bound_and_call_each_other(tmp_path: Path) ->
         assert station.core.stats["foreign_signer"] == 0
 
 
+async def test_a_station_that_binds_our_node_gets_its_publish_without_a_frame_signature(
+    tmp_path: Path,
+) -> None:
+    """The station's HELLO names our pinned node back in ``bound_to``: its PUBLISHes go
+    without the frame signature nobody would verify, with ``publisher_sig``, and arrive
+    verified end to end."""
+    async with (
+        Station(station_config(tmp_path / "s")) as station,
+        Node(new_identity(), [station.endpoint]) as publisher,
+        Node(new_identity(), [station.endpoint]) as subscriber,
+    ):
+        seen: list[dict[str, Any]] = []
+        frames_received = station.core.frames_received
+
+        def recorded(conn: int, stream: int, frames: list[Any], now: int) -> Any:
+            seen.extend(dict(f) for f in frames if f.get("frame_type") == "publish")
+            return frames_received(conn, stream, frames, now)
+
+        station.core.frames_received = recorded  # type: ignore[method-assign]
+        watch = await subscriber.subscribe(REALM, "bound")
+        await subscriber.flush()
+        await publisher.publish(REALM, "bound", {"n": 1})
+        event = await watch.next(5)
+        assert event.payload == {"n": 1} and event.authenticated
+        assert publisher._session is not None and publisher._session.core.station_binds
+        [publish] = seen
+        assert "signature" not in publish and len(publish["publisher_sig"]) == 64
+
+
 async def test_a_connect_bound_to_station_a_is_refused_by_station_b(tmp_path: Path) -> None:
     async with (
         Station(station_config(tmp_path / "a")) as a,

@@ -130,3 +130,74 @@ def test_tls_pinned_without_a_pinned_key_still_verifies_the_hello() -> None:
     ).signed_by(BOB)  # not the key it names
     out = core.frames_received(0, [hello.to_map()], 1_767_225_600_000)
     assert [type(o) for o in out if isinstance(o, HandshakeFailed)] == [HandshakeFailed]
+
+
+def _published(end: Any, link: Link, seq: int) -> dict[str, Any]:
+    """The PUBLISH ``end`` sends (decoded), after it went to the station."""
+    out = end.core.publish(REALM, "news", "hi", seq, link.clock.now)
+    [transmit] = [o for o in out if isinstance(o, Transmit)]
+    [frame_map] = FrameDecoder().feed(transmit.data)
+    link.client_did(end, out)
+    return dict(frame_map)
+
+
+def test_a_station_that_binds_us_gets_our_publish_without_its_frame_signature(
+    verifies: Verifies,
+) -> None:
+    """Its HELLO names us back (``bound_to``): the station checks our frames by id, so the
+    PUBLISH's frame signature would be verified by nobody and is not made; ``publisher_sig``,
+    end to end, is, and the subscriber verifies it."""
+    link = Link(Clock())
+    alice, bob = established(link, ALICE, tls_pinned=True), established(link, BOB, tls_pinned=True)
+    assert alice.core.station_binds is True
+    link.client_did(bob, bob.core.subscribe(REALM, "news", link.clock.now))
+    link.flush(bob)
+    with verifies.on():
+        sent = _published(alice, link, 1)
+    assert "signature" not in sent and len(sent["publisher_sig"]) == 64
+    assert [(o.event.payload, o.authenticated) for o in bob.take(EventArrived)] == [("hi", True)]
+    assert verifies.n == 1  # bob's publisher_sig
+
+
+@pytest.mark.parametrize("how", ["unpinned", "hello_not_proven_by_tls"])
+def test_otherwise_every_publish_is_signed(how: str) -> None:
+    """No binding (nothing pinned: no ``bound_to`` either way), or a HELLO that TLS did not
+    prove (verified by its signature instead): the client signs as it always did."""
+    link = Link(Clock())
+    kw = {"tls_pinned": True, "unpinned": True} if how == "unpinned" else {"tls_pinned": False}
+    alice = established(link, ALICE, **kw)
+    assert alice.core.station_binds is False
+    sent = _published(alice, link, 1)
+    assert len(sent["signature"]) == 64 and len(sent["publisher_sig"]) == 64
+
+
+def test_a_hello_that_names_another_node_binds_nothing() -> None:
+    core = ClientCore(ALICE, random.Random(1).randbytes, pinned=STATION.node_id, tls_pinned=True)
+    core.connect(1_767_225_600_000)
+    hello = Hello(
+        frame_id=new_frame_id(1_767_225_600_000, bytes(10)),
+        sent_at_ms=1_767_225_600_000,
+        node_id=STATION.node_id,
+        station_id=STATION.node_id,
+        accepted=True,
+        negotiated_capabilities=0,
+        extras={"bound_to": BOB.node_id},
+    ).signed_by(STATION)
+    core.frames_received(0, [hello.to_map()], 1_767_225_600_000)
+    assert core.state.name == "ESTABLISHED" and core.station_binds is False
+
+
+def test_an_unbound_connections_publish_without_a_signature_is_dropped() -> None:
+    """A PUBLISH without its frame signature is admitted only on a connection bound to this
+    station; anywhere else it is dropped as any frame that does not verify."""
+    link = Link(Clock())
+    alice = established(link, ALICE, tls_pinned=True, unpinned=True)  # unbound
+    bob = established(link, BOB, tls_pinned=True)
+    assert link.router.peers[alice.conn].bound is False
+    link.client_did(bob, bob.core.subscribe(REALM, "news", link.clock.now))
+    link.flush(bob)
+    alice.core.station_binds = True  # a client that leaves it out anyway
+    sent = _published(alice, link, 1)
+    assert "signature" not in sent
+    assert bob.take(EventArrived) == []
+    assert link.router.stats["publishes"] == 0

@@ -87,16 +87,18 @@ class Link:
         dedup: EventDedup | None = None,
         pinned: bytes | None = None,
         tls_pinned: bool = False,
+        unpinned: bool = False,
     ) -> End:
         """A new connection from ``identity``: CONNECT sent and the link pumped
-        (``tls_pinned``: as a session whose TLS proved the pinned key)."""
+        (``tls_pinned``: as a session whose TLS proved the pinned key; ``unpinned``: no key
+        pinned at all, so the CONNECT binds nothing)."""
         conn = next(self._conns)
         core = ClientCore(
             identity,
             random.Random(conn).randbytes,
             intent=intent or Intent(),
             dedup=dedup or EventDedup(),
-            pinned=self.station.node_id if pinned is None else pinned,
+            pinned=None if unpinned else self.station.node_id if pinned is None else pinned,
             tls_pinned=tls_pinned,
         )
         end = self.ends[conn] = End(core, conn)
