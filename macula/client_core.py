@@ -83,6 +83,7 @@ from macula.wire.frames import (
     Unsubscribe,
     new_frame_id,
     parse_frame,
+    publisher_sig_valid_here,
 )
 from macula.wire.identity import Identity
 
@@ -465,7 +466,7 @@ class ClientCore:
         if self.state is not CoreState.ESTABLISHED or not self._verified(frame):
             return
         if isinstance(frame, Event):
-            if frame.publisher_sig is not None and not frame.publisher_sig_valid():
+            if frame.publisher_sig is not None and not publisher_sig_valid_here(frame):
                 self.dropped["bad_publisher_sig"] += 1
                 return
             if self.dedup.first_time(frame):

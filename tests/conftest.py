@@ -49,3 +49,13 @@ def pytest_report_header() -> str:
     quic = quic_backend.describe()
     loop = event_loop.loop_name()
     return f"macula: QUIC {quic['quic']} {quic['version']}; processes start on {loop}"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_verified_signatures() -> None:
+    """Each test starts with no ``publisher_sig`` remembered as verified (macula.wire.verified):
+    tests that count Ed25519 verifies, or feed a forged event, must not see an earlier test's
+    verdict (identities and payloads are often the same from test to test)."""
+    from macula.wire import verified
+
+    verified.publications.forget()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from macula.wire import cbor
+from macula.wire import cbor, verified
 from macula.wire.codes import code_name
 from macula.wire.envelope import (
     ANY,
@@ -513,6 +513,18 @@ def publisher_sig_valid(frame: Publish | Event) -> bool:
         frame.topic, frame.realm, frame.publisher, frame.seq, frame.payload
     )
     return verify(frame.publisher, signable, frame.publisher_sig)
+
+
+def publisher_sig_valid_here(frame: Event) -> bool:
+    """``publisher_sig_valid`` for a client receiving ``frame``: the same EVENT reaches every
+    node of this process that follows it, and is verified once here (``verified``). A station
+    verifies each time (its counts, and its trust, are its own)."""
+    if frame.publisher_sig is None:
+        return False
+    signable = publication_signable(
+        frame.topic, frame.realm, frame.publisher, frame.seq, frame.payload
+    )
+    return verified.publications.verify(frame.publisher, signable, frame.publisher_sig)
 
 
 def event_from_publish(publish: Publish, *, frame_id: bytes, sent_at_ms: int) -> Event:
