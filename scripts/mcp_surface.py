@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -37,7 +36,10 @@ async def measure(endpoint: str, home: Path, terse: bool) -> tuple[float, int, i
     ) as client:
         tools = await client.list_tools()
         elapsed = time.perf_counter() - started
-    payload = json.dumps([t.model_dump(mode="json", exclude_none=True) for t in tools.tools])
+    # the result as the server sends it: the SDK's compact JSON (until stop 35, json.dumps of
+    # the parsed tools, with ", " and ": " between items: 31,900 / 21,033 then, 30,366 / 19,579
+    # this way at the same commit)
+    payload = tools.model_dump_json(by_alias=True, exclude_none=True)
     return elapsed, len(tools.tools), len(payload.encode())
 
 

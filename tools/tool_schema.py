@@ -17,7 +17,8 @@ Invariants:
   only when it holds a caveat (``TERSE_KEPT``: what a 0/1 flag does, what runs where, what
   cannot be undone).
 - every text parameter (a ``string`` schema, or the ``string`` arm of an ``anyOf``) is listed
-  with its ``maxLength`` from ``tools.text_limits``, the limit the argument boundary enforces.
+  with its ``maxLength`` from ``tools.text_limits``, the limit the argument boundary enforces,
+  except where its ``SHARED`` rule states that very limit once (``LIMIT_SAID_ONCE``).
 """
 
 from __future__ import annotations
@@ -35,8 +36,15 @@ from tools import text_limits, tool_arguments
 SHARED = {
     "idempotency_key": "idempotency_key (1-120 chars): a retry with the same key returns the "
     "first result instead of acting again",
-    "realm": "realm: a realm name or 64 hex tag, default the all-zero public realm",
+    "realm": "realm (<= 128 chars): a realm name or 64 hex tag, default the all-zero public realm",
     "task_id": "task_id: from mesh_task_send or mesh_task_list",
+}
+
+# parameters whose length limit their ``SHARED`` rule states once: no ``maxLength`` in each of
+# the 23 and 10 schemas that have them (tests/unit/test_text_limits.py holds rule and limit equal)
+LIMIT_SAID_ONCE: Mapping[str, int] = {
+    "idempotency_key": text_limits.SHARED["idempotency_key"],
+    "realm": text_limits.SHARED["realm"],
 }
 
 # (tool, parameter) whose description stays with terse descriptions too
@@ -101,7 +109,7 @@ def tool_schema(
         if terse and (tool, name) not in TERSE_KEPT:
             spec.pop("description", None)
         limit = text_limits.limit_of(table, tool, name)
-        if limit is not None:
+        if limit is not None and LIMIT_SAID_ONCE.get(name) != limit:
             for arm in [spec, *spec.get("anyOf", [])]:
                 if isinstance(arm, dict) and arm.get("type") == "string":
                     arm["maxLength"] = limit

@@ -1,4 +1,5 @@
-"""Every text parameter of every MCP tool is listed with its ``maxLength``, every integer with
+"""Every text parameter of every MCP tool is listed with its ``maxLength`` (or, for the two
+shared ones, stated once in the instructions), every integer with
 its range (``tools.text_limits``, ``tools.tool_schema``), and the limits are the ones enforced:
 the station's own (relay/house) and the task limits the environment sets."""
 
@@ -10,7 +11,9 @@ from typing import Any
 from relay.house import memory as house_memory
 from relay.house import stations as house_stations
 from tools import text_limits
-from tools.server import build_server
+from tools.server import INSTRUCTIONS, build_server
+from tools.tool_schema import LIMIT_SAID_ONCE
+from tools.tool_schema import SHARED as SHARED_RULES
 
 
 def listed(env: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -29,7 +32,9 @@ def test_every_string_has_a_max_length_and_every_integer_a_range() -> None:
             kinds = {arm.get("type") for arm in arms(spec)}
             json_value = {"array", "object"} <= kinds  # any JSON value: bounded in bytes inside
             for arm in arms(spec):
-                if arm.get("type") == "string":
+                if arm.get("type") == "string" and name in LIMIT_SAID_ONCE:
+                    assert "maxLength" not in arm, (tool, name)  # said once, in the instructions
+                elif arm.get("type") == "string":
                     assert isinstance(arm.get("maxLength"), int), (tool, name, spec)
                     assert arm["maxLength"] > 0, (tool, name)
                     strings += 1
@@ -39,13 +44,21 @@ def test_every_string_has_a_max_length_and_every_integer_a_range() -> None:
                     )
                     assert bounded, (tool, name, spec)
                     integers += 1
-    assert strings >= 90 and integers >= 20, (strings, integers)
+    assert strings >= 55 and integers >= 20, (strings, integers)
+
+
+def test_a_limit_said_once_is_the_enforced_one_and_in_the_instructions() -> None:
+    """``idempotency_key`` and ``realm`` (23 and 10 tools) carry no ``maxLength`` of their own:
+    the server instructions state the limit the argument boundary enforces, once."""
+    for name, limit in LIMIT_SAID_ONCE.items():
+        assert limit == text_limits.SHARED[name]
+        assert f"{limit} chars" in SHARED_RULES[name] and SHARED_RULES[name] in INSTRUCTIONS
 
 
 def test_the_listed_lengths_are_the_enforced_ones() -> None:
     schemas = listed({"MACULA_HOME": "/nonexistent"})
     assert schemas["mesh_publish"]["properties"]["topic"]["maxLength"] == 256
-    assert schemas["mesh_call"]["properties"]["idempotency_key"]["maxLength"] == 120
+    assert schemas["mesh_call"]["properties"]["procedure"]["maxLength"] == 256
     assert schemas["mesh_say"]["properties"]["room_topic"]["maxLength"] == len(
         "agents.room." + "0" * 32
     )
