@@ -1,5 +1,6 @@
 """Over the real MCP client and a real station: for every text parameter of every listed tool,
-a string one character over its listed ``maxLength`` is refused before the tool runs, as a
+a string one character over its listed ``maxLength`` (or the limit the instructions state once,
+for ``idempotency_key`` and ``realm``) is refused before the tool runs, as a
 structured ``invalid_argument`` naming the parameter and the limit; one at the limit is not
 refused for its length."""
 
@@ -12,14 +13,17 @@ import pytest
 from test_mcp_boundary import ERROR_KEYS, agent
 
 from relay.station import Station
+from tools.tool_schema import LIMIT_SAID_ONCE
 
 pytestmark = pytest.mark.anyio
 
 
-def text_limit(spec: dict[str, Any]) -> int | None:
+def text_limit(param: str, spec: dict[str, Any]) -> int | None:
+    """The listed limit; for ``idempotency_key`` and ``realm`` the one their shared rule in
+    the server instructions states (``LIMIT_SAID_ONCE``)."""
     for arm in spec.get("anyOf", [spec]):
         if arm.get("type") == "string":
-            return int(arm["maxLength"])
+            return int(arm["maxLength"]) if param not in LIMIT_SAID_ONCE else LIMIT_SAID_ONCE[param]
     return None
 
 
@@ -30,7 +34,7 @@ async def test_every_over_long_text_is_refused_naming_its_limit(
     async with agent(station, tmp_path / "alice", "legacy") as alice:
         for tool in (await alice.client.list_tools()).tools:
             for param, spec in tool.input_schema.get("properties", {}).items():
-                limit = text_limit(spec)
+                limit = text_limit(param, spec)
                 if limit is None:
                     continue
                 error = await alice.refused(tool.name, **{param: "x" * (limit + 1)})
