@@ -239,9 +239,6 @@ class InterestRouter:
             target = peers.get(conn) if conn is not None else None
             if target is None or target.state is not connected or target.control is None:
                 continue
-            if target is peer:
-                echo = Send(target.conn, target.control, data)
-                continue
             if target.capabilities & CAP_STATION:
                 if from_station:  # a peer station's frames never go on to a third one
                     continue
@@ -249,6 +246,9 @@ class InterestRouter:
                     self._count("unsigned_events_not_relayed")  # a protected realm's
                     continue
                 to_stations += 1
+            elif target is peer:  # a client's own copy (a station's never comes back: above)
+                echo = Send(target.conn, target.control, data)
+                continue
             out.append(Send(target.conn, target.control, data))
         if echo is not None:  # each connection's packets leave in the order of its first Send
             out.append(echo)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from macula.wire import cbor
 from macula.wire.frames import (
+    CAP_STATION,
     Advertise,
     Call,
     Connect,
@@ -286,3 +287,41 @@ def test_the_publisher_s_own_copy_of_its_event_is_sent_last() -> None:
         sends = station.send(speaker, publish.sign_and_encode(speaker), T0 + 1)
         assert sorted(s.conn for s in sends) == sorted(station.conns.values())
         assert sends[-1].conn == station.conns[speaker.node_id]
+
+
+def test_a_publish_from_a_linked_station_is_never_echoed_back_to_it() -> None:
+    """Only a client's own copy is deferred to the end: a station that follows the topic (on
+    behalf of its clients) and sends a PUBLISH itself gets nothing back, as before."""
+    station = Station()
+    peer_station = Identity.generate(random.Random(777).randbytes)
+    conn = len(station.conns) + 1
+    station.conns[peer_station.node_id] = conn
+    station.core.connection_made(conn, T0)
+    connect = Connect(
+        frame_id=fid(T0),
+        sent_at_ms=T0,
+        capabilities=CAP_STATION,
+        node_id=peer_station.node_id,
+        station_id=peer_station.node_id,
+        puzzle_evidence=puzzle_evidence(peer_station.node_id),
+    )
+    station.send(peer_station, connect.sign_and_encode(peer_station), T0)
+    listener = SUBSCRIBERS[0]
+    station.join(listener)
+    for who in (peer_station, listener):
+        subscribe = Subscribe(
+            frame_id=fid(T0), sent_at_ms=T0, topic="room", realm=REALM, subscriber=who.node_id
+        )
+        station.send(who, subscribe.sign_and_encode(who), T0)
+    publish = Publish(
+        frame_id=fid(T0 + 1),
+        sent_at_ms=T0 + 1,
+        topic="room",
+        realm=REALM,
+        publisher=peer_station.node_id,
+        seq=1,
+        payload=b"x",
+        published_at_ms=T0 + 1,
+    ).with_publisher_sig(peer_station)
+    sends = station.send(peer_station, publish.sign_and_encode(peer_station), T0 + 1)
+    assert [s.conn for s in sends if isinstance(s, Send)] == [station.conns[listener.node_id]]
