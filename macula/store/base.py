@@ -367,9 +367,10 @@ def _in_transaction(
     work: Callable[[sqlite3.Connection], T],
     outcome: concurrent.futures.Future[T] | None,
 ) -> T:
-    """On the connection's thread: ``work`` between BEGIN IMMEDIATE and COMMIT, rolled back on
-    any exception; its result (or exception) also goes to ``outcome``."""
-    connection = db._conn  # aiosqlite's own sqlite3 connection: only its thread touches it
+    """``work`` between BEGIN IMMEDIATE and COMMIT, rolled back on any exception; its result
+    (or exception) also goes to ``outcome``. On the connection's thread, or inline on the
+    loop's thread when nothing of ours is queued there (``_inline_ready``)."""
+    connection = db._conn  # aiosqlite's own sqlite3 connection: one thread at a time
     connection.execute("BEGIN IMMEDIATE")
     try:
         result = work(connection)
