@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from storekit import trips as trips_of
 
 from macula.house import HISTORY_FETCH
 from macula.store.base import _on_thread
@@ -343,14 +344,7 @@ def test_a_keep_is_one_trip_and_a_cancelled_one_leaves_the_counts_true(tmp_path:
         history = await service(tmp_path, max_events=3)
         store = history.store
         db = store._db
-        run_there = db._execute
-        trips: list[object] = []
-
-        async def counted(fn: Any, *args: Any) -> Any:
-            trips.append(fn)
-            return await run_there(fn, *args)
-
-        db._execute = counted  # type: ignore[method-assign]
+        trips = trips_of(store)
         seqs = itertools.count(1)
         await store.keep([keepable(publish(ALICE, next(seqs)), NOW)], history.bounds, NOW)
         assert len(trips) == 1  # the first keep also counts the tables, in the same trip

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+from storekit import trips as trips_of
 from test_agent_unread import BOB, CAROL, ME, NOW_MS, envelope, said
 
 from macula.agent.envelope import new_room_topic
@@ -100,21 +101,6 @@ def test_say_returns_everything_after_it_once_an_answer_is_there(tmp_path: Path)
     run_in(tmp_path, body)
 
 
-def _trips(transcript: TranscriptStore) -> list[object]:
-    """Every call run on the store's aiosqlite thread from now on (each a wake-up of that
-    thread and of the event loop)."""
-    trips: list[object] = []
-    db = transcript._db
-    run_there = db._execute
-
-    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        trips.append(fn)
-        return await run_there(fn, *args, **kwargs)
-
-    db._execute = counted  # type: ignore[method-assign]
-    return trips
-
-
 def test_recording_and_taking_a_message_cost_no_trip_to_the_sqlite_thread(
     tmp_path: Path,
 ) -> None:
@@ -124,7 +110,7 @@ def test_recording_and_taking_a_message_cost_no_trip_to_the_sqlite_thread(
 
     async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
         topic = new_room_topic(os.urandom(16))
-        trips = _trips(transcript)
+        trips = trips_of(transcript)
         env = dict(envelope(topic, BOB, "one trip"))
         assert await rooms._record(env, BOB.node_id, True, 1) is True
         assert await rooms._record(env, BOB.node_id, True, 1) is False  # a repeat: not new
@@ -154,7 +140,7 @@ def test_a_take_that_meets_another_process_lock_waits_on_the_thread_and_a_cancel
         seq_of_old = (await transcript.message(topic, old)).seq  # type: ignore[union-attr]
         other = sqlite3.connect(transcript.path, isolation_level=None)  # "another process"
         other.execute("BEGIN IMMEDIATE")
-        trips = _trips(transcript)
+        trips = trips_of(transcript)
         taking = asyncio.ensure_future(
             transcript.take_unread(topic, ME.node_id.hex(), NOW_MS, after_seq=seq_of_old - 1)
         )

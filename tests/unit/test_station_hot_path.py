@@ -106,6 +106,24 @@ def call(call_id: bytes, payload: Any, at: int) -> Call:
     )
 
 
+def published(who: Identity, topic: str) -> bytes:
+    """``who``'s signed PUBLISH of ``b"x"`` on ``topic`` (seq 1, at T0 + 1), as framed bytes."""
+    return (
+        Publish(
+            frame_id=fid(T0 + 1),
+            sent_at_ms=T0 + 1,
+            topic=topic,
+            realm=REALM,
+            publisher=who.node_id,
+            seq=1,
+            payload=b"x",
+            published_at_ms=T0 + 1,
+        )
+        .with_publisher_sig(who)
+        .sign_and_encode(who)
+    )
+
+
 def only_send(actions: list[Any]) -> Send:
     assert len(actions) == 1 and isinstance(actions[0], Send), actions
     return actions[0]
@@ -240,17 +258,7 @@ def test_a_fan_out_sends_one_signed_event_to_each_subscriber_and_counts_them() -
             subscriber=subscriber.node_id,
         )
         station.send(subscriber, subscribe.sign_and_encode(subscriber), T0)
-    publish = Publish(
-        frame_id=fid(T0 + 1),
-        sent_at_ms=T0 + 1,
-        topic="news",
-        realm=REALM,
-        publisher=publisher.node_id,
-        seq=1,
-        payload=b"x",
-        published_at_ms=T0 + 1,
-    ).with_publisher_sig(publisher)
-    sends = station.send(publisher, publish.sign_and_encode(publisher), T0 + 1)
+    sends = station.send(publisher, published(publisher, "news"), T0 + 1)
     assert sorted(s.conn for s in sends) == sorted(station.conns[s.node_id] for s in SUBSCRIBERS)
     assert len({s.data for s in sends}) == 1  # one EVENT for all
     event = parse_frame(received(sends[0].data)[0])
@@ -274,17 +282,7 @@ def test_the_publisher_s_own_copy_of_its_event_is_sent_last() -> None:
         )
         station.send(identity, subscribe.sign_and_encode(identity), T0)
     for speaker in members:
-        publish = Publish(
-            frame_id=fid(T0 + 1),
-            sent_at_ms=T0 + 1,
-            topic="room",
-            realm=REALM,
-            publisher=speaker.node_id,
-            seq=1,
-            payload=b"x",
-            published_at_ms=T0 + 1,
-        ).with_publisher_sig(speaker)
-        sends = station.send(speaker, publish.sign_and_encode(speaker), T0 + 1)
+        sends = station.send(speaker, published(speaker, "room"), T0 + 1)
         assert sorted(s.conn for s in sends) == sorted(station.conns.values())
         assert sends[-1].conn == station.conns[speaker.node_id]
 
@@ -313,15 +311,5 @@ def test_a_publish_from_a_linked_station_is_never_echoed_back_to_it() -> None:
             frame_id=fid(T0), sent_at_ms=T0, topic="room", realm=REALM, subscriber=who.node_id
         )
         station.send(who, subscribe.sign_and_encode(who), T0)
-    publish = Publish(
-        frame_id=fid(T0 + 1),
-        sent_at_ms=T0 + 1,
-        topic="room",
-        realm=REALM,
-        publisher=peer_station.node_id,
-        seq=1,
-        payload=b"x",
-        published_at_ms=T0 + 1,
-    ).with_publisher_sig(peer_station)
-    sends = station.send(peer_station, publish.sign_and_encode(peer_station), T0 + 1)
+    sends = station.send(peer_station, published(peer_station, "room"), T0 + 1)
     assert [s.conn for s in sends if isinstance(s, Send)] == [station.conns[listener.node_id]]

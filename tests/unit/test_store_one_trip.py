@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from storekit import trips as trips_of
 
 from macula.store.base import SqliteStore, StoreError, _on_thread
 
@@ -33,23 +34,10 @@ def _add(key: str, value: int) -> object:
     return work
 
 
-def _trips(store: SqliteStore) -> list[object]:
-    trips: list[object] = []
-    db = store._db
-    run_there = db._execute
-
-    async def counted(fn: object, *args: object) -> object:
-        trips.append(fn)
-        return await run_there(fn, *args)
-
-    db._execute = counted  # type: ignore[method-assign]
-    return trips
-
-
 def test_work_commits_in_one_trip_and_an_error_rolls_all_of_it_back(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await Counters.open(tmp_path / "n.sqlite3") as store:
-            trips = _trips(store)
+            trips = trips_of(store)
 
             def two(connection: sqlite3.Connection) -> int:
                 connection.execute("INSERT INTO n VALUES ('a', 1)")
@@ -192,7 +180,7 @@ def test_inline_work_waits_for_what_a_cancelled_caller_left_on_the_thread(
 def test_inline_work_rolls_back_on_error_like_the_thread(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await Counters.open(tmp_path / "n.sqlite3") as store:
-            trips = _trips(store)
+            trips = trips_of(store)
 
             def half_then_fail(connection: sqlite3.Connection) -> None:
                 connection.execute("INSERT INTO n VALUES ('c', 3)")
