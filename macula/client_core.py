@@ -83,9 +83,10 @@ from macula.wire.frames import (
     Unsubscribe,
     new_frame_id,
     parse_frame,
-    publisher_sig_valid_here,
+    publisher_sig_valid,
 )
 from macula.wire.identity import Identity
+from macula.wire.verified import publications
 
 RandomBytes = Callable[[int], bytes]
 # what a station accepts on a control stream by default (macula.send_limits, from relay.policy);
@@ -466,7 +467,9 @@ class ClientCore:
         if self.state is not CoreState.ESTABLISHED or not self._verified(frame):
             return
         if isinstance(frame, Event):
-            if frame.publisher_sig is not None and not publisher_sig_valid_here(frame):
+            # verified once per process (macula.wire.verified): other nodes here may get it too
+            signed = frame.publisher_sig is not None
+            if signed and not publisher_sig_valid(frame, publications.verify):
                 self.dropped["bad_publisher_sig"] += 1
                 return
             if self.dedup.first_time(frame):

@@ -21,12 +21,12 @@ naming the field. Invariants:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from macula.wire import cbor, verified
+from macula.wire import cbor
 from macula.wire.codes import code_name
 from macula.wire.envelope import (
     ANY,
@@ -506,25 +506,18 @@ _PUBLICATION_HEAD = DOMAIN_EVENT_PUB + b"\xa5"
 _PAYLOAD_DEPTH = cbor.DEFAULT_MAX_DEPTH - 1  # a value inside the map, as when the map is encoded
 
 
-def publisher_sig_valid(frame: Publish | Event) -> bool:
+def publisher_sig_valid(
+    frame: Publish | Event, check: Callable[[bytes, bytes, object], bool] = verify
+) -> bool:
+    """§4.4: ``publisher_sig`` present and valid for ``publisher``. ``check``: how it is
+    verified (a client passes ``verified.publications.verify``: the same EVENT reaching
+    several nodes of one process is verified once there; a station verifies each time)."""
     if frame.publisher_sig is None:
         return False
     signable = publication_signable(
         frame.topic, frame.realm, frame.publisher, frame.seq, frame.payload
     )
-    return verify(frame.publisher, signable, frame.publisher_sig)
-
-
-def publisher_sig_valid_here(frame: Event) -> bool:
-    """``publisher_sig_valid`` for a client receiving ``frame``: the same EVENT reaches every
-    node of this process that follows it, and is verified once here (``verified``). A station
-    verifies each time (its counts, and its trust, are its own)."""
-    if frame.publisher_sig is None:
-        return False
-    signable = publication_signable(
-        frame.topic, frame.realm, frame.publisher, frame.seq, frame.payload
-    )
-    return verified.publications.verify(frame.publisher, signable, frame.publisher_sig)
+    return check(frame.publisher, signable, frame.publisher_sig)
 
 
 def event_from_publish(publish: Publish, *, frame_id: bytes, sent_at_ms: int) -> Event:
