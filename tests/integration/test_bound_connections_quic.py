@@ -15,8 +15,10 @@ from waiting import eventually
 
 from macula.node import Node
 from macula.serving import IncomingCall
+from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Connect, Publish
+from macula.wire.identity import DOMAIN_FRAME, verify
 from relay.peers import Peer
 from relay.station import Station
 
@@ -92,6 +94,10 @@ async def test_a_connect_bound_to_station_a_is_refused_by_station_b(tmp_path: Pa
         captured = at_a.send(connect)  # what station A saw
         hello_a = await at_a.expect(lambda r: r.frame_type == "hello")
         assert hello_a.frame["accepted"] == "true"
+        # the HELLO names the bound client back (an extra field), and a strict v2 client that
+        # verifies it over every key it received, unknown ones included (§2.5), accepts it
+        assert hello_a.frame["bound_to"] == at_a.node_id
+        assert verifies_as_received(hello_a.frame, a.node_id)
         at_b.control = at_b.new_stream()
         at_b.send_bytes(captured)  # A replays it to B, well within the skew window
         hello_b = await at_b.expect(lambda r: r.frame_type == "hello")
@@ -100,6 +106,32 @@ async def test_a_connect_bound_to_station_a_is_refused_by_station_b(tmp_path: Pa
         assert b.core.stats["connects_bound_elsewhere"] == 1
         await at_b.wait_lost()
         assert peer_of(a, at_a.node_id).bound
+
+
+def verifies_as_received(frame_map: dict[str, Any], key: bytes) -> bool:
+    """§4.2 as another v2 client checks it: the signature over the canonical map it received,
+    without ``signature``."""
+    unsigned = {k: v for k, v in frame_map.items() if k != "signature"}
+    return verify(key, DOMAIN_FRAME + cbor.encode(unsigned), frame_map["signature"])
+
+
+async def test_a_client_that_binds_nothing_gets_the_hello_it_always_got(tmp_path: Path) -> None:
+    """A CONNECT without ``bound_to`` (every other v2 client): no ``bound_to`` in the HELLO."""
+    async with (
+        Station(station_config(tmp_path / "s")) as station,
+        raw_client(station, handshake=False) as raw,
+    ):
+        connect = Connect(
+            **stamp(),
+            node_id=raw.node_id,
+            station_id=raw.node_id,
+            puzzle_evidence=raw.identity.puzzle_evidence,
+        )
+        raw.control = raw.new_stream()
+        raw.send(connect)
+        hello = await raw.expect(lambda r: r.frame_type == "hello")
+        assert hello.frame["accepted"] == "true" and "bound_to" not in hello.frame
+        assert verifies_as_received(hello.frame, station.node_id)
 
 
 async def test_an_unbound_raw_client_still_has_every_frame_verified(tmp_path: Path) -> None:

@@ -1,15 +1,19 @@
-"""Helpers for the store tests: what runs on a store's aiosqlite thread."""
+"""Helpers for the store tests: what runs on a store's aiosqlite thread, and holding that
+thread still so a caller can be cancelled while its call waits there."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Callable
 from typing import Any
 
-from macula.store.base import SqliteStore
+from macula.store.base import SqliteStore, _on_thread
 
 
 def trips(store: SqliteStore) -> list[object]:
     """Every call run on ``store``'s aiosqlite thread from now on (each a wake-up of that thread
-    and of the event loop), in order."""
+    and of the event loop), in order; a call is listed the moment it is queued there."""
     seen: list[object] = []
     db = store._db
     run_there = db._execute
@@ -20,3 +24,27 @@ def trips(store: SqliteStore) -> list[object]:
 
     db._execute = counted  # type: ignore[method-assign]
     return seen
+
+
+async def until(check: Callable[[], object], timeout: float = 5.0) -> None:
+    """Until ``check()`` holds; AssertionError after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0)  # one loop turn for the tasks under test, then check again
+
+
+async def hold(store: SqliteStore) -> tuple[threading.Event, asyncio.Task[None]]:
+    """``store``'s thread blocked, running a call queued before anything else, until the
+    returned event is set (returned once the call runs there)."""
+    running, release = threading.Event(), threading.Event()
+
+    def blocked() -> None:
+        running.set()
+        release.wait(10)
+
+    holding = asyncio.ensure_future(_on_thread(store._db, blocked))
+    await until(running.is_set)
+    return release, holding

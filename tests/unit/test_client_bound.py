@@ -57,6 +57,23 @@ def connect_map(core: ClientCore) -> dict[str, Any]:
     return dict(frame_map)
 
 
+def station_hello(signer: Any = STATION, **extras: Any) -> dict[str, Any]:
+    """An accepted HELLO naming STATION, signed by ``signer``, with ``extras``, as a map."""
+    return (
+        Hello(
+            frame_id=new_frame_id(1_767_225_600_000, bytes(10)),
+            sent_at_ms=1_767_225_600_000,
+            node_id=STATION.node_id,
+            station_id=STATION.node_id,
+            accepted=True,
+            negotiated_capabilities=0,
+            extras=extras,
+        )
+        .signed_by(signer)
+        .to_map()
+    )
+
+
 def test_a_pinned_client_binds_its_connect_to_the_station() -> None:
     core = ClientCore(ALICE, random.Random(1).randbytes, pinned=STATION.node_id)
     assert connect_map(core)["bound_to"] == STATION.node_id
@@ -120,15 +137,8 @@ def test_tls_pinned_without_a_pinned_key_still_verifies_the_hello() -> None:
     """``tls_pinned`` means TLS proved *the pinned* key: with none pinned it proves nothing."""
     core = ClientCore(ALICE, random.Random(1).randbytes, tls_pinned=True)
     core.connect(1_767_225_600_000)
-    hello = Hello(
-        frame_id=new_frame_id(1_767_225_600_000, bytes(10)),
-        sent_at_ms=1_767_225_600_000,
-        node_id=STATION.node_id,
-        station_id=STATION.node_id,
-        accepted=True,
-        negotiated_capabilities=0,
-    ).signed_by(BOB)  # not the key it names
-    out = core.frames_received(0, [hello.to_map()], 1_767_225_600_000)
+    hello = station_hello(signer=BOB)  # not the key it names
+    out = core.frames_received(0, [hello], 1_767_225_600_000)
     assert [type(o) for o in out if isinstance(o, HandshakeFailed)] == [HandshakeFailed]
 
 
@@ -174,16 +184,7 @@ def test_otherwise_every_publish_is_signed(how: str) -> None:
 def test_a_hello_that_names_another_node_binds_nothing() -> None:
     core = ClientCore(ALICE, random.Random(1).randbytes, pinned=STATION.node_id, tls_pinned=True)
     core.connect(1_767_225_600_000)
-    hello = Hello(
-        frame_id=new_frame_id(1_767_225_600_000, bytes(10)),
-        sent_at_ms=1_767_225_600_000,
-        node_id=STATION.node_id,
-        station_id=STATION.node_id,
-        accepted=True,
-        negotiated_capabilities=0,
-        extras={"bound_to": BOB.node_id},
-    ).signed_by(STATION)
-    core.frames_received(0, [hello.to_map()], 1_767_225_600_000)
+    core.frames_received(0, [station_hello(bound_to=BOB.node_id)], 1_767_225_600_000)
     assert core.state.name == "ESTABLISHED" and core.station_binds is False
 
 

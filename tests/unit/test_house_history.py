@@ -7,15 +7,14 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from storekit import hold, until
 from storekit import trips as trips_of
 
 from macula.house import HISTORY_FETCH
-from macula.store.base import _on_thread
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Publish, new_frame_id, publication_signable
 from macula.wire.identity import ZERO_REALM, Identity, verify
@@ -343,20 +342,16 @@ def test_a_keep_is_one_trip_and_a_cancelled_one_leaves_the_counts_true(tmp_path:
     async def go() -> None:
         history = await service(tmp_path, max_events=3)
         store = history.store
-        db = store._db
         trips = trips_of(store)
         seqs = itertools.count(1)
         await store.keep([keepable(publish(ALICE, next(seqs)), NOW)], history.bounds, NOW)
         assert len(trips) == 1  # the first keep also counts the tables, in the same trip
         await store.keep([keepable(publish(ALICE, next(seqs)), NOW)], history.bounds, NOW)
         assert len(trips) == 2
-        release = threading.Event()
-        holding = asyncio.ensure_future(_on_thread(db, lambda: release.wait(10)))
-        await asyncio.sleep(0)
+        release, holding = await hold(store)  # its call is the 3rd trip
         batch = [keepable(publish(ALICE, next(seqs)), NOW) for _ in range(2)]
         keeping = asyncio.ensure_future(store.keep(batch, history.bounds, NOW))  # type: ignore[arg-type]
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await until(lambda: len(trips) == 4)  # the keep's trip is queued behind the held call
         keeping.cancel()
         release.set()
         with contextlib.suppress(asyncio.CancelledError):

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from storekit import trips as trips_of
+from storekit import until
 from test_agent_unread import BOB, CAROL, ME, NOW_MS, envelope, said
 
 from macula.agent.envelope import new_room_topic
@@ -144,8 +145,7 @@ def test_a_take_that_meets_another_process_lock_waits_on_the_thread_and_a_cancel
         taking = asyncio.ensure_future(
             transcript.take_unread(topic, ME.node_id.hex(), NOW_MS, after_seq=seq_of_old - 1)
         )
-        while not trips:  # the inline attempt met the lock at once and went to the thread
-            await asyncio.sleep(0.001)
+        await until(lambda: trips)  # the inline attempt met the lock and went to the thread
         taking.cancel()
         other.execute("COMMIT")
         other.close()

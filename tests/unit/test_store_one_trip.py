@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from storekit import hold, until
 from storekit import trips as trips_of
 
 from macula.store.base import SqliteStore, StoreError, _on_thread
@@ -67,14 +67,6 @@ def test_work_commits_in_one_trip_and_an_error_rolls_all_of_it_back(tmp_path: Pa
     asyncio.run(scenario())
 
 
-async def _held(store: SqliteStore) -> tuple[threading.Event, asyncio.Task[object]]:
-    """The store's thread blocked until the event is set (a call queued before anything)."""
-    release = threading.Event()
-    holding = asyncio.ensure_future(_on_thread(store._db, lambda: release.wait(10)))
-    await asyncio.sleep(0)  # the blocking call is queued (and running)
-    return release, holding
-
-
 @pytest.mark.parametrize("with_undo", [0, 1])
 def test_a_caller_cancelled_during_its_trip(tmp_path: Path, with_undo: int) -> None:
     """The trip cannot be stopped on the thread: without ``undo`` what it did stands; with
@@ -82,7 +74,8 @@ def test_a_caller_cancelled_during_its_trip(tmp_path: Path, with_undo: int) -> N
 
     async def scenario() -> None:
         async with await Counters.open(tmp_path / "n.sqlite3") as store:
-            release, holding = await _held(store)
+            release, holding = await hold(store)
+            seen = trips_of(store)
 
             def undo(connection: sqlite3.Connection, value: int) -> None:
                 connection.execute("DELETE FROM n WHERE v = ?", (value,))
@@ -90,8 +83,7 @@ def test_a_caller_cancelled_during_its_trip(tmp_path: Path, with_undo: int) -> N
             caller = asyncio.ensure_future(
                 store._atomically(_add("x", 7), undo if with_undo else None)  # type: ignore[arg-type]
             )
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)  # the trip is queued behind the held call
+            await until(lambda: len(seen) == 1)  # its trip is queued behind the held call
             caller.cancel()
             release.set()
             with pytest.raises(asyncio.CancelledError):
@@ -106,7 +98,8 @@ def test_a_cancelled_trip_that_failed_has_nothing_to_undo(tmp_path: Path) -> Non
     async def scenario() -> None:
         async with await Counters.open(tmp_path / "n.sqlite3") as store:
             await store._atomically(_add("x", 1))  # type: ignore[arg-type]
-            release, holding = await _held(store)
+            release, holding = await hold(store)
+            seen = trips_of(store)
             undone: list[int] = []
             caller = asyncio.ensure_future(
                 store._atomically(
@@ -114,8 +107,7 @@ def test_a_cancelled_trip_that_failed_has_nothing_to_undo(tmp_path: Path) -> Non
                     lambda connection, value: undone.append(value),
                 )
             )
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)
+            await until(lambda: len(seen) == 1)  # its trip is queued behind the held call
             caller.cancel()
             release.set()
             with pytest.raises(asyncio.CancelledError):
@@ -132,12 +124,13 @@ def test_aiosqlite_runs_its_queue_in_order(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with await Counters.open(tmp_path / "n.sqlite3") as store:
-            release, holding = await _held(store)
+            release, holding = await hold(store)
+            seen = trips_of(store)
             order: list[str] = []
             first = asyncio.ensure_future(_on_thread(store._db, lambda: order.append("first")))
-            await asyncio.sleep(0)
+            await until(lambda: len(seen) == 1)
             second = asyncio.ensure_future(_on_thread(store._db, lambda: order.append("second")))
-            await asyncio.sleep(0)
+            await until(lambda: len(seen) == 2)  # both queued behind the held call
             first.cancel()
             release.set()
             await second
@@ -156,17 +149,16 @@ def test_inline_work_waits_for_what_a_cancelled_caller_left_on_the_thread(
 
     async def scenario() -> None:
         async with await Counters.open(tmp_path / "n.sqlite3") as store:
-            release, holding = await _held(store)
+            release, holding = await hold(store)
+            seen = trips_of(store)
             left = asyncio.ensure_future(store._atomically(_add("x", 1)))  # type: ignore[arg-type]
-            await asyncio.sleep(0)
-            await asyncio.sleep(0)  # queued behind the held call
+            await until(lambda: len(seen) == 1)  # queued behind the held call
             left.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await left
             assert store._settled is False
             inline = asyncio.ensure_future(store._atomically(_add("y", 2), inline=True))  # type: ignore[arg-type]
-            for _ in range(5):
-                await asyncio.sleep(0)
+            await until(lambda: len(seen) == 2)  # the empty trip that lets the thread run out
             assert not inline.done()  # waiting for the thread, not running beside it
             release.set()
             assert await inline == 2
