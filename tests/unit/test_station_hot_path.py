@@ -64,13 +64,14 @@ class Station:
         )
         self.conns: dict[bytes, int] = {}
 
-    def join(self, identity: Identity) -> int:
+    def join(self, identity: Identity, capabilities: int = 0) -> int:
         conn = len(self.conns) + 1
         self.conns[identity.node_id] = conn
         self.core.connection_made(conn, T0)
         connect = Connect(
             frame_id=fid(T0),
             sent_at_ms=T0,
+            capabilities=capabilities,
             node_id=identity.node_id,
             station_id=identity.node_id,
             puzzle_evidence=puzzle_evidence(identity.node_id),
@@ -292,18 +293,7 @@ def test_a_publish_from_a_linked_station_is_never_echoed_back_to_it() -> None:
     behalf of its clients) and sends a PUBLISH itself gets nothing back, as before."""
     station = Station()
     peer_station = Identity.generate(random.Random(777).randbytes)
-    conn = len(station.conns) + 1
-    station.conns[peer_station.node_id] = conn
-    station.core.connection_made(conn, T0)
-    connect = Connect(
-        frame_id=fid(T0),
-        sent_at_ms=T0,
-        capabilities=CAP_STATION,
-        node_id=peer_station.node_id,
-        station_id=peer_station.node_id,
-        puzzle_evidence=puzzle_evidence(peer_station.node_id),
-    )
-    station.send(peer_station, connect.sign_and_encode(peer_station), T0)
+    station.join(peer_station, capabilities=CAP_STATION)
     listener = SUBSCRIBERS[0]
     station.join(listener)
     for who in (peer_station, listener):
