@@ -34,6 +34,11 @@ def _add(key: str, value: int) -> object:
     return work
 
 
+def half_then_fail(connection: sqlite3.Connection) -> None:
+    connection.execute("INSERT INTO n VALUES ('c', 3)")
+    raise RuntimeError("changed my mind")
+
+
 def test_work_commits_in_one_trip_and_an_error_rolls_all_of_it_back(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await Counters.open(tmp_path / "n.sqlite3") as store:
@@ -47,10 +52,6 @@ def test_work_commits_in_one_trip_and_an_error_rolls_all_of_it_back(tmp_path: Pa
             assert await store._atomically(two) == 3
             assert len(trips) == 1
             assert await store.values() == {"a": 1, "b": 2}
-
-            def half_then_fail(connection: sqlite3.Connection) -> None:
-                connection.execute("INSERT INTO n VALUES ('c', 3)")
-                raise RuntimeError("changed my mind")
 
             with pytest.raises(RuntimeError, match="changed my mind"):
                 await store._atomically(half_then_fail)
@@ -173,10 +174,6 @@ def test_inline_work_rolls_back_on_error_like_the_thread(tmp_path: Path) -> None
     async def scenario() -> None:
         async with await Counters.open(tmp_path / "n.sqlite3") as store:
             trips = trips_of(store)
-
-            def half_then_fail(connection: sqlite3.Connection) -> None:
-                connection.execute("INSERT INTO n VALUES ('c', 3)")
-                raise RuntimeError("changed my mind")
 
             with pytest.raises(RuntimeError):
                 await store._atomically(half_then_fail, inline=True)
