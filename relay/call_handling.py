@@ -9,10 +9,12 @@ convention). Rules:
   (§13 #9), at most ``max_pending_calls`` in flight (``max_station_pending_calls`` for a link),
   and in a protected realm: members only (a link: callers it vouched for); a refusal is an
   ERROR on the CALL's stream;
-- ``_realm.vouch`` from a link is answered here; a built-in (``BUILTINS``) or a house service
-  of this station becomes ``RunBuiltin`` and counts as in flight until ``builtin_done``; a
-  content stream carries built-ins only; anything else is forwarded to its provider
-  (``CallForwarder``) or answered "no route";
+- ``_realm.vouch`` from a link is answered here; ``_mesh.stations`` from a link, signed by the
+  linked station itself, is the shell's to answer (``RunBuiltin``, ``relay.station_links``);
+  from anyone else it is an ordinary procedure (no provider: "no route"); a built-in
+  (``BUILTINS``) or a house service of this station becomes ``RunBuiltin`` and counts as in
+  flight until ``builtin_done``; a content stream carries built-ins only; anything else is
+  forwarded to its provider (``CallForwarder``) or answered "no route";
 - ``call_station`` signs a CALL of this station's own on a link; it settles as one
   ``StationReplied``.
 """
@@ -26,6 +28,7 @@ from macula.wire.codes import ErrorCode
 from macula.wire.frames import Call
 from relay.actions import Action, EndStream, RunBuiltin, Send, StationReplied
 from relay.federation.content_hops import hops_refusal
+from relay.federation.mesh_roster import MESH_PROCEDURE
 from relay.outcome import Outcome
 from relay.peers import Peer, PeerState
 from relay.pending import ORIGIN
@@ -77,6 +80,9 @@ def call(
         answer = core.realms.take_vouches(peer.conn, payload.get("endorsements"), now_ms)
         core.stats["realm_members_vouched"] += answer["kept"]
         return [Send(peer.conn, stream, core.frames.result(frame.call_id, answer, now_ms))]
+    if frame.procedure == MESH_PROCEDURE and _from_link_itself(peer, frame, builtins_only):
+        core.builtins_running[peer.conn] += 1  # answered by the shell, then builtin_done
+        return [RunBuiltin(peer.conn, stream, frame)]
     if frame.procedure in BUILTINS:
         core.stats["builtin_calls"] += 1
         if stream in peer.content_streams:
@@ -93,6 +99,11 @@ def call(
     out = core.calls.forward(peer, stream, frame, now_ms, body)
     core.realm_calls.forwarded(core.gossip, core.realms, peer, frame, now_ms)
     return out
+
+
+def _from_link_itself(peer: Peer, frame: Call, builtins_only: bool) -> bool:
+    """A CALL on a link's control stream that the linked station signed itself."""
+    return peer.is_station and peer.linked and not builtins_only and frame.caller == peer.node_id
 
 
 def call_refusal(core: RouterState, peer: Peer, frame: Call, now_ms: int) -> tuple[int, str] | None:

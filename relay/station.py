@@ -49,6 +49,7 @@ from relay.actions import (
     StationReplied,
 )
 from relay.builtin_calls import run_builtin
+from relay.federation.mesh_roster import MESH_PROCEDURE
 from relay.logbook import clip
 from relay.station_config import StationConfig
 from relay.station_drain import drain
@@ -291,6 +292,8 @@ class Station(StationParts):
                 connection.end_stream(action.stream)
         elif isinstance(action, Close):
             self._close_later(action)
+        elif isinstance(action, RunBuiltin) and action.call.procedure == MESH_PROCEDURE:
+            self._links.answer(action)  # a linked station introduces itself (issue 37)
         elif isinstance(action, RunBuiltin):
             assert self._builtins is not None
             self.spawn(run_builtin(action, self.core, self._builtins, self._house, self.run))

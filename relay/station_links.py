@@ -8,7 +8,15 @@ core under the station's connection numbering and returns once it is lost; ``has
 round's stations also told to the station directory). ``changed`` carries a ``LinkUp`` or
 ``LinkDown`` action out: the station directory hears of it, a reached station is remembered,
 the DHT learns (and joins through) a new link, the station's ``link_up_hook`` is called.
-Invariant: a link's bookkeeping (its lost event, label, target) is gone once ``run`` returns.
+A link that comes up is also introduced to (issue 37, ``relay.federation.mesh_roster``): this
+station CALLs ``_mesh.stations`` on it with its own signed station_endpoint record and dials
+the stations the answer names; ``answer`` takes such a CALL from a link, answers it with this
+station's other linked stations (each by its own record: kept from its introduction, else the
+DHT's) and, when a newcomer introduces itself on its first link, passes its record on to the
+other links, which dial it. So a station joining through one ``--peer`` meshes within round
+trips, not at the next discovery round.
+Invariant: a link's bookkeeping (its lost event, label, target, kept record) is gone once it
+is lost.
 """
 
 from __future__ import annotations
@@ -20,18 +28,32 @@ from typing import Any, Protocol
 
 from macula.clock import now_ms
 from macula.transport import FrameProtocol, StreamLimits, client_configuration, dial
-from relay.actions import Action, LinkDown, LinkUp
+from macula.wire.codes import ErrorCode
+from macula.wire.record_keys import station_endpoint_key
+from macula.wire.records import Record, RecordType
+from relay.actions import Action, LinkDown, LinkUp, RunBuiltin, StationReplied
 from relay.core import RouterCore
 from relay.federation.dht import StationDht
+from relay.federation.dht_storage import dht_id, newest_per_signer
 from relay.federation.known_peers import KnownPeers
-from relay.federation.links import LinkFailed, LinkTarget, StationLike
+from relay.federation.links import LinkFailed, LinkManager, LinkTarget, StationLike
+from relay.federation.mesh_roster import (
+    MESH_PROCEDURE,
+    MeshNews,
+    MeshRoster,
+    flag,
+    mesh_payload,
+)
 from relay.house.services import HouseServices
+from relay.outcome import Outcome
 from relay.sibling_links import until_lost
 from relay.station_config import StationConfig
 
 log = logging.getLogger("macula.relay")
 
 Discover = Callable[[], Awaitable[Sequence[StationLike]]]
+
+MESH_CALL_TIMEOUT_S = 2.0  # an introduction or a pass-on on a link
 
 
 class LinkShell(Protocol):
@@ -40,6 +62,7 @@ class LinkShell(Protocol):
     config: StationConfig
     known_peers: KnownPeers | None
     link_up_hook: Callable[[bytes, str, int], None] | None
+    links: LinkManager | None
 
     @property
     def core(self) -> RouterCore: ...
@@ -63,6 +86,10 @@ class LinkShell(Protocol):
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None: ...
 
+    async def call_station(
+        self, node_id: bytes, procedure: str, payload: Any, timeout_s: float
+    ) -> StationReplied: ...
+
 
 class StationLinks:
     def __init__(self, shell: LinkShell) -> None:
@@ -70,6 +97,7 @@ class StationLinks:
         self._lost: dict[int, asyncio.Event] = {}
         self._labels: dict[int, str] = {}  # conn -> "host:port" of a dialled link
         self._targets: dict[int, LinkTarget] = {}  # conn -> the station it dialled
+        self.roster = MeshRoster()  # linked stations' own records (issue 37)
 
     async def run(self, target: LinkTarget) -> None:
         """Dial ``target`` (pinned to its node id), hand the connection to the core, and
@@ -160,6 +188,7 @@ class StationLinks:
             self._up(action, label)
             return
         shell = self.shell
+        self.roster.unlinked(action.node_id)
         dht = shell.dht_or_none
         if dht is not None:
             dht.link_down(action.node_id)
@@ -187,3 +216,93 @@ class StationLinks:
         if dht is not None:  # a linked station may STORE at this one's DHT
             dht.link_up(action.node_id, action.host, action.dht_port)
             shell.spawn(dht.join_link(action.node_id, action.host, action.dht_port))
+        if action.node_id != shell.core.identity.node_id:  # not another worker of this one
+            shell.spawn(self._introduce(action.node_id))
+
+    # -- the mesh's stations, told over links (issue 37) -------------------------------------
+
+    async def _introduce(self, node_id: bytes) -> None:
+        """Give the new link this station's own record; dial the stations it answers with."""
+        own = self._own_record()
+        if own is None:
+            return
+        others = set(self.shell.core.linked_stations()) - {node_id, own.key}
+        payload = mesh_payload([own], more=1, first=int(not others))
+        reply = await self.shell.call_station(node_id, MESH_PROCEDURE, payload, MESH_CALL_TIMEOUT_S)
+        if not reply.ok:
+            self.roster.stats["mesh_calls_failed"] += 1
+            log.info("link %s: no station list (%s)", node_id.hex()[:16], reply.payload)
+            return
+        self._heard(node_id, reply.payload)
+
+    def answer(self, action: RunBuiltin) -> None:
+        """A link's ``_mesh.stations`` CALL (the core made sure the link signed it): take
+        what it says, answer with the other linked stations if it asks (``more`` 1)."""
+        core = self.shell.core
+        peer = core.peers.get(action.conn)
+        now = now_ms()
+        records: list[Record] = []
+        payload = action.call.payload
+        if peer is not None and peer.linked:
+            self._heard(peer.node_id, payload, pass_on=flag(payload, "first"))
+            if flag(payload, "more"):
+                records = self._linked_records(peer.node_id, now)
+        outcome = Outcome.result(mesh_payload(records, more=0))
+        self.shell.run(core.builtin_done(action.conn, action.stream, action.call, outcome, now))
+
+    def _heard(self, sender: bytes, payload: object, *, pass_on: bool = False) -> None:
+        news = self.roster.take(sender, payload, now_ms())
+        self._dial(news)
+        if news.own is not None and pass_on:
+            self._pass_on(sender, news.own)
+
+    def _dial(self, news: MeshNews) -> None:
+        links = self.shell.links
+        own_id = self.shell.core.identity.node_id
+        stations = [s for s in news.stations if s.node_id != own_id]
+        if links is None or not stations:
+            return
+        added = links.learn(stations)
+        self.roster.stats["mesh_stations_dialled"] += added
+        if added:
+            log.info("dialling %d station(s) a link named", added)
+
+    def _pass_on(self, sender: bytes, record: Record) -> None:
+        """Tell the other links of the newly linked station ``sender`` (its own record)."""
+        payload = mesh_payload([record], more=0)
+        own_id = self.shell.core.identity.node_id
+        for node_id in self.shell.core.linked_stations():
+            if node_id in (sender, own_id):
+                continue
+            self.roster.stats["mesh_passed_on"] += 1
+            self.shell.spawn(self._tell(node_id, payload))
+
+    async def _tell(self, node_id: bytes, payload: dict[str, Any]) -> None:
+        reply = await self.shell.call_station(node_id, MESH_PROCEDURE, payload, MESH_CALL_TIMEOUT_S)
+        if not reply.ok and reply.code != ErrorCode.UNKNOWN_NEXT_PEER:  # a link just gone
+            self.roster.stats["mesh_calls_failed"] += 1
+
+    def _own_record(self) -> Record | None:
+        dht = self.shell.dht_or_none
+        if dht is None:
+            return None
+        records = dht.own_records(now_ms())
+        return next((r for r in records if r.type == RecordType.STATION_ENDPOINT), None)
+
+    def _linked_records(self, excluding: bytes, now: int) -> list[Record]:
+        """The own records of the linked stations but ``excluding`` (kept from their
+        introduction, else the newest the DHT holds here), at most a list's worth."""
+        own_id = self.shell.core.identity.node_id
+        others = [n for n in self.shell.core.linked_stations() if n not in (excluding, own_id)]
+        return self.roster.listing(self._record_of(n, now) for n in others)
+
+    def _record_of(self, node_id: bytes, now: int) -> Record | None:
+        kept = self.roster.record_of(node_id, now)
+        if kept is not None:
+            return kept
+        dht = self.shell.dht_or_none
+        if dht is None:
+            return None
+        held = dht.storage.records(dht_id(station_endpoint_key(node_id)), now)
+        own = [r for r in held if r.key == node_id and r.type == RecordType.STATION_ENDPOINT]
+        return next(iter(newest_per_signer(own)), None)

@@ -55,7 +55,7 @@ from macula.wire.records import (
     new_record,
     record_version,
 )
-from relay.federation.addresses import StationAddress
+from relay.federation.addresses import StationAddress, endpoint_address
 from relay.federation.dht_checks import is_id
 from relay.federation.dht_config import DhtConfig
 from relay.federation.dht_guard import (
@@ -423,7 +423,7 @@ class StationDht:
                 records = await self.find(station_endpoint_key(node_id))
             self.stats["endpoint_lookup"] += 1
             for record in records:
-                found = _address(record)
+                found = endpoint_address(record)
                 if found is not None:
                     lifetime = record.expires_at - record.created_at
                     again = (
@@ -447,23 +447,3 @@ def _key_of(record: Record) -> bytes:
         return dht_storage_key(record)
     except RecordInvalid as exc:
         raise DhtRefused(exc.reason, exc.detail) from None
-
-
-def _address(record: Record) -> StationAddress | None:
-    if record.type != RecordType.STATION_ENDPOINT:
-        return None
-    payload = record.payload
-    hosts, quic, dht = (
-        payload.get("host_advertised"),
-        payload.get("quic_port"),
-        payload.get("dht_port", 0),
-    )
-    if not isinstance(hosts, list) or not hosts or type(hosts[0]) is not bytes:
-        return None
-    if type(dht) is not int or not 0 <= dht <= 0xFFFF or type(quic) is not int:
-        return None
-    try:
-        host = hosts[0].decode()
-    except UnicodeDecodeError:
-        return None
-    return StationAddress(record.key, host, quic, dht)

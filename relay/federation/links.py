@@ -4,11 +4,13 @@
 pin, handshake, then wait until the link is lost) and, when that returns or fails, waits a
 capped exponential backoff with jitter before dialling again. Targets are the ``--peer``
 entries, the stations ``remembered`` from before a restart (``relay.federation.known_peers``)
-and what the injected ``discover`` returns (the DHT's ``stations()``; none by default).
+what the injected ``discover`` returns (the DHT's ``stations()``; none by default) and what a
+link names (``learn``: its linked stations, ``relay.federation.mesh_roster``), dialled at once.
 Invariants: at most ``max_links`` targets at once; never itself, never a station it already has
 a link with (``has_link``: e.g. one that dialled this station), never two tasks for one
 station (a ``sibling``, another worker of this station, holds its node id: dialled all the
-same); a discovered target that discovery no longer names is dropped while it is not linked;
+same); a discovered target that discovery no longer names is dropped while it is not linked (a
+learned one only once it was learned a discovery interval ago: the DHT may not know it yet);
 a remembered one likewise, but only once discovery has named another station (until then the
 DHT knows nobody, and the remembered stations are how this one finds the mesh again);
 after ``halt`` nothing new is dialled; ``stop`` cancels and awaits every task it started.
@@ -123,6 +125,7 @@ class LinkManager:
         self.targets: dict[bytes, LinkTarget] = {}
         self._pinned: set[bytes] = set()  # ``--peer`` entries: never dropped
         self._remembered: set[bytes] = set()  # kept until discovery names another station
+        self._learned: dict[bytes, float] = {}  # named by a link -> when (``learn``)
         self._scope = TaskScope(spawn)
         self._tasks: dict[bytes, asyncio.Task[None]] = {}  # one per target, in the scope
         self.halted = False
@@ -165,10 +168,30 @@ class LinkManager:
         task.add_done_callback(functools.partial(self._finished, node_id))
         return True
 
+    def learn(self, found: Sequence[StationLike]) -> int:
+        """Stations a link named (each by its own signed record): dialled now like discovered
+        ones, within ``max_links``; how many new targets."""
+        added = 0
+        for station in found:
+            if len(self._tasks) >= self.max_links:
+                break
+            node_id = station.node_id
+            if node_id in self._tasks or self._has_link(node_id):
+                continue
+            if self._add(LinkTarget(node_id, station.host, station.quic_port)):
+                self._learned[node_id] = self._clock()
+                added += 1
+        return added
+
+    def _recently_learned(self, node_id: bytes) -> bool:
+        learned = self._learned.get(node_id)
+        return learned is not None and self._clock() - learned < self.discover_interval_s
+
     def _finished(self, node_id: bytes, task: asyncio.Task[None]) -> None:
         if self._tasks.get(node_id) is task:
             del self._tasks[node_id]
             self.targets.pop(node_id, None)
+            self._learned.pop(node_id, None)
         if not task.cancelled() and task.exception() is not None:
             log.error("link task for %s failed", node_id.hex()[:16], exc_info=task.exception())
 
@@ -221,6 +244,7 @@ class LinkManager:
                     node_id not in named
                     and node_id not in self._pinned
                     and node_id not in self._remembered
+                    and not self._recently_learned(node_id)
                     and not self._has_link(node_id)
                 ):
                     self._tasks[node_id].cancel()  # discovery no longer knows it

@@ -228,3 +228,47 @@ def test_the_cli_takes_peers_and_max_links(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit) as exit_info:
         build_parser().parse_args(["--max-links", "0"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.anyio
+async def test_stations_a_link_names_are_dialled_at_once_never_itself_or_twice() -> None:
+    fake = Fake()
+    fake.links.add(P3.node_id)  # already linked: not dialled again
+    links = fake.manager(peers=[P1], max_links=3)
+    links.start()
+    own = LinkTarget(ME, "127.0.0.1", 1)
+    assert links.learn([own, P1, P2, P2, P3]) == 1  # P1 is a target already
+    await until(lambda: P2.node_id in fake.dialled)
+    assert set(links.targets) == {P1.node_id, P2.node_id}
+    await links.stop()
+    assert links.learn([P3]) == 0  # stopped: nothing new is dialled
+
+
+@pytest.mark.anyio
+async def test_a_learned_station_outlives_a_discovery_round_that_does_not_name_it_yet() -> None:
+    fake = Fake()
+    rounds = 0
+
+    async def discover() -> Sequence[LinkTarget]:
+        nonlocal rounds
+        rounds += 1
+        return []  # the DHT does not know the learned station (yet)
+
+    links = fake.manager(discover=discover, discover_interval_s=10.0)
+    links.start()
+    links.learn([P1])
+    await until(lambda: rounds >= 3)  # rounds run while the clock stands still
+    assert P1.node_id in links.targets  # learned less than an interval ago: kept
+    fake.now = 11.0  # a discovery interval later, still not named and not linked: dropped
+    await until(lambda: P1.node_id not in links.targets)
+    await links.stop()
+
+
+@pytest.mark.anyio
+async def test_learning_stops_at_max_links() -> None:
+    fake = Fake()
+    links = fake.manager(peers=[P1], max_links=2)
+    links.start()
+    assert links.learn([P2, P3]) == 1
+    assert set(links.targets) == {P1.node_id, P2.node_id}
+    await links.stop()
