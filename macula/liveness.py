@@ -10,6 +10,8 @@ Invariants:
   hundreds of agents arrive) answers the first ping late, and that answer counts: one missed
   ping must not send every node on the station to reconnect at once, which would keep it behind;
 - a connection the station keeps talking on is never pinged;
+- a station that restarted (it lost our connection) answers the next packet, ping or not, with
+  a stateless reset, which ends the connection at once (``macula.transport``): no wait here;
 - the probe ends with the session, and is cancelled when the session ends first.
 """
 
@@ -68,6 +70,9 @@ async def probe(
         if not answered:
             patience = timeout_s * (2 ** max(1, attempts) - 1)
             why = f"station {session.address} acknowledged no ping in {patience:g} s"
+            refused = session.protocol.refused
+            if refused.done():  # ICMP: nothing listens there any more; no need to wait
+                why = f"station {session.address}: {refused.result()}"
             log.warning("%s: moving on", why)
             session.connection_lost(why)
             return

@@ -183,7 +183,7 @@ class Node:
             index = choice.index
             address = dialled = self.stations[index]
             known = self.known_stations
-            up = False
+            up = restarted = False
             try:
                 dialled = known.pin(address) if known else address
                 async with Session.connect(
@@ -208,6 +208,7 @@ class Node:
                     probe = self.probe_interval_s, self.probe_timeout_s
                     acked = self._probe_acknowledged
                     await until_ended(session, *probe, self._group, acked, self.probe_attempts)
+                    restarted = session.protocol.reset_by_peer  # the station came back already
                     # let go at once: leaving the ``with`` waits for QUIC's close to finish
                     self._session = None
                     self._connected.clear()
@@ -221,7 +222,7 @@ class Node:
                 self._connected.clear()
             if self._closing:
                 break
-            if not await self._went_down(first, up, ever_connected, last_error):
+            if not await self._went_down(first, (up, restarted), ever_connected, last_error):
                 return
         if not first.done():
             first.set_exception(ClosedError("node closed"))
@@ -250,13 +251,12 @@ class Node:
     async def _went_down(
         self,
         first: asyncio.Future[None],
-        up: bool,
+        ended: tuple[bool, bool],
         ever_connected: bool,
         last_error: MaculaError | OSError | None,
     ) -> bool:
-        """The session ended (``up``) or never came up: tell the listeners, ask
-        ``StationChoice`` what next and wait as it says. False: the supervisor stops (a
-        terminal refusal, or the first connect gave up)."""
+        """The session ended (``ended``: was up, ended by a stateless reset) or never came up:
+        tell listeners, ask ``StationChoice`` what next, wait. False: stop (refused, gave up)."""
         if self._terminal is not None:
             self._fail_first(first, self._terminal)
             self._announce("disconnected")
@@ -265,7 +265,10 @@ class Node:
             self._announce("disconnected")
         self._was_up = False
         choice = self._choice
-        step = choice.lost(self._clock()) if up else choice.failed(self._clock())
+        up, restarted = ended
+        self.stats.stateless_resets += restarted  # it restarted: there to be dialled again
+        what = choice.restarted if restarted else choice.lost if up else choice.failed
+        step = what(self._clock())
         self.station_index = step.index
         if not ever_connected and step.round_failed:
             unrecoverable = isinstance(last_error, HandshakeError) and not last_error.retryable

@@ -24,6 +24,8 @@ class NodeStats:
     calls_refused_busy: int = 0  # answered 0x08: ``max_handlers`` were already running
     slow_consumer: int = 0  # times the station closed us for not keeping up (events were lost)
     probes_acknowledged: int = 0  # liveness pings (QUIC PING) a quiet station acknowledged
+    # connections a restarted station ended with a QUIC stateless reset (each redialled at once)
+    stateless_resets: int = 0
     # the station's counters of what it refused on our current connection without telling us
     # in-band (from the latest ``flush``; they restart at 0 with every connection)
     refused: dict[str, int] = field(default_factory=dict)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from cryptography import x509
@@ -186,10 +186,13 @@ __all__ = [
     "QuicStream",
     "application_space",
     "closed_by_peer_early",
+    "derive_reset_tokens",
+    "ended_by_reset",
     "events",
     "lean_handshake",
     "offer_x25519_only",
     "peer_certificate",
+    "peer_reset_token",
     "release_crypto_buffers",
     "serve",
     "set_ack_delay",
@@ -309,6 +312,66 @@ def _skip_padding(context: Any, frame_type: int, buf: Any) -> None:
     start = buf.tell()
     rest = buf.data_slice(start, buf.capacity)
     buf.seek(start + len(rest) - len(rest.lstrip(b"\x00")))
+
+
+# -- stateless resets (RFC 9000 §10.3, macula.quic_resets). Sending them needs aioquic: qh3's
+# native core makes its own random tokens and has no hook for ours, so a qh3 station sends none
+# (a reset of ours could never match its tokens). Receiving works on both: aioquic is told here;
+# qh3's core recognises a reset itself and ends the connection --
+
+STATELESS_RESETS = BACKEND == "aioquic"
+_ENDED = frozenset({"CLOSING", "DRAINING", "TERMINATED"})  # both libraries' state names
+
+
+def derive_reset_tokens(quic: QuicConnection, token_for: Callable[[bytes], bytes]) -> bool:
+    """aioquic, server side: every connection id ``quic`` (created, not yet fed a datagram)
+    hands out carries ``token_for(cid)`` as its stateless reset token, in the transport
+    parameters and in NEW_CONNECTION_ID frames, instead of aioquic's random one (made where
+    aioquic makes ids: in the constructor, and in ``_replenish_connection_ids``). False, and
+    nothing done, on qh3."""
+    if not STATELESS_RESETS:
+        return False
+
+    def tokens_derived() -> None:
+        for connection_id in quic._host_cids:
+            connection_id.stateless_reset_token = token_for(connection_id.cid)
+
+    replenish = quic._replenish_connection_ids
+
+    def replenish_derived() -> None:
+        replenish()
+        tokens_derived()
+
+    tokens_derived()
+    quic._replenish_connection_ids = replenish_derived  # type: ignore[method-assign]
+    return True
+
+
+def peer_reset_token(quic: QuicConnection) -> bytes | None:
+    """Client side: the stateless reset token of the connection id ``quic`` sends to (from the
+    peer's transport parameters, or on aioquic its NEW_CONNECTION_ID); None if it gave none."""
+    if STATELESS_RESETS:
+        token: bytes | None = quic._peer_cid.stateless_reset_token
+    else:  # qh3 keeps the peer's transport parameters once applied
+        parameters: Any = getattr(quic, "_applied_transport_parameters", None)
+        token = getattr(parameters, "stateless_reset_token", None)
+    return token or None
+
+
+def ended_by_reset(quic: QuicConnection, state_before: Any, reason: str) -> bool:
+    """A stateless reset for ``quic`` arrived (``state_before``: its ``_state`` before the
+    datagram). aioquic: end it at once, as RFC 9000 §10.3.1 says (no draining, nothing more
+    sent; ``ConnectionTerminated`` with ``reason`` is its next event). qh3: its core has ended it
+    itself. True when this reset ended the connection (it had not ended before)."""
+    if getattr(state_before, "name", None) in _ENDED:
+        return False
+    if not STATELESS_RESETS:
+        return getattr(quic._state, "name", None) in _ENDED
+    quic._close_event = events.ConnectionTerminated(
+        error_code=QuicErrorCode.NO_ERROR, frame_type=None, reason_phrase=reason
+    )
+    quic._close_end()
+    return True
 
 
 def describe() -> dict[str, str]:

@@ -10,6 +10,10 @@ Invariants:
   count of failures and of failed rounds restarts, the lost station being the round's first
   failure); one lost sooner counts as one more failure of the current round, so a station
   that accepts and then drops at once cannot make the node spin;
+- a connection the station ended with a stateless reset (it restarted: it is up, and lost us)
+  is dialled again at once, to the same station, without counting a failure, when it had
+  stayed up ``settle_s``; a reset sooner is handled as any loss, so a station restarting in a
+  loop cannot make the node spin;
 - time is the caller's: every method takes ``now`` (monotonic seconds); randomness is the
   ``Backoff``'s own (injected there).
 """
@@ -106,6 +110,16 @@ class StationChoice:
         if up is not None and now - up >= self.settle_s:
             self.failures, self.rounds_failed = 0, 0
         return self._advance()
+
+    def restarted(self, now: float) -> Step:
+        """The station at ``index`` ended our connection with a stateless reset: it restarted.
+        Dial it again at once if the connection had settled, else as ``lost``."""
+        up = self._up_since
+        if up is None or now - up < self.settle_s:
+            return self.lost(now)
+        self._up_since = None
+        self.failures, self.rounds_failed = 0, 0
+        return Step(self.index, 0.0, 0, 0)
 
     def _advance(self) -> Step:
         self.failures += 1

@@ -26,6 +26,9 @@ The only module of ``macula`` that imports ``aioquic.asyncio``. Invariants:
 - a server connection over a cap is refused (``refuse``) before any handshake work on aioquic;
   on qh3 just after its first datagram is fed (its core exists only from then on);
 - a dial that did not connect closes at once, without waiting for a close that cannot come;
+- a client connection the peer answers with a stateless reset (a datagram none of whose packets
+  could be processed, ending with the reset token of the connection id it sends to) ends at
+  once, ``reset_by_peer`` set: the station lost it (restarted; ``macula.quic_resets``);
 - ``queued_bytes(stream)`` is what ``send`` wrote on a stream that aioquic has not sent yet.
 TLS: the station presents a self-signed Ed25519 certificate whose key *is* its node id
 (PROTOCOL.md §1.2); a client pins it by comparing the certificate's raw public key with the
@@ -58,16 +61,19 @@ from macula.quic_backend import (
     QuicErrorCode,
     QuicFrameType,
     closed_by_peer_early,
+    ended_by_reset,
     events,
     lean_handshake,
     offer_x25519_only,
     peer_certificate,
+    peer_reset_token,
     release_crypto_buffers,
     unsent_bytes,
 )
 from macula.quic_paths import DATAGRAM_SIZE, LOOPBACK_DATAGRAM_SIZE, with_datagram_size
 from macula.quic_paths import datagram_size as datagram_size  # (re-exported)
 from macula.quic_pings import PingingProtocol
+from macula.quic_resets import is_reset
 from macula.stream_credit import ReceiveCredit
 from macula.wire import cbor
 from macula.wire.errors import FramingError
@@ -81,6 +87,8 @@ STREAM_WINDOW = 16 * 1024 * 1024
 CONNECTION_WINDOW = 64 * 1024 * 1024
 IDLE_TIMEOUT_S = 60.0
 RELEASE_CHUNK = 64 * 1024  # held bytes handed over per loop turn after a resume
+# why a connection the peer answered with a stateless reset ended (it had lost our connection)
+STATELESS_RESET_REASON = "stateless reset: the station no longer knows this connection"
 # QUIC carries a close reason in one packet; a longer one is cut (at a character boundary)
 MAX_CLOSE_REASON_BYTES = 100
 
@@ -385,6 +393,12 @@ class FrameProtocol(PingingProtocol):
     def lost(self) -> bool:
         return self._lost
 
+    @property
+    def reset_by_peer(self) -> bool:
+        """The peer ended this (client) connection with a stateless reset: it is up again but
+        lost its state (a restart), so it can be dialled again at once."""
+        return bool(getattr(self._quic, "reset_by_peer", False))
+
     def release_handshake_buffers(self) -> bool:
         """Give back the TLS buffers the handshake needed (``release_crypto_buffers``): False
         while the handshake is not confirmed yet (or on qh3)."""
@@ -449,10 +463,35 @@ class ClientConnection(QuicConnection):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         lean_handshake(self)
+        self.packets_processed = 0  # aioquic: packets decrypted and handled
+        self.reset_by_peer = False  # ended by a stateless reset from the peer
 
     def _initialize(self, peer_cid: bytes) -> None:
         super()._initialize(peer_cid)
         offer_x25519_only(self)
+
+    def _payload_received(self, *args: Any, **kwargs: Any) -> tuple[bool, bool]:
+        self.packets_processed += 1  # aioquic calls this once per packet it could process
+        handled: tuple[bool, bool] = super()._payload_received(*args, **kwargs)
+        return handled
+
+    def receive_datagram(self, data: bytes, addr: NetworkAddress, now: float) -> None:
+        """The library's, then: a datagram of which no packet could be processed, ending with
+        the stateless reset token of the connection id we send to, ends the connection at once
+        (RFC 9000 §10.3.1; ``macula.quic_resets``): the peer lost its state (restarted). On qh3
+        (which processes packets natively) its core makes that call; this notes it."""
+        processed, state = self.packets_processed, self._state
+        super().receive_datagram(data, addr, now)
+        if (
+            self.packets_processed == processed
+            and is_reset(data, peer_reset_token(self))
+            and ended_by_reset(self, state, STATELESS_RESET_REASON)
+        ):
+            self.reset_by_peer = True
+
+    def handle_timer(self, now: float) -> None:
+        if not self.reset_by_peer:  # ended by a reset: a timer armed before has nothing to do
+            super().handle_timer(now)
 
 
 def client_configuration(

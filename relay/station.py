@@ -32,6 +32,7 @@ from typing import Any
 
 from macula.clock import now_ms
 from macula.quic_backend import QuicConnection, QuicServer, lean_handshake
+from macula.quic_resets import StatelessResets
 from macula.transport import FrameProtocol, StreamLimits
 from macula.wire.errors import FramingError
 from macula.wire.frames import Publish
@@ -102,6 +103,7 @@ class Station(StationParts):
         super().__init__(config)
         self._next_conn = 0
         self._server: QuicServer | None = None
+        self.resets: StatelessResets | None = None  # answers a previous run's connections
         self._group = StationGroup()
         self._timers = Timers()
         self._exit_stack: contextlib.AsyncExitStack | None = None
@@ -152,12 +154,13 @@ class Station(StationParts):
         self._core = build.router_for(
             config, self.identity, (gate, rule), self._open_stream, self._note_publish
         )
+        self.resets = build.stateless_resets(self.identity)
         self._server, self.port = await build.serve_quic(
-            config, (certificate[0], certificate[1]), self._protocol, self.retry
+            config, (certificate[0], certificate[1]), self._protocol, self.retry, self.resets
         )
         stack.callback(self._close_server)
         await build.serve_sibling_links(
-            config, (certificate[0], certificate[1]), self._protocol, stack
+            config, (certificate[0], certificate[1]), self._protocol, stack, self.resets
         )
         self._dht = self._builtins.dht = await build.start_dht(
             config, self.identity, self.port, stack, self.spawn

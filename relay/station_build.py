@@ -22,6 +22,7 @@ from macula.datagram_reader import bound_socket, open_draining
 from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
 from macula.quic_backend import QuicConfiguration, QuicServer
+from macula.quic_resets import StatelessResets
 from macula.task_scope import Spawner
 from macula.transport import (
     ALPN,
@@ -148,14 +149,22 @@ def router_for(
     )
 
 
+def stateless_resets(identity: Identity) -> StatelessResets:
+    """The station's stateless resets: tokens from its key, so its next process makes the same
+    ones and answers its previous run's connections with resets they recognise."""
+    return StatelessResets(identity.seed, os.urandom)
+
+
 async def serve_quic(
     config: StationConfig,
     certificate: tuple[Path, Path],
     protocol: Callable[..., FrameProtocol],
     retry: bool,
+    resets: StatelessResets | None = None,
 ) -> tuple[QuicServer, int]:
     """The QUIC server bound on ``config.host:config.port`` (0: any free port) and its port;
-    the caller registers its closing at once."""
+    the caller registers its closing at once. With ``resets`` it answers packets of
+    connections it does not know (a previous run's) with stateless resets."""
     quic = QuicConfiguration(
         is_client=False,
         alpn_protocols=[ALPN],
@@ -167,7 +176,9 @@ async def serve_quic(
     quic.load_cert_chain(*certificate)
     # aioquic's ``serve`` with a socket of our own, so the server reads every datagram
     # waiting at each readiness (macula.datagram_reader), not one per loop turn
-    server = StationQuicServer(configuration=quic, create_protocol=protocol, retry=retry)
+    server = StationQuicServer(
+        configuration=quic, create_protocol=protocol, retry=retry, resets=resets
+    )
     sock = await bound_socket(config.host, config.port, reuse_port=config.reuse_port)
     await open_draining(sock, server)
     enlarge_receive_buffer(sock)
@@ -179,6 +190,7 @@ async def serve_sibling_links(
     certificate: tuple[Path, Path],
     protocol: Callable[..., FrameProtocol],
     stack: contextlib.AsyncExitStack,
+    resets: StatelessResets | None = None,
 ) -> None:
     """A worker's second QUIC listener, on 127.0.0.1:``link_port``, where the other workers
     dial it (the shared port would hash a dial to any worker); none without ``link_port``."""
@@ -187,7 +199,7 @@ async def serve_sibling_links(
     sibling = dataclasses.replace(
         config, host="127.0.0.1", port=config.link_port, reuse_port=False, link_port=None
     )
-    server, _ = await serve_quic(sibling, certificate, protocol, retry=False)
+    server, _ = await serve_quic(sibling, certificate, protocol, retry=False, resets=resets)
     stack.callback(server.close)
 
 
