@@ -252,6 +252,12 @@ class StationLinks:
 
     def _heard(self, sender: bytes, payload: object, *, pass_on: bool = False) -> None:
         news = self.roster.take(sender, payload, now_ms())
+        core = self.shell.core
+        conn = core.node_conn.get(sender)
+        link = core.peers.get(conn) if conn is not None else None
+        if link is not None:  # counted on the link too: its summary, the monitor's refusals
+            for counter in news.refused:
+                core.drop(link, counter, "a station list it sent was refused")
         self._dial(news)
         if news.own is not None and pass_on:
             self._pass_on(sender, news.own)

@@ -19,7 +19,8 @@ Invariants (DESIGN.md §3a: a station's endpoint counts only from that station's
   nothing unsigned or signed by another key counts;
 - a list holds at most ``max_records`` records; a bigger list, or a payload of another shape,
   is ignored whole; every refused list or record is counted in ``stats`` (``mesh_<reason>``)
-  and nothing here raises on what a peer sends;
+  and named in ``MeshNews.refused`` (the shell counts it on the link too), and nothing here
+  raises on what a peer sends;
 - the record a link's own station signed is kept as that station's (newest wins) until
   ``unlinked``; ``MeshNews.own`` is set only the first time one is kept for a link, so a
   station passes a newcomer on once per link-up, never on a refresh (no gossip storm);
@@ -61,10 +62,12 @@ MAX_MESH_RECORDS: Final = 64  # records in one list (the default --max-links)
 @dataclass(frozen=True, slots=True)
 class MeshNews:
     """What one list told: the sender's own record when it is new for its link (to pass
-    on), and the other stations it named, each by its own valid record."""
+    on), the other stations it named, each by its own valid record, and the counters of what
+    was refused (each also in ``MeshRoster.stats``)."""
 
     own: Record | None = None
     stations: list[StationAddress] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
 
 
 def mesh_payload(records: Iterable[Record], *, more: int, first: int = 0) -> dict[str, Any]:
@@ -96,13 +99,14 @@ class MeshRoster:
 
     def take(self, sender: bytes, payload: object, now_ms: int) -> MeshNews:
         """What linked station ``sender`` sent (a call's argument or its answer)."""
-        items = self._items(payload)
+        refused: list[str] = []
+        items = self._items(payload, refused)
         if items is None:
-            return MeshNews()
+            return MeshNews(refused=refused)
         own: Record | None = None
         named: dict[bytes, StationAddress] = {}
         for item in items:
-            checked = self._checked(item, now_ms)
+            checked = self._checked(item, now_ms, refused)
             if checked is None:
                 continue
             record, address = checked
@@ -111,45 +115,48 @@ class MeshRoster:
             elif record.key not in named:
                 named[record.key] = address
         self.stats["mesh_stations_named"] += len(named)
-        return MeshNews(own, list(named.values()))
+        return MeshNews(own, list(named.values()), refused)
 
-    def _items(self, payload: object) -> list[Any] | None:
-        if not isinstance(payload, dict):
-            self.stats["mesh_bad_list"] += 1
-            return None
-        items = payload.get("records")
+    def _refuse(self, counter: str, refused: list[str]) -> None:
+        self.stats[counter] += 1
+        refused.append(counter)
+
+    def _items(self, payload: object, refused: list[str]) -> list[Any] | None:
+        items = payload.get("records") if isinstance(payload, dict) else None
         if not isinstance(items, list):
-            self.stats["mesh_bad_list"] += 1
+            self._refuse("mesh_bad_list", refused)
             return None
         if len(items) > self.max_records:
-            self.stats["mesh_list_too_long"] += 1
+            self._refuse("mesh_list_too_long", refused)
             return None
         self.stats["mesh_lists"] += 1
         return items
 
-    def _checked(self, item: object, now_ms: int) -> tuple[Record, StationAddress] | None:
+    def _checked(
+        self, item: object, now_ms: int, refused: list[str]
+    ) -> tuple[Record, StationAddress] | None:
         """``item`` as a valid station_endpoint record and the address it names, or None
         (counted)."""
         try:
             record = Record.from_wire(item)
         except WireError:
-            self.stats["mesh_bad_record"] += 1
+            self._refuse("mesh_bad_record", refused)
             return None
         if record.type != RecordType.STATION_ENDPOINT:
-            self.stats["mesh_not_endpoint"] += 1
+            self._refuse("mesh_not_endpoint", refused)
             return None
         try:
             dkey = dht_id(station_endpoint_key(record.key))
             check_record(record, dkey, now_ms, self.limits, verified=self.verified)
         except DhtRefused as exc:
-            self.stats[f"mesh_refused_{exc.reason}"] += 1
+            self._refuse(f"mesh_refused_{exc.reason}", refused)
             return None
         except (WireError, ValueError):
-            self.stats["mesh_bad_record"] += 1
+            self._refuse("mesh_bad_record", refused)
             return None
         address = endpoint_address(record)
         if address is None:
-            self.stats["mesh_bad_endpoint"] += 1
+            self._refuse("mesh_bad_endpoint", refused)
             return None
         return record, address
 

@@ -153,6 +153,7 @@ async def test_bogus_station_lists_are_ignored_and_counted(
         assert reply.ok, (payload, reply)
         assert reply.payload == mesh_payload([], more=0)
         assert roster.stats[counter] == before + 1, (counter, dict(roster.stats))
+        assert a.core.refusals[counter] >= 1  # counted on the link as a refused frame is
     assert a.links is not None and a.links.attempts == 0  # nothing bogus was dialled
     # A still serves: a client on C still reaches a client on A
     async with (

@@ -119,6 +119,7 @@ def test_each_bad_record_is_ignored_and_counted_and_the_good_ones_still_count() 
         roster = MeshRoster()
         news = roster.take(SENDER.node_id, listing(item, endpoint(C)), NOW)
         assert roster.stats[counter] == 1, (counter, dict(roster.stats))
+        assert news.refused == [counter]
         assert [s.node_id for s in news.stations] == [C.node_id], counter
 
 
@@ -129,7 +130,7 @@ def test_a_list_of_another_shape_or_too_long_is_ignored_whole() -> None:
     assert roster.stats["mesh_bad_list"] == 7
     too_long = listing(*[endpoint(C)] * (MAX_MESH_RECORDS + 1))
     news = roster.take(SENDER.node_id, too_long, NOW)
-    assert news.stations == [] and news.own is None
+    assert news.stations == [] and news.own is None and news.refused == ["mesh_list_too_long"]
     assert roster.stats["mesh_list_too_long"] == 1
     assert roster.stats["mesh_lists"] == 0  # none was read
 
