@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "wire": ("bench_wire", (), "frame encode+sign and decode+verify rates, BLAKE3, MCID"),
     "cbor": ("bench_cbor", (), "CBOR decode/encode and parse_frame, µs per frame"),
     "mesh": ("bench_mesh", (), "three stations: start -> linked pairwise through the DHT"),
+    "restart": ("bench_restart", (), "station SIGKILLed and restarted -> its client back"),
     "attach": ("bench_attach", (), "macula-mcp first byte and first tools/list, cold and warm"),
     "agent": ("bench_agent", (), "mesh_say → mesh_wait_room through two macula-mcp (--presence)"),
     "profile": ("bench_profile", (), "summarise collapsed stacks (py-spy) by area"),

@@ -16,6 +16,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -82,3 +83,16 @@ async def test_a_node_is_back_by_the_reset_of_its_restarted_station(tmp_path: Pa
                 async with Node(new_identity(), [again]) as other:
                     await other.publish(REALM, "restart.news", "from another node")
                     assert (await sub.next(5)).payload == "from another node"
+
+
+def test_the_restart_bench_runs_and_tells_how_the_node_learned() -> None:
+    """``scripts/bench.py restart`` end to end on one restart (figures are its own business)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+    env = {k: v for k, v in os.environ.items() if k != QUIC_ENV}
+    done = subprocess.run(
+        [sys.executable, str(script), "restart", "--runs", "1", "--nodes", "1", "--settle", "0.3"],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "restart: 1 of 1 learned by a stateless reset" in done.stdout
+    assert "restart: back after the kill in p50" in done.stdout
