@@ -74,6 +74,20 @@ async def test_an_unknown_connection_gets_a_reset_with_the_token_of_the_station_
     assert resets_of(station).sent == 1
 
 
+async def test_every_connection_id_the_station_hands_out_carries_its_derived_token(
+    station: Station,
+) -> None:
+    """The id of the transport parameters and those of NEW_CONNECTION_ID frames alike."""
+    async with Node(new_identity(), [station.endpoint], probe_interval_s=0) as node:
+        await node.flush()
+        quic = (await node.session()).protocol._quic
+        await eventually(lambda: len(quic._peer_cid_available) >= 1)  # NEW_CONNECTION_ID
+        given = [quic._peer_cid, *quic._peer_cid_available]  # type: ignore[attr-defined]
+        expected = StatelessResets(station.identity.seed, os.urandom)
+        assert all(c.stateless_reset_token == expected.token(c.cid) for c in given)
+        assert len({c.stateless_reset_token for c in given}) == len(given)
+
+
 async def test_tiny_packets_get_no_reset_and_the_rate_is_bounded(
     station: Station, udp: socket.socket
 ) -> None:
