@@ -42,6 +42,7 @@ from macula.agent.envelope import (
 from macula.agent.petnames import petname
 from macula.agent.rooms import HELP_KINDS, RoomError, Rooms
 from macula.errors import MaculaError
+from macula.store.room_outbox import OutboxFullError
 from macula.wire.identity import ZERO_REALM
 from tools.agent_arguments import (
     KEY_FIELD,
@@ -63,6 +64,7 @@ from tools.agent_views import (
 from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realm_access import check, guard, left_if_refused
 from tools.realms import parse_realm
+from tools.results import fail
 from tools.wait_views import reply_view, unread_view
 
 MAX_WAIT_S = 3600.0
@@ -306,7 +308,8 @@ async def mesh_leave_room(
             removed = [{"node_id": n.hex(), "petname": petname(n)} for n in who]
             return {"room_topic": room_topic, "removed": removed, "epoch": epoch, "left": 0}
         left = await runtime.agent.rooms.leave(room_topic, close=close)
-        return {"room_topic": left.room_topic, "left": 1, "closed": left.closed}
+        gone = {"outbox_dropped": left.outbox_dropped}  # queued, could not be sent first
+        return {"room_topic": left.room_topic, "left": 1, "closed": left.closed} | gone
 
     args = {"room_topic": room_topic, "close": close, "remove": remove}
     return await run_agent_tool(
@@ -386,20 +389,29 @@ async def mesh_say(
     if problems:
         return invalid(problems)
 
+    full: list[OutboxFullError] = []
+
     async def work() -> dict[str, Any]:
         before = await guard(runtime, runtime.agent.rooms.realm_of(room_topic))
-        said = await runtime.agent.rooms.say(
-            room_topic,
-            kind,
-            text,
-            in_reply_to=in_reply_to,
-            refs=refs,
-            wait_reply_seconds=wait_reply_seconds,
-        )
+        try:
+            said = await runtime.agent.rooms.say(
+                room_topic,
+                kind,
+                text,
+                in_reply_to=in_reply_to,
+                refs=refs,
+                wait_reply_seconds=wait_reply_seconds,
+            )
+        except OutboxFullError as exc:
+            full.append(exc)
+            raise
         result: dict[str, Any] = {"room_topic": said.room_topic, "message_id": said.message_id}
         result |= await check(runtime, before)
         if said.waited:
             result |= reply_view(said)
+        result |= {"delivered": said.delivered, "outbox": {"queued": said.queued}}
+        if not said.delivered:
+            result["next"] = _QUEUED_NEXT + (_NO_WAIT if wait_reply_seconds > 0 else "")
         return result | {"kind": kind}
 
     args = {
@@ -410,7 +422,26 @@ async def mesh_say(
         "refs": refs,
         "wait_reply_seconds": wait_reply_seconds,
     }
-    return await run_agent_tool(runtime, "mesh_say", args, work, idempotency_key=idempotency_key)
+    result = await run_agent_tool(runtime, "mesh_say", args, work, idempotency_key=idempotency_key)
+    return _outbox_full(full[0]) if full else result
+
+
+_QUEUED_NEXT = (
+    "queued: delivered when the connection to the station is back, in order, once; "
+    "message_id is final (reply to it, wait after it)"
+)
+_NO_WAIT = "; the reply wait was skipped: mesh_wait_room(after_message_id=message_id) waits"
+
+
+def _outbox_full(exc: OutboxFullError) -> CallToolResult:
+    return fail(
+        "outbox_full",
+        str(exc),
+        retryable=True,
+        next_action="the connection is down and your outbox is full: wait until it is back "
+        "(mesh://status connected 1; what is queued then goes by itself), then say it again",
+        outbox={"queued": exc.messages, "bytes": exc.size},
+    )
 
 
 async def mesh_wait_room(

@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from macula.agent.contact_policy import trust, untrust
+from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import petname, resolve
 from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
 from macula.agent.room_keys import RoomKeys
+from macula.agent.room_outbox import RoomOutbox
 from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
 from macula.agent.task_messages import TaskLimits
 from macula.agent.tasks import Tasks
@@ -43,6 +45,7 @@ from macula.store import transcript as transcript_store
 from macula.store.base import DAY_MS, Bounds, StorePaths, paths_from_env
 from macula.store.rings import Ring, RingStore
 from macula.store.room_keys import RoomKeyStore, room_keys_path
+from macula.store.room_outbox import RoomOutboxStore, room_outbox_path
 from macula.store.roster import RosterStore
 from macula.store.tasks import TaskStore
 from macula.store.transcript import TranscriptMessage, TranscriptStore
@@ -164,6 +167,10 @@ class Agent:
                 self.node, self._transcript, self.clock, max_rooms=self.settings.max_rooms
             )
             self.rooms.keys = RoomKeys(self.node.identity, room_keys, self.clock)
+            outbox = await stack.enter_async_context(
+                await RoomOutboxStore.open(room_outbox_path(paths.transcript))
+            )
+            self.rooms.outbox = RoomOutbox(self.node, outbox, self.clock)
             self.rings = Rings(
                 self.node,
                 self._rings,
@@ -273,14 +280,17 @@ class Agent:
             await asyncio.sleep(DIRECTORY_RENEW_S)
 
     async def goodbye(self) -> dict[str, Any]:
-        """Leave every room (closing those we opened), say goodbye once, stop presence."""
+        """Leave every room (closing those we opened), say goodbye once, stop presence.
+        Queued room messages are sent first when connected, else dropped and counted."""
         left = []
+        dropped = 0 if self.rooms.outbox is None else await self.rooms.outbox.settle(LOBBY_TOPIC)
         for membership in await self.rooms.transcript.joined_rooms():
             with contextlib.suppress(Exception):
-                await self.rooms.leave(
+                gone = await self.rooms.leave(
                     membership.room_topic, close=int(membership.role == "opener")
                 )
                 left.append(membership.room_topic)
+                dropped += gone.outbox_dropped
         if self._citizen is not None:
             self._citizen.cancel()
             self._citizen = None
@@ -292,7 +302,8 @@ class Agent:
             await self.rings.unserve()
         if self.tasks.serving:
             await self.tasks.unserve()
-        return {"node_id": self.node.identity.node_id.hex(), "rooms_left": left, "present": 0}
+        me = self.node.identity.node_id.hex()
+        return {"node_id": me, "rooms_left": left, "present": 0, "outbox_dropped": dropped}
 
     async def agents(self, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:
         """Who is present: the roster (heard hellos) merged with the agent directory (the

@@ -33,12 +33,15 @@ Invariants:
 - our own envelope comes back on the room's tap; it was recorded before it was published, so
   the copy is dropped before anything else (counted ``own_echoes``) when its ``message_id`` is
   one of the last ``OWN_ECHOES`` we published in that room (from our own node id only).
+- ``say`` while the connection is down queues the message (``outbox``, set by the agent:
+  ``macula.agent.room_outbox``): recorded at once, published later with the same message_id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -62,6 +65,7 @@ from macula.agent.envelope import (
     validate,
 )
 from macula.agent.room_keys import Heard, RoomKeys
+from macula.agent.room_outbox import RoomOutbox, Sent
 from macula.agent.room_waits import RoomError as RoomError  # re-exported: raised by both
 from macula.agent.room_waits import TranscriptWaits, UnreadBatch, answer_index
 from macula.errors import MaculaError
@@ -109,6 +113,7 @@ class RoomJoined:
 class RoomLeft:
     room_topic: str
     closed: int  # 1 when we published room_closed (openers only)
+    outbox_dropped: int = 0  # our queued messages that could not be sent first (dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +124,8 @@ class Said:
     reply: TranscriptMessage | None = None
     heard: UnreadBatch | None = None  # after a wait: everything from others since ours
     answer_index: int | None = None  # where ``reply`` is in ``heard.messages``
+    delivered: int = 1  # 0: queued in the outbox (published when connected; no wait)
+    queued: int = 0  # messages in the outbox after this say
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +173,7 @@ class Rooms(TranscriptWaits):
         self._group: asyncio.TaskGroup | None = None
         self.observing = False
         self.keys: RoomKeys | None = None  # private rooms; set by the agent
+        self.outbox: RoomOutbox | None = None  # says while disconnected; set by the agent
         self.observers: list[Callable[[EnvelopeHeard], None]] = []  # told of each new envelope
         self.catch_up: CatchUp | None = None
         self._history = history
@@ -185,6 +193,8 @@ class Rooms(TranscriptWaits):
             for room in (await self.transcript.seen_rooms())[: self.max_rooms]:
                 await self._observe(room.room_topic)
         self._start_catch_up()
+        if self.outbox is not None:
+            await self.outbox.start(group, published=self._published)
 
     # -- catch-up (macula.agent.catchup) --------------------------------------------------------
 
@@ -232,6 +242,8 @@ class Rooms(TranscriptWaits):
         for topic in list(self._taps):
             await self._untap(topic)
         self._observed.clear()
+        if self.outbox is not None:
+            await self.outbox.stop()
 
     async def unobserve(self) -> None:
         self.observing = False
@@ -389,6 +401,16 @@ class Rooms(TranscriptWaits):
     async def _publish(
         self, topic: str, kind: str, text: str = "", message_id: str | None = None, **fields: Any
     ) -> Envelope:
+        envelope, wire = await self._sealed(topic, kind, text, message_id, **fields)
+        await self._record_own(envelope)
+        # confirmed: a station stopped right after this call returns still has it (history)
+        await self.node.publish_confirmed(self.realm_of(topic), topic, wire)
+        return envelope
+
+    async def _sealed(
+        self, topic: str, kind: str, text: str, message_id: str | None, **fields: Any
+    ) -> tuple[Envelope, dict[str, Any]]:
+        """Our envelope, and what to publish for it (sealed in a private room)."""
         envelope = build_envelope(
             message_id=message_id or new_message_id(self.random(16)),
             room_topic=topic,
@@ -401,12 +423,12 @@ class Rooms(TranscriptWaits):
         wire = dict(envelope)
         if self.keys is not None and topic != LOBBY_TOPIC:
             wire = await self.keys.seal(wire)  # sealed in a private room, refused without a key
+        return envelope, wire
+
+    async def _record_own(self, envelope: Envelope) -> None:
         # record first: the tap may deliver our own copy later (ignored as a duplicate)
         await self._record(envelope, self.node.identity.node_id, True)
-        self._published(topic, str(envelope["message_id"]))
-        # confirmed: a station stopped right after this call returns still has it (history)
-        await self.node.publish_confirmed(self.realm_of(topic), topic, wire)
-        return envelope
+        self._published(envelope["room_topic"], str(envelope["message_id"]))
 
     async def open(
         self,
@@ -481,11 +503,12 @@ class Rooms(TranscriptWaits):
         if close and membership.role != "opener":
             raise RoomError("only the agent that opened a room can close it; leave it instead")
         kind = "room_closed" if close else "participant_left"
+        dropped = 0 if self.outbox is None else await self.outbox.settle(topic)
         with contextlib.suppress(MaculaError):
             await self._publish(topic, kind)
         await self.transcript.leave_room(topic, self.clock())
         await self._untap(topic)
-        return RoomLeft(topic, int(bool(close)))
+        return RoomLeft(topic, int(bool(close)), dropped)
 
     async def remove(self, topic: str, who: Sequence[bytes]) -> int:
         """Remove ``who`` from a private room we opened: a new key for the others, published on
@@ -518,17 +541,19 @@ class Rooms(TranscriptWaits):
             m.room_topic for m in await self.transcript.joined_rooms()
         }:
             raise RoomError(f"not in {topic}: join it first (mesh_join_room)")
-        envelope = await self._publish(
-            topic,
-            kind,
-            text,
-            message_id,
-            in_reply_to=in_reply_to,
-            refs=list(refs) if refs else None,
+        envelope, wire = await self._sealed(
+            topic, kind, text, message_id, in_reply_to=in_reply_to, refs=list(refs or ()) or None
         )
-        said = str(envelope["message_id"])
-        if wait_reply_seconds <= 0:
-            return Said(topic, said, 0)
+        said, realm = str(envelope["message_id"]), self.realm_of(topic)
+        if self.outbox is None:
+            await self._record_own(envelope)
+            await self.node.publish_confirmed(realm, topic, wire)
+            sent = Sent(1, 0)
+        else:  # queued while the connection is down: recorded now, published later
+            record = functools.partial(self._record_own, envelope)
+            sent = await self.outbox.send(topic, realm, said, wire, record)
+        if wait_reply_seconds <= 0 or not sent.delivered:  # a queued say waits for nothing
+            return Said(topic, said, 0, delivered=sent.delivered, queued=sent.queued)
         heard = await self.wait_unread_all(
             topic,
             wait_reply_seconds,
@@ -537,7 +562,7 @@ class Rooms(TranscriptWaits):
         )
         index = answer_index(heard.messages, said)
         reply = None if index is None else heard.messages[index]
-        return Said(topic, said, 1, reply, heard, index)
+        return Said(topic, said, 1, reply, heard, index, queued=sent.queued)
 
     def observed(self) -> list[str]:
         """The public rooms tapped by the observer only (not joined), sorted."""
