@@ -203,7 +203,7 @@ class Agent:
         """Say goodbye if present and stop every task, so the task group can close."""
         if self.presence.present:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.goodbye(), 1.5)
+                await asyncio.wait_for(self.goodbye(keep_queued=1), 1.5)
         if self._citizen is not None:
             self._citizen.cancel()
             self._citizen = None
@@ -279,15 +279,19 @@ class Agent:
                 self.directory_error = str(exc)
             await asyncio.sleep(DIRECTORY_RENEW_S)
 
-    async def goodbye(self) -> dict[str, Any]:
+    async def goodbye(self, *, keep_queued: int = 0) -> dict[str, Any]:
         """Leave every room (closing those we opened), say goodbye once, stop presence.
-        Queued room messages are sent first when connected, else dropped and counted."""
+        Queued room messages are sent first when connected, else dropped and counted
+        (``keep_queued`` 1, when the process shuts down: kept for its next run)."""
         left = []
-        dropped = 0 if self.rooms.outbox is None else await self.rooms.outbox.settle(LOBBY_TOPIC)
+        outbox = self.rooms.outbox
+        dropped = 0 if outbox is None else await outbox.settle(LOBBY_TOPIC, drop=1 - keep_queued)
         for membership in await self.rooms.transcript.joined_rooms():
             with contextlib.suppress(Exception):
                 gone = await self.rooms.leave(
-                    membership.room_topic, close=int(membership.role == "opener")
+                    membership.room_topic,
+                    close=int(membership.role == "opener"),
+                    keep_queued=keep_queued,
                 )
                 left.append(membership.room_topic)
                 dropped += gone.outbox_dropped

@@ -22,7 +22,8 @@ Invariants:
   dropped (``published``).
 - Nothing accepted is dropped silently: rows leave only when published, or by ``settle``
   (leaving a room: what is queued there is sent first when connected; what still cannot
-  go is dropped and the count returned, for the caller to report).
+  go is dropped and the count returned, for the caller to report). The goodbye of a process
+  shutting down (``Agent`` wind-down) keeps what cannot go for the next run instead.
 - The pump runs from the agent's first mesh use (``Rooms.start``), like the task outbox:
   after a restart, queued messages go once the agent is present again.
 """
@@ -189,11 +190,14 @@ class RoomOutbox:
             messages, total = self._reserved
             self._reserved = (messages - 1, total - size)
 
-    async def settle(self, topic: str) -> int:
+    async def settle(self, topic: str, *, drop: int = 1) -> int:
         """Before leaving ``topic``: send what it has queued (when connected), then drop what
-        still could not go; how many were dropped (for the caller to report)."""
+        still could not go; how many were dropped (for the caller to report). ``drop`` 0
+        (the process is shutting down): what could not go stays queued for the next run."""
         if self.queued_in(topic) and self.node.connected:
             await self.flush_room(topic)
+        if not drop:
+            return 0
         async with self._lock(topic):
             dropped = await self.store.drop(self.me, topic)
         if dropped:

@@ -496,14 +496,18 @@ class Rooms(TranscriptWaits):
             self.catch_up_soon()  # what was said just before we came (room_opened, ...)
         return RoomJoined(topic, int(not newly), message_id, realm)
 
-    async def leave(self, topic: str, *, close: int = 0) -> RoomLeft:
+    async def leave(self, topic: str, *, close: int = 0, keep_queued: int = 0) -> RoomLeft:
+        """Leave ``topic``; what we queued there is sent first when connected, else dropped
+        and counted (``keep_queued`` 1, shutting down: kept for the next run instead)."""
         membership = {m.room_topic: m for m in await self.transcript.joined_rooms()}.get(topic)
         if membership is None:
             raise RoomError(f"not in {topic}: nothing to leave (mesh_rooms lists your rooms)")
         if close and membership.role != "opener":
             raise RoomError("only the agent that opened a room can close it; leave it instead")
         kind = "room_closed" if close else "participant_left"
-        dropped = 0 if self.outbox is None else await self.outbox.settle(topic)
+        dropped = 0
+        if self.outbox is not None:
+            dropped = await self.outbox.settle(topic, drop=int(not keep_queued))
         with contextlib.suppress(MaculaError):
             await self._publish(topic, kind)
         await self.transcript.leave_room(topic, self.clock())

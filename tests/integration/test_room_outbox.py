@@ -61,7 +61,7 @@ async def member(
 def crash(agent: Agent) -> None:
     """Leave as a killed process would: no goodbye, no participant_left."""
 
-    async def no_goodbye() -> dict[str, object]:
+    async def no_goodbye(**_: object) -> dict[str, object]:
         return {}
 
     agent.goodbye = no_goodbye  # type: ignore[method-assign]
@@ -226,6 +226,24 @@ async def test_a_restarted_agent_sends_what_its_last_run_queued(
             answer = await bob.rooms.say(room, "answer_given", "yes", in_reply_to=asked.message_id)
             reply = await again.rooms.wait(room, 5, after_ms=0, kinds={"answer_given"})
             assert reply is not None and reply.message_id == answer.message_id
+
+
+async def test_a_shutdown_in_the_dark_keeps_the_queue_for_the_next_run(
+    station: Station, tmp_path: Path
+) -> None:
+    """The agent's wind-down says goodbye (leaving its rooms) but, unlike ``mesh_goodbye``,
+    keeps what could not be sent: the next run sends it."""
+    alice_id, home = new_identity(), tmp_path / "alice"
+    async with member(station, new_identity(), tmp_path / "bob") as bob:
+        async with member(station, alice_id, home, HELD_OFF) as alice:
+            room = await conversation(alice, bob)
+            heard = heard_from(bob, alice, room)
+            await disconnect(alice)
+            await alice.rooms.say(room, "remark_made", "said before the shutdown")
+        assert outbox_of(alice).stats["dropped"] == 0
+        async with member(station, alice_id, home) as again:
+            await eventually(lambda: heard == ["said before the shutdown"])
+            await eventually(lambda: outbox_of(again).queued == 0)
 
 
 async def test_leaving_sends_what_is_queued_first_or_reports_it_dropped(

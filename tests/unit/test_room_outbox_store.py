@@ -285,6 +285,8 @@ def test_settle_sends_first_when_connected_else_drops_and_counts(tmp_path: Path)
         node.connected = False
         await say(outbox, recorded, "m0")
         await say(outbox, recorded, "x0", ROOM2)
+        assert await outbox.settle(ROOM2, drop=0) == 0  # shutting down: kept for next run
+        assert outbox.queued == 2
         assert await outbox.settle(ROOM2) == 1  # cannot go: dropped, counted
         assert outbox.stats["dropped"] == 1 and outbox.queued == 1
         node.connected = True
