@@ -54,6 +54,9 @@ log = logging.getLogger("macula.relay")
 Discover = Callable[[], Awaitable[Sequence[StationLike]]]
 
 MESH_CALL_TIMEOUT_S = 2.0  # an introduction or a pass-on on a link
+# a station told of a newcomer dials it only if the newcomer's own dial has not linked them by
+# then (it learned this station from the same answer): one dial per pair, not two at once
+PASSED_ON_DIAL_AFTER_S = 2.0
 
 
 class LinkShell(Protocol):
@@ -244,13 +247,17 @@ class StationLinks:
         records: list[Record] = []
         payload = action.call.payload
         if peer is not None and peer.linked:
-            self._heard(peer.node_id, payload, pass_on=flag(payload, "first"))
+            told = not flag(payload, "more")  # a newcomer passed on, not an introduction
+            after = PASSED_ON_DIAL_AFTER_S if told else 0.0
+            self._heard(peer.node_id, payload, pass_on=flag(payload, "first"), after_s=after)
             if flag(payload, "more"):
                 records = self._linked_records(peer.node_id, now)
         outcome = Outcome.result(mesh_payload(records, more=0))
         self.shell.run(core.builtin_done(action.conn, action.stream, action.call, outcome, now))
 
-    def _heard(self, sender: bytes, payload: object, *, pass_on: bool = False) -> None:
+    def _heard(
+        self, sender: bytes, payload: object, *, pass_on: bool = False, after_s: float = 0.0
+    ) -> None:
         news = self.roster.take(sender, payload, now_ms())
         core = self.shell.core
         conn = core.node_conn.get(sender)
@@ -258,17 +265,17 @@ class StationLinks:
         if link is not None:  # counted on the link too: its summary, the monitor's refusals
             for counter in news.refused:
                 core.drop(link, counter, "a station list it sent was refused")
-        self._dial(news)
+        self._dial(news, after_s)
         if news.own is not None and pass_on:
             self._pass_on(sender, news.own)
 
-    def _dial(self, news: MeshNews) -> None:
+    def _dial(self, news: MeshNews, after_s: float) -> None:
         links = self.shell.links
         own_id = self.shell.core.identity.node_id
         stations = [s for s in news.stations if s.node_id != own_id]
         if links is None or not stations:
             return
-        added = links.learn(stations)
+        added = links.learn(stations, after_s=after_s)
         self.roster.stats["mesh_stations_dialled"] += added
         if added:
             log.info("dialling %d station(s) a link named", added)

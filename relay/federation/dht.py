@@ -188,6 +188,7 @@ class StationDht:
         # stations() learned: node id -> (address, when to look it up again, expires_at)
         self._addresses: dict[bytes, tuple[StationAddress, int, int]] = {}
         self._joined = False  # a bootstrap crawl has run
+        self._publish_due = False  # a put of own records after a rejoin is scheduled
 
     @property
     def stats(self) -> Counter[str]:
@@ -281,7 +282,9 @@ class StationDht:
         return kept
 
     async def bootstrap(self, addrs: list[tuple[str, int]]) -> None:
-        """Join through stations' DHT addresses (host names resolved), then publish."""
+        """Join through stations' DHT addresses (host names resolved), then put own records:
+        at once the first time, ``rejoin_publish_delay_s`` after a later join (a new link),
+        one put shared by the joins meanwhile."""
         loop = asyncio.get_running_loop()
         resolved: list[tuple[str, int]] = []
         for host, port in addrs:
@@ -294,8 +297,26 @@ class StationDht:
             self.stats["bootstrap_skipped"] += 1  # e.g. a link to a station the DHT knows
             return
         await self._server.bootstrap(resolved)
-        self._joined = True
-        await self.publish_own()
+        if not self._joined:
+            self._joined = True
+            await self.publish_own()
+            return
+        self.stats["rejoined"] += 1
+        self._publish_soon()  # links coming up together: their joins share one put
+
+    def _publish_soon(self) -> None:
+        """Put own records once, ``rejoin_publish_delay_s`` from now (unless one is due)."""
+        if self._publish_due:
+            return
+        self._publish_due = True
+
+        async def later() -> None:
+            await asyncio.sleep(self.config.rejoin_publish_delay_s)
+            self._publish_due = False  # a join from now on schedules another put
+            await self.publish_own()
+
+        if self._scope.spawn(later()) is None:
+            self._publish_due = False
 
     # -- records ---------------------------------------------------------------------------
 

@@ -35,6 +35,9 @@ class DhtConfig:
     find_pages: int = 8
     # a return-address token got from a station is used this long before asking anew
     token_reuse_s: float = 60.0
+    # own records are put again this long after a join through a new link (one put for a
+    # burst of links coming up, not one per link: issue 37's meshing links many at once)
+    rejoin_publish_delay_s: float = 1.0
     limits: DhtLimits = field(default_factory=DhtLimits)
     guard: GuardLimits = field(default_factory=GuardLimits)
 
@@ -62,6 +65,7 @@ class DhtConfig:
             "replicate_period_s",
             "refresh_period_s",
             "token_reuse_s",
+            "rejoin_publish_delay_s",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"DhtConfig.{name} must be positive")

@@ -153,14 +153,14 @@ class LinkManager:
         await self._scope.aclose()
         self._tasks.clear()
 
-    def _add(self, target: LinkTarget, sibling: bool = False) -> bool:
+    def _add(self, target: LinkTarget, sibling: bool = False, after_s: float = 0.0) -> bool:
         node_id = target.node_id
         if self.halted or (node_id == self.own_id and not sibling) or node_id in self._tasks:
             return False
         if len(self._tasks) >= self.max_links:
             log.warning("not linking %s: already %d links (max_links)", target, self.max_links)
             return False
-        task = self._scope.spawn(self._keep(target))
+        task = self._scope.spawn(self._keep(target, after_s))
         if task is None:  # the station is stopping
             return False
         self.targets[node_id] = target
@@ -168,9 +168,11 @@ class LinkManager:
         task.add_done_callback(functools.partial(self._finished, node_id))
         return True
 
-    def learn(self, found: Sequence[StationLike]) -> int:
-        """Stations a link named (each by its own signed record): dialled now like discovered
-        ones, within ``max_links``; how many new targets."""
+    def learn(self, found: Sequence[StationLike], *, after_s: float = 0.0) -> int:
+        """Stations a link named (each by its own signed record): dialled like discovered
+        ones, within ``max_links``, the first time ``after_s`` from now (a station told of a
+        newcomer waits: the newcomer dials it, and two dials at once cost a duplicate link);
+        how many new targets."""
         added = 0
         for station in found:
             if len(self._tasks) >= self.max_links:
@@ -178,7 +180,7 @@ class LinkManager:
             node_id = station.node_id
             if node_id in self._tasks or self._has_link(node_id):
                 continue
-            if self._add(LinkTarget(node_id, station.host, station.quic_port)):
+            if self._add(LinkTarget(node_id, station.host, station.quic_port), after_s=after_s):
                 self._learned[node_id] = self._clock()
                 added += 1
         return added
@@ -195,8 +197,11 @@ class LinkManager:
         if not task.cancelled() and task.exception() is not None:
             log.error("link task for %s failed", node_id.hex()[:16], exc_info=task.exception())
 
-    async def _keep(self, target: LinkTarget) -> None:
-        """Dial ``target`` and dial again whenever the link is lost, backing off."""
+    async def _keep(self, target: LinkTarget, after_s: float = 0.0) -> None:
+        """Dial ``target`` (first after ``after_s``) and dial again whenever the link is
+        lost, backing off."""
+        if after_s > 0:
+            await self._sleep(after_s)
         failures = 0
         while not self.halted:
             if self._has_link(target.node_id):  # e.g. it dialled us: nothing to do for now

@@ -232,8 +232,9 @@ async def test_a_bootstrap_through_a_station_in_the_routing_table_is_skipped() -
         assert late.stats["bootstrap_skipped"] == 1
         assert sent == []  # no crawl, no re-publish
         await late.bootstrap([(LOOPBACK, dead_port())])  # an address it does not know
-        assert late.stats["bootstrap_skipped"] == 1
-        assert sent  # it joined again and published
+        assert late.stats["bootstrap_skipped"] == 1 and late.stats["rejoined"] == 1
+        # it joined again and publishes, once, ``rejoin_publish_delay_s`` later
+        await eventually(lambda: sent, message="joined again but never published")
 
 
 def test_the_new_settings_are_checked() -> None:
@@ -244,6 +245,28 @@ def test_the_new_settings_are_checked() -> None:
         {"verified_cache": -1},
         {"endpoint_refresh_percent": 0},
         {"endpoint_refresh_percent": 101},
+        {"rejoin_publish_delay_s": 0},
     ):
         with pytest.raises(ValueError):
             DhtConfig(**bad)  # type: ignore[arg-type]
+
+
+async def test_joins_through_new_links_in_a_burst_share_one_put_of_own_records() -> None:
+    config = DhtConfig(rpc_timeout_s=0.3, rejoin_publish_delay_s=1.0)
+    async with mesh(3, config) as nodes:
+        late = nodes[2]
+        puts = 0
+        publish = late.publish_own
+
+        async def counted() -> None:
+            nonlocal puts
+            puts += 1
+            await publish()
+
+        late.publish_own = counted  # type: ignore[method-assign]
+        # three links coming up at once, each at an address not known
+        await asyncio.gather(*(late.bootstrap([(LOOPBACK, dead_port())]) for _ in range(3)))
+        assert late.stats["rejoined"] == 3
+        await eventually(lambda: puts == 1, message="no put after the joins")
+        await late.bootstrap([(LOOPBACK, dead_port())])  # a later join: a put of its own
+        await eventually(lambda: puts == 2, message="no put after the later join")
