@@ -272,3 +272,17 @@ async def test_learning_stops_at_max_links() -> None:
     assert links.learn([P2, P3]) == 1
     assert set(links.targets) == {P1.node_id, P2.node_id}
     await links.stop()
+
+
+@pytest.mark.anyio
+async def test_a_station_told_of_a_newcomer_waits_and_does_not_dial_once_linked() -> None:
+    fake = Fake()
+    links = fake.manager()
+    links.start()
+    assert links.learn([P1, P2], after_s=2.0) == 2
+    fake.links.add(P1.node_id)  # during the wait the newcomer P1 dialled this station
+    await until(lambda: P2.node_id in fake.dialled)
+    assert fake.sleeps[:2] == [2.0, 2.0]  # each waited first
+    await until(lambda: len(fake.sleeps) >= 6)
+    await links.stop()
+    assert P1.node_id not in fake.dialled  # linked by its own dial: never dialled from here
