@@ -3,10 +3,12 @@ durably (``macula.store.room_outbox``), and published when the connection is bac
 
 Invariants:
 - ``send`` publishes at once when the room has nothing queued and the node is connected,
-  and returns ``delivered`` 1 once the station confirmed it. It queues instead, returning
-  ``delivered`` 0, when the node is not connected, when the publish was not confirmed
-  (``BrokenError``, ``CallTimeout``, ``ClosedError``: the station may or may not have it), or
-  when the room already has messages queued (they go first: order per room).
+  and returns ``delivered`` 1 once the station confirmed it (within ``SAY_CONFIRM_S``: a
+  link gone silently dark holds a say that long, not the node's 10.5 s to notice). It
+  queues instead, returning ``delivered`` 0, when the node is not connected, when the
+  publish was not confirmed (``BrokenError``, ``CallTimeout``, ``ClosedError``: the station
+  may or may not have it; retried after ``RETRY_INITIAL_MS``), or when the room already has
+  messages queued (they go first: order per room). A say never waits on older messages.
 - The bounds (``DEFAULT_BOUNDS``: messages and payload bytes per agent) are checked before
   the message is recorded in our transcript (``record``), counting the says being tried
   (reserved): a refused say (``OutboxFullError``) leaves nothing behind, and concurrent
@@ -55,7 +57,8 @@ MAX_QUEUED_BYTES: Final = 1024 * 1024  # per agent, of payloads (a message is <=
 DEFAULT_BOUNDS: Final = OutboxBounds(MAX_QUEUED_MESSAGES, MAX_QUEUED_BYTES)
 RETRY_INITIAL_MS: Final = 1_000
 RETRY_MAX_MS: Final = 30_000
-CONFIRM_TIMEOUT_S: Final = 10.0  # one publish waits this long for the station's confirmation
+SAY_CONFIRM_S: Final = 3.0  # a say's own publish waits this long for the confirmation
+CONFIRM_TIMEOUT_S: Final = 10.0  # the pump's publish waits this long for it
 UNSENT: Final = (BrokenError, CallTimeout, ClosedError)  # the station may not have it
 
 
@@ -152,25 +155,20 @@ class RoomOutbox:
         size = len(text.encode())
         with self._reserve(size):
             await record()
-            behind = self.queued_in(topic) > 0
-            if not behind and self.node.connected:
+            due = now = self.clock()
+            if not self.queued_in(topic) and self.node.connected:
                 try:
-                    await self.node.publish_confirmed(
-                        realm, topic, payload, timeout=CONFIRM_TIMEOUT_S
-                    )
+                    await self.node.publish_confirmed(realm, topic, payload, timeout=SAY_CONFIRM_S)
                     return Sent(1, self.queued)
-                except UNSENT as exc:
+                except UNSENT as exc:  # it may still land: the pump tries again a little later
                     log.info("say in %s not confirmed, queued: %s", topic, exc)
                     self.stats["unconfirmed_queued"] += 1
-            now = self.clock()
-            entry = OutboxEntry(0, topic, realm, message_id, text, size, now, 0, now)
+                    due = self.clock() + RETRY_INITIAL_MS
+            entry = OutboxEntry(0, topic, realm, message_id, text, size, now, 0, due)
             await self.store.enqueue(self.me, entry, self.bounds)
             self._rooms[topic] += 1
             self._bytes += size
             self.stats["queued"] += 1
-        ready = behind and self.node.connected and not self._lock(topic).locked()
-        if ready and message_id in await self.flush_room(topic):  # the older ones went first
-            return Sent(1, self.queued)
         self.kick.set()
         return Sent(0, self.queued)
 

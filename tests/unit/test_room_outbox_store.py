@@ -199,24 +199,28 @@ async def say(outbox: RoomOutbox, recorded: list[str], message_id: str, room: st
 def test_unconfirmed_or_disconnected_says_queue_and_a_room_keeps_its_order(tmp_path: Path) -> None:
     async def work(outbox: RoomOutbox, node: FakeNode, clock: Clock, recorded: list[str]) -> None:
         assert await say(outbox, recorded, "m0") == 1  # connected, confirmed
-        node.failures = [BrokenError("lost"), CallTimeout("no answer")]
-        assert await say(outbox, recorded, "m1") == 0  # broken: queued
-        assert await say(outbox, recorded, "m2") == 0  # behind m1; its retry fails too
+        node.failures = [CallTimeout("no answer")]
+        assert await say(outbox, recorded, "m1") == 0  # unconfirmed: queued, retried in 1 s
+        assert await say(outbox, recorded, "m2") == 0  # behind m1: queued, not even tried
         node.connected = False
-        assert await say(outbox, recorded, "x0", ROOM2) == 0  # not connected: not even tried
+        assert await say(outbox, recorded, "x0", ROOM2) == 0  # not connected: not tried
         assert recorded == ["m0", "m1", "m2", "x0"]  # every say recorded at once
         assert node.published == [(ROOM, "m0")] and outbox.queued == 3
         node.connected = True
-        assert await say(outbox, recorded, "x1", ROOM2) == 1  # x0 goes first, then x1
-        assert await say(outbox, recorded, "m3") == 1  # m1, m2 first: the order holds
-        assert node.published == [(ROOM, m) for m in ("m0",)] + [
+        assert await say(outbox, recorded, "x1", ROOM2) == 0  # behind x0
+        assert await outbox._round() == NOW + RETRY_INITIAL_MS  # x0, x1 went; m1 not due
+        clock.now += RETRY_INITIAL_MS
+        assert await outbox._round() is None  # m1, m2: the room's order holds
+        assert await say(outbox, recorded, "m3") == 1  # nothing queued: at once again
+        assert node.published == [
+            (ROOM, "m0"),
             (ROOM2, "x0"),
             (ROOM2, "x1"),
             (ROOM, "m1"),
             (ROOM, "m2"),
             (ROOM, "m3"),
         ]
-        assert outbox.queued == 0 and outbox.stats["delivered"] == 5  # from the outbox
+        assert outbox.queued == 0 and outbox.stats["delivered"] == 4  # from the outbox
 
     run(with_outbox(tmp_path, work))
 
