@@ -5,10 +5,17 @@ redial a reset earns."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from macula.backoff import Backoff
+from macula.quic_backend import (
+    STATELESS_RESETS,
+    QuicConfiguration,
+    QuicConnection,
+    derive_reset_tokens,
+)
 from macula.quic_resets import (
     FIXED_BIT,
     RESET_MIN_SIZE,
@@ -23,6 +30,8 @@ from macula.quic_resets import (
     unknown_cid,
 )
 from macula.station_choice import StationChoice
+from macula.wire.identity import Identity
+from relay.tls import ensure_certificate
 
 SEED_A = bytes(range(32))
 SEED_B = bytes(range(1, 33))
@@ -193,3 +202,19 @@ def test_a_reset_on_the_only_station_before_it_settled_waits_the_backoff() -> No
     choice.connected(100.0)
     step = choice.restarted(101.0)
     assert (step.index, step.wait_s, step.round_failed) == (0, 1.0, 1)
+
+
+@pytest.mark.skipif(not STATELESS_RESETS, reason="the token hook is aioquic's")
+def test_the_hook_derives_the_token_of_every_id_aioquic_makes(tmp_path: Path) -> None:
+    """``derive_reset_tokens`` on a server connection: the first id's token (the transport
+    parameter's) and those of the ids aioquic makes later (NEW_CONNECTION_ID) are derived."""
+    resets = StatelessResets(SEED_A, os.urandom)
+    configuration = QuicConfiguration(is_client=False)
+    configuration.load_cert_chain(*ensure_certificate(tmp_path, Identity(SEED_A), ["localhost"]))
+    quic = QuicConnection(configuration=configuration, original_destination_connection_id=CID)
+    assert derive_reset_tokens(quic, resets.token)
+    quic._remote_active_connection_id_limit = 4
+    quic._replenish_connection_ids()
+    ids = quic._host_cids
+    assert len(ids) == 4 and len({c.cid for c in ids}) == 4
+    assert all(c.stateless_reset_token == resets.token(c.cid) for c in ids)
