@@ -55,19 +55,10 @@ class Sample:
     by_reset: int  # 0/1: the node learned of the restart from a stateless reset
 
 
-def free_port_pair() -> int:
-    """A UDP port ``p`` with ``p + 1`` free too (the station's DHT takes the next port)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port < 0xFFFF:
-            with (
-                contextlib.suppress(OSError),
-                socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other,
-            ):
-                other.bind(("127.0.0.1", port + 1))
-                return port
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class StationProcess:
@@ -81,8 +72,8 @@ class StationProcess:
         self._next: asyncio.subprocess.Process | None = None
 
     async def prepare(self) -> None:
-        arguments = ["--host", "127.0.0.1", "--port", str(self.port), "--data-dir"]
-        arguments += [str(self.data_dir), "--log-level", "warning"]
+        arguments = ["--host", "127.0.0.1", "--port", str(self.port), "--dht-port", "0"]
+        arguments += ["--data-dir", str(self.data_dir), "--log-level", "warning"]
         self._next = await asyncio.create_subprocess_exec(
             *(sys.executable, "-c", WAIT_THEN_SERVE, *arguments),
             stdin=asyncio.subprocess.PIPE,
@@ -228,7 +219,7 @@ async def one_restart(watched: list[Watched], station: StationProcess, warm: boo
 async def bench(
     runs: int, nodes: int, settle_s: float, warm: bool, proxied: bool, home: Path
 ) -> list[Sample]:
-    station = StationProcess(home / "station", free_port_pair())
+    station = StationProcess(home / "station", free_udp_port())
     samples: list[Sample] = []
     endpoint = await station.go()
     try:
