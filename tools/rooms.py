@@ -327,6 +327,7 @@ async def mesh_rooms(ctx: Context) -> CallToolResult:
         unread = await transcript.unread_counts(rooms.me)
         lost = await transcript.gaps()
         observed = set(rooms.observed())
+        outbox = rooms.outbox
         joined = []
         for m in await transcript.joined_rooms():
             last_kind: dict[str, str] = {}
@@ -349,6 +350,7 @@ async def mesh_rooms(ctx: Context) -> CallToolResult:
                     "messages": counts.get(m.room_topic, 0),
                     "unread": unread.get(m.room_topic, 0),
                     "lost": lost.get(m.room_topic, 0),
+                    "outbox_queued": 0 if outbox is None else outbox.queued_in(m.room_topic),
                     "participants_seen": people,
                 }
             )
@@ -366,7 +368,12 @@ async def mesh_rooms(ctx: Context) -> CallToolResult:
             for r in await transcript.seen_rooms()
             if r.room_topic not in mine
         ]
-        return {"joined": joined, "seen_on_central": seen, "observing": int(rooms.observing)}
+        return {
+            "joined": joined,
+            "seen_on_central": seen,
+            "observing": int(rooms.observing),
+            "outbox": {"queued": 0 if outbox is None else outbox.queued},  # says not yet sent
+        }
 
     return await run_agent_tool(runtime, "mesh_rooms", {}, work)
 
@@ -439,7 +446,7 @@ def _outbox_full(exc: OutboxFullError) -> CallToolResult:
         str(exc),
         retryable=True,
         next_action="the connection is down and your outbox is full: wait until it is back "
-        "(mesh://status connected 1; what is queued then goes by itself), then say it again",
+        "(mesh_rooms: outbox.queued goes down by itself), then say it again",
         outbox={"queued": exc.messages, "bytes": exc.size},
     )
 

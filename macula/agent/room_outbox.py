@@ -97,7 +97,7 @@ class RoomOutbox:
         self._locks: dict[str, asyncio.Lock] = {}
         self._pump: asyncio.Task[None] | None = None
         self._retry_all = False
-        node.on_state(self._state_changed)  # a (re)connect makes everything due at once
+        self._listening = False
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -122,6 +122,9 @@ class RoomOutbox:
         ``published(topic, message_id)`` is told before each queued message is published."""
         self._published = published
         await self.load()
+        if not self._listening:
+            self.node.on_state(self.connection_changed)
+            self._listening = True
         if self._pump is None:
             self._pump = group.create_task(self.run())
         self.kick.set()
@@ -134,7 +137,8 @@ class RoomOutbox:
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
 
-    def _state_changed(self, state: str) -> None:
+    def connection_changed(self, state: str) -> None:
+        """The node's state listener: a (re)connect makes everything due at once."""
         if state in ("connected", "reconnected"):
             self._retry_all = True
             self.kick.set()

@@ -82,4 +82,8 @@ async def _say_in_the_dark(alice: Client, room: str) -> list[str]:
     full = await bad(alice, "mesh_say", room_topic=room, text="one too many")
     assert (full["code"], full["retryable"]) == ("outbox_full", 1)
     assert full["outbox"]["queued"] == MAX_QUEUED_MESSAGES
+    rooms = await good(alice, "mesh_rooms")  # where the agent sees its queue without saying
+    assert rooms["outbox"] == {"queued": MAX_QUEUED_MESSAGES}
+    [mine] = [r for r in rooms["joined"] if r["room_topic"] == room]
+    assert mine["outbox_queued"] == MAX_QUEUED_MESSAGES
     return told

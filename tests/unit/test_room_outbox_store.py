@@ -256,7 +256,7 @@ def test_retries_back_off_and_a_reconnect_makes_them_due(tmp_path: Path) -> None
         ]  # 1 s doubling, capped at 30 s
         assert await outbox._round() == clock.now + RETRY_MAX_MS  # not due: nothing sent
         assert node.published == []
-        node.announce("reconnected")  # the connection is back: everything due now
+        outbox.connection_changed("reconnected")  # the connection is back: all due now
         assert await outbox._round() is None  # sent; nothing left to wait for
         assert node.published == [(ROOM, "m0")]
 
