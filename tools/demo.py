@@ -249,12 +249,19 @@ async def converse(ada: Agent, bob: Agent, room: str) -> None:
     answered = (asking.result().get("reply") or {}).get("message_id")
     if answered != reply["message_id"]:
         raise Failed(f"ada's question got no reply in the same call: {asking.result()}")
-    inbox = await ada("mesh_read_inbox")
-    threaded = [m for r in inbox["rooms"] if r["room_topic"] == room for m in r["messages"]]
-    answer = next((m for m in threaded if m["kind"] == "answer_given"), None)
-    if answer is None or answer["depth"] != 1:
-        raise Failed(f"the answer is not threaded under the question: {threaded}")
-    say("ada", f"inbox: {answer['text']!r}, threaded at depth {answer['depth']}")
+    thanks = await ada(
+        "mesh_say", room_topic=room, text="Thanks, locking first.", in_reply_to=answered
+    )
+
+    async def threaded() -> dict[str, Any] | None:
+        inbox = await bob("mesh_read_inbox")
+        shown = [m for r in inbox["rooms"] if r["room_topic"] == room for m in r["messages"]]
+        return next((m for m in shown if m["message_id"] == thanks["message_id"]), None)
+
+    follow_up = await until(threaded, "bob never read ada's thanks")
+    if follow_up["depth"] != 2:
+        raise Failed(f"the thanks is not threaded under the answer: {follow_up}")
+    say("bob", f"inbox: {follow_up['text']!r}, threaded at depth {follow_up['depth']}")
 
 
 def _leaves(group: BaseExceptionGroup[Failed]) -> list[BaseException]:

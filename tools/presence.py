@@ -26,8 +26,11 @@ from tools.agent_arguments import (
 )
 from tools.agent_views import label
 from tools.context import Descriptions, hints, register_tools, runtime_of
+from tools.inbox_views import read_on
+from tools.paging import PageBudget, page_cursor, paged, parse_cursor, shortened, size
 from tools.realm_access import check, guard
 from tools.realms import parse_realm
+from tools.results import InvalidArgument
 from tools.tool_arguments import MAX_INDEX
 
 DEFAULT_AGENTS = 50
@@ -200,11 +203,21 @@ async def mesh_lobby_transcript(
     ctx: Context,
     limit: Annotated[int, Field(ge=1, le=MAX_TRANSCRIPT)] = DEFAULT_TRANSCRIPT,
     topic: Annotated[str | None, Field(description="omit: all observed")] = None,
+    cursor: str | None = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = [] if 1 <= limit <= MAX_TRANSCRIPT else [f"limit: must be 1..{MAX_TRANSCRIPT}"]
     if topic is not None:
         problems += room_problems("topic", topic, central_ok=True)
+    before = None
+    if cursor is not None:
+        try:
+            at = parse_cursor(cursor)
+            if at.text_offset is not None:
+                raise InvalidArgument("cursor: a text cursor is read with mesh_read_inbox")
+            before = at.seq
+        except InvalidArgument as exc:
+            problems.append(str(exc))
     if problems:
         return invalid(problems)
 
@@ -215,19 +228,21 @@ async def mesh_lobby_transcript(
         else:
             seen = await transcript.seen_rooms()
             topics = [LOBBY_TOPIC, *(r.room_topic for r in seen[:MAX_OBSERVED_ROOMS])]
-        found: list[TranscriptMessage] = []
-        for name in topics:
-            found.extend(await transcript.messages(name, limit=limit))
-        found.sort(key=lambda m: (m.sent_at, m.received_ms, m.seq))
-        messages = [_transcript_row(m) for m in found[-limit:]]
+        found, older = await transcript.before(topics, before, limit)
+        rows = [shortened(_transcript_row(m), read_on(m.seq)) for m in found]
+        kept = PageBudget().fit(size(row) for row in reversed(rows))  # the newest first
+        messages, older = rows[len(rows) - kept :], older + len(rows) - kept
+        arguments = {"limit": limit, "topic": topic}
+        if messages:
+            arguments["cursor"] = page_cursor(found[len(found) - kept].seq)
         return {
             "messages": messages,
             "count": len(messages),
             "topics": len(topics),
             "observing": int(runtime.agent.rooms.observing),
-        }
+        } | paged(older, "mesh_lobby_transcript", arguments)
 
-    args = {"limit": limit, "topic": topic}
+    args = {"limit": limit, "topic": topic, "cursor": cursor}
     return await run_agent_tool(runtime, "mesh_lobby_transcript", args, work)
 
 

@@ -33,6 +33,7 @@ from tools.agent_arguments import (
 )
 from tools.agent_views import label
 from tools.context import Descriptions, hints, register_tools, runtime_of
+from tools.paging import paged
 from tools.realm_access import check, guard, left_if_refused
 from tools.realms import parse_realm
 from tools.runtime import Runtime
@@ -262,7 +263,7 @@ async def mesh_wait_ring(
         return {
             "rings": rings,
             "count": len(rings),
-            "left": waited.left,
+            **paged(waited.left, "mesh_wait_ring", {"wait_seconds": wait_seconds}),
             "ring": newest,
             "timed_out": int(newest is None),
         }

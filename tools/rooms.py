@@ -36,7 +36,6 @@ from macula.agent.envelope import (
     MAX_PURPOSE_CHARS,
     TALK_KINDS,
     is_id,
-    poll_hint,
     validate,
 )
 from macula.agent.petnames import petname
@@ -57,15 +56,14 @@ from tools.agent_arguments import (
 )
 from tools.agent_views import (
     label,
-    message_view,
-    ring_view,
-    with_petname,
 )
 from tools.context import Descriptions, hints, register_tools, runtime_of
+from tools.inbox_views import inbox_page, text_part
+from tools.paging import parse_cursor
 from tools.realm_access import check, guard, left_if_refused
 from tools.realms import parse_realm
-from tools.results import fail
-from tools.wait_views import reply_view, unread_view
+from tools.results import InvalidArgument, fail
+from tools.wait_views import reply_view, unread_view, wait_fit
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
@@ -408,6 +406,7 @@ async def mesh_say(
                 in_reply_to=in_reply_to,
                 refs=refs,
                 wait_reply_seconds=wait_reply_seconds,
+                fit=wait_fit,
             )
         except OutboxFullError as exc:
             full.append(exc)
@@ -476,9 +475,9 @@ async def mesh_wait_room(
                 f"not in {room_topic}: nothing would arrive; join it first (mesh_join_room)"
             )
         batch = await rooms.wait_unread_all(
-            room_topic, wait_seconds, after_message_id=after_message_id
+            room_topic, wait_seconds, after_message_id=after_message_id, fit=wait_fit
         )
-        return {"room_topic": room_topic} | unread_view(batch)
+        return {"room_topic": room_topic} | unread_view(batch, args)
 
     args = {
         "room_topic": room_topic,
@@ -491,43 +490,26 @@ async def mesh_wait_room(
 async def mesh_read_inbox(
     ctx: Context,
     peek: Annotated[int, Field(ge=0, le=1, description="1: leave read marks alone")] = 0,
+    cursor: str | None = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = check_flag("peek", peek)
+    at = None
+    if cursor is not None:
+        try:
+            at = parse_cursor(cursor)
+        except InvalidArgument as exc:
+            problems.append(str(exc))
     if problems:
         return invalid(problems)
 
     async def work() -> dict[str, Any]:
-        agent = runtime.agent
-        inbox = await agent.rooms.inbox(peek=peek)
-        pending_rings = await agent.rings.pending()
-        everything: list[dict[str, Any]] = []
-        rooms: list[dict[str, Any]] = []
-        for thread in inbox.rooms:
-            messages = [with_petname(m) for m in thread.messages]
-            everything.extend(messages)
-            entry: dict[str, Any] = {
-                "room_topic": thread.room_topic,
-                "realm": agent.rooms.realm_of(thread.room_topic).hex(),
-                "messages": messages,
-                "unread": thread.unread,
-                "lost": thread.lost,
-            }
-            if thread.poll_hint:
-                entry["poll_hint"] = thread.poll_hint
-            rooms.append(entry)
-        pending = [ring_view(r) | {"peer_petname": label(r.peer.hex())} for r in pending_rings]
-        me = agent.node.identity.node_id.hex()
-        return {
-            "rooms": rooms,
-            "central_help": [message_view(m) for m in inbox.central_help],
-            "central_lost": inbox.central_lost,
-            "rings": {"pending": pending},
-            "me": me,
-            "poll_hint": poll_hint(everything, me),
-        }
+        if at is not None and at.text_offset is not None:
+            return await text_part(runtime, at.seq, at.text_offset)
+        return await inbox_page(runtime, peek, 0 if at is None else at.seq)
 
-    return await run_agent_tool(runtime, "mesh_read_inbox", {"peek": peek}, work)
+    args = {"peek": peek, "cursor": cursor}
+    return await run_agent_tool(runtime, "mesh_read_inbox", args, work)
 
 
 # every tool of this group, in tools/list order, with its hints

@@ -23,9 +23,10 @@ from pydantic import Field
 from macula.agent.envelope import is_id
 from macula.agent.petnames import petname
 from macula.store.task_values import TaskValue
-from macula.store.tasks import ROLES, STATES, TERMINAL, Task, TaskError
+from macula.store.tasks import ROLES, STATES, TERMINAL, Role, Task, TaskError
 from tools.agent_arguments import check_wait, invalid, resolve_peers, run_agent_tool
 from tools.context import Descriptions, hints, register_tools, runtime_of
+from tools.paging import PageBudget, paged, size
 from tools.results import fail
 from tools.runtime import Runtime, check_key
 from tools.tool_arguments import MAX_INDEX
@@ -266,17 +267,23 @@ async def mesh_task_list(
         return invalid(problems)
 
     async def work() -> dict[str, Any]:
+        chosen: Role | None = "assignee" if role == "assignee" else "requester" if role else None
         found = await runtime.agent.tasks.list_tasks(
-            role="assignee" if role == "assignee" else "requester" if role else None,
+            role=chosen,
             state=state,
             limit=limit,
             offset=offset,
         )
+        total = await runtime.agent.tasks.count_tasks(role=chosen, state=state)
+        views = [task_view(t, full=False) for t in found]
+        views = views[: PageBudget().fit(size(view) for view in views)]
+        after = offset + len(views)
+        arguments = {"role": role, "state": state, "limit": limit, "offset": after}
         return {
-            "tasks": [task_view(t, full=False) for t in found],
-            "count": len(found),
-            "next_offset": offset + len(found) if len(found) == limit else None,
-        }
+            "tasks": views,
+            "count": len(views),
+            "next_offset": after if after < total else None,
+        } | paged(max(0, total - after), "mesh_task_list", arguments)
 
     args = {"role": role, "state": state, "limit": limit, "offset": offset}
     return await _run(runtime, "mesh_task_list", args, work)

@@ -60,6 +60,7 @@ STATION_PLACE_CHARS: Final = 100
 
 MAX_PATH: Final = 4096  # Linux PATH_MAX: a longer directory cannot be opened
 ID_CHARS: Final = 64  # a message, ring or task id: 1..64 of [A-Za-z0-9_-]
+CURSOR_CHARS: Final = 40  # a page cursor (tools.paging): "s<seq>" or "t<seq>.<offset>"
 ROOM_TOPIC_CHARS: Final = max(len("agents.room.") + 32, len(LOBBY_TOPIC))
 # a 64-hex node id or a petname <first>_<second>_<noun>_<NNNN>
 PEER_CHARS: Final = max(
@@ -75,6 +76,7 @@ SHARED: Final[Mapping[str, int]] = {
     "task_id": ID_CHARS,
     "in_reply_to": ID_CHARS,
     "after_message_id": ID_CHARS,
+    "cursor": CURSOR_CHARS,
     "ring_id": ID_CHARS,
     "to": PEER_CHARS,
     "node_id": PEER_CHARS,

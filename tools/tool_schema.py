@@ -38,6 +38,8 @@ SHARED = {
     "first result instead of acting again",
     "realm": "realm (<= 128 chars): a realm name or 64 hex tag, default the all-zero public realm",
     "task_id": "task_id: from mesh_task_send or mesh_task_list",
+    "cursor": "lists come in pages: remaining counts what is past a page, next_page is the "
+    "call that returns the rest (cursor, <= 40 chars, included), null when none is left",
 }
 
 # parameters whose length limit their ``SHARED`` rule states once: no ``maxLength`` in each of
@@ -45,6 +47,7 @@ SHARED = {
 LIMIT_SAID_ONCE: Mapping[str, int] = {
     "idempotency_key": text_limits.SHARED["idempotency_key"],
     "realm": text_limits.SHARED["realm"],
+    "cursor": text_limits.SHARED["cursor"],
 }
 
 # (tool, parameter) whose description stays with terse descriptions too

@@ -3,7 +3,9 @@
 Invariants:
 - It runs at start and after every reconnect, for central and every room we are in, one run
   at a time; a failure (no history service, a refusal, a broken connection) is logged and
-  counted in ``stats``, never raised, and the next run tries again from the same mark.
+  counted in ``stats``, never raised, and tried again from the same mark after ``RETRY_S``
+  (``run_until_done``: right after a station restart its history service may not be found
+  yet, and a run left to the next reconnect lost what was said meanwhile until then).
 - Each fetched event is checked exactly like a live one: its ``publisher_sig`` must verify
   over (topic, realm, publisher, seq, payload), its realm must be the room's (the zero realm
   for central; a room's is stored with its membership) and its topic the room asked for; then
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from macula.agent.envelope import LOBBY_TOPIC
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from macula.wire.identity import Identity
 
 log = logging.getLogger("macula.agent.catchup")
+RETRY_S: Final = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # then: at the next reconnect
 
 MARGIN_MS: Final = 5 * 60 * 1000
 DEFAULT_PAGE: Final = 100
@@ -91,6 +94,7 @@ class CatchUp:
         self.max_pages = max_pages
         self.stats: Counter[str] = Counter()
         self.runs = 0  # completed runs (tests wait on it)
+        self.failed = 0  # 1: the last run stopped on a failure (its marks kept for the next)
         self._lock = asyncio.Lock()
 
     async def run(self) -> int:
@@ -105,12 +109,29 @@ class CatchUp:
                     topics[membership.room_topic] = membership.joined_ms, membership.realm
                 for topic, (since, realm) in topics.items():
                     recorded += await self._room(topic, station, since, realm)
+                self.failed = 0
             except MaculaError as exc:
                 self.stats["failed"] += 1
+                self.failed = 1
                 log.info("catch-up stopped: %s", exc)
             self.runs += 1
             self.stats["recorded"] += recorded
             return recorded
+
+    async def run_until_done(
+        self, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    ) -> int:
+        """``run``, and again after ``RETRY_S`` while it fails (the history service not found
+        yet after a station restart, a dropped connection): a failed run is not left to the
+        next reconnect, which may never come. How many new messages were recorded."""
+        recorded = await self.run()
+        for delay in RETRY_S:
+            if not self.failed:
+                break
+            self.stats["retried"] += 1
+            await sleep(delay)
+            recorded += await self.run()
+        return recorded
 
     async def _room(self, topic: str, station: bytes, joined_ms: int, realm: bytes) -> int:
         transcript = self.rooms.transcript

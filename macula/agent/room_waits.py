@@ -26,6 +26,7 @@ from typing import Final, TypeVar
 from macula.agent.envelope import TALK_KINDS
 from macula.errors import MaculaError
 from macula.store.transcript import TranscriptMessage, TranscriptStore
+from macula.store.unread import Fit
 
 MAX_BATCH: Final = 20
 MAX_BATCH_CHARS: Final = 16_384
@@ -106,12 +107,15 @@ class TranscriptWaits:
         after_message_id: str | None = None,
         until: Callable[[UnreadBatch], bool] | None = None,
         limit: int = MAX_BATCH,
+        fit: Fit | None = None,
     ) -> UnreadBatch:
         """Every unread attested message in ``topic`` from someone else (oldest first, up to
         ``limit``), at once if there are any, else as soon as one is recorded within
         ``wait_seconds``; marked read. With ``after_message_id``: those that arrived after that
         envelope, read or not (``RoomError`` if it is not recorded in ``topic``), and, with
-        ``until``, only once ``until`` holds for them (else an empty batch at the deadline)."""
+        ``until``, only once ``until`` holds for them (else an empty batch at the deadline).
+        ``fit`` (a caller's byte budget) may cut the batch further: only what it admits is
+        taken and marked read, the rest is counted in ``left``."""
         after_seq = None
         if after_message_id is not None:
             anchor = await self.transcript.message(topic, after_message_id)
@@ -125,10 +129,13 @@ class TranscriptWaits:
         async def found() -> UnreadBatch | None:
             taken, left = await self.transcript.take_unread(
                 topic, self.me, self.clock(), after_seq=after_seq, limit=limit,
-                max_chars=MAX_BATCH_CHARS,
+                max_chars=MAX_BATCH_CHARS, fit=fit, accept=accept,
             )  # fmt: skip
-            batch = UnreadBatch(taken, left)
-            return batch if taken and (until is None or until(batch)) else None
+            return UnreadBatch(taken, left) if taken else None
+
+        def accept(taken: list[TranscriptMessage], left: int) -> bool:
+            """``until`` decides before anything is marked: a batch it refuses stays unread."""
+            return until is None or until(UnreadBatch(taken, left))
 
         return await self._wait_until(found, wait_seconds) or UnreadBatch([])
 

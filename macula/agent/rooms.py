@@ -60,10 +60,12 @@ from macula.agent.envelope import (
     is_room_topic,
     new_message_id,
     new_room_topic,
-    poll_hint,
-    thread,
     validate,
 )
+from macula.agent.room_inbox import HELP_KINDS as HELP_KINDS  # re-exported
+from macula.agent.room_inbox import RoomInbox as RoomInbox
+from macula.agent.room_inbox import RoomsInbox as RoomsInbox  # re-exported
+from macula.agent.room_inbox import RoomThread as RoomThread  # re-exported
 from macula.agent.room_keys import Heard, RoomKeys
 from macula.agent.room_outbox import RoomOutbox, Sent
 from macula.agent.room_waits import RoomError as RoomError  # re-exported: raised by both
@@ -72,12 +74,12 @@ from macula.errors import MaculaError
 from macula.house_client import HouseClient
 from macula.node import Node
 from macula.store.transcript import TranscriptMessage, TranscriptStore
+from macula.store.unread import Fit
 from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM
 
 log = logging.getLogger("macula.agent.rooms")
 
-HELP_KINDS = frozenset({"help_requested", "help_offered"})
 DEFAULT_MAX_ROOMS = 20
 OWN_ECHOES = 256  # our last published message ids whose echo is dropped unread
 
@@ -128,26 +130,7 @@ class Said:
     queued: int = 0  # messages in the outbox after this say
 
 
-@dataclass(frozen=True, slots=True)
-class RoomThread:
-    """One joined room's messages: the envelopes as received plus ``attested``, ``thread_root``
-    and ``depth``, oldest first; ``poll_hint`` when we spoke last and nobody answered."""
-
-    room_topic: str
-    messages: list[dict[str, Any]]
-    poll_hint: str | None
-    unread: int = 0  # unread messages from others before this read
-    lost: int = 0  # messages catch-up found missed for good (history expired)
-
-
-@dataclass(frozen=True, slots=True)
-class RoomsInbox:
-    rooms: list[RoomThread]
-    central_help: list[TranscriptMessage]  # recent help broadcasts on central
-    central_lost: int = 0
-
-
-class Rooms(TranscriptWaits):
+class Rooms(TranscriptWaits, RoomInbox):
     def __init__(
         self,
         node: Node,
@@ -225,7 +208,7 @@ class Rooms(TranscriptWaits):
     @staticmethod
     async def _catch_up_logged(catch_up: CatchUp) -> int:
         try:
-            return await catch_up.run()
+            return await catch_up.run_until_done()
         except Exception:  # a background task must not take the agent's task group down
             log.exception("catch-up failed")
             catch_up.stats["crashed"] += 1
@@ -534,6 +517,7 @@ class Rooms(TranscriptWaits):
         refs: Sequence[str] | None = None,
         wait_reply_seconds: float = 0,
         message_id: str | None = None,
+        fit: Fit | None = None,
     ) -> Said:
         """Say ``text`` in a joined room (or central); ``message_id``: one the caller made
         (``new_message_id``), for a mark that must be bound to it (``macula.agent.person``)."""
@@ -563,6 +547,7 @@ class Rooms(TranscriptWaits):
             wait_reply_seconds,
             after_message_id=said,
             until=lambda batch: answer_index(batch.messages, said) is not None or batch.left > 0,
+            fit=fit,
         )
         index = answer_index(heard.messages, said)
         reply = None if index is None else heard.messages[index]
@@ -571,29 +556,3 @@ class Rooms(TranscriptWaits):
     def observed(self) -> list[str]:
         """The public rooms tapped by the observer only (not joined), sorted."""
         return sorted(self._observed)
-
-    async def inbox(self, limit: int = 100, *, peek: int = 0) -> RoomsInbox:
-        """Each joined room's newest ``limit`` messages threaded, and central's recent help;
-        what is returned is marked read unless ``peek``. ``unread`` counts what was unread
-        before this read; ``lost`` what catch-up found missed for good."""
-        unread = await self.transcript.unread_counts(self.me)
-        lost = await self.transcript.gaps()
-        rooms = []
-        now = self.clock()
-        for membership in await self.transcript.joined_rooms():
-            topic = membership.room_topic
-            messages = await self.transcript.messages(topic, limit=limit)
-            raw = [json.loads(m.envelope) | {"attested": m.attested} for m in messages]
-            threaded = [
-                {**t.message, "thread_root": t.thread_root, "depth": t.depth} for t in thread(raw)
-            ]
-            hint = poll_hint(raw, self.me)
-            rooms.append(
-                RoomThread(topic, threaded, hint, unread.get(topic, 0), lost.get(topic, 0))
-            )
-            if not peek:
-                await self.transcript.mark_read(topic, [m.seq for m in messages], now)
-        help_broadcasts = await self.transcript.recent(HELP_KINDS, LOBBY_TOPIC, None, 20)
-        if not peek:
-            await self.transcript.mark_read(LOBBY_TOPIC, [m.seq for m in help_broadcasts], now)
-        return RoomsInbox(rooms, help_broadcasts, lost.get(LOBBY_TOPIC, 0))

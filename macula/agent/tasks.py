@@ -326,6 +326,9 @@ class Tasks:
             self.me, role=role, state=state, limit=limit, offset=offset
         )
 
+    async def count_tasks(self, *, role: Role | None = None, state: str | None = None) -> int:
+        return await self.store.count_tasks(self.me, role=role, state=state)
+
     async def wait(
         self,
         task_id: str | None,

@@ -286,19 +286,22 @@ class TaskStore(SqliteStore):
     ) -> list[Task]:
         """Tasks newest change first, filtered by role, state, or open (non-terminal) only."""
         limit, offset = page(limit, offset)
-        where = ["owner = :owner"]
-        if role is not None:
-            where.append("role = :role")
-        if state is not None:
-            where.append("state = :state")
-        if open_only:
-            where.append("state NOT IN ('completed', 'failed', 'canceled')")
         rows = await self._fetchall(
-            f"SELECT {COLUMNS} FROM tasks WHERE {' AND '.join(where)}"
+            f"SELECT {COLUMNS} FROM tasks WHERE {_task_filter(role, state, open_only)}"
             " ORDER BY updated_ms DESC, task_id LIMIT :limit OFFSET :offset",
             {"owner": owner, "role": role, "state": state, "limit": limit, "offset": offset},
         )
         return [task_from_row(row) for row in rows]
+
+    async def count_tasks(
+        self, owner: bytes, *, role: Role | None = None, state: str | None = None
+    ) -> int:
+        """How many tasks ``list_tasks`` with these filters would page through."""
+        row = await self._fetchone(
+            f"SELECT count(*) FROM tasks WHERE {_task_filter(role, state, 0)}",
+            {"owner": owner, "role": role, "state": state},
+        )
+        return 0 if row is None else int(row[0])
 
     # -- the outbox -----------------------------------------------------------------------------
 
@@ -503,3 +506,15 @@ async def _enqueue(
         " VALUES (?, ?, ?, ?, ?, ?)",
         (owner, peer, task_id, json.dumps(body, ensure_ascii=False), now_ms, now_ms),
     )
+
+
+def _task_filter(role: Role | None, state: str | None, open_only: int) -> str:
+    """The WHERE of a task listing (named parameters ``:owner``, ``:role``, ``:state``)."""
+    where = ["owner = :owner"]
+    if role is not None:
+        where.append("role = :role")
+    if state is not None:
+        where.append("state = :state")
+    if open_only:
+        where.append("state NOT IN ('completed', 'failed', 'canceled')")
+    return " AND ".join(where)

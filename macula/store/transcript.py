@@ -30,7 +30,7 @@ Invariants:
 
 from __future__ import annotations
 
-import sqlite3
+import json
 from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,12 +54,14 @@ from macula.store.base import (
 )
 from macula.store.room_realms import TRANSCRIPT_V3, RoomRealms, check_realm
 from macula.store.transcript_columns import (
+    MESSAGE_COLUMNS,
+    TranscriptMessage,
     check_envelope,
     check_int,
     check_text,
     json_texts,
+    message_from_row,
     opt_text_arg,
-    texts_from_json,
 )
 from macula.store.unread import TRANSCRIPT_V2
 from macula.wire.identity import ZERO_REALM
@@ -124,10 +126,6 @@ _TRANSCRIPT_V1: Final[Migration] = (
     """,
 )
 
-_MESSAGE_COLUMNS: Final = (
-    "seq, room_topic, message_id, from_hex, kind, text, in_reply_to, refs, participants,"
-    " purpose, sent_at, received_ms, publisher, attested, envelope"
-)
 
 _INSERT_MESSAGE: Final = """
 INSERT INTO messages (room_topic, message_id, from_hex, kind, text, in_reply_to, refs,
@@ -141,25 +139,6 @@ ON CONFLICT (room_topic, message_id) DO NOTHING
 
 _MEMBERSHIP_COLUMNS: Final = "room_topic, role, public, purpose, joined_ms, left_ms, realm"
 _PUBLIC_ROOM_COLUMNS: Final = "room_topic, opener_hex, purpose, first_seen_ms, last_seen_ms"
-
-
-@dataclass(frozen=True, slots=True)
-class TranscriptMessage:
-    seq: int
-    room_topic: str
-    message_id: str
-    from_hex: str
-    kind: str
-    text: str | None
-    in_reply_to: str | None
-    refs: tuple[str, ...] | None
-    participants: tuple[str, ...] | None
-    purpose: str | None
-    sent_at: int
-    received_ms: int
-    publisher: bytes | None
-    attested: int  # 0 or 1
-    envelope: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,63 +252,36 @@ class TranscriptStore(RoomRealms):
         clause = "kind IN (" + ", ".join(f":{name}" for name in names) + ")"
         return await self._select([clause], names, room_topic, since_ms, limit)
 
+    async def before(
+        self, topics: Sequence[str], before_seq: int | None, limit: int
+    ) -> tuple[list[TranscriptMessage], int]:
+        """The ``limit`` latest messages of ``topics`` that arrived before ``before_seq`` (all
+        when None), in arrival order (``seq``), and how many arrived before those."""
+        limit, _ = page(limit)
+        params = {"topics": json.dumps(list(topics)), "limit": limit}
+        params["before"] = 2**62 if before_seq is None else sql_int(before_seq)
+        rows = await self._fetchall(
+            f"SELECT {MESSAGE_COLUMNS}, count(*) OVER () FROM messages"
+            " WHERE room_topic IN (SELECT value FROM json_each(:topics)) AND seq < :before"
+            " ORDER BY seq DESC LIMIT :limit",
+            params,
+        )
+        total = int(rows[0][-1]) if rows else 0
+        found = [message_from_row(tuple(row[:-1]), self.path) for row in reversed(rows)]
+        return found, total - len(found)
+
     async def last_message(self, room_topic: str) -> TranscriptMessage | None:
         """The newest message of ``room_topic`` in transcript order, if any."""
         found = await self._select([], {}, room_topic, None, 1)
         return found[0] if found else None
 
-    async def take_unread(
-        self,
-        room_topic: str,
-        me_hex: str,
-        now_ms: int,
-        *,
-        after_seq: int | None = None,
-        limit: int = 20,
-        max_chars: int = 16_384,
-    ) -> tuple[list[TranscriptMessage], int]:
-        """Attested messages of ``room_topic`` from someone other than ``me_hex``: the unread
-        in transcript order, or (``after_seq``) those that arrived after that ``seq``, read or
-        not; up to ``limit`` whose envelopes total at most ``max_chars`` (the first always
-        fits), marked read in one transaction (no other waiter gets them too), and how many
-        more are left."""
-        limit, _ = page(limit)
-        after = None if after_seq is None else sql_int(after_seq)
-        where, order = _unread_filter(after)
-        params = {"room": room_topic, "me": me_hex, "after": after, "limit": limit}
-        select = (
-            f"SELECT {_MESSAGE_COLUMNS}, read_ms IS NULL, count(*) OVER () FROM messages"
-            f" WHERE {where} ORDER BY {order} LIMIT :limit"
-        )  # count(*) OVER (): every row the WHERE matches, before the LIMIT
-
-        def take(connection: sqlite3.Connection) -> tuple[list[Row], int, list[int]]:
-            counted = connection.execute(select, params).fetchall()
-            total = int(counted[0][-1]) if counted else 0
-            taken = _within([tuple(row[:-2]) for row in counted], max_chars)
-            unread = zip(taken, (row[-2] for row in counted), strict=False)
-            marked = [int(row[0]) for row, was_unread in unread if was_unread]
-            if marked:
-                connection.execute(
-                    f"UPDATE messages SET read_ms = ? WHERE seq IN ({_ints(marked)})", (now_ms,)
-                )
-            return taken, total, marked
-
-        def unmark(connection: sqlite3.Connection, took: tuple[list[Row], int, list[int]]) -> None:
-            if took[2]:  # a cancelled take returned nothing: what it marked is unread again
-                connection.execute(
-                    f"UPDATE messages SET read_ms = NULL WHERE seq IN ({_ints(took[2])})"
-                )
-
-        taken, total, _ = await self._atomically(take, unmark, inline=True)
-        return [_message(row, self.path) for row in taken], total - len(taken)
-
     async def message(self, room_topic: str, message_id: str) -> TranscriptMessage | None:
         """One message by its id, if recorded."""
         rows = await self._fetchall(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE room_topic = ? AND message_id = ?",
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE room_topic = ? AND message_id = ?",
             (room_topic, message_id),
         )
-        return _message(rows[0], self.path) if rows else None
+        return message_from_row(rows[0], self.path) if rows else None
 
     async def rooms(self) -> list[RoomActivity]:
         """Every topic with recorded messages, most recently active (by our clock) first."""
@@ -406,12 +358,12 @@ class TranscriptStore(RoomRealms):
             params["since"] = sql_int(since_ms)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         rows = await self._fetchall(
-            f"SELECT * FROM (SELECT {_MESSAGE_COLUMNS} FROM messages {where}"
+            f"SELECT * FROM (SELECT {MESSAGE_COLUMNS} FROM messages {where}"
             " ORDER BY sent_at DESC, received_ms DESC, seq DESC LIMIT :limit)"
             " ORDER BY sent_at, received_ms, seq",
             params,
         )
-        return [_message(row, self.path) for row in rows]
+        return [message_from_row(row, self.path) for row in rows]
 
     # -- memberships ---------------------------------------------------------------------------
 
@@ -523,53 +475,6 @@ class TranscriptStore(RoomRealms):
 
 
 # --- arguments and rows -----------------------------------------------------------------------
-
-
-def _unread_filter(after_seq: int | None) -> tuple[str, str]:
-    """WHERE and ORDER BY of the attested messages of ``:room`` from someone other than
-    ``:me``: unread in transcript order, or (``after_seq``) arrived after ``:after``."""
-    where = "room_topic = :room AND attested = 1 AND from_hex != :me"
-    if after_seq is None:  # transcript order: what was said first
-        return where + " AND read_ms IS NULL", "sent_at, received_ms, seq"
-    return where + " AND seq > :after", "seq"  # a sender's clock cannot hide a reply
-
-
-def _ints(values: list[int]) -> str:
-    """Integers for an ``IN (...)`` list (ints only: nothing else is ever spliced into SQL)."""
-    return ", ".join(str(int(value)) for value in values)
-
-
-def _within(rows: list[Row], max_chars: int) -> list[Row]:
-    """The leading rows whose envelopes (the last column) total at most ``max_chars``; the
-    first row always."""
-    kept: list[Row] = []
-    used = 0
-    for row in rows:
-        used += len(row[-1])
-        if kept and used > max_chars:
-            break
-        kept.append(row)
-    return kept
-
-
-def _message(row: Row, path: Path) -> TranscriptMessage:
-    return TranscriptMessage(
-        seq=int(row[0]),
-        room_topic=str(row[1]),
-        message_id=str(row[2]),
-        from_hex=str(row[3]),
-        kind=str(row[4]),
-        text=opt_text(row[5]),
-        in_reply_to=opt_text(row[6]),
-        refs=texts_from_json(row[7], "refs", path),
-        participants=texts_from_json(row[8], "participants", path),
-        purpose=opt_text(row[9]),
-        sent_at=int(row[10]),
-        received_ms=int(row[11]),
-        publisher=None if row[12] is None else bytes(row[12]),
-        attested=int(row[13]),
-        envelope=str(row[14]),
-    )
 
 
 def _membership(row: Row) -> RoomMembership:

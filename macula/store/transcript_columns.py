@@ -1,4 +1,5 @@
-"""What goes into and comes out of a transcript column (``macula.store.transcript``).
+"""What goes into and comes out of a transcript column (``macula.store.transcript``), and
+the message row every read of it returns (``TranscriptMessage``).
 
 Invariants: an argument of the wrong type or shape is a ``ValueError`` naming it, raised before
 anything is written; ``refs`` and ``participants`` are stored as compact JSON arrays of text,
@@ -10,7 +11,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
+
+from macula.store.base import Row, opt_text
 
 logger = logging.getLogger("macula.store.transcript")
 
@@ -61,3 +66,49 @@ def texts_from_json(value: object, name: str, path: Path) -> tuple[str, ...] | N
         return tuple(decoded)
     logger.warning("%s: %s is not a JSON array of text; reading it as None", path, name)
     return None
+
+
+MESSAGE_COLUMNS: Final = (
+    "seq, room_topic, message_id, from_hex, kind, text, in_reply_to, refs, participants,"
+    " purpose, sent_at, received_ms, publisher, attested, envelope"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptMessage:
+    seq: int
+    room_topic: str
+    message_id: str
+    from_hex: str
+    kind: str
+    text: str | None
+    in_reply_to: str | None
+    refs: tuple[str, ...] | None
+    participants: tuple[str, ...] | None
+    purpose: str | None
+    sent_at: int
+    received_ms: int
+    publisher: bytes | None
+    attested: int  # 0 or 1
+    envelope: str
+
+
+def message_from_row(row: Row, path: Path) -> TranscriptMessage:
+    """A ``MESSAGE_COLUMNS`` row as a message (``path``: the file, for the log)."""
+    return TranscriptMessage(
+        seq=int(row[0]),
+        room_topic=str(row[1]),
+        message_id=str(row[2]),
+        from_hex=str(row[3]),
+        kind=str(row[4]),
+        text=opt_text(row[5]),
+        in_reply_to=opt_text(row[6]),
+        refs=texts_from_json(row[7], "refs", path),
+        participants=texts_from_json(row[8], "participants", path),
+        purpose=opt_text(row[9]),
+        sent_at=int(row[10]),
+        received_ms=int(row[11]),
+        publisher=None if row[12] is None else bytes(row[12]),
+        attested=int(row[13]),
+        envelope=str(row[14]),
+    )

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,28 @@ class Tools:
 
     async def bad(self, tool: str, **args: Any) -> dict[str, Any]:
         return await bad(self.client, tool, **args)
+
+
+class StrictTools(Tools):
+    """``Tools`` whose successful results must hold no booleans (0/1 only)."""
+
+    async def good(self, tool: str, **args: Any) -> dict[str, Any]:
+        data = await super().good(tool, **args)
+        assert "True" not in repr(data) and "False" not in repr(data), data  # no booleans
+        return data
+
+
+@contextlib.asynccontextmanager
+async def killable_server(home: Path, env: dict[str, str]) -> AsyncIterator[StrictTools]:
+    """``macula-mcp`` under ``sh -c 'echo $$ > pid; exec ...'`` (so ``kill(home)`` can SIGKILL
+    it), driven by the official SDK client."""
+    home.mkdir(parents=True, exist_ok=True)
+    script = f'echo $$ > "{home / "pid"}"; exec "$0" "$@"'
+    command = ["sh", "-c", script, *server_command()]
+    async with Client(server_params(env, command)) as client:
+        yield StrictTools(client)
+
+
+def kill(home: Path) -> None:
+    """SIGKILL the ``macula-mcp`` that ``killable_server`` started for ``home``."""
+    os.kill(int((home / "pid").read_text().strip()), signal.SIGKILL)

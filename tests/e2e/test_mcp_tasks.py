@@ -5,45 +5,25 @@ and a second completion is refused."""
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
-from mcp import Client
 
 from relay.station import Station, StationConfig
-from tests.e2e.mcpkit import Tools, server_env, server_params
-from tools.launch import server_command
+from tests.e2e.mcpkit import StrictTools, kill, killable_server, server_env
 
 pytestmark = pytest.mark.anyio
 
 
-class Side(Tools):
-    async def good(self, tool: str, **args: Any) -> dict[str, Any]:
-        data = await super().good(tool, **args)
-        assert "True" not in repr(data) and "False" not in repr(data), data  # no booleans
-        return data
-
-
 @asynccontextmanager
-async def process(home: Path, station: str, policy: str) -> AsyncIterator[Side]:
-    """``macula-mcp`` under ``sh -c 'echo $$ > pid; exec ...'``, so the test knows its pid."""
+async def process(home: Path, station: str, policy: str) -> AsyncIterator[StrictTools]:
     env = server_env(
         home, station, MACULA_MCP_CONTACT_POLICY=policy, MACULA_MCP_TASKS_RETRY_MAX_MS="2000"
     )
-    home.mkdir(parents=True, exist_ok=True)
-    script = f'echo $$ > "{home / "pid"}"; exec "$0" "$@"'
-    command = ["sh", "-c", script, *server_command()]
-    async with Client(server_params(env, command)) as client:
-        yield Side(client)
-
-
-def kill(home: Path) -> None:
-    os.kill(int((home / "pid").read_text().strip()), signal.SIGKILL)
+    async with killable_server(home, env) as side:
+        yield side
 
 
 async def test_task_life_across_a_restart_of_the_assignee(tmp_path: Path) -> None:

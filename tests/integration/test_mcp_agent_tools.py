@@ -204,6 +204,7 @@ async def test_two_agents_meet_ring_and_talk(station: Station, tmp_path: Path) -
         )
         said = await asking
         assert said["timed_out"] == 0 and said["reply"]["in_reply_to"] == asked["message_id"]
+        answered = said["reply"]["message_id"]
         assert said["reply"]["from_petname"] == bob_view["petname"]
 
         waiting = await entered(
@@ -221,10 +222,19 @@ async def test_two_agents_meet_ring_and_talk(station: Station, tmp_path: Path) -
             seen.append(heard["message"]["kind"])
         assert heard["timed_out"] == 0 and heard["message"]["kind"] == "remark_made", seen
 
+        # a follow-up to the answer alice's say already returned: bob's inbox threads it under
+        # the question (depth 2), though the question and the answer were read before
+        follow = {"kind": "question_asked", "text": "and rollback?", "in_reply_to": answered}
+        followed = await call(alice, "mesh_say", {"room_topic": room, **follow})
+
+        async def threaded() -> dict[str, Any] | None:
+            inbox = await call(bob, "mesh_read_inbox", {"peek": 1})
+            shown = [m for r in inbox["rooms"] if r["room_topic"] == room for m in r["messages"]]
+            return next((m for m in shown if m["message_id"] == followed["message_id"]), None)
+
+        follow_up = await eventually(threaded)
+        assert (follow_up["thread_root"], follow_up["depth"]) == (asked["message_id"], 2)
         inbox = await call(alice, "mesh_read_inbox")
-        [entry] = [r for r in inbox["rooms"] if r["room_topic"] == room]
-        answer = next(m for m in entry["messages"] if m["kind"] == "answer_given")
-        assert (answer["thread_root"], answer["depth"]) == (asked["message_id"], 1)
         assert inbox["poll_hint"] and "mesh_wait_room" in inbox["poll_hint"]
         assert (await call(bob, "mesh_read_inbox"))["poll_hint"] is None
 

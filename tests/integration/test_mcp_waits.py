@@ -53,7 +53,7 @@ async def test_the_answer_after_a_join_notice_is_in_the_first_wait(
 
         got = await call(alice, "mesh_wait_room", {"room_topic": room, "wait_seconds": 30})
         assert kinds(got) == ["participant_joined", "answer_given"], got
-        assert (got["count"], got["left"], got["timed_out"]) == (2, 0, 0)
+        assert (got["count"], got["remaining"], got["timed_out"]) == (2, 0, 0)
         assert got["message"]["message_id"] == answered  # the newest of them
         assert got["messages"][1]["in_reply_to"] == asked
         nothing = await call(alice, "mesh_wait_room", {"room_topic": room, "wait_seconds": 0.2})
@@ -90,7 +90,7 @@ async def test_say_waits_past_notices_for_the_answer_and_names_it(
         said = await asking
         assert said["message_id"] == asked
         assert kinds(said) == ["participant_left", "participant_joined", "answer_given"], said
-        assert (said["answer_index"], said["timed_out"], said["left"]) == (2, 0, 0)
+        assert (said["answer_index"], said["timed_out"], said["remaining"]) == (2, 0, 0)
         assert said["reply"]["message_id"] == answered == said["messages"][2]["message_id"]
 
         quick = await call(alice, "mesh_say", question | {"text": "?", "wait_reply_seconds": 0.2})
@@ -115,7 +115,7 @@ async def test_wait_ring_returns_every_ring_that_reached_us(
         waited = await call(bob, "mesh_wait_ring", {"wait_seconds": 30})
         assert [r["ring_id"] for r in waited["rings"]] == [r["ring_id"] for r in rung]
         assert [r["purpose"] for r in waited["rings"]] == ["from alice", "from carol"]
-        assert (waited["count"], waited["left"], waited["timed_out"]) == (2, 0, 0)
+        assert (waited["count"], waited["remaining"], waited["timed_out"]) == (2, 0, 0)
         assert waited["ring"]["ring_id"] == rung[1]["ring_id"]  # the newest
         again = await call(bob, "mesh_wait_ring", {"wait_seconds": 0.2})
         assert (again["rings"], again["ring"], again["timed_out"]) == ([], None, 1)

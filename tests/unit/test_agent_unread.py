@@ -191,7 +191,9 @@ def test_inbox_marks_what_it_shows_read_unless_peeking(tmp_path: Path) -> None:
         assert peeked.rooms[0].unread == 1
         again = await rooms.inbox()
         assert again.rooms[0].unread == 1 and len(again.rooms[0].messages) == 1
-        assert (await rooms.inbox()).rooms[0].unread == 0
+        assert [m.text for m in again.central_help] == ["anyone?"]
+        after = await rooms.inbox()  # everything was read: an empty page, nothing remains
+        assert (after.rooms, after.central_help, after.remaining) == ([], [], 0)
         assert await transcript.unread_counts(ME.node_id.hex()) == {}
         assert await rooms.wait_unread(topic, 0.05) is None
         assert await rooms.wait_unread(LOBBY_TOPIC, 0.05) is None
@@ -361,5 +363,51 @@ def test_catch_up_survives_a_source_that_fails_or_answers_nonsense(tmp_path: Pat
         assert await flood.run() == 0 and flood.stats["bad_pages"] == 1
         assert await transcript.gaps() == {}
         assert await transcript.catchup_mark(LOBBY_TOPIC, STATION) is None
+
+    run_in(tmp_path, body)
+
+
+def test_a_failed_catch_up_is_tried_again_until_the_history_answers(tmp_path: Path) -> None:
+    async def body(rooms: Rooms, transcript: TranscriptStore) -> None:
+        from macula.errors import BrokenError
+
+        topic = new_room_topic(os.urandom(16))
+        await transcript.join_room(topic, "participant", 0, None, NOW_MS)
+        missed = envelope(topic, BOB, "said while the station restarted")
+
+        class NotYet(FakeHistory):  # no history service found yet, twice; then it answers
+            failures = 2
+
+            async def call(self, procedure: str, payload: Any) -> Any:
+                if self.failures:
+                    self.failures -= 1
+                    raise BrokenError("macula.history.fetch_v1: nobody serves it yet")
+                return await super().call(procedure, payload)
+
+        history = NotYet(topic)
+        history.items = [(1, event(topic, BOB, missed, seq=5))]
+        slept: list[float] = []
+
+        async def sleep(seconds: float) -> None:
+            slept.append(seconds)
+
+        async def station() -> bytes:
+            return STATION
+
+        catch_up = CatchUp(rooms, history, station)
+        assert await catch_up.run_until_done(sleep) == 1
+        assert (catch_up.stats["failed"], catch_up.stats["retried"], catch_up.failed) == (2, 2, 0)
+        assert slept == [0.25, 0.5]
+        [message] = await transcript.messages(topic)
+        assert message.text == "said while the station restarted"
+
+        class Never:
+            async def call(self, procedure: str, payload: Any) -> Any:
+                raise BrokenError("no station")
+
+        gone = CatchUp(rooms, Never(), station)
+        slept.clear()
+        assert await gone.run_until_done(sleep) == 0 and gone.failed == 1
+        assert len(slept) == 8 and sum(slept) < 65  # bounded: then the next reconnect tries
 
     run_in(tmp_path, body)

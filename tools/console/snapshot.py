@@ -74,10 +74,10 @@ def _policy_view(runtime: Runtime) -> dict[str, Any]:
 
 async def _room_views(runtime: Runtime) -> list[dict[str, Any]]:
     rooms = runtime.agent.rooms
-    inbox = await rooms.inbox(limit=MAX_MESSAGES, peek=1)
+    threads = await rooms.recent_threads(MAX_MESSAGES)
     joined = {m.room_topic: m for m in await rooms.transcript.joined_rooms()}
     views = []
-    for thread in inbox.rooms:
+    for thread in threads:
         topic = thread.room_topic
         keyed = None if rooms.keys is None else await rooms.keys.store.room(topic)
         membership = joined.get(topic)
