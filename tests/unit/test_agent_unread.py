@@ -42,7 +42,7 @@ def envelope(topic: str, sender: Identity, text: str, **fields: Any) -> dict[str
             sender=sender.node_id,
             kind=fields.pop("kind", "remark_made"),
             text=text,
-            sent_at=NOW_MS,
+            sent_at=fields.pop("sent_at", NOW_MS),
             **fields,
         )
     )

@@ -17,8 +17,9 @@ from typing import Any, cast
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_agent_unread import said as said_at
 
-from macula.agent.envelope import LOBBY_TOPIC, build_envelope, new_message_id, new_room_topic
+from macula.agent.envelope import LOBBY_TOPIC, new_room_topic
 from macula.agent.rooms import Rooms
 from macula.node import Node
 from macula.store.transcript import TranscriptStore
@@ -37,20 +38,8 @@ _seq = itertools.count(1)
 
 
 async def said(rooms: Rooms, topic: str, sender: Identity, text: str, **kw: Any) -> str:
-    """Record what ``sender`` said as the tap would; its message_id."""
-    env = dict(
-        build_envelope(
-            message_id=new_message_id(os.urandom(16)),
-            room_topic=topic,
-            sender=sender.node_id,
-            kind=kw.pop("kind", "remark_made"),
-            text=text,
-            sent_at=NOW_MS + next(_seq),
-            **kw,
-        )
-    )
-    await rooms._record(env, sender.node_id, True, next(_seq))
-    return str(env["message_id"])
+    """Record what ``sender`` said as the tap would, each later than the last; its id."""
+    return await said_at(rooms, topic, sender, text, sent_at=NOW_MS + next(_seq), **kw)
 
 
 def _rooms(transcript: TranscriptStore) -> Rooms:
