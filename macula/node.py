@@ -5,9 +5,9 @@ of the list (one address alone is a list of one) and keeps exactly one ``Session
 identity. Subscriptions and advertisements are *intent*: kept here, sent on every (re)connect.
 When the session breaks (lost, GOODBYE, refused as draining) the supervisor fails over to the
 next station of the list, round robin, waiting (``macula.backoff``) only after every station
-failed in a row (``macula.station_choice``), and keeps trying until closed; it replays the
-intent, then tells listeners ``reconnected``, and ``on_station`` listeners when the station is
-another one (``station_info``). Closing the node never reconnects,
+failed in a row (briefly when each was refused by ICMP: ``macula.station_choice``), and keeps
+trying until closed; it replays the intent, then tells listeners ``reconnected``, and
+``on_station`` listeners when the station is another one. Closing the node never reconnects,
 and no task outlives the ``async with`` (all tasks belong to the node's task group). With
 ``known_stations`` (``from_env`` passes ``$MACULA_HOME/known_stations``) a station given
 without a node id is pinned on first use (``macula.known_stations``).
@@ -183,7 +183,7 @@ class Node:
             index = choice.index
             address = dialled = self.stations[index]
             known = self.known_stations
-            up = restarted = False
+            up = restarted = refused = False
             try:
                 dialled = known.pin(address) if known else address
                 async with Session.connect(
@@ -209,11 +209,13 @@ class Node:
                     acked = self._probe_acknowledged
                     await until_ended(session, *probe, self._group, acked, self.probe_attempts)
                     restarted = session.protocol.reset_by_peer  # the station came back already
+                    refused = session.protocol.refused.done()  # ICMP: its process is down
                     # let go at once: leaving the ``with`` waits for QUIC's close to finish
                     self._session = None
                     self._connected.clear()
             except (BrokenError, HandshakeError, OSError) as exc:
                 last_error = exc
+                refused = isinstance(exc.__cause__ or exc, ConnectionRefusedError)
                 if known and isinstance(exc, HandshakeError):
                     last_error = known.refused(address, dialled, exc)
                 log.info("station %s unavailable: %s", address, last_error)
@@ -222,10 +224,10 @@ class Node:
                 self._connected.clear()
             if self._closing:
                 break
-            if not await self._went_down(first, (up, restarted), ever_connected, last_error):
+            ended = (up, restarted, refused)
+            if not await self._went_down(first, ended, ever_connected, last_error):
                 return
-        if not first.done():
-            first.set_exception(ClosedError("node closed"))
+        self._fail_first(first, ClosedError("node closed"))
 
     def _went_up(
         self, session: Session, info: StationInfo, first: asyncio.Future[None], again: bool
@@ -251,12 +253,12 @@ class Node:
     async def _went_down(
         self,
         first: asyncio.Future[None],
-        ended: tuple[bool, bool],
+        ended: tuple[bool, bool, bool],
         ever_connected: bool,
         last_error: MaculaError | OSError | None,
     ) -> bool:
-        """The session ended (``ended``: was up, ended by a stateless reset) or never came up:
-        tell listeners, ask ``StationChoice`` what next, wait. False: stop (refused, gave up)."""
+        """The session ended (``ended``: was up, by a stateless reset, by ICMP) or never came
+        up: tell listeners, ask ``StationChoice`` what next, wait. False: stop (gave up)."""
         if self._terminal is not None:
             self._fail_first(first, self._terminal)
             self._announce("disconnected")
@@ -264,11 +266,11 @@ class Node:
         if ever_connected and self._was_up:
             self._announce("disconnected")
         self._was_up = False
-        choice = self._choice
-        up, restarted = ended
+        up, restarted, refused = ended
         self.stats.stateless_resets += restarted  # it restarted: there to be dialled again
-        what = choice.restarted if restarted else choice.lost if up else choice.failed
-        step = what(self._clock())
+        self.stats.dials_refused += refused and not up
+        step = self._choice.ended(self._clock(), up=up, restarted=restarted, refused=refused)
+        self.stats.quick_redials += step.quick
         self.station_index = step.index
         if not ever_connected and step.round_failed:
             unrecoverable = isinstance(last_error, HandshakeError) and not last_error.retryable
@@ -276,11 +278,9 @@ class Node:
                 self._fail_first(first, first_connect_error(self.stations, last_error))
                 return False
         if step.wait_s > 0:
-            log.info(
-                "every station failed (%d rounds): next try in %.2f s",
-                step.rounds_failed,
-                step.wait_s,
-            )
+            level = logging.DEBUG if step.quick else logging.INFO  # quick: one per 0.25-0.5 s
+            how = "refused" if step.quick else f"failed ({step.rounds_failed} rounds)"
+            log.log(level, "every station %s: next try in %.2f s", how, step.wait_s)
             await self._pause(step.wait_s)
         return True
 

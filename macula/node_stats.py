@@ -26,6 +26,10 @@ class NodeStats:
     probes_acknowledged: int = 0  # liveness pings (QUIC PING) a quiet station acknowledged
     # connections a restarted station ended with a QUIC stateless reset (each redialled at once)
     stateless_resets: int = 0
+    # dials refused by ICMP "port unreachable" (the host is up, the station's process is not),
+    # and the short redials (0.25-0.5 s) that followed a round of such refusals
+    dials_refused: int = 0
+    quick_redials: int = 0
     # the station's counters of what it refused on our current connection without telling us
     # in-band (from the latest ``flush``; they restart at 0 with every connection)
     refused: dict[str, int] = field(default_factory=dict)

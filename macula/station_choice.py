@@ -14,6 +14,16 @@ Invariants:
   is dialled again at once, to the same station, without counting a failure, when it had
   stayed up ``settle_s``; a reset sooner is handled as any loss, so a station restarting in a
   loop cannot make the node spin;
+- a dial (or a connection) ended by ICMP "port unreachable" is *refused*: the host answered,
+  the station's process is down, likely restarting. It is a failure like any (the node moves
+  on to the next station at once), but a round in which every station was refused ends with
+  the short wait (``backoff.redial_delay()``, 0.25-0.5 s) instead of the doubling one, and
+  without counting a failed round, while the redial window is open: from the first refusal
+  after the node had been connected, for ``backoff.redial_window_s`` (120 s). The window
+  closes only when a settled connection is lost (a new outage opens a new one), so a station
+  restarting in a loop gets short redials for 120 s at most; a round with one failure that
+  was not a refusal (a silent timeout, a handshake refused) waits the doubling backoff; before
+  the first connection every failure is handled alike (``Node.__aenter__`` gives up in time);
 - time is the caller's: every method takes ``now`` (monotonic seconds); randomness is the
   ``Backoff``'s own (injected there).
 """
@@ -77,6 +87,7 @@ class Step:
     wait_s: float
     round_failed: int  # 0/1: this failure ended a round in which every station failed
     rounds_failed: int  # failed rounds in a row so far
+    quick: int = 0  # 0/1: ``wait_s`` is the short redial of refused stations, not the backoff
 
 
 class StationChoice:
@@ -94,22 +105,41 @@ class StationChoice:
         self.failures = 0  # failures in a row in the current round
         self.rounds_failed = 0  # whole rounds failed in a row
         self._up_since: float | None = None
+        self._ever_up = False
+        self._round_refused = True  # every failure of the current round so far was refused
+        self._refused_since: float | None = None  # the redial window opened then
 
     def connected(self, now: float) -> None:
         """The station at ``index`` accepted us."""
         self._up_since = now
+        self._ever_up = True
 
-    def failed(self, now: float) -> Step:
-        """Dialling the station at ``index`` failed (unreachable, refused, wrong key)."""
+    def failed(self, now: float, *, refused: bool = False) -> Step:
+        """Dialling the station at ``index`` failed (unreachable, wrong key; ``refused``: ICMP
+        "port unreachable", its process is down)."""
         self._up_since = None
-        return self._advance()
+        return self._advance(now, refused)
 
-    def lost(self, now: float) -> Step:
-        """The connection to the station at ``index`` ended (lost, GOODBYE, draining)."""
+    def lost(self, now: float, *, refused: bool = False) -> Step:
+        """The connection to the station at ``index`` ended (lost, GOODBYE, draining;
+        ``refused``: its packets met ICMP "port unreachable")."""
         up, self._up_since = self._up_since, None
         if up is not None and now - up >= self.settle_s:
             self.failures, self.rounds_failed = 0, 0
-        return self._advance()
+            self._refused_since = None  # a new outage: a new redial window
+        return self._advance(now, refused)
+
+    def ended(self, now: float, *, up: bool, restarted: bool, refused: bool) -> Step:
+        """What follows a connection that ended (``up``: it had been up; ``restarted``: by a
+        stateless reset; ``refused``: by ICMP) or a dial that failed (``up`` false)."""
+        if restarted:
+            return self.restarted(now)
+        return (self.lost if up else self.failed)(now, refused=refused)
+
+    def redialling(self, now: float) -> bool:
+        """Whether the redial window is open (refused stations are redialled quickly)."""
+        since = self._refused_since
+        return since is not None and now - since < self.backoff.redial_window_s
 
     def restarted(self, now: float) -> Step:
         """The station at ``index`` ended our connection with a stateless reset: it restarted.
@@ -119,14 +149,22 @@ class StationChoice:
             return self.lost(now)
         self._up_since = None
         self.failures, self.rounds_failed = 0, 0
+        self._refused_since = None
         return Step(self.index, 0.0, 0, 0)
 
-    def _advance(self) -> Step:
+    def _advance(self, now: float, refused: bool) -> Step:
+        if self.failures == 0:
+            self._round_refused = True
+        self._round_refused = self._round_refused and refused
+        if refused and self._ever_up and self._refused_since is None:
+            self._refused_since = now
         self.failures += 1
         self.index = (self.index + 1) % self.count
         if self.failures < self.count:
             return Step(self.index, 0.0, 0, self.rounds_failed)
         self.failures = 0
+        if self._round_refused and self.redialling(now):
+            return Step(self.index, self.backoff.redial_delay(), 1, self.rounds_failed, 1)
         wait = self.backoff.delay(self.rounds_failed)
         self.rounds_failed += 1
         return Step(self.index, wait, 1, self.rounds_failed)
