@@ -8,6 +8,7 @@ resolves it on the acknowledgement and fails it with ``ConnectionError`` when th
 ends) until the ``acknowledged`` call that sent it returns; then it is removed, and cancelled
 if still open, so no waiter outlives its caller and no failed one goes unretrieved. A ping
 costs no signature and no stream: a control stream paused for backpressure cannot hold it up.
+Once ``abandon``ed (nothing listens there) the connection sends nothing more and arms no timer.
 """
 
 from __future__ import annotations
@@ -25,6 +26,19 @@ class PingingProtocol(AckRidingProtocol):
     def __init__(self, quic: QuicConnection, **kwargs: Any) -> None:
         super().__init__(quic, **kwargs)
         self.refused: asyncio.Future[str] = self._loop.create_future()
+        self._abandoned = False
+
+    def abandon(self) -> None:
+        """End without a word: nothing listens at the peer's address (``refused``), so a
+        CONNECTION_CLOSE or a retransmission would only meet ICMP again. No timer is left."""
+        self._abandoned = True
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def transmit(self) -> None:
+        if not self._abandoned:
+            super().transmit()
 
     def error_received(self, exc: Exception) -> None:
         """ICMP errors on the UDP socket: a refused port fails a pending handshake, and a

@@ -26,6 +26,7 @@ The only module of ``macula`` that imports ``aioquic.asyncio``. Invariants:
 - a server connection over a cap is refused (``refuse``) before any handshake work on aioquic;
   on qh3 just after its first datagram is fed (its core exists only from then on);
 - a dial that did not connect closes at once, without waiting for a close that cannot come;
+  one that heard ICMP "port unreachable" sends nothing more (``abandon``: one datagram a dial);
 - a client connection the peer answers with a stateless reset (a datagram none of whose packets
   could be processed, ending with the reset token of the connection id it sends to) ends at
   once, ``reset_by_peer`` set: the station lost it (restarted; ``macula.quic_resets``);
@@ -589,8 +590,11 @@ async def dial(
         connected_once = True
         yield protocol
     finally:
-        protocol.close_connection("client closed")
-        if connected_once:  # else nothing answers a close: a refused or silent address
+        if protocol.refused.done():  # ICMP: nothing listens there, nothing to tell or wait for
+            protocol.abandon()
+        else:
+            protocol.close_connection("client closed")
+        if connected_once and not protocol.refused.done():  # else no close can be answered
             with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
                 await asyncio.wait_for(protocol.wait_closed(), 1.0)
         transport.close()
