@@ -16,7 +16,14 @@ and the node leaves at once, reset or not. Each run starts once the connections 
 ``--settle`` seconds (default the node's ``settle_s``, 10 s; the nodes get the same value): a
 reset after a settled connection is redialled at once.
 
-Run: ``uv run python scripts/bench.py restart [--runs N] [--nodes N] [--warm] [--icmp]``.
+``--noticed`` (implies ``--icmp``): the nodes learn of the death before the new process starts
+(each run waits until no node is connected, then ``--down`` seconds more, then restarts), so
+they are in their reconnect wait, dialling a dead port (ICMP "port unreachable") when the
+station comes back: what decides is how soon they dial again (``quick_redials`` counts the
+short redials of a refused station, 0 on a build without them).
+
+Run: ``uv run python scripts/bench.py restart [--runs N] [--nodes N] [--warm] [--icmp]
+[--noticed [--down S]]``.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class Sample:
     from_kill_s: float
     from_listening_s: float
     by_reset: int  # 0/1: the node learned of the restart from a stateless reset
+    redials: int  # short redials of the refused station during this outage
 
 
 def free_udp_port() -> int:
@@ -177,6 +185,10 @@ def stateless_resets(node: Node) -> int:
     return int(getattr(node.stats, "stateless_resets", 0))
 
 
+def quick_redials(node: Node) -> int:
+    return int(getattr(node.stats, "quick_redials", 0))
+
+
 async def until(predicate: Callable[[], bool], deadline_s: float, what: str) -> None:
     started = time.perf_counter()
     while not predicate():
@@ -198,26 +210,49 @@ class Watched:
             self.back_at = time.perf_counter()
 
 
-async def one_restart(watched: list[Watched], station: StationProcess, warm: bool) -> list[Sample]:
-    """Kill and restart ``station``; when each node was back, measured from both."""
-    before = [(w.node.stats.reconnects, stateless_resets(w.node)) for w in watched]
+async def one_restart(
+    watched: list[Watched], station: StationProcess, warm: bool, noticed: float | None
+) -> list[Sample]:
+    """Kill and restart ``station``; when each node was back, measured from both. With
+    ``noticed`` (seconds), the restart waits until no node is connected, then that long."""
+    before = [
+        (w.node.stats.reconnects, stateless_resets(w.node), quick_redials(w.node)) for w in watched
+    ]
     if warm:
         await station.prepare()
     killed = time.perf_counter()
     await station.kill_current()
+    if noticed is not None:
+
+        def down() -> bool:
+            return not any(w.node.connected for w in watched)
+
+        await until(down, BACK_DEADLINE_S, "noticed")
+        await asyncio.sleep(noticed)
     await station.go()
     listening = time.perf_counter()
-    for w, (reconnects, _) in zip(watched, before, strict=True):
+    for w, (reconnects, _, _) in zip(watched, before, strict=True):
         await until(lambda w=w, r=reconnects: w.node.stats.reconnects > r, BACK_DEADLINE_S, "back")
         await w.node.flush()
     return [
-        Sample(w.back_at - killed, w.back_at - listening, int(stateless_resets(w.node) > resets))
-        for w, (_, resets) in zip(watched, before, strict=True)
+        Sample(
+            w.back_at - killed,
+            w.back_at - listening,
+            int(stateless_resets(w.node) > resets),
+            quick_redials(w.node) - redials,
+        )
+        for w, (_, resets, redials) in zip(watched, before, strict=True)
     ]
 
 
 async def bench(
-    runs: int, nodes: int, settle_s: float, warm: bool, proxied: bool, home: Path
+    runs: int,
+    nodes: int,
+    settle_s: float,
+    warm: bool,
+    proxied: bool,
+    home: Path,
+    noticed: float | None = None,
 ) -> list[Sample]:
     station = StationProcess(home / "station", free_udp_port())
     samples: list[Sample] = []
@@ -239,7 +274,7 @@ async def bench(
                 await w.node.flush()
             for number in range(runs):
                 await asyncio.sleep(settle_s)  # the connection has settled: a fresh round
-                run = await one_restart(watched, station, warm)
+                run = await one_restart(watched, station, warm, noticed)
                 for i, sub in enumerate(subs):  # every replayed subscription delivers
                     await watched[i - 1].node.publish(REALM, f"{TOPIC}.{i}", number)
                     delivery = await sub.next(10)
@@ -247,7 +282,8 @@ async def bench(
                         raise bench_common.BenchError(f"got {delivery.payload!r}, not {number}")
                 samples += run
                 shown = ", ".join(
-                    f"{s.from_kill_s:.3f} s ({s.from_listening_s:.3f}; reset {s.by_reset})"
+                    f"{s.from_kill_s:.3f} s ({s.from_listening_s:.3f}; reset {s.by_reset},"
+                    f" redials {s.redials})"
                     for s in run
                 )
                 print(f"  restart {number + 1}: back after the kill (after listening) {shown}")
@@ -265,6 +301,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--icmp", action="store_true", help="nodes dial the station directly: ICMP reaches them"
     )
+    parser.add_argument(
+        "--noticed",
+        action="store_true",
+        help="restart only once every node noticed the death (implies --icmp)",
+    )
+    parser.add_argument(
+        "--down", type=float, default=0.0, help="with --noticed: seconds down after that"
+    )
     parser.add_argument("--nodes", type=int, default=2, help="nodes on the station")
     parser.add_argument(
         "--settle", type=float, default=DEFAULT_SETTLE_S, help="seconds up before each kill"
@@ -278,8 +322,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 max(1, args.nodes),
                 max(0.0, args.settle),
                 args.warm,
-                not args.icmp,
+                not (args.icmp or args.noticed),
                 home,
+                max(0.0, args.down) if args.noticed else None,
             )
         )
     finally:
@@ -294,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     by_reset = sum(s.by_reset for s in samples)
     print(f"restart: {by_reset} of {len(samples)} learned by a stateless reset")
+    redials = [s.redials for s in samples]
+    print(f"restart: short redials of the refused station per outage: max {max(redials)}")
 
 
 if __name__ == "__main__":
