@@ -33,7 +33,7 @@ from tools.runtime import preflight
 pytestmark = pytest.mark.anyio
 FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
 # the backoff alone: stopped stations are refused by ICMP, which would redial them every
-# 0.25-0.5 s instead (tests/integration/test_refused_redial.py)
+# 0.25-0.5 s instead (tests/integration/test_restart_noticed.py)
 BACKOFF_ONLY = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1, redial_window_s=0.0)
 PROCEDURE = "org.example.failover_echo"
 log = logging.getLogger("tests.failover")
