@@ -67,16 +67,26 @@ class Agent:
 
 @contextlib.asynccontextmanager
 async def agent(
-    home: Home, station: Station, name: str, policy: str = "open"
+    home: Home,
+    station: Station,
+    name: str,
+    policy: str = "open",
+    *,
+    named: int = 0,
+    operator: str | None = None,
 ) -> AsyncIterator[Agent]:
-    """An agent of ``home`` (its own key), hosted by the console as the daemon hosts it."""
+    """An agent of ``home`` (its own key), hosted by the console as the daemon hosts it; with
+    ``named`` 1 its key is chosen by ``MACULA_MCP_AGENT=name`` (as ``register`` writes it)."""
     env = {
         "MACULA_HOME": str(home.home),
         "MACULA_MESH_STATIONS": station.endpoint,
-        "MACULA_MCP_IDENTITY": str(home.home / f"{name}.key"),
         "MACULA_MCP_CONTACT_POLICY": policy,
-        "MACULA_MCP_OPERATOR_NAME": name,
+        "MACULA_MCP_OPERATOR_NAME": operator or name,
     }
+    if named:
+        env["MACULA_MCP_AGENT"] = name
+    else:
+        env["MACULA_MCP_IDENTITY"] = str(home.home / f"{name}.key")
     async with open_runtime(env) as runtime:
 
         @contextlib.asynccontextmanager

@@ -21,10 +21,12 @@ from typing import Any, Final, Protocol
 
 from macula.agent.petnames import petname
 from macula.clock import now_ms
+from macula.config import AGENT_ENV, IDENTITY_ENV
 from macula.errors import MaculaError
 from macula.realm.authority import Realm, RealmError, list_realms
 from macula.realm.codes import display
 from tools.agent_views import ring_view, with_petname
+from tools.console.rooms_view import known_names, merged_rooms
 from tools.realms import membership_store
 from tools.runtime import Runtime
 from tools.tasks import task_view
@@ -101,6 +103,13 @@ async def _realm_views(runtime: Runtime) -> list[dict[str, Any]]:
     return [m.view() for m in memberships]
 
 
+def agent_name(runtime: Runtime) -> str | None:
+    """The name a person gave this agent (``MACULA_MCP_AGENT``), when that chose its key."""
+    env = runtime.env
+    name = env.get(AGENT_ENV)
+    return name if name and not env.get(IDENTITY_ENV) else None
+
+
 async def identity_view(runtime: Runtime, directory: DirectoryCache) -> dict[str, Any]:
     """One hosted identity: who it is, its stations, rooms, rings, tasks, realms, policy."""
     agent = runtime.agent
@@ -116,6 +125,8 @@ async def identity_view(runtime: Runtime, directory: DirectoryCache) -> dict[str
     return {
         "node_id": me["node_id"],
         "petname": me["petname"],
+        "agent_name": agent_name(runtime),
+        "operator_name": me["profile"].get("operator_name"),
         "present": me["present"],
         "profile": me["profile"],
         "stations": [str(s) for s in runtime.stations],
@@ -162,7 +173,8 @@ def owned_realms(home: Path, now: int) -> list[dict[str, Any]]:
 async def snapshot(
     source: ConsoleSource, directory: DirectoryCache, person: dict[str, Any]
 ) -> dict[str, Any]:
-    """Everything the page shows, as one JSON-able dict."""
+    """Everything the page shows, as one JSON-able dict: each room once (``rooms``, merged
+    across the hosted identities in it), and the names a person gave (``names``)."""
     identities: list[dict[str, Any]] = []
     for runtime in _live(source.runtimes()):
         try:
@@ -170,7 +182,16 @@ async def snapshot(
         except Exception:  # a closing runtime must not take the page down
             log.warning("an identity could not be read for the console", exc_info=True)
     realms = await asyncio.to_thread(owned_realms, source.home, now_ms())
-    return {"person": person, "identities": identities, "owned_realms": realms}
+    rooms = merged_rooms(identities)
+    for identity in identities:
+        identity["rooms"] = [r["room_topic"] for r in identity["rooms"]]
+    return {
+        "person": person,
+        "identities": identities,
+        "rooms": rooms,
+        "names": known_names(identities),
+        "owned_realms": realms,
+    }
 
 
 def _live(runtimes: Sequence[Runtime]) -> list[Runtime]:
