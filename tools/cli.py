@@ -1,5 +1,6 @@
 """``macula-mcp``: the MCP server over stdio, plus ``mcp-config``, ``doctor``, ``demo``, and
-``register``/``uninstall`` (tools/register.py).
+the commands of other modules (``register``/``uninstall`` in tools/register.py, ``station``,
+``daemon``, ``console``, ``http-token``); ``tools.commands`` says what each does.
 
 stdout carries MCP protocol only; every log line goes to stderr. Closing stdin ends the session
 gracefully (goodbye published, stores closed).
@@ -7,19 +8,19 @@ gracefully (goodbye published, stores closed).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from macula.errors import MaculaError
 from macula.event_loop import run as run_loop
 from macula.logformat import KeyValueFormatter
 from macula.stations import StationAddress
+from tools.commands import parser_for, top_parser
 from tools.launch import server_command
 
 
@@ -37,16 +38,13 @@ def serve() -> None:
 
     front = stdio_front.running() or stdio_front.start(os.environ)  # answers the opening now
     from tools.fronted_stdio import serve_behind
-    from tools.runtime import preflight
+    from tools.runtime_gate import startup_problem
     from tools.server import build_server
 
     _logging()
-    try:
-        preflight(os.environ)  # bad settings fail before any protocol, in one line
-    except MaculaError as exc:
-        _fatal(exc)
-    try:
-        run_loop(serve_behind(build_server(), front))  # deep requests answered (stdio_guard)
+    try:  # a bad setting is said on stderr and answered by every tool (tools.runtime_gate)
+        app = build_server(problem=startup_problem(os.environ))
+        run_loop(serve_behind(app, front))  # deep requests answered (stdio_guard)
     except* MaculaError as group:  # raised later, inside the server's task groups
         _fatal(group.exceptions[0])
     except* KeyboardInterrupt:
@@ -177,75 +175,106 @@ def doctor() -> None:
     raise SystemExit(0 if not failed else 1)
 
 
-REGISTER_COMMANDS = ("register", "uninstall")  # each parses its own flags (tools/register.py)
+def _no_flags(name: str, argv: Sequence[str]) -> None:
+    """A command without flags still answers ``--help`` (and refuses what it does not take)."""
+    parser_for(name).parse_args(list(argv))
+
+
+def _run_serve(argv: Sequence[str]) -> None:
+    _no_flags("serve", argv)
+    serve()
+
+
+def _run_mcp_config(argv: Sequence[str]) -> None:
+    from tools.http_cli import main as http_cli
+    from tools.http_cli import mcp_config_parser
+
+    parser = mcp_config_parser()
+    args = parser.parse_args(list(argv))
+    if args.http:  # the daemon's /mcp (tools.http_register)
+        raise SystemExit(http_cli(["mcp-config", *argv]))
+    if args.agent is not None or args.port is not None:
+        parser.error("--agent and --port go with --http")
+    mcp_config(attach=args.attach)
+
+
+def _run_doctor(argv: Sequence[str]) -> None:
+    _no_flags("doctor", argv)
+    doctor()
+
+
+def _run_demo(argv: Sequence[str]) -> None:
+    _no_flags("demo", argv)
+    from tools.demo import main as demo
+
+    demo()
+
+
+def _run_register(name: str) -> Callable[[Sequence[str]], None]:
+    def run_it(argv: Sequence[str]) -> None:
+        from tools.register import run
+
+        raise SystemExit(run(name, argv))
+
+    return run_it
+
+
+def _run_http_token(argv: Sequence[str]) -> None:
+    from tools.http_cli import main as http_cli  # the daemon's /mcp (tools.http_register)
+
+    raise SystemExit(http_cli(["http-token", *argv]))
+
+
+def _run_station(argv: Sequence[str]) -> None:
+    from tools.station_command import main as station
+
+    station(argv)
+
+
+def _run_daemon(argv: Sequence[str]) -> None:
+    from tools.daemon import main as daemon
+
+    daemon(argv)
+
+
+def _run_console(argv: Sequence[str]) -> None:
+    from tools.console.command import main as console
+
+    console(argv)
+
+
+def _run_attach(argv: Sequence[str]) -> None:  # (the entry point dispatches it earlier, unimported)
+    from tools.attach import main as attach
+
+    attach(argv)
+
+
+HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
+    "serve": _run_serve,
+    "attach": _run_attach,
+    "register": _run_register("register"),
+    "uninstall": _run_register("uninstall"),
+    "mcp-config": _run_mcp_config,
+    "doctor": _run_doctor,
+    "demo": _run_demo,
+    "daemon": _run_daemon,
+    "station": _run_station,
+    "console": _run_console,
+    "http-token": _run_http_token,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """``macula-mcp [COMMAND] [FLAGS]``: each command parses its own flags (``--help`` too)."""
     arguments = list(sys.argv[1:] if argv is None else argv)
-    if arguments and arguments[0] in REGISTER_COMMANDS:
-        from tools.register import run
-
-        raise SystemExit(run(arguments[0], arguments[1:]))
-    http = arguments[:1] == ["mcp-config"] and "--http" in arguments
-    if arguments[:1] == ["http-token"] or http:
-        from tools.http_cli import main as http_cli  # the daemon's /mcp (tools.http_register)
-
-        raise SystemExit(http_cli(arguments))
-    if arguments[:1] == ["station"]:  # macula-mcp station status|stop [--json]
-        from tools.station_command import main as station
-
-        station(arguments[1:])
-        return
-    if arguments[:1] == ["daemon"]:  # its own subcommands (tools.daemon)
-        from tools.daemon import main as daemon
-
-        daemon(arguments[1:])
-        return
-    if arguments[:1] == ["console"]:  # macula-mcp console [--open]
-        from tools.console.command import main as console
-
-        console(arguments[1:])
-        return
-    if arguments[:1] == ["attach"]:  # (the entry point dispatches it earlier, unimported)
-        from tools.attach import main as attach
-
-        attach(arguments[1:])
-        return
-    parser = argparse.ArgumentParser(
-        prog="macula-mcp", description="The Macula mesh as an MCP server (stdio)."
-    )
-    parser.add_argument(
-        "command",
-        nargs="?",
-        default="serve",
-        choices=[
-            "serve",
-            "mcp-config",
-            "doctor",
-            "demo",
-            "daemon",
-            "attach",
-            "station",
-            "console",
-            *REGISTER_COMMANDS,
-        ],
-    )
-    parser.add_argument(
-        "--attach", action="store_true", help="mcp-config: the `macula-mcp attach` form"
-    )
-    args = parser.parse_args(arguments)
-    if args.attach and args.command != "mcp-config":
-        parser.error("--attach goes with mcp-config (or register)")
-    if args.command == "serve":
+    if not arguments:
         serve()
-    elif args.command == "mcp-config":
-        mcp_config(attach=args.attach)
-    elif args.command == "doctor":
-        doctor()
-    else:
-        from tools.demo import main as demo
-
-        demo()
+        return
+    handler = HANDLERS.get(arguments[0])
+    if handler is None:  # --help, or not a command: argparse says so and exits
+        top_parser().parse_args(arguments)
+        top_parser().error(f"{arguments[0]!r} is not a command")
+    handler(arguments[1:])
 
 
 if __name__ == "__main__":

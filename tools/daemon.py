@@ -11,7 +11,6 @@ Settings (each with a default): ``MACULA_MCP_DAEMON_IDLE_S`` (24 h), ``MACULA_MC
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -23,6 +22,7 @@ from typing import Any, Final
 
 from tools import daemon_protocol as protocol
 from tools.attach import AttachError, connect, handshake, reach_daemon
+from tools.commands import parser_for
 from tools.daemon_settings import IDLE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_socket import SocketSetupError, read_pid, socket_path
 
@@ -113,20 +113,37 @@ def start(env: dict[str, str], foreground: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="macula-mcp daemon",
-        description="The local service harness sessions attach to (one per MACULA_HOME).",
+    parser = parser_for(
+        "daemon",
+        "The local service harness sessions attach to (one per MACULA_HOME): it hosts each "
+        "agent's node, so an agent stays on the mesh between sessions.",
     )
-    sub = parser.add_subparsers(dest="action", required=True)
-    starting = sub.add_parser("start", help="start the daemon (detached) unless one runs")
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, summary, example in (
+        ("start", "start the daemon (detached) unless one runs", "start --idle-timeout 3600"),
+        ("stop", "stop the daemon: its nodes say goodbye", "stop"),
+        ("status", "pid, socket, version, identities and sessions", "status --json"),
+    ):
+        sub.add_parser(
+            action,
+            help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}.",
+            epilog=f"example:\n  macula-mcp daemon {example}",
+            formatter_class=parser.formatter_class,
+        )
+    starting = sub.choices["start"]
     starting.add_argument("--foreground", action="store_true", help="run in this process")
     starting.add_argument(
         "--idle-timeout", type=float, metavar="SECONDS", help=f"sets {IDLE_ENV} (default 24 h)"
     )
-    stopping = sub.add_parser("stop", help="stop the daemon: its nodes say goodbye")
-    stopping.add_argument("--wait", type=float, default=STOP_WAIT_S, metavar="SECONDS")
-    showing = sub.add_parser("status", help="pid, socket, version, identities and sessions")
-    showing.add_argument("--json", action="store_true")
+    sub.choices["stop"].add_argument(
+        "--wait",
+        type=float,
+        default=STOP_WAIT_S,
+        metavar="SECONDS",
+        help=f"how long to wait for it to exit (default {STOP_WAIT_S:g})",
+    )
+    sub.choices["status"].add_argument("--json", action="store_true", help="one JSON object")
     args = parser.parse_args(argv)
     env = dict(os.environ)
     try:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from macula.config import macula_home
 from macula.errors import ConfigError
+from tools.commands import parser_for
 from tools.http_register import http_target, mcp_config_http
 from tools.mcp_http_tokens import agent_token, check_agent_name
 
@@ -23,7 +24,11 @@ COMMANDS = ("http-token", "mcp-config")
 
 
 def _http_token(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="macula-mcp http-token")
+    parser = parser_for(
+        "http-token",
+        "Print the bearer token of the daemon's HTTP /mcp endpoint (made on first use) on "
+        "stdout: a secret, keep it out of shared files.",
+    )
     parser.add_argument("--agent", help="this agent's token (default: the home's)")
     args = parser.parse_args(argv)
     from tools.http_token import home_token
@@ -37,12 +42,31 @@ def _http_token(argv: Sequence[str]) -> int:
     return 0
 
 
+def mcp_config_parser() -> argparse.ArgumentParser:
+    """``macula-mcp mcp-config``: the stdio forms (``tools.cli``) and ``--http`` (here)."""
+    parser = parser_for(
+        "mcp-config",
+        "Print the entry to paste into an MCP client's configuration (JSON, under "
+        "mcpServers.macula). MACULA_MESH_STATIONS, when set, is copied into its env.",
+    )
+    parser.add_argument(
+        "--attach", action="store_true", help="the `macula-mcp attach` form (through the daemon)"
+    )
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="the daemon's http://127.0.0.1:PORT/mcp with a bearer token, instead of a command",
+    )
+    parser.add_argument("--agent", help="--http: this agent's token (default: the home's)")
+    parser.add_argument("--port", type=int, help="--http: this port (default: the daemon's)")
+    return parser
+
+
 def _mcp_config(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="macula-mcp mcp-config --http")
-    parser.add_argument("--http", action="store_true", required=True)
-    parser.add_argument("--agent", help="this agent's token (default: the home's)")
-    parser.add_argument("--port", type=int, help="this port (default: the daemon's)")
+    parser = mcp_config_parser()
     args = parser.parse_args(argv)
+    if not args.http or args.attach:
+        parser.error("--http goes without --attach (mcp-config --attach is the stdio form)")
     target = http_target(macula_home(os.environ), args.agent, args.port)
     print(json.dumps(mcp_config_http(target), indent=2))
     print(

@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from macula.config import configured_stations
 from macula.errors import ConfigError
+from macula.stations import STATIONS_ENV
+from tools.commands import parser_for
 from tools.config_formats import ConfigParseError
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
 from tools.http_register import HTTP_HARNESSES, HttpTarget, http_entry, is_our_http_entry
@@ -277,7 +280,15 @@ def _selected(names: Sequence[str] | None, options: Options) -> list[tuple[Harne
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"macula-mcp {command}")
+    parser = parser_for(
+        command,
+        "Write a macula entry into each MCP client's own configuration file (Claude Code, "
+        "Codex, Cursor, ...), a backup beside it first; MACULA_MESH_STATIONS, when set, is "
+        "checked and copied into the entry."
+        if command == "register"
+        else "Take the macula entry back out of each MCP client's configuration file (the "
+        "file as it was before register, when nothing else changed since).",
+    )
     parser.add_argument(
         "--harness",
         action="append",
@@ -326,6 +337,7 @@ def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     env = dict(os.environ)
     try:
         http = _http_target(args, env)
+        stations = _checked_stations(env) if command == "register" and http is None else ""
     except (ConfigError, OSError) as exc:
         print(f"macula-mcp {command}: {exc}", file=sys.stderr)
         return 1
@@ -366,7 +378,22 @@ def run(command: str, argv: Sequence[str], out: TextIO = sys.stdout) -> int:
     if not outcomes and command == "register":
         print("macula-mcp register: no MCP client found", file=sys.stderr)
         return 1
+    if stations and any(o.status in COPIED for o in outcomes):
+        print(f"copied {STATIONS_ENV}={stations} into the entry's env", file=out)
     return 1 if any(o.failed for o in outcomes) else 0
+
+
+COPIED = ("registered", "would-register", "unchanged")
+
+
+def _checked_stations(env: Mapping[str, str]) -> str:
+    """``MACULA_MESH_STATIONS`` as the entry will carry it, checked by the library's own parser
+    first (``ConfigError`` naming the bad entry): register never writes a list macula-mcp
+    would refuse at start."""
+    stations = env.get(STATIONS_ENV, "")
+    if stations:
+        configured_stations(env)
+    return stations
 
 
 def registration_checks(env: Mapping[str, str], platform: str) -> list[tuple[str, bool, str]]:

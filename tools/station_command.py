@@ -1,4 +1,5 @@
-"""``macula-mcp station status|stop``: the local station (``tools.local_station``) from a shell.
+"""``macula-mcp station status|stop``: the local station (``tools.local_station``) from a shell;
+``station init``: the commands for a station on another host (``tools.station_init``).
 
 ``status`` shows state, pid, endpoint, uptime, whether it answered a handshake with its key,
 and where it logs (``--json``: one object, no booleans); exit 0 when it runs, 3 when not.
@@ -18,12 +19,15 @@ from typing import Any
 from macula.config import macula_home
 from macula.errors import MaculaError
 from macula.stations import parse_station
+from tools.commands import parser_for
 from tools.local_station import (
     LocalStationError,
     local_station_status,
     presented_key,
     stop_local_station,
 )
+from tools.station_init import add_flags as add_init_flags
+from tools.station_init import run as run_init
 
 
 def _answered(endpoint: str) -> int:
@@ -31,15 +35,41 @@ def _answered(endpoint: str) -> int:
     return int(asyncio.run(presented_key(address, timeout=3)) == address.node_id)
 
 
-def main(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(
-        prog="macula-mcp station",
-        description="The local station: the background station macula-mcp starts when no "
-        "station is configured (MACULA_MESH_STATIONS), shared by this MACULA_HOME's sessions.",
+def _parser() -> argparse.ArgumentParser:
+    parser = parser_for(
+        "station",
+        "The local station (status, stop): the background station macula-mcp starts when no "
+        "station is configured (MACULA_MESH_STATIONS), shared by this MACULA_HOME's sessions. "
+        "Or (init) the commands for a station on another host that laptops share.",
     )
-    parser.add_argument("action", choices=["status", "stop"])
-    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    args = parser.parse_args(argv)
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, summary, example in (
+        ("status", "the local station's state, pid, endpoint, uptime and log", "status --json"),
+        ("stop", "stop the local station: it says goodbye to its clients", "stop"),
+        (
+            "init",
+            "make (or read) a station key here and print the exact commands for this host "
+            "and for each laptop",
+            "init --public vps.example.org --port 4433",
+        ),
+    ):
+        one = sub.add_parser(
+            action,
+            help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}.",
+            epilog=f"example:\n  macula-mcp station {example}",
+            formatter_class=parser.formatter_class,
+        )
+        if action != "init":
+            one.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_init_flags(sub.choices["init"])
+    return parser
+
+
+def main(argv: Sequence[str]) -> None:
+    args = _parser().parse_args(list(argv))
+    if args.action == "init":
+        raise SystemExit(run_init(args))
     try:
         home = macula_home()
         status = local_station_status(home)

@@ -509,3 +509,49 @@ def test_insert_then_remove_gives_back_the_text(
 def test_deep_nesting_is_an_error_not_a_crash() -> None:
     with pytest.raises(json_text.JsonTextError, match="nested deeper"):
         json_text.parse("[" * 100_000)
+
+
+@pytest.mark.parametrize(
+    ("stations", "named"),
+    [
+        ("abc@127.0.0.1:4433", "node id is not hex"),
+        ("127.0.0.1:99999", "port must be 1..65535"),
+        ("127.0.0.1:4433,,", "empty entry"),
+        ("127.0.0.1:4433,127.0.0.1:4433", "127.0.0.1:4433"),
+    ],
+)
+def test_register_refuses_a_station_list_macula_mcp_would_refuse(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stations: str,
+    named: str,
+) -> None:
+    env = environment(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MACULA_MESH_STATIONS", stations)
+    opts = Options(env, "linux")
+    config = place(BY_NAME["cursor"], opts, EXISTING["cursor"])
+    assert run("register", ["--harness", "cursor"], io.StringIO()) == 1
+    err = capsys.readouterr().err
+    assert "MACULA_MESH_STATIONS" in err and named in err, err
+    assert text_of(config) == EXISTING["cursor"]  # nothing written
+    assert not backups(config)
+
+
+def test_register_says_it_copied_the_checked_station_list(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = environment(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    station = f"{'ab' * 32}@vps.example.org:4433"
+    monkeypatch.setenv("MACULA_MESH_STATIONS", station)
+    opts = Options(env, "linux")
+    config = place(BY_NAME["cursor"], opts, EXISTING["cursor"])
+    out = io.StringIO()
+    assert run("register", ["--harness", "cursor", "--attach"], out) == 0
+    assert f"MACULA_MESH_STATIONS={station}" in out.getvalue()
+    assert "copied" in out.getvalue()
+    assert station in text_of(config)
