@@ -1,7 +1,8 @@
 """The ``--help`` layout shared by ``macula-mcp``, ``macula-relay`` and ``macula-realm``.
 
 - a description or epilog line that starts with a space is kept as written (examples,
-  commands to copy); every other line is wrapped to the terminal's width;
+  commands to copy); the other lines are paragraphs (up to a blank or indented line), wrapped
+  to the terminal's width;
 - an option's default is shown at the end of its help, as ``(default X)``, unless the help
   already says its default, the default is ``None`` (the help says what happens then) or the
   option is a switch (``store_true``: off unless given).
@@ -16,15 +17,25 @@ import textwrap
 class HelpFormatter(argparse.HelpFormatter):
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         lines: list[str] = []
-        for line in text.splitlines():
-            if not line.strip() or line.startswith(" "):
-                lines.append(indent + line)
-            else:
+        paragraph: list[str] = []
+
+        def flush() -> None:
+            if paragraph:
+                joined = " ".join(paragraph)
                 lines.extend(
                     textwrap.fill(
-                        line, width, initial_indent=indent, subsequent_indent=indent
+                        joined, width, initial_indent=indent, subsequent_indent=indent
                     ).splitlines()
                 )
+                paragraph.clear()
+
+        for line in text.splitlines():
+            if line.strip() and not line.startswith(" "):
+                paragraph.append(line.strip())
+                continue
+            flush()
+            lines.append(indent + line)
+        flush()
         return "\n".join(lines)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:

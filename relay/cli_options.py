@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from macula.help_format import HelpFormatter
 from relay import service
 from relay.federation.dht_storage import DhtLimits
 from relay.federation.links import LinkTarget, parse_peer
@@ -84,28 +85,62 @@ BOUNDS = (  # (flag, StationPolicy field, help): positive integers (issue 11)
 )
 
 
+Flags = argparse._ActionsContainer  # a parser or one of its argument groups
+
+DESCRIPTION = """Run a Macula station: the meeting point agents connect to over QUIC (UDP).
+It prints one line once it listens, node_id@host:port: that is what clients pin
+(MACULA_MESH_STATIONS). Every flag can also be a key of a --config file."""
+
+EPILOG = """
+examples:
+  macula-relay                                  # loopback, port 4433, data in ~/.macula/station
+  macula-relay --host 0.0.0.0 --advertise-host vps.example.org   # a station others dial
+  macula-relay --config station.toml --print-config               # the effective settings
+
+docs/operations.md says how to run one as a service, docs/federation.md how stations link,
+docs/two-machines.md how two laptops meet through one."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Every ``macula-relay`` option, in the order ``--help`` lists them."""
+    """Every ``macula-relay`` option, in the order ``--help`` lists them, in groups."""
     defaults = Quotas()
     policy = StationPolicy()
     house = HouseConfig()  # house-service limits (relay.house.services.HouseConfig)
     parser = argparse.ArgumentParser(
-        prog="macula-relay", description="Run a Macula wire v2 station."
+        prog="macula-relay",
+        usage="macula-relay [--host HOST] [--port PORT] [--advertise-host NAME] [FLAG ...]",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
     )
-    _listen_flags(parser)
-    _process_flags(parser)
-    _client_flags(parser, defaults)
-    _store_flags(parser, defaults, policy)
-    _house_flags(parser, house)
-    _link_flags(parser)
-    _federation_flags(parser, policy)
-    _history_flags(parser, house)
-    _realm_flags(parser, policy)
-    service.add_flags(parser)  # --config, --monitor, --log-format (relay.service)
+
+    def group(title: str, description: str) -> Flags:
+        return parser.add_argument_group(title, description)
+
+    _listen_flags(group("listening", "where the station listens and what clients dial"))
+    logs = group("logging and process", "logs, the files macula-mcp reads, when it exits")
+    _process_flags(logs)
+    _client_flags(group("client limits", "what a client must do and may do"), defaults)
+    _store_flags(
+        group("store and frame limits", "what the station holds and accepts per frame"),
+        defaults,
+        policy,
+    )
+    _house_flags(group("house services", "shared memory and the directories it serves"), house)
+    _history_flags(group("house services: room history", "kept for catch-up"), house)
+    federation = group("federation", "links with other stations and the DHT among them")
+    _link_flags(federation)
+    _federation_flags(federation, policy)
+    _realm_flags(group("realms", "protected realms and who may connect"), policy)
+    service.add_flags(
+        group("configuration file", "every flag as a key of a TOML file"),
+        monitor=group("monitor", "an HTTP status page and metrics (off by default)"),
+        logs=logs,
+    )
     return parser
 
 
-def _listen_flags(parser: argparse.ArgumentParser) -> None:
+def _listen_flags(parser: Flags) -> None:
     """Where the station listens and what it advertises."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(
@@ -130,12 +165,20 @@ def _listen_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="host name or IP clients dial (certificate SAN, station_endpoint record); repeatable",
     )
+    parser.add_argument(
+        "--no-quic-retry",
+        action="store_true",
+        help="no QUIC address validation (Retry; on by default unless bound to loopback)",
+    )
 
 
-def _process_flags(parser: argparse.ArgumentParser) -> None:
+def _process_flags(parser: Flags) -> None:
     """Logs, the files ``macula-mcp`` reads, and when the station exits by itself."""
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe log lines written",
     )
     parser.add_argument("--log-file", type=Path, help="log to this file (rotated), not stderr")
     parser.add_argument(
@@ -158,7 +201,7 @@ def _process_flags(parser: argparse.ArgumentParser) -> None:
         "--exit-when-gone",
         type=Path,
         metavar="PATH",
-        help="exit by itself once PATH no longer exists (checked every 2 s)",
+        help="exit by itself once PATH no longer exists (default: never)",
     )
     parser.add_argument(
         "--idle-exit-s",
@@ -177,12 +220,16 @@ def _process_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(  # set by the parent of --workers N on each worker it starts
         "--worker-role", type=parse_role, default=None, help=argparse.SUPPRESS
     )
-    parser.add_argument(  # how often those two are checked (tests shorten it)
-        "--lifetime-check-s", type=_positive(float), default=2.0, help=argparse.SUPPRESS
+    parser.add_argument(
+        "--lifetime-check-s",
+        type=_positive(float),
+        default=2.0,
+        metavar="SECONDS",
+        help="how often --exit-when-gone and --idle-exit-s are checked",
     )
 
 
-def _client_flags(parser: argparse.ArgumentParser, defaults: Quotas) -> None:
+def _client_flags(parser: Flags, defaults: Quotas) -> None:
     """What a client must do (puzzle, clock) and may do (quotas, rates)."""
     parser.add_argument(
         "--puzzle",
@@ -190,23 +237,43 @@ def _client_flags(parser: argparse.ArgumentParser, defaults: Quotas) -> None:
         choices=[m.value for m in PuzzleMode],
         help="S/Kademlia puzzle policy for clients (default off)",
     )
-    parser.add_argument("--puzzle-difficulty", type=int, default=8)
+    parser.add_argument(
+        "--puzzle-difficulty",
+        type=int,
+        default=8,
+        help="identity puzzle bits a client's node id must meet when --puzzle asks, 0..64",
+    )
     parser.add_argument(
         "--max-clock-skew-ms",
         type=int,
         default=300_000,
-        help="refuse frames whose sent_at_ms is further off; 0 disables replay checks",
+        help="refuse frames whose sent_at_ms is further off; 0 disables replay checks"
+        " (default 300000)",
     )
     parser.add_argument(
-        "--max-subscriptions", type=_positive(int), default=defaults.max_subscriptions
+        "--max-subscriptions",
+        type=_positive(int),
+        default=defaults.max_subscriptions,
+        help="subscriptions one connection may hold",
     )
     parser.add_argument(
-        "--max-advertisements", type=_positive(int), default=defaults.max_advertisements
+        "--max-advertisements",
+        type=_positive(int),
+        default=defaults.max_advertisements,
+        help="procedures one connection may advertise",
     )
     parser.add_argument(
-        "--max-pending-calls", type=_positive(int), default=defaults.max_pending_calls
+        "--max-pending-calls",
+        type=_positive(int),
+        default=defaults.max_pending_calls,
+        help="calls one connection may have waiting for an answer",
     )
-    parser.add_argument("--max-streams", type=_positive(int), default=defaults.max_streams)
+    parser.add_argument(
+        "--max-streams",
+        type=_positive(int),
+        default=defaults.max_streams,
+        help="streams (content, stream calls) one connection may have open",
+    )
     parser.add_argument(
         "--publish-rate",
         type=_positive(float),
@@ -221,7 +288,7 @@ def _client_flags(parser: argparse.ArgumentParser, defaults: Quotas) -> None:
     )
 
 
-def _store_flags(parser: argparse.ArgumentParser, defaults: Quotas, policy: StationPolicy) -> None:
+def _store_flags(parser: Flags, defaults: Quotas, policy: StationPolicy) -> None:
     """Store limits (relay.store_limits), the outbound queue, the frame and connection bounds."""
     limits = StoreLimits()
     for flag, value, text in (
@@ -252,13 +319,8 @@ def _store_flags(parser: argparse.ArgumentParser, defaults: Quotas, policy: Stat
         _positive_int_flag(parser, flag, getattr(policy, name), text)
 
 
-def _house_flags(parser: argparse.ArgumentParser, house: HouseConfig) -> None:
-    """The QUIC Retry switch, the house services' switches, place and limits."""
-    parser.add_argument(
-        "--no-quic-retry",
-        action="store_true",
-        help="no QUIC address validation (Retry; on by default unless bound to loopback)",
-    )
+def _house_flags(parser: Flags, house: HouseConfig) -> None:
+    """The house services' switches, place and limits."""
     parser.add_argument("--no-memory", action="store_true", help="do not serve shared memory")
     parser.add_argument(
         "--no-station-directory", action="store_true", help="do not serve the station directory"
@@ -308,7 +370,7 @@ def _house_flags(parser: argparse.ArgumentParser, house: HouseConfig) -> None:
     )
 
 
-def _link_flags(parser: argparse.ArgumentParser) -> None:
+def _link_flags(parser: Flags) -> None:
     """The stations to link with."""
     parser.add_argument(
         "--peer",
@@ -326,7 +388,7 @@ def _link_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _realm_flags(parser: argparse.ArgumentParser, policy: StationPolicy) -> None:
+def _realm_flags(parser: Flags, policy: StationPolicy) -> None:
     """Protected realms and admission (relay.realms, relay.realm_admission)."""
     parser.add_argument(
         "--realm",
@@ -375,7 +437,7 @@ DHT_CAPS = (  # (flag, DhtLimits field, help): what this station holds for the m
 )
 
 
-def _federation_flags(parser: argparse.ArgumentParser, policy: StationPolicy) -> None:
+def _federation_flags(parser: Flags, policy: StationPolicy) -> None:
     """The operator's federation knobs (docs/federation.md)."""
     config = StationConfig(data_dir=Path())
     parser.add_argument(
@@ -420,7 +482,7 @@ def _federation_flags(parser: argparse.ArgumentParser, policy: StationPolicy) ->
         _positive_int_flag(parser, flag, getattr(limits, name), text, dest=f"dht_{name}")
 
 
-def _history_flags(parser: argparse.ArgumentParser, house: HouseConfig) -> None:
+def _history_flags(parser: Flags, house: HouseConfig) -> None:
     """The room history's switch and bounds (relay.house.history.HistoryBounds)."""
     bounds = house.history_bounds
     parser.add_argument(
@@ -444,7 +506,7 @@ def _history_flags(parser: argparse.ArgumentParser, house: HouseConfig) -> None:
 
 
 def _positive_int_flag(
-    parser: argparse.ArgumentParser, flag: str, default: int, text: str, dest: str | None = None
+    parser: Flags, flag: str, default: int, text: str, dest: str | None = None
 ) -> None:
     """``flag N``: a positive integer, ``default`` named at the end of its help ``text``."""
     parser.add_argument(

@@ -38,38 +38,45 @@ def _address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
+def add_flags(
+    parser: argparse._ActionsContainer,
+    monitor: argparse._ActionsContainer | None = None,
+    logs: argparse._ActionsContainer | None = None,
+) -> None:
+    """``--config``/``--print-config`` to ``parser``, the monitor's flags to ``monitor`` and
+    ``--log-format`` to ``logs`` (each an argument group of the same parser, or the parser)."""
     parser.add_argument(
         "--config", type=Path, help="read options from this TOML file (flags override it)"
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print the effective configuration, exit"
     )
-    parser.add_argument(
+    monitor = parser if monitor is None else monitor
+    monitor.add_argument(
         "--monitor",
         type=_address,
         metavar="HOST:PORT",
         help="serve /healthz /status /connections /links /metrics and a status page here"
         " (off by default; no authentication: loopback unless --monitor-public)",
     )
-    parser.add_argument(
+    monitor.add_argument(
         "--monitor-public",
         action="store_true",
         help="allow a --monitor address other than loopback (anyone who reaches it reads it)",
     )
-    parser.add_argument(
+    monitor.add_argument(
         "--monitor-max-clients",
         type=int,
         default=16,
         help="monitor connections at once; more get 503 (default 16)",
     )
-    parser.add_argument(
+    monitor.add_argument(
         "--monitor-timeout-s",
         type=float,
         default=5.0,
         help="seconds a monitor client has to send its request (default 5)",
     )
-    parser.add_argument(
+    (parser if logs is None else logs).add_argument(
         "--log-format", choices=["kv", "json"], default="kv", help="key=value (default) or JSON"
     )
 

@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlparse
 from macula.clock import now_ms
 from macula.config import macula_home
 from macula.errors import ConfigError, MaculaError
+from macula.help_format import HelpFormatter
 from macula.keyfile import KeyFileError
 from macula.node import Node
 from macula.private_file import write_private
@@ -50,50 +51,109 @@ from macula.wire import cbor
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_RATE_LIMITED, EXIT_UNREACHABLE = 0, 1, 2, 3, 4
 
 
+DESCRIPTION = """The command line of a realm's owner: create a realm (its authority key), run its
+join service on a station, approve or deny join requests, endorse stations, revoke members.
+Exit codes: 0 done; 1 refused (the code says why); 2 bad usage or configuration; 3 too many
+wrong codes (wait); 4 the mesh is unreachable."""
+
+EPILOG = """
+examples:
+  macula-realm create team
+  macula-realm --realm team serve --station NODE_ID@HOST:4433
+  macula-realm pending
+  macula-realm approve ABCD-EFGH
+"""
+
+SUBCOMMANDS = (  # name, one line, example
+    ("create", "create a realm and its authority key (0600, in this home)", "create team"),
+    (
+        "serve",
+        "run the realm's join service on a station and publish the realm's records",
+        "--realm team serve --station NODE_ID@HOST:4433",
+    ),
+    ("pending", "list the join requests waiting for a decision, with their codes", "pending"),
+    ("approve", "approve a join request by its code", "approve ABCD-EFGH --role member"),
+    ("deny", "deny a join request by its code", "deny ABCD-EFGH"),
+    (
+        "endorse-station",
+        "let a station carry this realm over its links (a signed station endorsement)",
+        "endorse-station STATION_ID --out team.endorsement",
+    ),
+    ("revoke", "revoke a member or an endorsed station (a signed revocation)", "revoke NODE_ID"),
+    ("members", "list the members, with role and validity", "members --json"),
+)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="macula-realm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="macula-realm", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--realm", help="which realm of this home (default: the only one)")
-    parser.add_argument("--home", help="default: $MACULA_HOME, else ~/.macula")
+    parser.add_argument("--home", help="this home folder (default: $MACULA_HOME, else ~/.macula)")
     parser.add_argument(
         "--max-wrong-codes",
         type=int,
         default=DEFAULT_MAX_WRONG,
-        help=f"wrong codes per window before approve/deny wait (default {DEFAULT_MAX_WRONG})",
+        help="wrong codes per window before approve/deny wait",
     )
     parser.add_argument(
         "--wrong-code-window-s",
         type=float,
         default=DEFAULT_WINDOW_MS / 1000,
-        help=f"default {DEFAULT_WINDOW_MS // 1000}",
+        help="the window of --max-wrong-codes, in seconds",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    create = sub.add_parser("create", help="create a realm and its authority key")
-    create.add_argument("name")
-    sub.add_parser("pending", help="join requests waiting for a decision")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, summary, example in SUBCOMMANDS:
+        sub.add_parser(
+            name,
+            help=summary,
+            description=f"{summary[0].upper()}{summary[1:]}.",
+            epilog=f"example:\n  macula-realm {example}",
+            formatter_class=HelpFormatter,
+        )
+    _subcommand_flags(sub.choices)
+    return parser
+
+
+def _subcommand_flags(commands: dict[str, argparse.ArgumentParser]) -> None:
+    commands["create"].add_argument("name", help="the realm's name")
+    valid_days = DEFAULT_VALID_MS / 86_400_000
     for verb in ("approve", "deny"):
-        cmd = sub.add_parser(verb, help=f"{verb} a join request by its code")
-        cmd.add_argument("code", help="ABCD-EFGH, or the macula-realm:// link")
-    approve = sub.choices["approve"]
-    approve.add_argument("--role", default=DEFAULT_ROLE)
-    approve.add_argument("--valid-days", type=float, default=DEFAULT_VALID_MS / 86_400_000)
-    station = sub.add_parser(
-        "endorse-station", help="let a station carry this realm over its links (issue 26)"
-    )
+        commands[verb].add_argument("code", help="ABCD-EFGH, or the macula-realm:// link")
+    commands["approve"].add_argument("--role", default=DEFAULT_ROLE, help="the member's role")
+    for name in ("approve", "endorse-station"):
+        commands[name].add_argument(
+            "--valid-days", type=float, default=valid_days, help="how long it is valid"
+        )
+    station = commands["endorse-station"]
     station.add_argument("station_id", help="the station's node id, 64 hex")
-    station.add_argument("--valid-days", type=float, default=DEFAULT_VALID_MS / 86_400_000)
     station.add_argument(
         "--out", type=Path, help="write the record here for macula-relay --realm-endorsement"
     )
-    revoke = sub.add_parser("revoke", help="revoke a member (a signed revocation record)")
-    revoke.add_argument("node_id", help="64 hex")
-    sub.add_parser("members", help="members, with role and validity")
-    serve = sub.add_parser("serve", help="run the join service on a station")
-    serve.add_argument("--station", required=True, help="NODE_ID@HOST:PORT (or HOST:PORT)")
-    serve.add_argument("--session-ttl-s", type=float, default=DEFAULT_SESSION_TTL_MS / 1000)
-    serve.add_argument("--max-pending", type=int, default=DEFAULT_MAX_PENDING)
-    serve.add_argument("--publish-every-s", type=float, default=DEFAULT_PUBLISH_EVERY_S)
-    return parser
+    commands["revoke"].add_argument("node_id", help="the member's or station's node id, 64 hex")
+    serve = commands["serve"]
+    serve.add_argument(
+        "--station", required=True, help="the station to serve on: NODE_ID@HOST:PORT or HOST:PORT"
+    )
+    serve.add_argument(
+        "--session-ttl-s",
+        type=float,
+        default=DEFAULT_SESSION_TTL_MS / 1000,
+        help="seconds a join request waits for a decision",
+    )
+    serve.add_argument(
+        "--max-pending",
+        type=int,
+        default=DEFAULT_MAX_PENDING,
+        help="join requests waiting at once",
+    )
+    serve.add_argument(
+        "--publish-every-s",
+        type=float,
+        default=DEFAULT_PUBLISH_EVERY_S,
+        help="seconds within which a newly signed record reaches the DHT",
+    )
 
 
 def _when(ms: int | None) -> str | None:
