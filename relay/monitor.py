@@ -1,4 +1,5 @@
-"""The station's monitoring port: ``/healthz /status /connections /links /metrics`` and ``/``.
+"""The station's monitoring port: ``/healthz /status /connections /links /metrics`` and ``/``
+(``/?page=N``: the page with the N-th ``monitor_page.CLIENTS_PER_PAGE`` connected clients).
 
 ``Monitor(station, lifecycle)`` serves them on the station's event loop
 (``relay.monitor_http.MonitorServer``: GET/HEAD only, bounded, timed out, capped). Figures are
@@ -55,9 +56,11 @@ class Monitor:
         *,
         max_clients: int = 16,
         read_timeout_s: float = 5.0,
+        clients_per_page: int = monitor_page.CLIENTS_PER_PAGE,
     ) -> None:
         self.station = station
         self.lifecycle = lifecycle
+        self.clients_per_page = clients_per_page
         self.server = MonitorServer(
             self.handle,
             max_clients=max_clients,
@@ -96,6 +99,9 @@ class Monitor:
         if path == "/metrics":
             return Response(200, metrics.render(await self.status()), metrics.CONTENT_TYPE)
         if path == "/":
-            page = monitor_page.render(await self.status(), links(self.station))
+            number = min(max(1, _int(request.query, "page", 1)), monitor_page.MAX_PAGE_NUMBER)
+            per_page = self.clients_per_page
+            clients = connections_page(self.station, (number - 1) * per_page, per_page)
+            page = monitor_page.render(await self.status(), links(self.station), clients, number)
             return Response(200, page, "text/html; charset=utf-8")
         return Response(404, b"no such page: /healthz /status /connections /links /metrics /\n")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from macula.agent.petnames import petname
 from macula.clock import now_ms
 from relay.peers import Peer, PeerState
 from relay.station import Station
@@ -74,6 +75,14 @@ def connection_row(station: Station, peer: Peer, now: int) -> dict[str, Any]:
     }
 
 
+def client_row(station: Station, peer: Peer, now: int) -> dict[str, Any]:
+    """A connection row with the petname of the node id the client announced (None while it
+    has announced none: still handshaking)."""
+    row = connection_row(station, peer, now)
+    row["petname"] = petname(peer.node_id) if peer.node_id else None
+    return row
+
+
 def connections_page(station: Station, offset: int, limit: int) -> dict[str, Any]:
     """Client connections (not links) by connection number, ``limit`` from ``offset``."""
     limit = max(1, min(limit, MAX_PAGE))
@@ -82,7 +91,7 @@ def connections_page(station: Station, offset: int, limit: int) -> dict[str, Any
         (p for p in station.core.peers.values() if not p.is_station), key=lambda p: p.conn
     )
     now = now_ms()
-    rows = [connection_row(station, p, now) for p in peers[offset : offset + limit]]
+    rows = [client_row(station, p, now) for p in peers[offset : offset + limit]]
     following = offset + limit if offset + limit < len(peers) else None
     return {
         "total": len(peers),
