@@ -23,6 +23,7 @@ from tools.runtime import Runtime
 
 def runtime_of(ctx: Context[Any, Any]) -> Runtime:
     runtime = ctx.request_context.lifespan_context
+    runtime = getattr(runtime, "runtime", runtime)  # a RuntimeGate's open runtime
     assert isinstance(runtime, Runtime), "the server was built without its runtime"
     return runtime
 

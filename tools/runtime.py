@@ -24,6 +24,9 @@ from typing import Any
 from mcp_types import CallToolResult
 
 from macula.agent.agent import Agent, AgentSettings
+from macula.agent.contact_policy import ENV_OVERRIDE as POLICY_ENV
+from macula.agent.contact_policy import parse_override
+from macula.backoff import Backoff
 from macula.clock import now_ms
 from macula.config import (
     configured_stations,
@@ -99,8 +102,30 @@ def preflight(env: Mapping[str, str]) -> Identity:
     return identity
 
 
+def startup_warnings(env: Mapping[str, str]) -> list[str]:
+    """Settings that do not stop the server but change what it does, said at start-up."""
+    raw = env.get(POLICY_ENV)
+    if raw and raw.strip() and parse_override(raw) is None:
+        return [
+            f"{POLICY_ENV}={raw!r} is not open, ask, allowlist, closed or 1..4: every ring is "
+            "refused (closed) until it is fixed"
+        ]
+    return []
+
+
+def station_names(env: Mapping[str, str]) -> list[StationAddress]:
+    """The stations this server dials (none: this home's local station, or a bad setting)."""
+    with contextlib.suppress(MaculaError):
+        return configured_stations(env)
+    return []
+
+
 @contextlib.asynccontextmanager
-async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Runtime]:
+async def open_runtime(
+    env: Mapping[str, str] | None = None, backoff: Backoff | None = None
+) -> AsyncIterator[Runtime]:
+    """The runtime (``backoff``: the node's; its ``first_connect_attempts`` bounds the wait
+    for the first station)."""
     environ = dict(os.environ if env is None else env)
     identity = identity_from_env(environ)
     terse = environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1"
@@ -111,6 +136,7 @@ async def open_runtime(env: Mapping[str, str] | None = None) -> AsyncIterator[Ru
             identity,
             stations,
             known_stations=known_stations_from_env(environ),
+            backoff=backoff,
             presenter=MembershipStore(
                 memberships_path(macula_home(environ), identity.node_id), identity
             ).present_on,

@@ -6,9 +6,10 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, cast
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, InputRequiredResult
 
 from tools import (
     channel,
@@ -26,7 +27,8 @@ from tools import (
     text_limits,
 )
 from tools.context import Descriptions
-from tools.runtime import Runtime, open_runtime
+from tools.runtime import Runtime, open_runtime, station_names
+from tools.runtime_gate import RETRY_BACKOFF, Problem, RuntimeGate
 from tools.tool_schema import SHARED, MeshServer
 from tools.tool_search import mark_always_loaded
 
@@ -56,27 +58,61 @@ INSTRUCTIONS = (
 )
 
 
+class GatedServer(MeshServer):
+    """The server whose tools wait at its ``RuntimeGate``: a runtime that is not open (yet)
+    answers every tool call with its ``Problem`` instead of ending the session."""
+
+    gate: RuntimeGate | None = None
+    runtime: Runtime | None = None
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        gate = self.gate
+        if gate is not None and self._tool_manager.get_tool(name) is not None:
+            found = await gate.usable()
+            if isinstance(found, Problem):
+                return found.result()
+        return await super().call_tool(name, arguments, context)
+
+
 def build_server(
     env: Mapping[str, str] | None = None,
     runtime: Callable[[], AbstractAsyncContextManager[Runtime]] | None = None,
+    problem: Problem | None = None,
 ) -> MCPServer:
     """The server; its runtime is opened for it (``open_runtime``), or lent by ``runtime``
-    (the daemon's, shared by every session of one agent)."""
+    (the daemon's, shared by every session of one agent), behind a ``RuntimeGate``: the
+    handshake never waits for it, and ``problem`` (a bad setting found at start-up) is what
+    the tools answer until it opens."""
     environ = dict(os.environ if env is None else env)
     describe = Descriptions(terse=environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1")
     binding: channel.ChannelBinding | None = None
 
-    @contextlib.asynccontextmanager
-    async def lifespan(server: MCPServer[Any]) -> AsyncIterator[Runtime]:
-        async with runtime() if runtime else open_runtime(environ) as opened:
-            server.runtime = opened  # type: ignore[attr-defined]
-            try:
-                async with channel.attached(binding, opened.agent):  # push into this session
-                    yield opened
-            finally:
-                server.runtime = None  # type: ignore[attr-defined]
+    def opener(attempt: int) -> AbstractAsyncContextManager[Runtime]:
+        if runtime is not None:
+            return runtime()
+        return open_runtime(environ, None if attempt == 0 else RETRY_BACKOFF)
 
-    app: MCPServer[Any] = MeshServer(
+    def using(opened: Runtime) -> AbstractAsyncContextManager[Any]:
+        return channel.attached(binding, opened.agent)  # push into this session
+
+    @contextlib.asynccontextmanager
+    async def lifespan(server: MCPServer[Any]) -> AsyncIterator[RuntimeGate]:
+        gate = RuntimeGate(
+            opener, stations=station_names(environ), using=using, problem=problem, env=environ
+        )
+        gated = cast(GatedServer, server)
+        gate.on_open.append(lambda opened: setattr(gated, "runtime", opened))
+        async with gate:
+            gated.gate = gate
+            try:
+                yield gate
+            finally:
+                gated.gate = None
+                gated.runtime = None
+
+    app: MCPServer[Any] = GatedServer(
         name="macula-mcp",
         instructions=INSTRUCTIONS,
         lifespan=lifespan,

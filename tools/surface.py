@@ -14,6 +14,7 @@ from macula.errors import MaculaError
 from tools import channel
 from tools.context import current_runtime
 from tools.realms import membership_store
+from tools.runtime import startup_warnings
 
 ETIQUETTE = """Macula mesh etiquette (and why):
 - No booleans in payloads: write 0/1. Every SDK on the mesh agrees on integers; booleans do not
@@ -65,7 +66,12 @@ def register(app: MCPServer, describe: Any) -> None:
         "the pushes into sessions, by outcome).",
     )
     async def status() -> str:
+        gate = getattr(app, "gate", None)
+        warnings = startup_warnings(getattr(gate, "env", None) or {})
+        if getattr(app, "runtime", None) is None and gate is not None:
+            return json.dumps(gate.view() | ({"warnings": warnings} if warnings else {}))
         runtime = current_runtime(app)
+        warnings = startup_warnings(runtime.env)
         node = runtime.node
         if node.connected:
             with contextlib.suppress(MaculaError, TimeoutError):
@@ -85,6 +91,7 @@ def register(app: MCPServer, describe: Any) -> None:
                 "station_refused": dict(node.stats.refused),
                 "channel": channel.status(runtime.agent),
             }
+            | ({"warnings": warnings} if warnings else {})
         )
 
     @app.resource(

@@ -1,0 +1,84 @@
+"""Errors reach the agent: ``macula-mcp`` whose stations cannot be reached, or whose settings
+are wrong, still completes the MCP handshake and answers every tool with a structured error
+naming the problem and the fix; once the cause is gone the same session's next call works.
+Real ``macula-mcp`` subprocesses driven by the official SDK client; real station processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from tests.e2e.mcpkit import bad, good, server_params
+from tests.processkit import StationProcess, free_udp_port
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="mer-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def env_of(home: Path, **extra: str) -> dict[str, str]:
+    return dict(
+        os.environ, MACULA_HOME=str(home), MACULA_MCP_IDENTITY=str(home / "id.key"), **extra
+    )
+
+
+async def status(client: Client) -> dict[str, Any]:
+    read = await client.read_resource("mesh://status")
+    return dict(json.loads(read.contents[0].text))  # type: ignore[union-attr]
+
+
+async def test_an_unreachable_station_is_told_to_every_tool(home: Path) -> None:
+    env = env_of(home, MACULA_MESH_STATIONS="127.0.0.1:1")
+    async with Client(server_params(env)) as client:  # initialize answered
+        error = await bad(client, "mesh_hello")
+        assert error["code"] == "station_unreachable", error
+        assert error["retryable"] == 1
+        assert error["stations"] == ["127.0.0.1:1"]
+        assert (
+            "127.0.0.1:1" in error["next_action"] and "MACULA_MESH_STATIONS" in error["next_action"]
+        )
+        assert (await bad(client, "mesh_agents"))["code"] == "station_unreachable"
+        said = await status(client)
+        assert said["connected"] == 0 and said["problem"]["code"] == "station_unreachable"
+        assert len((await client.list_tools()).tools) > 5  # the session lives on
+
+
+async def test_the_next_call_works_once_the_station_is_started(home: Path) -> None:
+    port = free_udp_port()
+    env = env_of(home, MACULA_MESH_STATIONS=f"127.0.0.1:{port}")
+    station = StationProcess(home / "station", port)
+    async with Client(server_params(env)) as client:
+        error = await bad(client, "mesh_hello")
+        assert error["code"] == "station_unreachable", error
+        try:
+            await station.start()
+            hello = await good(client, "mesh_hello")  # a call wakes the retry and waits for it
+            assert hello, hello
+            said = await status(client)
+            assert said["connected"] == 1 and "problem" not in said
+        finally:
+            await station.kill()
+
+
+async def test_nonsense_stations_name_the_variable(home: Path) -> None:
+    env = env_of(home, MACULA_MESH_STATIONS="nonsense")
+    async with Client(server_params(env)) as client:
+        error = await bad(client, "mesh_hello")
+        assert error["code"] == "configuration", error
+        assert error["variable"] == "MACULA_MESH_STATIONS"
+        assert error["retryable"] == 0 and "MACULA_MESH_STATIONS" in error["next_action"]
+        said = await status(client)
+        assert said["problem"]["variable"] == "MACULA_MESH_STATIONS"
