@@ -244,6 +244,8 @@ def _run_console(argv: Sequence[str]) -> None:
 
 
 def _run_attach(argv: Sequence[str]) -> None:  # (the entry point dispatches it earlier, unimported)
+    if list(argv) in (["-h"], ["--help"]):
+        parser_for("attach").parse_args(["--help"])
     from tools.attach import main as attach
 
     attach(argv)

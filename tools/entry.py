@@ -24,6 +24,10 @@ def main() -> None:
 
 
 def _dispatch() -> None:
+    if sys.argv[1:] in (["attach", "-h"], ["attach", "--help"]):  # argparse only for help
+        from tools.commands import parser_for
+
+        parser_for("attach").parse_args(["--help"])
     if sys.argv[1:2] == ["attach"]:
         from tools.attach import main as attach
 

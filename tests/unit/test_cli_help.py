@@ -37,8 +37,9 @@ MCP_HELPS: list[tuple[list[str], list[str]]] = [
     (["station", "stop"], ["--json"]),
     (["station", "init"], ["--public", "--port", "--host", "--data-dir", "--json"]),
     (["http-token"], ["--agent"]),
+    (["attach"], []),
+    (["console"], ["--open"]),
 ]
-OTHERS_MODULES = {"attach", "console"}  # their parsers live in tools.attach, tools.console
 
 
 def helped(run: Callable[[], object]) -> str:
@@ -85,6 +86,10 @@ def test_the_installed_script_lists_http_token_too() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "http-token" in done.stdout and "mcp-config" in done.stdout
+    attach = subprocess.run(  # the entry point answers it before importing attach
+        [str(script), "attach", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert attach.returncode == 0 and "example" in attach.stdout, attach
 
 
 def test_a_flag_a_command_does_not_take_is_refused_naming_it(

@@ -10,7 +10,6 @@ Invariants:
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Final
 
 from tools import daemon_protocol as protocol
 from tools.attach import AttachError, handshake, reach_daemon, start_timeout
+from tools.commands import parser_for
 from tools.daemon_socket import SocketSetupError, home_dir, socket_path
 from tools.http_token import home_token
 
@@ -51,10 +51,7 @@ def console_url(env: Mapping[str, str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="macula-mcp console",
-        description="Print (and with --open, open) the URL of this home's console.",
-    )
+    parser = parser_for("console", "Print (and with --open, open) the URL of this home's console.")
     parser.add_argument("--open", action="store_true", help="open it in the default browser")
     args = parser.parse_args(list(argv or []))
     environ = dict(os.environ if env is None else env)
