@@ -14,7 +14,13 @@ import json
 from typing import Any
 
 from relay import metrics, monitor_page
-from relay.monitor_figures import Lifecycle, connections_page, links, status
+from relay.monitor_figures import (
+    Lifecycle,
+    connections_page,
+    links,
+    status,
+    with_directory_names,
+)
 from relay.monitor_http import MonitorServer, Request, Response
 from relay.station import Station
 
@@ -93,7 +99,8 @@ class Monitor:
         if path == "/connections":
             offset = _int(request.query, "offset", 0)
             limit = _int(request.query, "limit", 100)
-            return _json(connections_page(self.station, offset, limit))
+            page = connections_page(self.station, offset, limit)
+            return _json(await with_directory_names(self.station, page))
         if path == "/links":
             return _json({"links": links(self.station)})
         if path == "/metrics":
@@ -102,6 +109,7 @@ class Monitor:
             number = min(max(1, _int(request.query, "page", 1)), monitor_page.MAX_PAGE_NUMBER)
             per_page = self.clients_per_page
             clients = connections_page(self.station, (number - 1) * per_page, per_page)
-            page = monitor_page.render(await self.status(), links(self.station), clients, number)
-            return Response(200, page, "text/html; charset=utf-8")
+            clients = await with_directory_names(self.station, clients)
+            html = monitor_page.render(await self.status(), links(self.station), clients, number)
+            return Response(200, html, "text/html; charset=utf-8")
         return Response(404, b"no such page: /healthz /status /connections /links /metrics /\n")

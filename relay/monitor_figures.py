@@ -102,6 +102,22 @@ def connections_page(station: Station, offset: int, limit: int) -> dict[str, Any
     }
 
 
+async def with_directory_names(station: Station, page: dict[str, Any]) -> dict[str, Any]:
+    """``page`` (``connections_page``) with each client's ``operator_name`` as it announced it
+    in this station's agent directory (None when not listed; one indexed query per page)."""
+    house = station.house
+    store = None if house is None else house.agent_store
+    nodes = [bytes.fromhex(row["node_id"]) for row in page["connections"] if row["node_id"]]
+    listed = {}
+    if store is not None and nodes:
+        with contextlib.suppress(Exception):  # a store closing under a request: no names
+            listed = await store.listed(nodes, now_ms())
+    for row in page["connections"]:
+        found = listed.get(bytes.fromhex(row["node_id"])) if row["node_id"] else None
+        row["operator_name"] = None if found is None else found.entry.operator_name
+    return page
+
+
 def links(station: Station) -> list[dict[str, Any]]:
     """Every station connection (dialled or accepted) with its state."""
     now = now_ms()

@@ -67,7 +67,8 @@ def _client_row(row: dict[str, Any]) -> str:
     shown = f"{escape(node[:16])}…" if node else "(not yet announced)"
     return (
         f'<tr data-client="{escape(node)}"><td class=id>{shown}</td>'
-        f"<td>{escape(row['petname'] or '')}</td><td>{escape(row['address'] or '')}</td>"
+        f"<td>{escape(row['petname'] or '')}</td><td>{escape(row.get('operator_name') or '')}</td>"
+        f"<td>{escape(row['address'] or '')}</td>"
         f"<td>{escape(row['state'])}</td><td>{_since(row['since_ms'])}</td>"
         f'<td class="n">{row["age_s"]}</td></tr>'
     )
@@ -81,8 +82,8 @@ def _clients_table(clients: dict[str, Any], page: int) -> str:
         back = '<p><a href="/">first page</a></p>' if total else ""
         return f"{title}<p>none{' on this page' if total else ''}</p>{back}"
     head = (
-        "<tr><th>node id</th><th>petname</th><th>address</th><th>state</th><th>since</th>"
-        "<th>age s</th></tr>"
+        "<tr><th>node id</th><th>petname</th><th>operator</th><th>address</th><th>state</th>"
+        "<th>since</th><th>age s</th></tr>"
     )
     body = "".join(_client_row(row) for row in rows)
     links = [f'<a id="previous" href="/?page={page - 1}">previous</a>'] if page > 1 else []

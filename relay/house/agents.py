@@ -212,6 +212,21 @@ class AgentDirectoryStore(SqliteStore):
         )
         return [_registration(row) for row in rows]
 
+    async def listed(
+        self, node_ids: builtins.list[bytes], now_ms: int
+    ) -> dict[bytes, AgentRegistration]:
+        """The unexpired entries of ``node_ids`` (at most ``MAX_LIST_LIMIT`` asked at once)."""
+        if not node_ids:
+            return {}
+        if len(node_ids) > MAX_LIST_LIMIT:
+            raise ValueError(f"at most {MAX_LIST_LIMIT} node ids at once")
+        marks = ",".join("?" * len(node_ids))
+        rows = await self._fetchall(
+            f"SELECT {_COLUMNS} FROM agents WHERE node_id IN ({marks}) AND expires_ms > ?",
+            (*node_ids, now_ms),
+        )
+        return {bytes(row[0]): _registration(row) for row in rows}
+
     async def prune(self, now_ms: int) -> int:
         """Delete the entries expired at ``now_ms``; return how many."""
         return await self._execute("DELETE FROM agents WHERE expires_ms <= ?", (now_ms,))

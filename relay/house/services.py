@@ -121,6 +121,7 @@ class HouseServices:
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self.station_directory: StationDirectory | None = None
         self.mesh_agents: MeshAgentList | None = None
+        self.agent_store: AgentDirectoryStore | None = None  # read by the status page
         self._ask_linked: AskLinked | None = None
         self.history: HistoryService | None = None
         self._spawn: Spawner | None = None  # the station's task group (the history writer)
@@ -185,6 +186,7 @@ class HouseServices:
         if config.agent_directory:
             agent_store = await AgentDirectoryStore.open(data_dir / "agents.sqlite3")
             house._closers.append(agent_store.close)
+            house.agent_store = agent_store
             agents = AgentDirectory(
                 agent_store,
                 max_agents=config.directory_max_agents,

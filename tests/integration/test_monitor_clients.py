@@ -14,6 +14,7 @@ from meshkit import new_identity, station_config
 from monitorkit import get, get_json, monitor_on
 
 from macula.agent.petnames import petname
+from macula.house_client import HouseClient
 from macula.node import Node
 from relay.station import Station
 
@@ -90,3 +91,22 @@ async def test_a_page_number_out_of_range_is_answered_not_refused(
             assert '<a href="/">first page</a>' in html
         else:  # anything not a page number is the first page
             assert rows(html) == [node.identity.node_id.hex()]
+
+
+async def test_a_client_listed_in_the_directory_shows_its_operator_name(station: Station) -> None:
+    async with (
+        monitor_on(station) as monitor,
+        Node(new_identity(), [station.endpoint]) as listed,
+        Node(new_identity(), [station.endpoint]) as quiet,
+    ):
+        await quiet.flush()
+        entry = {"petname": petname(listed.identity.node_id), "operator_name": "Ann <ops>"}
+        await HouseClient(listed, listed.dht, listed.identity).register_agent(entry)
+        rows = (await get_json(monitor.address, "/connections"))["connections"]
+        names = {r["node_id"]: r["operator_name"] for r in rows}
+        assert names == {
+            listed.identity.node_id.hex(): "Ann <ops>",
+            quiet.identity.node_id.hex(): None,
+        }
+        html = await page(monitor.address, "/")
+        assert "<td>Ann &lt;ops&gt;</td>" in html and "Ann <ops>" not in html
