@@ -1,13 +1,14 @@
-"""Screenshots of the console's main views, for the README (``docs/console/*.png``).
+"""Screenshots of the console's main views and the station's status page, for the README
+(``docs/console/*.png``).
 
     uv run python scripts/console_screenshots.py [--out docs/console]
 
-Everything is real and on loopback: a station in this process, three agents of one home
-(alice and bob talk in a room, bob rings carol, who answers under ``ask``, carol hands alice a
-task), a realm
-of this home with a join request waiting, the console served as the daemon serves it, and
-Debian's headless Chromium (``/usr/bin/chromium``) driven by playwright. Nothing leaves the
-machine; the temporary home is removed at the end.
+Everything is real and on loopback: a station in this process (its status page on a monitor
+port), three agents of one home named as ``register --attach`` names them (``MACULA_MCP_AGENT``
+and an operator name: alice and bob talk in one room, bob rings carol, who answers under
+``ask``, carol hands alice a task), a realm of this home with a join request waiting, the
+console served as the daemon serves it, and Debian's headless Chromium (``/usr/bin/chromium``)
+driven by playwright. Nothing leaves the machine; the temporary home is removed at the end.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 from macula.clock import now_ms
 from macula.realm.authority import Realm
+from relay.monitor import Monitor
+from relay.monitor_figures import Lifecycle
 from relay.station import Station, StationConfig
 from tools.console import actions
 from tools.console.person_key import person_identity
@@ -45,13 +48,15 @@ class Home:
 
 
 @contextlib.asynccontextmanager
-async def agent(home: Home, station: Station, name: str, policy: str) -> AsyncIterator[Runtime]:
+async def agent(
+    home: Home, station: Station, name: str, operator: str, policy: str
+) -> AsyncIterator[Runtime]:
     env = {
         "MACULA_HOME": str(home.home),
         "MACULA_MESH_STATIONS": station.endpoint,
-        "MACULA_MCP_IDENTITY": str(home.home / f"{name}.key"),
+        "MACULA_MCP_AGENT": name,
         "MACULA_MCP_CONTACT_POLICY": policy,
-        "MACULA_MCP_OPERATOR_NAME": name,
+        "MACULA_MCP_OPERATOR_NAME": operator,
         "MACULA_MCP_MODEL": "claude",
     }
     async with open_runtime(env) as runtime:
@@ -98,7 +103,7 @@ async def stage(alice: Runtime, bob: Runtime, carol: Runtime, home: Path) -> Non
     realm.start_session(carol.node.identity.node_id, now_ms())
 
 
-async def shoot(url: str, out: Path) -> list[Path]:
+async def shoot(url: str, status_url: str, out: Path) -> list[Path]:
     from playwright.async_api import async_playwright
 
     saved = []
@@ -114,6 +119,11 @@ async def shoot(url: str, out: Path) -> list[Path]:
                 path = out / f"{view}.png"
                 await page.screenshot(path=str(path))
                 saved.append(path)
+            await page.goto(status_url)
+            await page.wait_for_selector("#clients")
+            path = out / "status.png"
+            await page.screenshot(path=str(path), full_page=True)
+            saved.append(path)
         finally:
             await browser.close()
     return saved
@@ -126,11 +136,15 @@ async def main(out: Path) -> None:
         config = StationConfig(data_dir=Path(folder) / "station", port=0)
         async with (
             Station(config) as station,
-            agent(home, station, "alice", "open") as alice,
-            agent(home, station, "bob", "open") as bob,
-            agent(home, station, "carol", "ask") as carol,
+            agent(home, station, "alice", "Ann", "open") as alice,
+            agent(home, station, "bob", "Ben", "open") as bob,
+            agent(home, station, "carol", "Cleo", "ask") as carol,
         ):
             await stage(alice, bob, carol, home.home)
+            lifecycle = Lifecycle()
+            lifecycle.ready = 1
+            monitor = Monitor(station, lifecycle)
+            host, monitor_port = await monitor.start("127.0.0.1", 0)
             app = build_app(home)
             stopping = asyncio.Event()
             sock = bind(0)
@@ -138,11 +152,12 @@ async def main(out: Path) -> None:
             served = asyncio.create_task(serve(app, sock, home.home, stopping))
             try:
                 url = f"http://127.0.0.1:{port}/?token={home_token(home.home)}"
-                for path in await shoot(url, out):
+                for path in await shoot(url, f"http://{host}:{monitor_port}/", out):
                     print(path)
             finally:
                 stopping.set()
                 await served
+                await monitor.close()
 
 
 if __name__ == "__main__":

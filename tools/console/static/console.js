@@ -74,7 +74,7 @@ function renderRooms(snapshot) {
   },
   el("div", { class: "purpose" }, roomPurpose(r)),
   el("div", { class: "people" }, people(r)),
-  el("div", { class: "hosts" }, "here: ", ...r.hosts.map((h) => el("span", { class: "tag host", "data-host": h.node_id }, label(h.node_id, h.petname))),
+  el("div", { class: "hosts" }, "hosted here: ", ...r.hosts.map((h) => el("span", { class: "tag host", "data-host": h.node_id }, label(h.node_id, h.petname))),
     r.private ? el("span", { class: "tag" }, "private") : null,
     realmOf(r) ? el("span", { class: "tag" }, "realm " + short(r.realm)) : null,
     r.unread ? el("span", { class: "badge", "data-unread": r.unread }, r.unread) : null))));
