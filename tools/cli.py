@@ -61,6 +61,12 @@ def mcp_config(attach: bool = False) -> None:
     entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
     stations = os.environ.get("MACULA_MESH_STATIONS")
     if stations:
+        from macula.config import configured_stations
+
+        try:
+            configured_stations(os.environ)  # never print an entry macula-mcp would refuse
+        except MaculaError as exc:
+            _fatal(exc)
         entry["env"] = {"MACULA_MESH_STATIONS": stations}
     print(json.dumps({"mcpServers": {"macula": entry}}, indent=2))
 

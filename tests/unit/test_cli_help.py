@@ -164,3 +164,16 @@ def test_realm_help_has_no_markup_and_each_command_its_own() -> None:
         for action in sub._actions:
             if action.dest != "help":
                 assert action.help, (name, action.dest)
+
+
+def test_mcp_config_refuses_a_station_list_macula_mcp_would_refuse(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tools.cli import main
+
+    monkeypatch.setenv("MACULA_MESH_STATIONS", "zz@127.0.0.1:4433")
+    with pytest.raises(SystemExit) as done:
+        main(["mcp-config", "--attach"])
+    said = capsys.readouterr()
+    assert done.value.code == 2 and said.out == ""
+    assert "MACULA_MESH_STATIONS" in said.err and "zz@127.0.0.1:4433" in said.err
