@@ -8,7 +8,10 @@ Invariants:
   integers, never booleans, every node id with its petname;
 - the agent directory (a mesh call) is read at most once per ``DIRECTORY_TTL_S`` per identity
   (``DirectoryCache``); a failure there shows as an error string, never breaks the snapshot;
-- no token, key or path of a key file is ever part of a snapshot.
+- no token, key or path of a key file is ever part of a snapshot;
+- each room appears once, in ``rooms`` (``tools.console.rooms_view``), however many hosted
+  identities are in it; an identity's ``rooms`` only names their topics;
+- ``agent_name`` is ``MACULA_MCP_AGENT`` only when it chose the key (no ``MACULA_MCP_IDENTITY``).
 """
 
 from __future__ import annotations
