@@ -11,7 +11,9 @@ Invariants:
   front's (``tools.stdio_front``): it reads stdin from spawn on and answers the opening
   request (the era, the handshake card) before the daemon is reached or even started;
 - every failure is one line on stderr and a non-zero exit: 2 for a bad setting, 1 otherwise
-  (daemon unreachable, another version, refused);
+  (daemon unreachable, another version, refused); a session the daemon serves with a problem
+  (a bad setting, other settings than the running agent's, no station: every tool answers it,
+  ``tools.runtime_gate``) says it in one line on stderr too, and exits so when it ends;
 - a stale socket is never removed here: the daemon started in its place removes it under its
   lock, after checking that nothing answers on it.
 """
@@ -37,6 +39,7 @@ START_ENV: Final = "MACULA_MCP_DAEMON_START_S"
 DEFAULT_START_S: Final = 30.0
 POLL_S: Final = 0.02  # interval between connection attempts while a daemon starts
 CHUNK: Final = 65536
+DIFFER: Final = ("daemon_settings_differ", "configuration")  # exit 2 (a setting), else 1
 START_ERR: Final = "daemon-start.err"  # the starting daemon's stderr, in MACULA_HOME/logs
 
 
@@ -269,5 +272,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(f"the daemon on {sock} did not complete the handshake: {exc}", 1)
     if not reply["ok"]:
         fail(str(reply["detail"]), 2 if reply.get("code") == "config_error" else 1)
+    problem = reply.get("problem")
+    if isinstance(problem, dict):  # served anyway: every tool answers it until it is gone
+        said = f"{problem.get('detail')}; {problem.get('next_action')}"
+        print(f"macula-mcp attach: {said}", file=sys.stderr, flush=True)
     if not forward(conn, pending, front=front):
         fail(f"the daemon closed the session (stopped or crashed; see {home_dir(env)}/logs)", 1)
+    if isinstance(problem, dict):
+        raise SystemExit(2 if problem.get("code") in DIFFER else 1)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shlex
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -65,7 +66,28 @@ class IdleClock:
 
 
 class SettingsConflict(ConfigError):
-    """A session's settings differ from those its agent's runtime was opened with."""
+    """A session's settings differ from those its agent's runtime was opened with: the
+    variables (never their values) and the command that lets this session's settings win."""
+
+    def __init__(self, message: str, variables: list[str], home: str) -> None:
+        super().__init__(message)
+        self.variables = variables
+        self.command = f"MACULA_HOME={shlex.quote(home)} macula-mcp daemon stop"
+
+    def problem(self) -> Any:
+        from tools.runtime_gate import Problem  # the tool error this becomes
+
+        named = ", ".join(self.variables)
+        return Problem(
+            "daemon_settings_differ",
+            str(self),
+            f"run `{self.command}`, then reconnect this MCP server (attach starts a daemon "
+            f"with this session's settings); or give this session the same {named} as the "
+            "running agent. This session retries on every call: it works once that agent's "
+            "runtime has closed",
+            retryable=1,
+            facts={"variables": self.variables, "command": self.command},
+        )
 
 
 @dataclass(eq=False)
@@ -154,7 +176,9 @@ class Hosts:
                 raise SettingsConflict(
                     f"the daemon already runs agent {key[:16]} with other settings "
                     f"({', '.join(names)} differ): use the same settings, or restart it with "
-                    f"`macula-mcp daemon stop`"
+                    f"`macula-mcp daemon stop`",
+                    names,
+                    env.get("MACULA_HOME", "~/.macula"),
                 )
             return existing
         hosted = Hosted(key, env)

@@ -255,6 +255,7 @@ class Daemon:
     ) -> None:
         assert self.hosts is not None
         replied = False
+        env: dict[str, str] | None = None
         try:
             env = session_env(preamble, self.settings.home)
             async with self.hosts.session(env) as hosted:
@@ -264,8 +265,43 @@ class Daemon:
         except (MaculaError, OSError) as exc:
             if replied:
                 raise
-            code = "config_error" if isinstance(exc, ConfigError) else "runtime_failed"
-            writer.write(_refusal(code, str(exc)))
+            if env is None:  # not this daemon's home: nothing here can serve it
+                writer.write(_refusal("config_error", str(exc)))
+                return
+            await self._troubled(exc, env, reader, writer)
+
+    async def _troubled(
+        self,
+        exc: MaculaError | OSError,
+        env: dict[str, str],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """The session's runtime cannot be had now (a bad setting, other settings than the
+        running agent's, no station): serve MCP anyway, every tool answering the problem, and
+        open it on a later call once the cause is gone (``tools.runtime_gate``). The reply
+        carries the problem, which attach says on stderr."""
+        from tools.runtime import station_names
+        from tools.runtime_gate import problem_of
+        from tools.server import build_server
+        from tools.stdio_guard import serve_guarded
+
+        assert self.hosts is not None
+        hosts = self.hosts
+        problem = problem_of(exc, [str(station) for station in station_names(env)])
+        log.info("session served with a problem: %s", problem.detail)
+        reply = {"ok": 1, "version": protocol.VERSION, "problem": problem.view()}
+        writer.write(protocol.encode_reply(reply))
+
+        @contextlib.asynccontextmanager
+        async def opened() -> Any:
+            async with hosts.session(env) as hosted:
+                assert hosted.runtime is not None
+                yield hosted.runtime
+
+        app = build_server(env, runtime=opened, problem=problem)
+        lines, sink = cast(Any, _SocketLines(reader)), cast(Any, _SocketSink(writer))
+        await serve_guarded(app, lines, sink)
 
     async def _mcp(
         self,

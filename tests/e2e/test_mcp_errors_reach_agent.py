@@ -5,6 +5,7 @@ Real ``macula-mcp`` subprocesses driven by the official SDK client; real station
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -16,8 +17,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from tests.e2e.mcpkit import bad, good, server_params
+from relay.station import Station
+from tests.e2e.mcpkit import bad, good, server_params, stop_daemon_for_good
+from tests.integration.waiting import eventually
 from tests.processkit import StationProcess, free_udp_port
+from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
 
@@ -82,3 +86,44 @@ async def test_nonsense_stations_name_the_variable(home: Path) -> None:
         assert error["retryable"] == 0 and "MACULA_MESH_STATIONS" in error["next_action"]
         said = await status(client)
         assert said["problem"]["variable"] == "MACULA_MESH_STATIONS"
+
+
+async def test_attach_with_other_settings_than_the_daemons_agent_is_told_and_recovers(
+    station: Station, home: Path
+) -> None:
+    attach = [*server_command(), "attach"]
+    first = dict(os.environ, MACULA_HOME=str(home), MACULA_MESH_STATIONS=station.endpoint)
+    first["MACULA_MCP_AGENT"] = "ada"
+    other = dict(first, MACULA_MESH_STATIONS=f"{station.endpoint},127.0.0.1:1")
+    ada_up, ada_leaves = asyncio.Event(), asyncio.Event()
+
+    async def ada_session() -> None:  # the agent the daemon runs, with the first settings
+        async with Client(server_params(first, attach)) as ada:
+            await good(ada, "mesh_hello")
+            ada_up.set()
+            await ada_leaves.wait()
+            await good(ada, "mesh_goodbye")  # its runtime closes once ada detaches
+
+    try:
+        ada = asyncio.create_task(ada_session())
+        await asyncio.wait_for(ada_up.wait(), 60)
+        async with Client(server_params(other, attach)) as later:
+            error = await bad(later, "mesh_hello")  # same agent, other stations
+            assert error["code"] == "daemon_settings_differ", error
+            assert error["variables"] == ["MACULA_MESH_STATIONS"]
+            assert "macula-mcp daemon stop" in error["command"]
+            assert error["command"] in error["next_action"]
+            assert str(home) in error["command"]
+            said = await status(later)
+            assert said["problem"]["code"] == "daemon_settings_differ"
+            ada_leaves.set()
+            await ada
+
+            async def works() -> bool:
+                result = await later.call_tool("mesh_hello", {})
+                return not result.is_error
+
+            await eventually(works, timeout=30, interval=0.2)  # the same session, no restart
+            assert (await status(later))["connected"] == 1
+    finally:
+        stop_daemon_for_good(home)
