@@ -24,6 +24,7 @@ import tomlkit
 
 # dests with no key in the file (``worker_role``: set by ``--workers``' parent only)
 NOT_KEYS = frozenset({"help", "config", "print_config", "worker_role"})
+NUMBERS: dict[object, str] = {int: "a whole number", float: "a number"}
 
 
 class ConfigFileError(Exception):
@@ -91,6 +92,8 @@ def _convert_one(action: argparse.Action, value: object) -> Any:
         try:
             converted = action.type(str(value))
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
+            if action.type in NUMBERS:  # Python's own wording ("invalid literal ...") says less
+                raise ValueError(f"{value!r} is not {NUMBERS[action.type]}") from None
             raise ValueError(str(exc) or f"{value!r} is not valid") from None
     else:
         converted = str(value)

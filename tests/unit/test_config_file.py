@@ -69,7 +69,8 @@ def test_flags_win_and_a_repeated_flag_replaces_the_list(tmp_path: Path) -> None
     ("text", "message"),
     [
         ("port = 0\nmax-recrods = 3\n", "line 2: unknown key 'max-recrods' (did you mean"),
-        ("\n\nport = 'x'\n", "line 3: key 'port': "),
+        ("\n\nport = 'x'\n", "line 3: key 'port': 'x' is not a whole number"),
+        ("lat = 'north'\n", "line 1: key 'lat': 'north' is not a number"),
         ("no-memory = 'yes'\n", "line 1: key 'no-memory': expected true or false"),
         ("peer = ['nonsense']\n", "line 1: key 'peer': "),
         ("log-level = 'loud'\n", "line 1: key 'log-level': 'loud' is not one of debug"),
@@ -83,6 +84,9 @@ def test_a_bad_file_names_its_line_and_key(tmp_path: Path, text: str, message: s
     with pytest.raises(config_file.ConfigFileError) as caught:
         config_file.parse(build_parser(), ["--config", str(path)])
     assert str(caught.value).startswith(f"{path} line") and message in str(caught.value)
+    assert "invalid literal" not in str(caught.value) and "could not convert" not in str(
+        caught.value
+    )
 
 
 def test_blame_names_the_exact_flag() -> None:
