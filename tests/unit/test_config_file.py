@@ -83,10 +83,9 @@ def test_a_bad_file_names_its_line_and_key(tmp_path: Path, text: str, message: s
     path.write_text(text)
     with pytest.raises(config_file.ConfigFileError) as caught:
         config_file.parse(build_parser(), ["--config", str(path)])
-    assert str(caught.value).startswith(f"{path} line") and message in str(caught.value)
-    assert "invalid literal" not in str(caught.value) and "could not convert" not in str(
-        caught.value
-    )
+    said = str(caught.value)
+    assert said.startswith(f"{path} line") and message in said
+    assert "invalid literal" not in said and "could not convert" not in said  # Python's words
 
 
 def test_blame_names_the_exact_flag() -> None:
