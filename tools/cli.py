@@ -77,8 +77,7 @@ Check = tuple[str, bool | None, str]  # name, passed (None: a warning, not a fai
 async def _doctor() -> list[Check]:
     from macula.config import identity_path
     from macula.keyfile import load_or_create_identity
-    from macula.stations import parse_station_list
-    from tools.local_station import DEFAULT_STATION
+    from tools.doctor_checks import configuration_check, settings_checks
 
     results: list[Check] = []
     env = dict(os.environ)
@@ -88,14 +87,9 @@ async def _doctor() -> list[Check]:
         results.append(("identity", True, f"{identity.node_id.hex()} ({path})"))
     except Exception as exc:
         results.append(("identity", False, str(exc)))
-    try:
-        stations = parse_station_list(env.get("MACULA_MESH_STATIONS", "")) or parse_station_list(
-            DEFAULT_STATION
-        )
-        results.append(("configuration", True, ", ".join(map(str, stations))))
-    except MaculaError as exc:
-        results.append(("configuration", False, str(exc)))
-        stations = []
+    configuration, stations = await configuration_check(env)
+    results.append(configuration)
+    results.extend(settings_checks(env))
     station_checks = [await _station_check(env, station) for station in stations]
     results.extend(station_checks)
     reachable = any(good is not False for _, good, _ in station_checks)

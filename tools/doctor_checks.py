@@ -12,10 +12,13 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from macula.config import macula_home
+from macula.config import AGENT_ENV, IDENTITY_ENV, configured_stations, macula_home
+from macula.errors import ConfigError
+from macula.stations import STATIONS_ENV, StationAddress, parse_station
 from tools.launch import server_command
-from tools.local_station import local_station_status
+from tools.local_station import DEFAULT_STATION, local_station_status
 from tools.local_station_settings import home_port, settings
+from tools.runtime_gate import unresolved as no_station_resolves
 from tools.stdio_front import CARD_FILE, UNSUPPORTED_PROTOCOL_VERSION, channel_on
 
 Check = tuple[str, bool | None, str]
@@ -33,6 +36,52 @@ PROBE = {
         }
     },
 }
+
+
+async def configuration_check(env: Mapping[str, str]) -> tuple[Check, list[StationAddress]]:
+    """Which stations this home's server uses, and the ones to probe: those of
+    ``MACULA_MESH_STATIONS`` (checked as the server checks them), else this home's own station
+    (its endpoint when it runs; ``DEFAULT_STATION`` is probed for one run by hand)."""
+    name = "configuration"
+    try:
+        stations = configured_stations(env)
+    except ConfigError as exc:
+        return (name, False, str(exc)), []
+    if stations:
+        unresolved = await no_station_resolves(stations)
+        if unresolved is not None:
+            return (name, False, str(unresolved)), []
+        return (name, True, f"{STATIONS_ENV}: {', '.join(map(str, stations))}"), stations
+    status = local_station_status(macula_home(env))
+    if status.state == "running" and status.endpoint:
+        own = f"this home's own station {status.endpoint}"
+    else:
+        try:
+            port: int | None = settings(env).port
+        except ConfigError:  # said by the settings and local station checks
+            port = None
+        where = "any free port" if port == 0 else f"127.0.0.1:{port}" if port else "its port"
+        own = f"this home's own station (none runs; the next session starts one on {where})"
+    detail = f"{STATIONS_ENV} unset: {own}, or one run by hand at {DEFAULT_STATION}"
+    return (name, True, detail), [parse_station(DEFAULT_STATION)]
+
+
+def settings_checks(env: Mapping[str, str]) -> list[Check]:
+    """Every ``MACULA_*`` setting the server reads, checked as it checks them at start-up: a
+    bad one FAILs naming the variable (the server would answer every tool with it), and so
+    does a contact policy that is not one (the server then refuses every ring: closed)."""
+    from tools.runtime import preflight, startup_warnings
+
+    checks: list[Check] = []
+    without_stations = {k: v for k, v in env.items() if k != STATIONS_ENV}  # configuration's
+    try:
+        preflight(without_stations)
+        checks.append(("settings", True, "every MACULA_* value the server reads is valid"))
+    except ConfigError as exc:
+        said = str(exc).startswith((IDENTITY_ENV, AGENT_ENV, "identity"))  # the identity check's
+        checks.append(("settings", False, str(exc)) if not said else ("settings", None, str(exc)))
+    checks.extend(("contact policy", False, warning) for warning in startup_warnings(env))
+    return checks
 
 
 def local_station_check(env: Mapping[str, str]) -> Check:

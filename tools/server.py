@@ -86,7 +86,9 @@ def build_server(
     handshake never waits for it, and ``problem`` (a bad setting found at start-up) is what
     the tools answer until it opens."""
     environ = dict(os.environ if env is None else env)
-    describe = Descriptions(terse=environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1")
+    bad = problem.facts.get("variable") if problem else None
+    shaping = {k: v for k, v in environ.items() if k != bad}  # a bad one cannot shape the tools
+    describe = Descriptions(terse=shaping.get("MACULA_MCP_TERSE_TOOLS", "0") == "1")
     binding: channel.ChannelBinding | None = None
 
     def opener(attempt: int) -> AbstractAsyncContextManager[Runtime]:
@@ -118,9 +120,9 @@ def build_server(
         lifespan=lifespan,
         version="0.1.0",
         terse=describe.terse,
-        lengths=text_limits.limits(environ),
+        lengths=text_limits.limits(shaping),
     )
-    binding = channel.install(app, environ)  # None with MACULA_MCP_CHANNEL=0
+    binding = channel.install(app, shaping)  # None with MACULA_MCP_CHANNEL=0
     for group in GROUPS:
         group.register(app, describe)
     mark_always_loaded(app)

@@ -9,7 +9,8 @@ Invariants:
   an agent silently unringable or silently open. Valid allowlist entries of a malformed file
   are kept (they can only turn a deferral into an acceptance for a node the operator listed).
 - The ``MACULA_MCP_CONTACT_POLICY`` override (passed in) replaces the mode for this process,
-  even over a malformed file; an invalid override is reported and means ``ask``.
+  even over a malformed file; an invalid override is reported and means ``closed`` (fails
+  closed: the person meant to choose, so neither open nor a silent ``ask``).
 - ``decide`` is pure. The allowlist holds node ids only (lowercase hex), never petnames.
 - ``trust`` adds one node id (no duplicates) and flips an unset or ``ask`` mode to
   ``allowlist``; ``open`` and ``closed`` stay. ``untrust`` never touches the mode. Both keep
@@ -67,7 +68,8 @@ class PolicyState:
 
     ``mode`` is what ``decide`` uses; ``file_mode`` is the file's own valid ``contact_policy``
     (None when unset, invalid or unreadable), even if a problem elsewhere forced ``ask``;
-    ``mode_source`` is ``"file"``, ``"default"`` or ``"override"``; ``error`` joins
+    ``mode_source`` is ``"file"``, ``"default"``, ``"override"`` or ``"invalid_override"``
+    (then ``closed``); ``error`` joins
     every problem found (file and override), or is None.
     """
 
@@ -122,9 +124,9 @@ def load_policy(path: str | os.PathLike[str], env_override: str | None) -> Polic
         if override is None:
             problems.append(
                 f"{ENV_OVERRIDE}={env_override!r} is not open, ask, allowlist, closed or 1..4 "
-                "(using ask)"
+                "(closed: every ring is refused until it is fixed)"
             )
-            mode, source = Mode.ASK, "default"
+            mode, source = Mode.CLOSED, "invalid_override"
         else:
             mode, source = override, "override"
     return PolicyState(

@@ -127,3 +127,16 @@ async def test_attach_with_other_settings_than_the_daemons_agent_is_told_and_rec
             assert (await status(later))["connected"] == 1
     finally:
         stop_daemon_for_good(home)
+
+
+async def test_a_bad_contact_policy_fails_closed_and_says_so(station: Station, home: Path) -> None:
+    env = env_of(home, MACULA_MESH_STATIONS=station.endpoint)
+    env["MACULA_MCP_CONTACT_POLICY"] = "yes-please"
+    async with Client(server_params(env)) as client:
+        hello = await good(client, "mesh_hello")
+        assert hello["ring"]["contact_policy"] == "closed", hello
+        read = await client.read_resource("mesh://policy")
+        policy = json.loads(read.contents[0].text)  # type: ignore[union-attr]
+        assert policy["contact_policy"] == "closed" and policy["source"] == "invalid_override"
+        said = await status(client)
+        assert any("MACULA_MCP_CONTACT_POLICY" in line for line in said["warnings"]), said

@@ -187,10 +187,10 @@ def test_override_applies_without_a_file_and_over_a_malformed_one(policy_file: P
 
 
 @pytest.mark.parametrize("override", ["sometimes", "5", "0", "true"])
-def test_invalid_override_is_ask_with_an_error(policy_file: Path, override: str) -> None:
+def test_invalid_override_fails_closed_with_an_error(policy_file: Path, override: str) -> None:
     write(policy_file, {"contact_policy": "open"})
     state = load_policy(policy_file, override)
-    assert state.mode is Mode.ASK and state.mode_source == "default"
+    assert state.mode is Mode.CLOSED and state.mode_source == "invalid_override"
     assert state.error is not None and "MACULA_MCP_CONTACT_POLICY" in state.error
 
 

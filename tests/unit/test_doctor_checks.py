@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from tools.doctor_checks import _judge, first_answer_check, local_station_check
 from tools.local_station import StationFiles
 from tools.local_station_settings import home_port
@@ -43,3 +45,39 @@ def test_the_local_station_state_is_told_with_its_fix(tmp_path: Path) -> None:
     files.endpoint.write_text("x\n")
     _, passed, detail = local_station_check(env)
     assert passed is None and "macula-mcp station stop" in detail
+
+
+def test_settings_fail_naming_the_variable_and_a_bad_contact_policy_fails_closed(
+    tmp_path: Path,
+) -> None:
+    from tools.doctor_checks import settings_checks
+
+    env = {"MACULA_HOME": str(tmp_path), "MACULA_MCP_AGENT": "ada"}
+    assert settings_checks(env) == [
+        ("settings", True, "every MACULA_* value the server reads is valid")
+    ]
+    [check] = settings_checks({**env, "MACULA_MCP_CHANNEL_BURST": "abc"})
+    assert check[:2] == ("settings", False) and "MACULA_MCP_CHANNEL_BURST" in check[2]
+    assert "invalid literal" not in check[2]
+    policy = settings_checks({**env, "MACULA_MCP_CONTACT_POLICY": "yes-please"})
+    assert policy[1][:2] == ("contact policy", False)
+    assert "MACULA_MCP_CONTACT_POLICY" in policy[1][2] and "closed" in policy[1][2]
+
+
+@pytest.mark.anyio
+async def test_configuration_names_this_homes_own_station_or_the_bad_variable(
+    tmp_path: Path,
+) -> None:
+    from tools.doctor_checks import configuration_check
+
+    env = {"MACULA_HOME": str(tmp_path)}
+    (name, passed, detail), probed = await configuration_check(env)
+    assert (name, passed) == ("configuration", True)
+    assert f"127.0.0.1:{home_port(tmp_path)}" in detail and "this home's own station" in detail
+    assert [str(station) for station in probed] == ["127.0.0.1:4433"]  # one run by hand
+    (_, passed, detail), probed = await configuration_check(
+        {**env, "MACULA_MESH_STATIONS": "nonsense.invalid"}
+    )
+    assert passed is False and "MACULA_MESH_STATIONS" in detail and probed == []
+    (_, passed, detail), _ = await configuration_check({**env, "MACULA_MESH_STATIONS": "a:b:c"})
+    assert passed is False and detail.startswith("MACULA_MESH_STATIONS")
