@@ -7,8 +7,8 @@ introduce themselves with a CALL of ``MESH_PROCEDURE`` carrying their own signed
 station_endpoint record (``more`` 1), and the answer lists the answering station's other
 linked stations, each by *that station's own* record. A station introducing itself on its
 first link (``first`` 1: a newcomer) has its record passed on to the other links of the
-station it joined (``more`` 0: nothing is answered), so the stations already in the mesh dial
-the newcomer too; later links of the newcomer are not passed on (the stations it joined
+station it joined (``more`` 0: nothing is answered), so the stations already in the mesh learn
+of the newcomer at once (and dial it unless its own dial linked them first); later links of the newcomer are not passed on (the stations it joined
 through told everyone already: one burst per join, not one per link). The shell
 (``relay.station_links``) makes the calls and dials what is learned.
 
