@@ -306,6 +306,18 @@ class Front:
 
 
 _RUNNING: list[Front] = []
+TERMINAL_HINT: Final = (
+    "macula-mcp: this is the Macula mesh's MCP server; it speaks JSON-RPC on stdin for an agent "
+    "harness. Add it to one with `macula-mcp register`; see two agents meet with `macula-mcp "
+    "demo` (Ctrl-D ends this)"
+)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 def start(env: Mapping[str, str]) -> Front:
@@ -313,6 +325,8 @@ def start(env: Mapping[str, str]) -> Front:
     fd 0 then reads the null device and fd 1 is stderr, so a stray print or a child process
     never touches the protocol (as the SDK's own stdio transport does)."""
     if not _RUNNING:
+        if _isatty(0):  # a person, not a harness: say what this is (it still serves MCP)
+            print(TERMINAL_HINT, file=sys.stderr, flush=True)
         wire_in, wire_out = os.dup(0), os.dup(1)  # not inherited by children
         null = os.open(os.devnull, os.O_RDONLY)
         try:

@@ -140,3 +140,34 @@ async def test_a_bad_contact_policy_fails_closed_and_says_so(station: Station, h
         assert policy["contact_policy"] == "closed" and policy["source"] == "invalid_override"
         said = await status(client)
         assert any("MACULA_MCP_CONTACT_POLICY" in line for line in said["warnings"]), said
+
+
+def test_on_a_terminal_it_says_what_it_is_and_still_serves(home: Path) -> None:
+    import pty
+    import select
+    import subprocess
+
+    from tests.e2e.mcpkit import initialize_request
+
+    terminal, its_side = pty.openpty()
+    child = subprocess.Popen(
+        server_command(),
+        stdin=its_side,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env_of(home, MACULA_MESH_STATIONS="127.0.0.1:1"),
+    )
+    os.close(its_side)
+    try:
+        assert child.stderr is not None and child.stdout is not None
+        ready, _, _ = select.select([child.stderr], [], [], 30)
+        line = child.stderr.readline().decode() if ready else ""
+        assert "MCP server" in line and "macula-mcp register" in line and "macula-mcp demo" in line
+        os.write(terminal, json.dumps(initialize_request("tty")).encode() + b"\n")
+        ready, _, _ = select.select([child.stdout], [], [], 30)
+        answer = json.loads(child.stdout.readline()) if ready else {}
+        assert answer.get("id") == 1 and "serverInfo" in answer.get("result", {}), answer
+    finally:
+        child.kill()
+        child.wait()
+        os.close(terminal)
