@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
+from macula.errors import ConfigError
 from macula.task_scope import Spawner, TaskScope
 
 log = logging.getLogger("macula.relay.monitor")
@@ -182,9 +183,17 @@ class MonitorServer:
         self._scope = TaskScope(spawn)
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
-        self._server = await asyncio.start_server(
-            self._accepted, host, port, limit=MAX_HEADER_BYTES + 2, reuse_address=True
-        )
+        """Listen; a port in use is a ``ConfigError`` naming the monitor's address (not the
+        station's, which listens already)."""
+        try:
+            self._server = await asyncio.start_server(
+                self._accepted, host, port, limit=MAX_HEADER_BYTES + 2, reuse_address=True
+            )
+        except OSError as exc:
+            raise ConfigError(
+                f"--monitor {host}:{port}: cannot listen there ({exc.strerror or exc}); another "
+                "program holds it: choose another --monitor port"
+            ) from None
         bound = self._server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])
 
