@@ -3,9 +3,8 @@
 - a description or epilog line that starts with a space is kept as written (examples,
   commands to copy); the other lines are paragraphs (up to a blank or indented line), wrapped
   to the terminal's width;
-- an option's default is shown at the end of its help, as ``(default X)``, unless the help
-  already says its default, the default is ``None`` (the help says what happens then) or the
-  option is a switch (``store_true``: off unless given).
+- every option's default is shown at the end of its help, as ``(default X)`` (``none`` when
+  unset, ``off`` for a switch), unless the help already says its default in its own words.
 """
 
 from __future__ import annotations
@@ -41,14 +40,12 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
-        if (
-            "default" in text
-            or default is None
-            or default is argparse.SUPPRESS
-            or action.nargs == 0
-            or not action.option_strings
-            or default == []
-        ):
+        if "default" in text or default is argparse.SUPPRESS or not action.option_strings:
             return text
-        shown = f"{default:g}" if isinstance(default, float) else str(default)
+        if action.nargs == 0:  # a switch
+            shown = "on" if default else "off"
+        elif default is None or default == []:
+            shown = "none"
+        else:
+            shown = f"{default:g}" if isinstance(default, float) else str(default)
         return f"{text} (default {shown.replace('%', '%%')})".lstrip()

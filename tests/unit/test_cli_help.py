@@ -121,9 +121,8 @@ def test_relay_help_groups_every_flag_with_help_and_its_default() -> None:
         if action.help == argparse.SUPPRESS or action.dest == "help":
             continue
         assert action.help, action.option_strings
-        if action.nargs != 0 and action.default not in (None, []):
-            shown = parser._get_formatter()._get_help_string(action)
-            assert shown is not None and "default" in shown, action.option_strings
+        shown = parser._get_formatter()._get_help_string(action)
+        assert shown is not None and "default" in shown, action.option_strings
     for flag in ("--puzzle-difficulty", "--max-subscriptions"):
         assert re.search(rf"{flag}\b[^\n]*\n?[^\n]*\S", text)
         line = text[text.index(flag) :].split("\n  -")[0]
