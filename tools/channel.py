@@ -495,6 +495,7 @@ class ChannelBinding:
         self.settings = settings
         self.hub: ChannelHub | None = None
         self.peer: SessionPeer | None = None
+        self.session: Any = None  # the ready session, kept until the hub comes
 
     async def __call__(self, ctx: Any, call_next: Any) -> Any:
         """Server middleware: once the client is ready (it said ``notifications/initialized``,
@@ -504,14 +505,20 @@ class ChannelBinding:
         ready = ctx.method == "notifications/initialized" or (
             ctx.request_id is not None and ctx.method != "initialize"
         )
-        if ready and self.hub is not None and self.peer is None:
-            self.peer = SessionPeer(ctx.session)
-            self.hub.peers.append(self.peer)
+        if ready and self.peer is None:
+            self.session = ctx.session  # bound now, or when the hub comes (the runtime opens)
+            self._bind()
         return result
+
+    def _bind(self) -> None:
+        if self.hub is not None and self.session is not None and self.peer is None:
+            self.peer = SessionPeer(self.session)
+            self.hub.peers.append(self.peer)
 
     @contextlib.asynccontextmanager
     async def attached(self, agent: Agent) -> AsyncIterator[ChannelHub]:
         hub = self.hub = _acquire(agent, self.settings)
+        self._bind()  # the session was ready before the runtime opened (tools.runtime_gate)
         try:
             yield hub
         finally:

@@ -42,13 +42,15 @@ def serve() -> None:
     from tools.server import build_server
 
     _logging()
-    try:  # a bad setting is said on stderr and answered by every tool (tools.runtime_gate)
-        app = build_server(problem=startup_problem(os.environ))
-        run_loop(serve_behind(app, front))  # deep requests answered (stdio_guard)
+    problem = startup_problem(os.environ)  # said on stderr, answered by every tool, exit 2
+    try:
+        run_loop(serve_behind(build_server(problem=problem), front))  # deep requests answered
     except* MaculaError as group:  # raised later, inside the server's task groups
         _fatal(group.exceptions[0])
     except* KeyboardInterrupt:
         pass
+    if problem is not None:
+        raise SystemExit(2)
 
 
 def _fatal(exc: BaseException) -> NoReturn:

@@ -32,7 +32,10 @@ def current_runtime(app: Any) -> Runtime:
     """The runtime of a running server, for handlers that get no context (static resources)."""
     runtime = getattr(app, "runtime", None)
     if not isinstance(runtime, Runtime):
-        raise RuntimeError("the server is not running")
+        problem = getattr(getattr(app, "gate", None), "problem", None)  # tools.runtime_gate
+        if problem is not None:
+            raise RuntimeError(f"{problem.code}: {problem.detail} ({problem.next_action})")
+        raise RuntimeError("the mesh is not usable yet (mesh://status says why)")
     return runtime
 
 

@@ -228,8 +228,10 @@ class RuntimeGate:
 
     def _failed(self, exc: BaseException) -> None:
         self.attempts += 1
+        known = self.problem
         self.problem = problem_of(exc, [str(station) for station in self.stations])
-        level = logging.WARNING if self.attempts == 1 else logging.INFO
+        said = known is not None and known.detail == self.problem.detail  # at start-up
+        level = logging.WARNING if self.attempts == 1 and not said else logging.INFO
         log.log(level, "mesh not usable (attempt %d): %s", self.attempts, self.problem.detail)
         self._note()
 

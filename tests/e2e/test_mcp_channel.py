@@ -223,7 +223,9 @@ async def test_channel_off_declares_nothing_and_sends_nothing(
         assert ada.pushed == []
 
 
-async def test_a_bad_channel_setting_fails_before_the_protocol(tmp_path: Path) -> None:
+async def test_a_bad_channel_setting_is_said_before_the_protocol(tmp_path: Path) -> None:
+    """Said on stderr at start-up, naming the variable (every tool answers it: the server
+    serves on, tests/e2e/test_mcp_errors_reach_agent.py), and the exit status is 2."""
     env = dict(os.environ, MACULA_HOME=str(tmp_path), MACULA_MCP_CHANNEL_PER_MIN="fast")
     process = await asyncio.create_subprocess_exec(
         *server_command(),
