@@ -202,6 +202,11 @@ class RuntimeGate:
 
     async def _keep(self) -> None:
         while not self._closing.is_set():
+            misnamed = await unresolved(self.stations)  # no dial can help: said at once
+            if misnamed is not None:
+                self._failed(misnamed)
+                await self._pause(self.backoff.delay(max(self.attempts - 1, 0)))
+                continue
             try:
                 async with (
                     self.opener(self.attempts) as runtime,
@@ -214,7 +219,7 @@ class RuntimeGate:
             except (MaculaError, OSError) as exc:
                 if self.runtime is not None:
                     raise  # it was open: a later failure is the server's, as before
-                self._failed(await unresolved(self.stations) or exc)
+                self._failed(exc)
             await self._pause(self.backoff.delay(max(self.attempts - 1, 0)))
 
     def _opened(self, runtime: Runtime | None) -> None:

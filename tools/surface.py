@@ -63,7 +63,9 @@ def register(app: MCPServer, describe: Any) -> None:
         mime_type="application/json",
         description="Connection, station, reconnects and counters (station_refused: what the "
         "station refused on this connection without telling us in-band, by reason; channel: "
-        "the pushes into sessions, by outcome).",
+        "the pushes into sessions, by outcome); while the mesh is not usable, the problem "
+        "every tool answers (code, detail, next_action); warnings: settings that change what "
+        "the server does.",
     )
     async def status() -> str:
         gate = getattr(app, "gate", None)
