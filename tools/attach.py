@@ -6,7 +6,8 @@ or the daemon closes the connection. When no daemon answers it starts one (detac
 session) and waits for the socket up to ``MACULA_MCP_DAEMON_START_S`` seconds.
 
 Invariants:
-- light: imports neither the MCP SDK nor the mesh library (``tools.entry`` dispatches here
+- light: imports neither the MCP SDK nor the mesh library (only a failure imports them, to
+  serve the error to the harness: ``fail``) (``tools.entry`` dispatches here
   before anything heavy is imported); stdout carries the daemon's bytes only, and the
   front's (``tools.stdio_front``): it reads stdin from spawn on and answers the opening
   request (the era, the handshake card) before the daemon is reached or even started;
@@ -243,8 +244,19 @@ def _forward_front(conn: socket.socket, pending: bytes, front: Front) -> bool:
     return stdin_closed.is_set()
 
 
-def fail(message: str, status: int) -> NoReturn:
+def fail(message: str, status: int, front: Front | None = None) -> NoReturn:
+    """Say it in one line; with the ``front`` (the harness is there), serve MCP anyway until
+    the harness closes stdin, every tool answering it (``tools.fronted_stdio.serve_problem``)."""
     print(f"macula-mcp attach: {message}", file=sys.stderr, flush=True)
+    if front is not None:
+        code = "configuration" if status == 2 else "daemon_unavailable"
+        fix = "read detail and do what it says, then reconnect this MCP server"
+        try:
+            from tools.fronted_stdio import serve_problem
+
+            serve_problem(front, dict(os.environ), code, message, fix)
+        except Exception as exc:  # the message is said already: never hide it behind this
+            print(f"macula-mcp attach: could not serve the error: {exc}", file=sys.stderr)
     raise SystemExit(status)
 
 
@@ -265,13 +277,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         conn = reach_daemon(env, sock)
         reply, pending = handshake(conn, "attach", env, os.getppid())
     except SocketSetupError as exc:
-        fail(str(exc), 2)
+        fail(str(exc), 2, front)
     except AttachError as exc:
-        fail(str(exc), exc.status)
+        fail(str(exc), exc.status, front)
     except (protocol.PreambleError, OSError) as exc:
-        fail(f"the daemon on {sock} did not complete the handshake: {exc}", 1)
+        fail(f"the daemon on {sock} did not complete the handshake: {exc}", 1, front)
     if not reply["ok"]:
-        fail(str(reply["detail"]), 2 if reply.get("code") == "config_error" else 1)
+        fail(str(reply["detail"]), 2 if reply.get("code") == "config_error" else 1, front)
     problem = reply.get("problem")
     if isinstance(problem, dict):  # served anyway: every tool answers it until it is gone
         said = f"{problem.get('detail')}; {problem.get('next_action')}"

@@ -54,3 +54,18 @@ async def serve_behind(app: Any, front: Front) -> None:
 
     front.connect(deliver)
     await serve_guarded(app, _FrontLines(queue), cast(Any, _FrontSink(front)))
+
+
+def serve_problem(front: Front, env: dict[str, str], code: str, detail: str, fix: str) -> None:
+    """Serve MCP on the front's lines with no runtime: every tool answers this problem (attach
+    could not reach or use its daemon), until the harness closes stdin. Imports the SDK."""
+    from macula.event_loop import run as run_loop
+    from tools.runtime_gate import Problem, configuration_problem
+    from tools.server import build_server
+
+    problem = Problem(code, detail, fix, retryable=1)
+    if code == "configuration":
+        from macula.errors import ConfigError
+
+        problem = configuration_problem(ConfigError(detail))
+    run_loop(serve_behind(build_server(env, problem=problem, only_problem=True), front))

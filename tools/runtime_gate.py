@@ -158,7 +158,7 @@ class RuntimeGate:
 
     def __init__(
         self,
-        opener: Opener,
+        opener: Opener | None,
         *,
         stations: Sequence[StationAddress] = (),
         using: Using | None = None,
@@ -184,7 +184,8 @@ class RuntimeGate:
     async def __aenter__(self) -> RuntimeGate:
         self._group = asyncio.TaskGroup()
         await self._group.__aenter__()
-        self._keeper = self._group.create_task(self._keep(), name="runtime-gate")
+        if self.opener is not None:  # None: only the problem, for as long as the session lives
+            self._keeper = self._group.create_task(self._keep(), name="runtime-gate")
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -207,6 +208,7 @@ class RuntimeGate:
                 self._failed(misnamed)
                 await self._pause(self.backoff.delay(max(self.attempts - 1, 0)))
                 continue
+            assert self.opener is not None
             try:
                 async with (
                     self.opener(self.attempts) as runtime,
@@ -251,6 +253,8 @@ class RuntimeGate:
         and after a failure wakes the keeper and waits for one more attempt (bounded)."""
         if self.runtime is not None:
             return self.runtime
+        if self.opener is None and self.problem is not None:
+            return self.problem
         if self.attempts == 0 and self.problem is None:
             await self._wait(FIRST_WAIT_S)
         elif self.problem is not None:

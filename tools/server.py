@@ -80,11 +80,12 @@ def build_server(
     env: Mapping[str, str] | None = None,
     runtime: Callable[[], AbstractAsyncContextManager[Runtime]] | None = None,
     problem: Problem | None = None,
+    only_problem: bool = False,
 ) -> MCPServer:
     """The server; its runtime is opened for it (``open_runtime``), or lent by ``runtime``
     (the daemon's, shared by every session of one agent), behind a ``RuntimeGate``: the
     handshake never waits for it, and ``problem`` (a bad setting found at start-up) is what
-    the tools answer until it opens."""
+    the tools answer until it opens (``only_problem``: all they ever answer)."""
     environ = dict(os.environ if env is None else env)
     bad = problem.facts.get("variable") if problem else None
     shaping = {k: v for k, v in environ.items() if k != bad}  # a bad one cannot shape the tools
@@ -102,7 +103,11 @@ def build_server(
     @contextlib.asynccontextmanager
     async def lifespan(server: MCPServer[Any]) -> AsyncIterator[RuntimeGate]:
         gate = RuntimeGate(
-            opener, stations=station_names(environ), using=using, problem=problem, env=environ
+            None if only_problem else opener,
+            stations=station_names(environ),
+            using=using,
+            problem=problem,
+            env=environ,
         )
         gated = cast(GatedServer, server)
         gate.on_open.append(lambda opened: setattr(gated, "runtime", opened))

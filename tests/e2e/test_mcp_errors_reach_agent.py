@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,3 +172,24 @@ def test_on_a_terminal_it_says_what_it_is_and_still_serves(home: Path) -> None:
         child.kill()
         child.wait()
         os.close(terminal)
+
+
+async def test_attach_to_a_daemon_of_another_version_serves_the_error(
+    station: Station, home: Path
+) -> None:
+    env = dict(os.environ, MACULA_HOME=str(home), MACULA_MESH_STATIONS=station.endpoint)
+    other_version = (
+        "import tools.daemon_protocol as p; p.VERSION = '0.0.1+daemon0'; "
+        "from tools.attach import main; main([])"
+    )
+    try:
+        async with Client(server_params(env, [*server_command(), "attach"])) as ada:
+            await good(ada, "mesh_hello")  # a daemon of this version runs
+            async with Client(server_params(env, [sys.executable, "-c", other_version])) as old:
+                error = await bad(old, "mesh_hello")
+                assert error["code"] == "daemon_unavailable", error
+                assert "0.0.1+daemon0" in error["detail"]
+                assert "macula-mcp daemon stop" in error["detail"]
+                assert (await status(old))["problem"]["code"] == "daemon_unavailable"
+    finally:
+        stop_daemon_for_good(home)
