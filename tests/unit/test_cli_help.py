@@ -53,6 +53,7 @@ def helped(run: Callable[[], object]) -> str:
 
 def clean(text: str) -> None:
     assert "``" not in text
+    assert "issue " not in text.lower(), text
     assert not re.search(r"issue\s*#?\d", text, re.IGNORECASE), text
 
 
