@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
+from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, InputRequiredResult
+from pydantic import AnyUrl
 
 from tools import (
     channel,
@@ -74,6 +76,15 @@ class GatedServer(MeshServer):
             if isinstance(found, Problem):
                 return found.result()
         return await super().call_tool(name, arguments, context)
+
+    async def read_resource(
+        self, uri: AnyUrl | str, context: Context[Any, Any] | None = None
+    ) -> Iterable[ReadResourceContents] | InputRequiredResult:
+        """A resource read waits as a tool call does; ``mesh://status`` then says the problem,
+        the others raise it (``tools.context.current_runtime``)."""
+        if self.gate is not None:
+            await self.gate.usable()
+        return await super().read_resource(uri, context)
 
 
 def build_server(
