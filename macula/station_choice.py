@@ -17,13 +17,14 @@ Invariants:
 - a dial (or a connection) ended by ICMP "port unreachable" is *refused*: the host answered,
   the station's process is down, likely restarting. It is a failure like any (the node moves
   on to the next station at once), but a round in which every station was refused ends with
-  the short wait (``backoff.redial_delay()``, 0.25-0.5 s) instead of the doubling one, and
-  without counting a failed round, while the redial window is open: from the first refusal
-  after the node had been connected, for ``backoff.redial_window_s`` (120 s). The window
-  closes only when a settled connection is lost (a new outage opens a new one), so a station
-  restarting in a loop gets short redials for 120 s at most; a round with one failure that
-  was not a refusal (a silent timeout, a handshake refused) waits the doubling backoff; before
-  the first connection every failure is handled alike (``Node.__aenter__`` gives up in time);
+  the short wait (``backoff.redial_delay()``, 0.25-0.5 s) instead of the doubling one when
+  that is longer, and without counting a failed round, while the redial window is open: from
+  the first refusal after the node had been connected, for ``backoff.redial_window_s``
+  (120 s). The window closes only when a settled connection is lost (a new outage opens a new
+  one), so a station restarting in a loop gets short redials for 120 s at most; a round with
+  one failure that was not a refusal (a silent timeout, a handshake refused) waits the
+  doubling backoff; before the first connection every failure is handled alike
+  (``Node.__aenter__`` gives up in time);
 - time is the caller's: every method takes ``now`` (monotonic seconds); randomness is the
   ``Backoff``'s own (injected there).
 """
@@ -163,8 +164,10 @@ class StationChoice:
         if self.failures < self.count:
             return Step(self.index, 0.0, 0, self.rounds_failed)
         self.failures = 0
-        if self._round_refused and self.redialling(now):
-            return Step(self.index, self.backoff.redial_delay(), 1, self.rounds_failed, 1)
         wait = self.backoff.delay(self.rounds_failed)
+        if self._round_refused and self.redialling(now):
+            quick = self.backoff.redial_delay()
+            if quick < wait:  # never slower than the backoff (a short one, as in tests)
+                return Step(self.index, quick, 1, self.rounds_failed, 1)
         self.rounds_failed += 1
         return Step(self.index, wait, 1, self.rounds_failed)

@@ -116,9 +116,8 @@ def test_ended_is_lost_when_it_was_up_and_failed_when_not() -> None:
 
 
 def test_a_refused_station_gets_at_most_four_dials_a_second_from_one_node() -> None:
-    drawn = iter([0.0, 1.0] * 1000)  # the extremes of any range, alternately
-    extremes = Backoff(uniform=lambda a, b: a + (b - a) * next(drawn))
-    choice = StationChoice(1, extremes, settle_s=10)
+    fastest = Backoff(uniform=lambda a, b: a)  # the low end of every range: as fast as it goes
+    choice = StationChoice(1, fastest, settle_s=10)
     choice.connected(0.0)
     now, dials = 60.0, 0
     step = choice.lost(now, refused=True)
@@ -162,3 +161,19 @@ def test_a_zero_window_turns_the_quick_redial_off() -> None:
     choice.connected(0.0)
     step = choice.lost(60.0, refused=True)
     assert (step.wait_s, step.quick) == (1.0, 0)
+
+
+def test_the_short_redial_is_never_slower_than_a_shorter_backoff() -> None:
+    brisk = Backoff(initial_s=0.05, max_s=0.2, jitter=0.0)  # as tests configure nodes
+    choice = StationChoice(1, brisk, settle_s=10)
+    choice.connected(0.0)
+    steps = [choice.lost(60.0, refused=True)] + [
+        choice.failed(60.0, refused=True) for _ in range(4)
+    ]
+    assert [(s.wait_s, s.quick) for s in steps] == [
+        (0.05, 0),
+        (0.1, 0),
+        (0.2, 0),
+        (0.2, 0),
+        (0.2, 0),
+    ]
