@@ -73,6 +73,8 @@ async def answer(
     if call.procedure == "_realm.present":
         return await builtins.present(core.realms, action.conn, call.caller, call.payload, now_ms)
     if call.procedure == "_relay.ping":
+        if house is not None:  # a publisher's confirmation: its room messages are kept
+            await house.settled()
         return await _ping(builtins, action, now_ms, now_us)
     if call.procedure in BUILTINS:
         return await builtins.run(call.procedure, call.payload, now_ms, now_us)

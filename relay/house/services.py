@@ -210,6 +210,19 @@ class HouseServices:
         if self.history is not None:
             self.history.note(frame, now_ms, sig_checked=sig_checked)
 
+    async def settled(self) -> None:
+        """Every PUBLISH noted so far is stored in the room history. A ``_relay.ping`` answers
+        only after this, so a publisher told its message took effect (``Node.flush``,
+        ``publish_confirmed``) is told it is kept too: a station SIGKILLed right after still
+        has it for the catch-up of whoever was away. A failed write is logged and counted
+        (``write_failed``), not raised: the ping still answers."""
+        if self.history is None:
+            return
+        try:
+            await self.history.write_pending()
+        except Exception:
+            log.exception("history: could not store what was noted before a ping")
+
     def _serve(self, procedures: frozenset[str], handler: Handler) -> None:
         for procedure in procedures:
             self._handlers[procedure] = handler

@@ -66,3 +66,27 @@ def test_a_writer_cancelled_mid_write_loses_nothing(tmp_path: Path) -> None:
         await store.close()
 
     run(go())
+
+
+def test_what_was_noted_before_a_ping_is_stored_when_the_ping_answers(tmp_path: Path) -> None:
+    """A publisher's confirmation (``_relay.ping``) waits for ``HouseServices.settled``: its room
+    message is on disk then, so a station SIGKILLed right after still has it for catch-up."""
+    from relay.house.services import HouseServices
+
+    async def go() -> None:
+        def never(coroutine: Coroutine[Any, Any, None]) -> None:  # the writer does not get to run
+            coroutine.close()
+
+        house = HouseServices()
+        store = await HistoryStore.open(tmp_path / "history.sqlite3")
+        house.history = HistoryService(store, HistoryBounds(), spawn=never)
+        house.note_publish(publish(ALICE, 1), 0)
+        house.note_publish(publish(ALICE, 2), 0)
+        assert await store.count() == 0  # noted, not yet stored
+        await house.settled()
+        assert await store.count() == 2
+        await house.settled()  # nothing pending: nothing to do
+        await house.history.close()
+        await store.close()
+
+    run(go())
