@@ -127,7 +127,7 @@ async def open_runtime(
     """The runtime (``backoff``: the node's; its ``first_connect_attempts`` bounds the wait
     for the first station)."""
     environ = dict(os.environ if env is None else env)
-    identity = identity_from_env(environ)
+    identity = preflight(environ)  # every setting first: a bad one starts nothing (no station)
     terse = environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1"
     receipts_path = macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3"
     stations, embedded = await _stations(environ)
