@@ -48,3 +48,41 @@ async def test_a_station_list_whose_names_resolve_nowhere_is_a_setting_error() -
     assert isinstance(found, ConfigError) and str(found).startswith("MACULA_MESH_STATIONS")
     assert await unresolved([parse_station("127.0.0.1:1")]) is None
     assert await unresolved([]) is None
+
+
+@pytest.mark.anyio
+async def test_the_gate_answers_the_problem_then_opens_when_a_call_wakes_it() -> None:
+    import contextlib
+    from collections.abc import AsyncIterator
+    from typing import Any
+
+    from tools.runtime_gate import Problem, RuntimeGate
+
+    state = {"up": 0, "attempts": 0}
+    opened = object()
+
+    @contextlib.asynccontextmanager
+    async def opener(attempt: int) -> AsyncIterator[Any]:
+        state["attempts"] += 1
+        if not state["up"]:
+            raise BrokenError("no station reachable")
+        yield opened
+
+    async with RuntimeGate(opener, stations=[parse_station("127.0.0.1:1")]) as gate:
+        found = await gate.usable()  # waits for the first attempt's outcome
+        assert isinstance(found, Problem) and found.code == "station_unreachable"
+        assert gate.view()["problem"]["code"] == "station_unreachable"
+        state["up"] = 1  # the cause is gone; the keeper waits 1 s before trying again ...
+        assert await gate.usable() is opened  # ... but a call wakes it
+        assert gate.runtime is opened and "problem" not in gate.view()
+    assert state["attempts"] == 2
+
+
+@pytest.mark.anyio
+async def test_a_gate_without_an_opener_only_ever_answers_its_problem() -> None:
+    from tools.runtime_gate import Problem, RuntimeGate
+
+    problem = Problem("daemon_unavailable", "another version", "stop it", retryable=1)
+    async with RuntimeGate(None, problem=problem) as gate:
+        assert await gate.usable() is problem
+        assert await gate.usable() is problem
