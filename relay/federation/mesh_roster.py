@@ -8,8 +8,9 @@ station_endpoint record (``more`` 1), and the answer lists the answering station
 linked stations, each by *that station's own* record. A station introducing itself on its
 first link (``first`` 1: a newcomer) has its record passed on to the other links of the
 station it joined (``more`` 0: nothing is answered), so the stations already in the mesh learn
-of the newcomer at once (and dial it unless its own dial linked them first); later links of the newcomer are not passed on (the stations it joined
-through told everyone already: one burst per join, not one per link). The shell
+of the newcomer at once (and dial it unless its own dial linked them first); later links of
+the newcomer are not passed on (the stations it joined through told everyone already: one
+burst per join, not one per link). The shell
 (``relay.station_links``) makes the calls and dials what is learned.
 
 Invariants (DESIGN.md §3a: a station's endpoint counts only from that station's own key):
