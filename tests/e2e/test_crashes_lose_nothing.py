@@ -89,6 +89,13 @@ async def test_every_message_said_through_crashes_is_read_exactly_once(tmp_path:
                     await _say(alice, room, f"station {crash} back {n}", told)
             async with killable_server(bob_home, bob_env) as bob:  # bob again, same home
                 read = await _read_everything(bob, room, told, read)
+                missing = sorted(told[m] for m in set(told) - set(read))
+                if missing:  # what each side knows, for the failure below
+                    outbox = (await alice.good("mesh_rooms"))["outbox"]
+                    kept = await bob.good("mesh_lobby_transcript", topic=room, limit=500)
+                    held = {m["text"] for m in kept["messages"]}
+                    missing += [f"alice's outbox {outbox}", f"bob holds {set(missing) & held}"]
+                    missing += [f"bob {await _status(bob)}", f"alice {await _status(alice)}"]
     assert len(read) == len(set(read)), "a message was read twice"
-    assert set(told) <= set(read), sorted(told[m] for m in set(told) - set(read))
+    assert set(told) <= set(read), missing
     assert len(told) == SAID_PER_PHASE * 4 + 3 * (SAID_PER_PHASE // 2)
