@@ -29,6 +29,9 @@ CODEX = shutil.which("codex")
 GEMINI = shutil.which("gemini")
 
 
+STATIONS = "ab" * 32 + "@127.0.0.1:4433"  # register refuses a malformed list (a short id)
+
+
 def home_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """This environment with HOME (and everything found from it) in ``tmp_path``; PATH keeps
     node (the CLIs need it) and this environment's scripts."""
@@ -67,7 +70,7 @@ def test_codex_lists_macula_enabled_then_forgets_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert CODEX is not None
-    env = home_env(tmp_path, MACULA_MESH_STATIONS="ab12@127.0.0.1:4433")  # an env inline table
+    env = home_env(tmp_path, MACULA_MESH_STATIONS=STATIONS)  # an env inline table
     config = BY_NAME["codex"].config_path(env, PLATFORM)
     config.parent.mkdir()
     config.write_text(EXISTING["codex"])
@@ -79,7 +82,7 @@ def test_codex_lists_macula_enabled_then_forgets_it(
     macula = servers[ENTRY_NAME]
     assert macula["enabled"] is True and macula["transport"]["type"] == "stdio"
     assert [macula["transport"]["command"], *macula["transport"]["args"]] == server_command()
-    assert macula["transport"]["env"] == {"MACULA_MESH_STATIONS": "ab12@127.0.0.1:4433"}
+    assert macula["transport"]["env"] == {"MACULA_MESH_STATIONS": STATIONS}
     assert servers["github"]["transport"]["env"] == {"GITHUB_HOST": "github.example"}
     assert "byte for byte" in registering("uninstall --harness codex", env, monkeypatch)
     assert config.read_text() == EXISTING["codex"]
