@@ -131,7 +131,15 @@ async def test_says_while_the_station_is_down_go_out_once_in_order(tmp_path: Pat
             expected = ["before", "dark 0", "dark 1", "dark 2"]
             # bob hears them live, or (published before his SUBSCRIBE was replayed) by the
             # catch-up of his reconnect; one that failed is run again here
-            await eventually(lambda: caught_up_with(bob, alice, room, expected), timeout=10)
+            try:
+                await eventually(lambda: caught_up_with(bob, alice, room, expected), timeout=10)
+            except AssertionError:
+                catch_up = bob.rooms.catch_up
+                stats = None if catch_up is None else (catch_up.runs, dict(catch_up.stats))
+                raise AssertionError(
+                    f"bob has {await texts_in(bob, alice, room)}, heard {heard}, catch-up "
+                    f"{stats}, connected {bob.node.connected}, stats {bob.node.stats}"
+                ) from None
             assert sorted(heard) == sorted(expected)  # each exactly once
             assert (await alice.rooms.say(room, "remark_made", "after")).delivered == 1
             await eventually(lambda: "after" in heard)
