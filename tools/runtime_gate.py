@@ -40,6 +40,9 @@ from tools.runtime import Runtime
 log = logging.getLogger("macula.tools")
 
 FIRST_WAIT_S: Final = 45.0  # the first attempt: up to three rounds of a 10 s connect timeout
+# a stuck close (seen: an open cut short by the session ending, under load) is cancelled
+CLOSE_WAIT_S: Final = 4.0
+CLOSE_TRIES: Final = 3
 RETRY_WAIT_S: Final = 5.0  # a call after a failure waits this long for one more attempt
 RETRY_BACKOFF: Final = Backoff(first_connect_attempts=1)  # attempts after the first: one round
 _VARIABLE: Final = re.compile(r"\b(MACULA_[A-Z0-9_]+)")
@@ -193,6 +196,13 @@ class RuntimeGate:
         self._wake.set()
         if self.runtime is None and self._keeper is not None:
             self._keeper.cancel()  # an attempt in progress is not waited for
+        if self._keeper is not None:  # the runtime winds down, or is cut short: exit is bounded
+            for _ in range(CLOSE_TRIES):
+                done, _ = await asyncio.wait({self._keeper}, timeout=CLOSE_WAIT_S)
+                if done:
+                    break
+                log.warning("the runtime did not close within %.0f s: cancelling it", CLOSE_WAIT_S)
+                self._keeper.cancel()
         if self._group is not None:
             group, self._group = self._group, None
             await group.__aexit__(None, None, None)

@@ -90,7 +90,9 @@ def test_stdin_close_ends_the_server_gracefully(tmp_path: Path) -> None:
             assert json.loads(line)["id"] == 2  # serving: stdin is closed on a running server
             started = time.monotonic()
             process.stdin.close()
-            code = await asyncio.to_thread(process.wait, 5)
+            # bounded, not instant: a runtime still opening when stdin closes could hang its
+            # close (runtime_gate now cancels a close stuck for CLOSE_WAIT_S); under load
+            code = await asyncio.to_thread(process.wait, 20)
             stderr = process.stderr.read().decode() if process.stderr else ""
             return code, time.monotonic() - started, stderr
 
