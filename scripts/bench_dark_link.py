@@ -106,6 +106,7 @@ async def dark_then_back(
     asyncio.get_running_loop().call_later(dark_s, lambda: setattr(link, "dark", False))
     print(f"dark for {dark_s:g} s; alice says {says} times")
     for n in range(says):
+        # the says are spread over the dark: here time is the workload, not a wait
         await asyncio.sleep(max(0.0, n * dark_s / says - (time.monotonic() - t0)))
         start = time.monotonic() - t0
         try:

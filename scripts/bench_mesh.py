@@ -141,7 +141,7 @@ async def join_run(root: Path) -> dict[str, float]:
         async def link_seen() -> None:
             nonlocal first_link
             while not linked_in_log(root / "c"):
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # a benchmark polls the mesh forming
             first_link = bench_common.elapsed_since(started)
 
         seen = asyncio.create_task(link_seen())
@@ -161,7 +161,7 @@ async def join_run(root: Path) -> dict[str, float]:
             try:
                 return await at_b.call(REALM, JOIN_PROCEDURE, 1, timeout=0.5) == 1
             except MeshError:
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # a benchmark polls the mesh forming
                 return False
 
         event, call = await asyncio.gather(until(heard, started), until(reached, started))

@@ -228,7 +228,7 @@ async def one_restart(
             return not any(w.node.connected for w in watched)
 
         await until(down, BACK_DEADLINE_S, "noticed")
-        await asyncio.sleep(noticed)
+        await asyncio.sleep(noticed)  # the outage length under test: time is the workload
     await station.go()
     listening = time.perf_counter()
     for w, (reconnects, _, _) in zip(watched, before, strict=True):
