@@ -184,6 +184,7 @@ class Station(StationParts):
         stack.push_async_callback(self.links.stop)  # after the drain: no redial meanwhile
         stack.push_async_callback(self._drain)
         self.spawn(self.upkeep.tick_forever())
+        await self.upkeep.refresh_once(publish=False)  # resolvable before start returns
         self.spawn(self.upkeep.refresh_forever())
         self.links.start()
         log.info(

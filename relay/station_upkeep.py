@@ -105,7 +105,12 @@ class Upkeep:
             await self.refresh_once()
             await asyncio.sleep(self.shell.config.endpoint_refresh_s)
 
-    async def refresh_once(self) -> None:
+    async def refresh_once(self, *, publish: bool = True) -> None:
+        """Sign this station's records anew and store them in its own record store; with
+        ``publish``, put the house advertisements into the DHT too (that may wait on peers).
+        ``Station.start`` runs it once unpublished before it returns, so a client that
+        connects at once already resolves the house services (without it, a register call
+        made right after start found no advertisement: CI, stop 43)."""
         shell, config = self.shell, self.shell.config
         identity, records, dht = shell.identity, shell.records, shell.dht_or_none
         assert identity is not None and records is not None
@@ -127,7 +132,7 @@ class Upkeep:
         try:
             for signed in [record, *announced]:
                 await records.put(signed, signed.storage_key(), now)
-            for signed in announced if dht else []:  # its endpoint: StationDht's own
+            for signed in announced if dht and publish else []:  # endpoint: StationDht's own
                 assert dht is not None
                 await dht.put(signed)
             await records.reap(now)  # §13 #12: expired records also leave the disk

@@ -19,6 +19,7 @@ from macula.house import AGENTS_REGISTER, HOUSE_REALM
 from macula.house_client import HouseClient
 from macula.node import Node
 from macula.wire.identity import ZERO_REALM, Identity
+from macula.wire.record_keys import storage_key_for_procedure
 from macula.wire.records import RecordType
 from relay.house.services import HouseConfig
 from relay.station import Station
@@ -225,3 +226,16 @@ async def test_house_limits_refuse_the_flooder_and_serve_the_honest(small_house:
         assert flooded.value.code == 0x08 and "retry in" in str(flooded.value.detail)
         found = await good.recall("renew TLS certificates", top_k=5)  # bob is unaffected
         assert [h["document_id"] for h in found["hits"]][:1] == ["tls.md"]
+
+
+async def test_house_services_resolve_as_soon_as_the_station_has_started(tmp_path: Path) -> None:
+    """No wait for the refresh task: a client that connects the moment ``start`` returns
+    resolves a house procedure (CI stop 43 caught a register call made too early)."""
+    async with Station(station_config(tmp_path / "station")) as station:
+        assert station.records is not None
+        key = storage_key_for_procedure(AGENTS_REGISTER)
+        stored = await station.records.find(key, int(time.time() * 1000))
+        assert any(r.key == station.identity.node_id for r in stored)
+        async with Node(new_identity(), [station.endpoint]) as node:
+            realm = await HouseClient(node, node.dht, node.identity).realm_of(AGENTS_REGISTER)
+            assert realm == HOUSE_REALM
