@@ -7,9 +7,10 @@ us believe a forged or stale record.
 
 Trust (issue 11): a procedure_advertisement is used (to resolve a realm or dial a station) only
 when its ``advertiser_node`` is its signer and its ``serving_station`` has a station_endpoint
-record signed by that station; a house procedure's (``macula.house.HOUSE_PROCEDURES``) only
-when the station we are connected to signed it. Others are skipped and counted in ``stats``
-(``foreign_advertiser``, ``no_station_endpoint``, ``house_foreign_signer``, ``wrong_key``).
+record signed by that station; a house procedure's
+(``macula.services.house.HOUSE_PROCEDURES``) only when the station we are connected to signed
+it. Others are skipped and counted in ``stats`` (``foreign_advertiser``,
+``no_station_endpoint``, ``house_foreign_signer``, ``wrong_key``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, Protocol
 
 from macula.clock import now_ms
 from macula.errors import MaculaError, MeshError
-from macula.house import HOUSE_PROCEDURES
+from macula.services.house import HOUSE_PROCEDURES
 from macula.stations import StationAddress
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import RecordInvalid

@@ -19,7 +19,7 @@ from macula.agent.proof import make_proof
 from macula.clock import now_ms
 from macula.dht import Caller, DhtClient
 from macula.directory_listing import listing_procedure
-from macula.house import (
+from macula.services.house import (
     AGENTS_LIST,
     AGENTS_REGISTER,
     AGENTS_REMOVE,

@@ -13,9 +13,9 @@ Invariants:
   ``max_record_ttl_ms`` (0x0F ``clock_skew`` / ``ttl_too_long``); the newest record per signer
   wins and an older put is refused as ``stale`` (§13 #12); past a ``StoreLimits`` cap a put is
   0x0F ``quota_exceeded`` and stores nothing. Reads never return expired records. A
-  procedure_advertisement for a house procedure name (``macula.house.HOUSE_PROCEDURES``) signed
-  by anyone but this station is refused as ``reserved_procedure`` (the station stores its own
-  straight into the store).
+  procedure_advertisement for a house procedure name
+  (``macula.services.house.HOUSE_PROCEDURES``) signed by anyone but this station is refused as
+  ``reserved_procedure`` (the station stores its own straight into the store).
 - ``find_records`` / ``find_records_by_type`` answer the newest records whose CBOR array fits
   ``max_find_reply_bytes`` (and at most ``max_find_by_type`` by type). §6.6 makes the reply a
   plain array, so a cut reply is not marked in-band (a map would break every client): it is
@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, Protocol
 
-from macula.house import HOUSE_PROCEDURES
+from macula.services.house import HOUSE_PROCEDURES
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.content import CODEC_MANIFEST, CODEC_RAW, MCID_SIZE, Manifest, Mcid, digest

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from macula.house import HOUSE_PROCEDURES
+from macula.services.house import HOUSE_PROCEDURES
 from macula.wire.frames import (
     CAP_STATION,
     Advertise,

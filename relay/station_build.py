@@ -19,10 +19,10 @@ from typing import Any
 
 from macula.clock import now_ms
 from macula.datagram_reader import bound_socket, open_draining
-from macula.house import HOUSE_REALM
 from macula.keyfile import load_or_create_identity
 from macula.quic_backend import QuicConfiguration, QuicServer
 from macula.quic_resets import StatelessResets
+from macula.services.house import HOUSE_REALM
 from macula.task_scope import Spawner
 from macula.transport import (
     ALPN,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from macula.agent.envelope import LOBBY_TOPIC
 from macula.errors import MaculaError
-from macula.house import HISTORY_FETCH
+from macula.services.house import HISTORY_FETCH
 from macula.subscriptions import Delivery
 from macula.wire.frames import publication_signable
 from macula.wire.identity import ZERO_REALM, verify

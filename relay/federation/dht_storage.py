@@ -37,7 +37,7 @@ from typing import Final, NamedTuple
 
 from kademlia.storage import IStorage
 
-from macula.house import HOUSE_PROCEDURES
+from macula.services.house import HOUSE_PROCEDURES
 from macula.wire import cbor
 from macula.wire.errors import RecordInvalid, WireError
 from macula.wire.record_keys import KEY_SIZE, realm_stations_key

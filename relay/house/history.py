@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from macula.agent.envelope import is_envelope_topic
-from macula.house import HISTORY_FETCH
+from macula.services.house import HISTORY_FETCH
 from macula.store.base import DAY_MS, Migration, Row, SqliteStore
 from macula.task_scope import Spawner, TaskScope
 from macula.wire import cbor

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from macula.house import (
+from macula.services.house import (
     AGENT_DIRECTORY_PROCEDURES,
     AGENTS_LIST,
     HISTORY_PROCEDURES,

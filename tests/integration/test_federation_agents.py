@@ -22,9 +22,9 @@ from macula.agent.agent import Agent
 from macula.agent.petnames import petname
 from macula.agent.presence import HELLO_TOPIC
 from macula.agent.proof import ring_endpoint
-from macula.house import AGENTS_LIST, HOUSE_REALM
 from macula.house_client import HouseClient
 from macula.node import Node
+from macula.services.house import AGENTS_LIST, HOUSE_REALM
 from macula.wire.identity import ZERO_REALM
 from relay.house.agents import MAX_LIST_LIMIT
 from relay.house.mesh import DEFAULT_PER_STATION

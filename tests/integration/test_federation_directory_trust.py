@@ -21,7 +21,7 @@ from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.agent.petnames import petname
-from macula.house import AGENTS_LIST, HOUSE_REALM
+from macula.services.house import AGENTS_LIST, HOUSE_REALM
 from relay.outcome import Outcome
 from relay.station import Station
 

@@ -15,9 +15,9 @@ from waiting import eventually
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
 from macula.errors import MaculaError, MeshError
-from macula.house import AGENTS_REGISTER, HOUSE_REALM
 from macula.house_client import HouseClient
 from macula.node import Node
+from macula.services.house import AGENTS_REGISTER, HOUSE_REALM
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import storage_key_for_procedure
 from macula.wire.records import RecordType

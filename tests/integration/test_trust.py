@@ -17,8 +17,8 @@ from macula.agent.proof import build_ring_answer, ring_endpoint
 from macula.clock import now_ms
 from macula.dht import ResolveError
 from macula.errors import MaculaError, MeshError
-from macula.house import HOUSE_REALM, MEMORY_ADD, MEMORY_QUERY
 from macula.node import Node
+from macula.services.house import HOUSE_REALM, MEMORY_ADD, MEMORY_QUERY
 from macula.serving import IncomingCall
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.records import Record, RecordType, new_record, record_version

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from macula.house import HOUSE_PROCEDURES
+from macula.services.house import HOUSE_PROCEDURES
 from macula.wire import cbor
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import realm_stations_key, station_endpoint_key

@@ -10,8 +10,8 @@ from typing import Any, cast
 from housekit import run
 
 from macula.dht import DhtClient
-from macula.house import MEMORY_ADD
 from macula.house_client import HouseClient
+from macula.services.house import MEMORY_ADD
 from macula.wire.identity import Identity
 
 STATION_A, STATION_B = b"\xaa" * 32, b"\xbb" * 32

@@ -14,7 +14,7 @@ import pytest
 from storekit import hold, until
 from storekit import trips as trips_of
 
-from macula.house import HISTORY_FETCH
+from macula.services.house import HISTORY_FETCH
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Publish, new_frame_id, publication_signable
 from macula.wire.identity import ZERO_REALM, Identity, verify

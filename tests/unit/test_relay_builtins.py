@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 from vectorkit import load_vectors, typed
 
-from macula.house import HOUSE_PROCEDURES, MEMORY_ADD
+from macula.services.house import HOUSE_PROCEDURES, MEMORY_ADD
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.content import Manifest, Mcid, assemble, digest, plan_put, raw_mcid, verify_block

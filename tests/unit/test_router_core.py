@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from macula.house import HOUSE_REALM, MEMORY_ADD
+from macula.services.house import HOUSE_REALM, MEMORY_ADD
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.frames import (
