@@ -15,7 +15,8 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from relay.house.memory import PROCEDURE_ADD, PROCEDURE_QUERY, MemoryService, MemoryStore
+from macula.services.house import MEMORY_ADD, MEMORY_QUERY
+from relay.house.memory import MemoryService, MemoryStore
 
 DEPOSITOR = bytes(range(1, 33))
 ASKER = bytes(range(33, 65))
@@ -392,7 +393,7 @@ async def measure(path: Path, verbose: int) -> tuple[float, float, float]:
                 "topics": topics,
                 "document_id": document_id,
             }
-            outcome = await service.handle(PROCEDURE_ADD, payload, DEPOSITOR, now)
+            outcome = await service.handle(MEMORY_ADD, payload, DEPOSITOR, now)
             if outcome.is_error:
                 raise SystemExit(f"deposit {document_id} refused: {outcome.detail!r}")
         ranks = [await rank_of(service, question, wanted, now) for question, wanted in QUESTIONS]
@@ -409,7 +410,7 @@ async def measure(path: Path, verbose: int) -> tuple[float, float, float]:
 async def rank_of(service: MemoryService, question: str, wanted: str, now: int) -> int:
     """The 1-based rank of ``wanted`` among the documents of the top hits, 0 if absent."""
     payload = {"query_text": question, "top_k": TOP_K}
-    outcome = await service.handle(PROCEDURE_QUERY, payload, ASKER, now)
+    outcome = await service.handle(MEMORY_QUERY, payload, ASKER, now)
     if outcome.is_error or not isinstance(outcome.payload, dict):
         raise SystemExit(f"query refused: {outcome.detail!r}")
     documents: list[str] = []

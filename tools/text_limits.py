@@ -28,6 +28,12 @@ from macula.agent.proof import MAX_REASON_CHARS
 from macula.agent.task_messages import TaskLimits
 from macula.errors import ConfigError
 from macula.realm.records import MAX_NAME as MAX_REALM_NAME
+from macula.services.limits import (
+    MAX_LABEL_CHARS,
+    MAX_MEMORY_CONTENT_BYTES,
+    MAX_PLACE_CHARS,
+    MAX_QUERY_BYTES,
+)
 from macula.store.task_states import STATES
 from macula.wire.content import MCID_SIZE
 from macula.wire.record_keys import KEY_SIZE
@@ -50,13 +56,12 @@ MAX_EXEC: Final = 4096  # mesh_serve's command line
 MAX_TOPIC: Final = 256  # a pub/sub topic (mesh_publish, mesh_watch)
 MAX_PUT_BYTES: Final = 4 * 1024 * 1024  # mesh_put, once decoded
 MAX_CONTENT_NAME: Final = 255  # mesh_put's name
-MAX_MEMORY_BYTES: Final = 256 * 1024  # mesh_remember's content
+MAX_MEMORY_BYTES: Final = MAX_MEMORY_CONTENT_BYTES  # mesh_remember's content
 
-# what the station's house services accept (relay/house: memory.MAX_LABEL_CHARS,
-# memory.MAX_QUERY_BYTES, stations.MAX_PLACE_CHARS; tests/unit/test_text_limits.py checks)
-STATION_LABEL_CHARS: Final = 200
-STATION_QUERY_BYTES: Final = 4096
-STATION_PLACE_CHARS: Final = 100
+# what the station's house services accept (macula.services.limits, their one home)
+STATION_LABEL_CHARS: Final = MAX_LABEL_CHARS
+STATION_QUERY_BYTES: Final = MAX_QUERY_BYTES
+STATION_PLACE_CHARS: Final = MAX_PLACE_CHARS
 
 MAX_PATH: Final = 4096  # Linux PATH_MAX: a longer directory cannot be opened
 ID_CHARS: Final = 64  # a message, ring or task id: 1..64 of [A-Za-z0-9_-]

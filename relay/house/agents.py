@@ -41,6 +41,7 @@ from macula.agent.envelope import is_node_hex
 from macula.agent.petnames import petname
 from macula.agent.proof import verify_proof
 from macula.directory_listing import listing_procedure
+from macula.services.house import AGENTS_LIST, AGENTS_REGISTER, AGENTS_REMOVE
 from macula.store.base import (
     Migration,
     Row,
@@ -70,9 +71,6 @@ from relay.outcome import Outcome, Refused, answer
 
 __all__ = [
     "MAX_AGENTS",
-    "PROCEDURE_LIST",
-    "PROCEDURE_REGISTER",
-    "PROCEDURE_REMOVE",
     "AgentDirectory",
     "AgentDirectoryStore",
     "AgentEntry",
@@ -82,9 +80,6 @@ __all__ = [
 
 logger = logging.getLogger("macula.relay.house")
 
-PROCEDURE_REGISTER: Final = "macula.agents.register_v1"
-PROCEDURE_REMOVE: Final = "macula.agents.remove_v1"
-PROCEDURE_LIST: Final = "macula.agents.list_v1"
 
 PROOF_SKEW_MS: Final = 60_000
 MAX_TEXT_CHARS: Final = 280
@@ -373,9 +368,9 @@ class AgentDirectory:
         self.puzzle_difficulty = puzzle_difficulty
         self.station_id = station_id
         self._handlers: dict[str, _Handler] = {
-            PROCEDURE_REGISTER: self._register,
-            PROCEDURE_REMOVE: self._remove,
-            PROCEDURE_LIST: self._list,
+            AGENTS_REGISTER: self._register,
+            AGENTS_REMOVE: self._remove,
+            AGENTS_LIST: self._list,
         }
 
     async def handle(self, procedure: str, payload: object, caller: bytes, now_ms: int) -> Outcome:
@@ -404,7 +399,7 @@ class AgentDirectory:
                 f" difficulty {self.puzzle_difficulty}; create one with"
                 f" Identity.generate(os.urandom, difficulty={self.puzzle_difficulty})",
             )
-        _check_key_holder(args, PROCEDURE_REGISTER, entry.node_id.hex(), caller, now_ms)
+        _check_key_holder(args, AGENTS_REGISTER, entry.node_id.hex(), caller, now_ms)
         listing_proof = self._listing_proof(args.get("listing_proof"), entry, ttl_s, now_ms)
         expires_ms = now_ms + ttl_s * 1000
         stored = await self.store.register(
@@ -439,7 +434,7 @@ class AgentDirectory:
         node_hex = _node_hex(args, "node_id", "node_id")
         required(args, "proof")
         caller = caller_id(caller, "unauthorized")
-        _check_key_holder(args, PROCEDURE_REMOVE, node_hex, caller, now_ms)
+        _check_key_holder(args, AGENTS_REMOVE, node_hex, caller, now_ms)
         return {"removed": int(await self.store.remove(caller))}
 
     async def _list(self, payload: object, caller: bytes, now_ms: int) -> object:

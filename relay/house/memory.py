@@ -47,6 +47,17 @@ from typing import Final
 import aiosqlite
 
 from macula.house_client import content_hash
+from macula.services.house import MEMORY_ADD, MEMORY_QUERY
+from macula.services.limits import (
+    DEFAULT_TOP_K,
+    MAX_DOCUMENT_ID_CHARS,
+    MAX_LABEL_CHARS,
+    MAX_MEMORY_CONTENT_BYTES,
+    MAX_QUERY_BYTES,
+    MAX_TOP_K,
+    MAX_TOPIC_CHARS,
+    MAX_TOPICS,
+)
 from macula.store.base import Migration, Row, SqliteStore, check_node_id, execute, fetchall
 from macula.wire.codes import ErrorCode
 from relay.arguments import (
@@ -70,10 +81,7 @@ __all__ = [
     "DEFAULT_MAX_TOTAL_BYTES",
     "DEFAULT_QUERY_RATE",
     "MAX_CHUNK_CHARS",
-    "MEMORY_PROCEDURES",
     "MIN_INDEXED_NONSPACE",
-    "PROCEDURE_ADD",
-    "PROCEDURE_QUERY",
     "ChunkCapExceeded",
     "MemoryFull",
     "MemoryHit",
@@ -86,21 +94,10 @@ __all__ = [
 
 logger = logging.getLogger("macula.relay.house.memory")
 
-PROCEDURE_ADD: Final = "macula.memory.add_knowledge_v1"
-PROCEDURE_QUERY: Final = "macula.memory.query_v1"
-MEMORY_PROCEDURES: Final = (PROCEDURE_ADD, PROCEDURE_QUERY)
-
 MAX_CHUNK_CHARS: Final = 1000
 MIN_INDEXED_NONSPACE: Final = 20
 SLACK_CHARS: Final = 200  # how far a paragraph or sentence end may pull a cut from its aim
-MAX_LABEL_CHARS: Final = 200
-MAX_DOCUMENT_ID_CHARS: Final = 256
-MAX_TOPICS: Final = 32
-MAX_TOPIC_CHARS: Final = 64
-MAX_QUERY_BYTES: Final = 4096
 MAX_QUERY_TERMS: Final = 32
-DEFAULT_TOP_K: Final = 10
-MAX_TOP_K: Final = 100
 DEFAULT_MAX_TOTAL_BYTES: Final = 256 * 1024 * 1024
 DEFAULT_MAX_CHUNKS_PER_DEPOSITOR: Final = 20_000
 DEFAULT_DEPOSIT_RATE: Final = 5.0  # per second per depositor, burst 4x
@@ -494,7 +491,7 @@ class MemoryService:
         self,
         store: MemoryStore,
         *,
-        max_content_bytes: int = 256 * 1024,
+        max_content_bytes: int = MAX_MEMORY_CONTENT_BYTES,
         max_chunks_per_depositor: int = DEFAULT_MAX_CHUNKS_PER_DEPOSITOR,
         max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES,
         rate: float = DEFAULT_DEPOSIT_RATE,
@@ -513,8 +510,8 @@ class MemoryService:
         self.buckets = TokenBuckets(rate, burst)
         self.query_buckets = TokenBuckets(query_rate, query_burst)
         self._handlers: dict[str, _Handler] = {
-            PROCEDURE_ADD: self._add,
-            PROCEDURE_QUERY: self._query,
+            MEMORY_ADD: self._add,
+            MEMORY_QUERY: self._query,
         }
 
     async def handle(self, procedure: str, payload: object, caller: bytes, now_ms: int) -> Outcome:

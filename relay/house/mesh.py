@@ -40,6 +40,7 @@ from macula.agent.envelope import is_node_hex
 from macula.agent.petnames import petname
 from macula.agent.proof import verify_proof
 from macula.directory_listing import listing_procedure, parse_listing_ttl
+from macula.services.house import AGENTS_LIST
 from relay.actions import StationReplied
 from relay.arguments import is_text
 from relay.house.agents import (
@@ -49,7 +50,6 @@ from relay.house.agents import (
     MAX_TEXT_CHARS,
     MAX_TTL_S,
     MIN_TTL_S,
-    PROCEDURE_LIST,
 )
 from relay.house.stations import StationEntry, StationInfo
 from relay.outcome import Outcome
@@ -344,12 +344,12 @@ class MeshAgentList:
 
     async def list(self, payload: object, caller: bytes, now_ms: int) -> Outcome:
         """The merged listing; the local refusal (bad arguments) when there is one."""
-        own = await self.local(PROCEDURE_LIST, payload, caller, now_ms)
+        own = await self.local(AGENTS_LIST, payload, caller, now_ms)
         if own.is_error or not isinstance(own.payload, dict):
             return own
         limit = _limit_of(payload)
         try:
-            replies = await self.ask_linked(PROCEDURE_LIST, {"limit": limit})
+            replies = await self.ask_linked(AGENTS_LIST, {"limit": limit})
         except Exception:  # asking is best effort: this station's own listing still stands
             log.exception("asking the linked stations for their agents failed")
             replies = []

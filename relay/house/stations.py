@@ -27,13 +27,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from macula.services.house import LIST_STATIONS
+from macula.services.limits import MAX_PLACE_CHARS
 from macula.store.base import check_node_id
 from relay.arguments import handler_for, integer, is_text, number, optional_map, optional_text
 from relay.outcome import Outcome, answer
 
 __all__ = [
     "MAX_KNOWN_STATIONS",
-    "PROCEDURE_LIST_STATIONS",
     "StationDirectory",
     "StationEntry",
     "StationInfo",
@@ -42,9 +43,7 @@ __all__ = [
 
 logger = logging.getLogger("macula.relay.house")
 
-PROCEDURE_LIST_STATIONS: Final = "macula.stations.list_stations_v1"
 
-MAX_PLACE_CHARS: Final = 100
 MAX_HOST_CHARS: Final = 253
 MAX_KNOWN_STATIONS: Final = 1000
 DEFAULT_NEAR_LIMIT: Final = 10
@@ -192,7 +191,7 @@ class StationDirectory:
         self._linked: set[bytes] = set()  # learned from a link (what it said of itself)
         self._discovered: set[bytes] = set()  # named by the last discovery round
         self.stats: Counter[str] = Counter()
-        self._handlers: dict[str, _Handler] = {PROCEDURE_LIST_STATIONS: self._list_stations}
+        self._handlers: dict[str, _Handler] = {LIST_STATIONS: self._list_stations}
 
     @property
     def station_id(self) -> bytes:

@@ -18,18 +18,15 @@ from housekit import assert_no_booleans, ok, refused, run
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
 from macula.directory_listing import listing_procedure
+from macula.services.house import AGENTS_LIST, AGENTS_REGISTER, AGENTS_REMOVE, LIST_STATIONS
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
 from relay.house.agents import (
-    PROCEDURE_LIST,
-    PROCEDURE_REGISTER,
-    PROCEDURE_REMOVE,
     AgentDirectory,
     AgentDirectoryStore,
     key_holder_procedure,
 )
-from relay.house.stations import PROCEDURE_LIST_STATIONS
 from relay.outcome import Outcome
 
 T = TypeVar("T")
@@ -61,13 +58,13 @@ def entry(identity: Identity, **fields: object) -> dict[str, object]:
 def register_payload(
     identity: Identity, now_ms: int = NOW_MS, signer: Identity | None = None, **extra: object
 ) -> dict[str, object]:
-    procedure = key_holder_procedure(PROCEDURE_REGISTER, identity.node_id)
+    procedure = key_holder_procedure(AGENTS_REGISTER, identity.node_id)
     proof = make_proof(signer or identity, procedure, now_ms)
     return {"entry": entry(identity, model="claude"), "proof": proof, **extra}
 
 
 def remove_payload(identity: Identity, now_ms: int = NOW_MS) -> dict[str, object]:
-    procedure = key_holder_procedure(PROCEDURE_REMOVE, identity.node_id)
+    procedure = key_holder_procedure(AGENTS_REMOVE, identity.node_id)
     return {"node_id": identity.node_id.hex(), "proof": make_proof(identity, procedure, now_ms)}
 
 
@@ -78,7 +75,7 @@ def call(
 
 
 def listed(directory: AgentDirectory, now_ms: int = NOW_MS, **args: object) -> list[Any]:
-    result = ok(call(directory, PROCEDURE_LIST, args, ALICE, now_ms))
+    result = ok(call(directory, AGENTS_LIST, args, ALICE, now_ms))
     assert result["count"] == len(result["agents"])
     assert_no_booleans(result)
     return list(result["agents"])
@@ -95,7 +92,7 @@ def test_register_list_remove(agents: AgentDirectory) -> None:
         offers=["code review", "translation"],
     )
     over_the_wire = cbor.decode(cbor.encode(payload))
-    result = ok(call(agents, PROCEDURE_REGISTER, over_the_wire, ALICE, NOW_MS))
+    result = ok(call(agents, AGENTS_REGISTER, over_the_wire, ALICE, NOW_MS))
     assert result == {"registered": 1, "expires_ms": NOW_MS + 1_200_000}
     assert listed(agents) == [
         {
@@ -110,27 +107,27 @@ def test_register_list_remove(agents: AgentDirectory) -> None:
             "expires_ms": NOW_MS + 1_200_000,
         }
     ]
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB, NOW_MS + 5), BOB, NOW_MS + 5))
+    ok(call(agents, AGENTS_REGISTER, register_payload(BOB, NOW_MS + 5), BOB, NOW_MS + 5))
     bob, alice = listed(agents, NOW_MS + 5)
     assert (bob["node_id"], alice["node_id"]) == (BOB.node_id.hex(), ALICE.node_id.hex())
     assert bob["operator_name"] is None and bob["offers"] == []
     assert [a["node_id"] for a in listed(agents, NOW_MS + 5, limit=1)] == [BOB.node_id.hex()]
 
-    removed = ok(call(agents, PROCEDURE_REMOVE, remove_payload(ALICE, NOW_MS + 6), ALICE, NOW_MS))
+    removed = ok(call(agents, AGENTS_REMOVE, remove_payload(ALICE, NOW_MS + 6), ALICE, NOW_MS))
     assert removed == {"removed": 1}
-    again = ok(call(agents, PROCEDURE_REMOVE, remove_payload(ALICE, NOW_MS + 6), ALICE, NOW_MS))
+    again = ok(call(agents, AGENTS_REMOVE, remove_payload(ALICE, NOW_MS + 6), ALICE, NOW_MS))
     assert again == {"removed": 0}
     assert [a["node_id"] for a in listed(agents, NOW_MS + 7)] == [BOB.node_id.hex()]
 
 
 def test_entries_expire_after_their_ttl_and_are_pruned(agents: AgentDirectory) -> None:
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE, ttl_seconds=60), ALICE, NOW_MS))
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB), BOB, NOW_MS))
+    ok(call(agents, AGENTS_REGISTER, register_payload(ALICE, ttl_seconds=60), ALICE, NOW_MS))
+    ok(call(agents, AGENTS_REGISTER, register_payload(BOB), BOB, NOW_MS))
     assert len(listed(agents, NOW_MS + 59_999)) == 2
     assert [a["node_id"] for a in listed(agents, NOW_MS + 60_000)] == [BOB.node_id.hex()]
     assert run(agents.store.count()) == 2  # listing only reads: the expired row is still held
     later = NOW_MS + 60_000
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB, later), BOB, later))
+    ok(call(agents, AGENTS_REGISTER, register_payload(BOB, later), BOB, later))
     assert run(agents.store.count()) == 1  # a registration deletes the expired rows
     assert run(agents.prune(later + 1_200_000)) == 1
     assert listed(agents, later + 1_200_000) == []
@@ -138,12 +135,12 @@ def test_entries_expire_after_their_ttl_and_are_pruned(agents: AgentDirectory) -
 
 
 def test_re_registering_renews_and_replaces(agents: AgentDirectory) -> None:
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB, NOW_MS + 1), BOB, NOW_MS + 1))
+    ok(call(agents, AGENTS_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
+    ok(call(agents, AGENTS_REGISTER, register_payload(BOB, NOW_MS + 1), BOB, NOW_MS + 1))
     later = NOW_MS + 1_000_000
     payload = register_payload(ALICE, later, ttl_seconds=3600)
     payload["entry"] = entry(ALICE, model="renewed")
-    assert ok(call(agents, PROCEDURE_REGISTER, payload, ALICE, later))["expires_ms"] == (
+    assert ok(call(agents, AGENTS_REGISTER, payload, ALICE, later))["expires_ms"] == (
         later + 3_600_000
     )
     first, second = listed(agents, later)
@@ -156,45 +153,45 @@ def test_re_registering_renews_and_replaces(agents: AgentDirectory) -> None:
 
 def test_an_entry_for_another_node_id_is_refused(agents: AgentDirectory) -> None:
     detail = refused(
-        call(agents, PROCEDURE_REGISTER, register_payload(BOB), ALICE, NOW_MS), "unauthorized"
+        call(agents, AGENTS_REGISTER, register_payload(BOB), ALICE, NOW_MS), "unauthorized"
     )
     assert "key" in detail
-    refused(call(agents, PROCEDURE_REMOVE, remove_payload(BOB), ALICE, NOW_MS), "unauthorized")
+    refused(call(agents, AGENTS_REMOVE, remove_payload(BOB), ALICE, NOW_MS), "unauthorized")
     assert listed(agents) == []
 
 
 def test_a_proof_signed_by_another_key_is_refused(agents: AgentDirectory) -> None:
     by_bob = register_payload(ALICE, signer=BOB)
     assert "wrong_node" in refused(
-        call(agents, PROCEDURE_REGISTER, by_bob, ALICE, NOW_MS), "unauthorized"
+        call(agents, AGENTS_REGISTER, by_bob, ALICE, NOW_MS), "unauthorized"
     )
     forged = register_payload(ALICE)
-    bob_signature = make_proof(BOB, key_holder_procedure(PROCEDURE_REGISTER, ALICE.node_id), NOW_MS)
+    bob_signature = make_proof(BOB, key_holder_procedure(AGENTS_REGISTER, ALICE.node_id), NOW_MS)
     forged["proof"] = {
-        **make_proof(ALICE, key_holder_procedure(PROCEDURE_REGISTER, ALICE.node_id), NOW_MS),
+        **make_proof(ALICE, key_holder_procedure(AGENTS_REGISTER, ALICE.node_id), NOW_MS),
         "signature": bob_signature["signature"],
     }
     assert "bad_signature" in refused(
-        call(agents, PROCEDURE_REGISTER, forged, ALICE, NOW_MS), "unauthorized"
+        call(agents, AGENTS_REGISTER, forged, ALICE, NOW_MS), "unauthorized"
     )
     assert listed(agents) == []
 
 
 def test_a_proof_for_another_procedure_is_refused(agents: AgentDirectory) -> None:
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
+    ok(call(agents, AGENTS_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
     as_register = register_payload(ALICE)
     as_register["proof"] = remove_payload(ALICE)["proof"]
     assert "wrong_procedure" in refused(
-        call(agents, PROCEDURE_REGISTER, as_register, ALICE, NOW_MS), "unauthorized"
+        call(agents, AGENTS_REGISTER, as_register, ALICE, NOW_MS), "unauthorized"
     )
     as_remove = remove_payload(ALICE)
     as_remove["proof"] = register_payload(ALICE)["proof"]
     assert "wrong_procedure" in refused(
-        call(agents, PROCEDURE_REMOVE, as_remove, ALICE, NOW_MS), "unauthorized"
+        call(agents, AGENTS_REMOVE, as_remove, ALICE, NOW_MS), "unauthorized"
     )
     unbound = register_payload(ALICE)
-    unbound["proof"] = make_proof(ALICE, PROCEDURE_REGISTER, NOW_MS)  # no "#<node>"
-    refused(call(agents, PROCEDURE_REGISTER, unbound, ALICE, NOW_MS), "unauthorized")
+    unbound["proof"] = make_proof(ALICE, AGENTS_REGISTER, NOW_MS)  # no "#<node>"
+    refused(call(agents, AGENTS_REGISTER, unbound, ALICE, NOW_MS), "unauthorized")
     assert len(listed(agents)) == 1
 
 
@@ -202,24 +199,22 @@ def test_a_proof_for_another_procedure_is_refused(agents: AgentDirectory) -> Non
 def test_a_stale_proof_is_refused(agents: AgentDirectory, skew_ms: int) -> None:
     signed_at = NOW_MS + skew_ms
     stale = register_payload(ALICE, signed_at)
-    assert "stale" in refused(
-        call(agents, PROCEDURE_REGISTER, stale, ALICE, NOW_MS), "unauthorized"
-    )
+    assert "stale" in refused(call(agents, AGENTS_REGISTER, stale, ALICE, NOW_MS), "unauthorized")
     old_remove = remove_payload(ALICE, signed_at)
-    refused(call(agents, PROCEDURE_REMOVE, old_remove, ALICE, NOW_MS), "unauthorized")
+    refused(call(agents, AGENTS_REMOVE, old_remove, ALICE, NOW_MS), "unauthorized")
     for edge in (NOW_MS - 60_000, NOW_MS + 60_000):  # the window's edges still pass
-        ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE, edge), ALICE, NOW_MS))
+        ok(call(agents, AGENTS_REGISTER, register_payload(ALICE, edge), ALICE, NOW_MS))
 
 
 def test_a_wrong_petname_is_refused(agents: AgentDirectory) -> None:
     payload = register_payload(ALICE)
     payload["entry"] = entry(ALICE, petname=petname(BOB.node_id))
-    detail = refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "bad_request")
+    detail = refused(call(agents, AGENTS_REGISTER, payload, ALICE, NOW_MS), "bad_request")
     assert petname(ALICE.node_id) in detail
     payload["entry"] = entry(ALICE, petname=petname(ALICE.node_id).upper())
-    refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "bad_request")
+    refused(call(agents, AGENTS_REGISTER, payload, ALICE, NOW_MS), "bad_request")
     del payload["entry"]["petname"]  # type: ignore[attr-defined]
-    refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "bad_request")
+    refused(call(agents, AGENTS_REGISTER, payload, ALICE, NOW_MS), "bad_request")
     assert listed(agents) == []
 
 
@@ -254,7 +249,7 @@ BAD_REGISTER_PAYLOADS: list[tuple[object, str]] = [
 def test_bad_register_payloads_are_refused_by_name(
     agents: AgentDirectory, payload: object, named: str
 ) -> None:
-    detail = refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "bad_request")
+    detail = refused(call(agents, AGENTS_REGISTER, payload, ALICE, NOW_MS), "bad_request")
     assert named in detail
     assert listed(agents) == []
 
@@ -262,17 +257,17 @@ def test_bad_register_payloads_are_refused_by_name(
 @pytest.mark.parametrize(
     ("procedure", "payload"),
     [
-        (PROCEDURE_REGISTER, {"entry": good_entry(), "proof": "signed, honestly"}),
-        (PROCEDURE_REGISTER, {"entry": good_entry(), "proof": [1, 2, 3]}),
-        (PROCEDURE_REMOVE, {"node_id": "", "proof": {}}),
-        (PROCEDURE_REMOVE, {"proof": {}}),
-        (PROCEDURE_REMOVE, 42),
-        (PROCEDURE_LIST, {"limit": 0}),
-        (PROCEDURE_LIST, {"limit": 501}),
-        (PROCEDURE_LIST, {"limit": "all"}),
-        (PROCEDURE_LIST, "please"),
+        (AGENTS_REGISTER, {"entry": good_entry(), "proof": "signed, honestly"}),
+        (AGENTS_REGISTER, {"entry": good_entry(), "proof": [1, 2, 3]}),
+        (AGENTS_REMOVE, {"node_id": "", "proof": {}}),
+        (AGENTS_REMOVE, {"proof": {}}),
+        (AGENTS_REMOVE, 42),
+        (AGENTS_LIST, {"limit": 0}),
+        (AGENTS_LIST, {"limit": 501}),
+        (AGENTS_LIST, {"limit": "all"}),
+        (AGENTS_LIST, "please"),
         ("macula.agents.unknown_v1", {}),
-        (PROCEDURE_LIST_STATIONS, {}),
+        (LIST_STATIONS, {}),
     ],
 )
 def test_bad_shapes_never_raise(agents: AgentDirectory, procedure: str, payload: object) -> None:
@@ -287,21 +282,21 @@ def test_bad_shapes_never_raise(agents: AgentDirectory, procedure: str, payload:
 
 def test_a_caller_without_a_node_id_is_refused(agents: AgentDirectory) -> None:
     for caller in (b"", b"x" * 31):
-        outcome = run(agents.handle(PROCEDURE_REGISTER, register_payload(ALICE), caller, NOW_MS))
+        outcome = run(agents.handle(AGENTS_REGISTER, register_payload(ALICE), caller, NOW_MS))
         refused(outcome, "unauthorized")
 
 
 def test_the_directory_is_capped_but_renewals_pass(tmp_path: Path) -> None:
     agents = open_directory(tmp_path / "agents.sqlite3", max_agents=1)
     try:
-        ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
+        ok(call(agents, AGENTS_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
         detail = refused(
-            call(agents, PROCEDURE_REGISTER, register_payload(BOB), BOB, NOW_MS), "directory_full"
+            call(agents, AGENTS_REGISTER, register_payload(BOB), BOB, NOW_MS), "directory_full"
         )
         assert "1 agents" in detail
-        ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))  # renewal
+        ok(call(agents, AGENTS_REGISTER, register_payload(ALICE), ALICE, NOW_MS))  # renewal
         later = NOW_MS + 1_200_000  # Alice has expired: her slot is free again
-        ok(call(agents, PROCEDURE_REGISTER, register_payload(BOB, later), BOB, later))
+        ok(call(agents, AGENTS_REGISTER, register_payload(BOB, later), BOB, later))
         assert [a["node_id"] for a in listed(agents, later)] == [BOB.node_id.hex()]
     finally:
         run(agents.store.close())
@@ -316,7 +311,7 @@ def test_free_identities_cannot_fill_the_directory(tmp_path: Path) -> None:
         admitted = 0
         for _ in range(1_000):
             sybil = Identity(rng.randbytes(32))
-            outcome = call(agents, PROCEDURE_REGISTER, register_payload(sybil), sybil, NOW_MS)
+            outcome = call(agents, AGENTS_REGISTER, register_payload(sybil), sybil, NOW_MS)
             if sybil.has_valid_puzzle(8):
                 ok(outcome)
                 admitted += 1
@@ -327,7 +322,7 @@ def test_free_identities_cannot_fill_the_directory(tmp_path: Path) -> None:
                 assert b"difficulty 8" in outcome.detail
         assert admitted < 15 and run(agents.store.count()) == admitted
         honest = Identity.generate(os.urandom)
-        ok(call(agents, PROCEDURE_REGISTER, register_payload(honest), honest, NOW_MS + 1))
+        ok(call(agents, AGENTS_REGISTER, register_payload(honest), honest, NOW_MS + 1))
         assert listed(agents, NOW_MS + 1)[0]["node_id"] == honest.node_id.hex()
     finally:
         run(agents.store.close())
@@ -343,9 +338,9 @@ def test_the_puzzle_difficulty_is_configurable(tmp_path: Path) -> None:
         path = tmp_path / f"agents-{difficulty}.sqlite3"
         agents = AgentDirectory(run(AgentDirectoryStore.open(path)), puzzle_difficulty=difficulty)
         try:
-            outcome = call(agents, PROCEDURE_REGISTER, register_payload(weak), weak, NOW_MS)
+            outcome = call(agents, AGENTS_REGISTER, register_payload(weak), weak, NOW_MS)
             assert outcome.is_error is not admitted, outcome
-            ok(call(agents, PROCEDURE_REMOVE, remove_payload(weak), weak, NOW_MS))  # never gated
+            ok(call(agents, AGENTS_REMOVE, remove_payload(weak), weak, NOW_MS))  # never gated
         finally:
             run(agents.store.close())
     store = run(AgentDirectoryStore.open(tmp_path / "x.sqlite3"))
@@ -357,7 +352,7 @@ def test_the_puzzle_difficulty_is_configurable(tmp_path: Path) -> None:
 
 
 def test_listing_writes_nothing(agents: AgentDirectory) -> None:
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE, ttl_seconds=60), ALICE, NOW_MS))
+    ok(call(agents, AGENTS_REGISTER, register_payload(ALICE, ttl_seconds=60), ALICE, NOW_MS))
     changes = agents.store._db.total_changes
     for step in range(100):  # past Alice's expiry too
         listed(agents, NOW_MS + step * 1000)
@@ -369,7 +364,7 @@ def test_entries_survive_reopening_the_store(tmp_path: Path) -> None:
     first = open_directory(path)
     payload = register_payload(ALICE)
     payload["entry"] = entry(ALICE, offers=["ünïcode ✓"], operator_name="Zoë")
-    ok(call(first, PROCEDURE_REGISTER, payload, ALICE, NOW_MS))
+    ok(call(first, AGENTS_REGISTER, payload, ALICE, NOW_MS))
     run(first.store.close())
     second = open_directory(path)
     try:
@@ -384,9 +379,9 @@ def test_entries_survive_reopening_the_store(tmp_path: Path) -> None:
 def test_a_store_failure_is_a_temporary_failure_not_an_exception(tmp_path: Path) -> None:
     agents = open_directory(tmp_path / "agents.sqlite3")
     run(agents.store.close())
-    outcome = call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS)
+    outcome = call(agents, AGENTS_REGISTER, register_payload(ALICE), ALICE, NOW_MS)
     assert (outcome.code, outcome.detail) == (ErrorCode.TEMPORARY_RELAY_FAILURE, None)
-    assert call(agents, PROCEDURE_LIST, {}, ALICE, NOW_MS).code == ErrorCode.TEMPORARY_RELAY_FAILURE
+    assert call(agents, AGENTS_LIST, {}, ALICE, NOW_MS).code == ErrorCode.TEMPORARY_RELAY_FAILURE
 
 
 # --- the listing proof: what lets a linked station relay the row ---------------------------
@@ -407,7 +402,7 @@ def test_a_listing_proof_for_this_station_is_stored_and_listed(tmp_path: Path) -
     store = run(AgentDirectoryStore.open(tmp_path / "agents.sqlite3"))
     agents = AgentDirectory(store, station_id=STATION)
     payload = cbor.decode(cbor.encode(listing_payload(ALICE)))
-    ok(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS))
+    ok(call(agents, AGENTS_REGISTER, payload, ALICE, NOW_MS))
     [row] = listed(agents)
     assert row["listing_proof"] == payload["listing_proof"]
     run(store.close())
@@ -432,7 +427,7 @@ def test_a_listing_proof_that_does_not_verify_is_refused(tmp_path: Path, payload
     )
     if payload["entry"]["node_id"] == ALICE.node_id.hex() and "listing_proof" in payload:
         payload = {**payload, "proof": register_payload(ALICE)["proof"]}
-    detail = refused(call(agents, PROCEDURE_REGISTER, payload, ALICE, NOW_MS), "unauthorized")
+    detail = refused(call(agents, AGENTS_REGISTER, payload, ALICE, NOW_MS), "unauthorized")
     assert "listing_proof" in detail
     assert listed(agents) == []
     run(agents.store.close())
@@ -441,7 +436,7 @@ def test_a_listing_proof_that_does_not_verify_is_refused(tmp_path: Path, payload
 def test_a_registration_without_listing_proof_is_listed_here_without_one(
     agents: AgentDirectory,
 ) -> None:
-    ok(call(agents, PROCEDURE_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
+    ok(call(agents, AGENTS_REGISTER, register_payload(ALICE), ALICE, NOW_MS))
     [row] = listed(agents)
     assert "listing_proof" not in row
 
@@ -465,7 +460,7 @@ def test_a_directory_of_the_first_schema_is_migrated_and_keeps_its_rows(tmp_path
     assert run(directory.store.schema_version()) == 2
     [row] = listed(directory)
     assert row["node_id"] == ALICE.node_id.hex() and "listing_proof" not in row
-    ok(call(directory, PROCEDURE_REGISTER, listing_payload(ALICE), ALICE, NOW_MS))  # renewed
+    ok(call(directory, AGENTS_REGISTER, listing_payload(ALICE), ALICE, NOW_MS))  # renewed
     [row] = listed(directory)
     assert row["listing_proof"]["node_id"] == ALICE.node_id.hex()
     run(directory.store.close())

@@ -18,13 +18,12 @@ from typing import Any, TypeVar
 
 import pytest
 
+from macula.services.house import MEMORY_ADD, MEMORY_QUERY
 from macula.wire.codes import ErrorCode
 from relay.house.buckets import TokenBuckets
 from relay.house.memory import (
     MAX_CHUNK_CHARS,
     MIN_INDEXED_NONSPACE,
-    PROCEDURE_ADD,
-    PROCEDURE_QUERY,
     MemoryService,
     MemoryStore,
     chunk_text,
@@ -72,14 +71,14 @@ def with_service(path: Path, body: Callable[[MemoryService], Awaitable[T]], **li
 async def add(
     service: MemoryService, content: str, caller: bytes = ALICE, now: int = NOW, **fields: Any
 ) -> Outcome:
-    return await service.handle(PROCEDURE_ADD, {"content": content, **fields}, caller, now)
+    return await service.handle(MEMORY_ADD, {"content": content, **fields}, caller, now)
 
 
 async def query(service: MemoryService, text: str, top_k: object = None) -> Outcome:
     payload: dict[str, Any] = {"query_text": text}
     if top_k is not None:
         payload["top_k"] = top_k
-    return await service.handle(PROCEDURE_QUERY, payload, BOB, NOW)
+    return await service.handle(MEMORY_QUERY, payload, BOB, NOW)
 
 
 def hits(outcome: Outcome) -> list[dict[str, Any]]:
@@ -425,18 +424,18 @@ def test_queries_are_rate_limited_per_caller(tmp_path: Path) -> None:
         assert not (await add(service, TLS)).is_error
         ask = {"query_text": "certificates"}
         for _ in range(2):
-            assert hits(await service.handle(PROCEDURE_QUERY, ask, BOB, NOW))
+            assert hits(await service.handle(MEMORY_QUERY, ask, BOB, NOW))
         refused(await query(service, "tls", top_k=0), BAD, "bad_request")  # spends no token
         detail = refused(
-            await service.handle(PROCEDURE_QUERY, ask, BOB, NOW + 10),
+            await service.handle(MEMORY_QUERY, ask, BOB, NOW + 10),
             ErrorCode.UPSTREAM_CONGESTION,
             "rate_limited",
             "queries",
             "retry in 490 ms",
         )
         assert detail
-        assert hits(await service.handle(PROCEDURE_QUERY, ask, ALICE, NOW + 10))  # per caller
-        assert hits(await service.handle(PROCEDURE_QUERY, ask, BOB, NOW + 510))  # refilled
+        assert hits(await service.handle(MEMORY_QUERY, ask, ALICE, NOW + 10))  # per caller
+        assert hits(await service.handle(MEMORY_QUERY, ask, BOB, NOW + 510))  # refilled
 
     with_service(tmp_path / "memory.sqlite3", body, query_rate=2.0, query_burst=2.0)
 
@@ -504,7 +503,7 @@ BAD_ADDS: tuple[tuple[object, str], ...] = (
 @pytest.mark.parametrize(("payload", "named"), BAD_ADDS)
 def test_malformed_deposits_are_named(tmp_path: Path, payload: object, named: str) -> None:
     async def body(service: MemoryService) -> None:
-        outcome = await service.handle(PROCEDURE_ADD, payload, ALICE, NOW)
+        outcome = await service.handle(MEMORY_ADD, payload, ALICE, NOW)
         refused(outcome, BAD, "bad_request", named)
         assert await service.store.count() == 0
 
@@ -513,12 +512,10 @@ def test_malformed_deposits_are_named(tmp_path: Path, payload: object, named: st
 
 def test_malformed_queries_callers_and_procedures(tmp_path: Path) -> None:
     async def body(service: MemoryService) -> None:
-        refused(await service.handle(PROCEDURE_QUERY, [], BOB, NOW), BAD, "bad_request", "map")
+        refused(await service.handle(MEMORY_QUERY, [], BOB, NOW), BAD, "bad_request", "map")
+        refused(await service.handle(MEMORY_QUERY, {}, BOB, NOW), BAD, "bad_request", "query_text")
         refused(
-            await service.handle(PROCEDURE_QUERY, {}, BOB, NOW), BAD, "bad_request", "query_text"
-        )
-        refused(
-            await service.handle(PROCEDURE_QUERY, {"query_text": 3}, BOB, NOW),
+            await service.handle(MEMORY_QUERY, {"query_text": 3}, BOB, NOW),
             BAD,
             "bad_request",
             "query_text",

@@ -19,10 +19,11 @@ import relay.house.mesh as mesh_module
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
 from macula.directory_listing import listing_procedure
+from macula.services.house import AGENTS_LIST, AGENTS_REGISTER, LIST_STATIONS
 from macula.wire.identity import Identity
 from relay.actions import StationReplied
 from relay.federation.addresses import StationAddress
-from relay.house.agents import PROCEDURE_LIST, PROCEDURE_REGISTER, key_holder_procedure
+from relay.house.agents import key_holder_procedure
 from relay.house.mesh import (
     LinkedReply,
     MeshAgentList,
@@ -34,7 +35,6 @@ from relay.house.mesh import station_entry as entry_of
 from relay.house.services import HouseConfig, HouseServices
 from relay.house.stations import (
     MAX_KNOWN_STATIONS,
-    PROCEDURE_LIST_STATIONS,
     StationDirectory,
     StationEntry,
     StationInfo,
@@ -304,10 +304,10 @@ def test_the_asker_asks_at_most_fanout_stations_concurrency_at_once() -> None:
     links = FakeLinks()
     stations = [bytes([n]) * 32 for n in range(1, 11)]
     ask = linked_asker(lambda: stations + stations[:2], links.call, fanout=6, concurrency=2)
-    replies = run(ask(PROCEDURE_LIST, {"limit": 5}))
+    replies = run(ask(AGENTS_LIST, {"limit": 5}))
     assert [r.station for r in replies] == stations[:6] and all(r.ok for r in replies)
     assert links.most_in_flight == 2
-    assert {(p, str(a)) for _, p, a, _ in links.asked} == {(PROCEDURE_LIST, "{'limit': 5}")}
+    assert {(p, str(a)) for _, p, a, _ in links.asked} == {(AGENTS_LIST, "{'limit': 5}")}
 
 
 def test_a_silent_or_broken_station_costs_the_deadline_at_most() -> None:
@@ -317,7 +317,7 @@ def test_a_silent_or_broken_station_costs_the_deadline_at_most() -> None:
     async def timed() -> tuple[list[LinkedReply], float]:
         loop = asyncio.get_running_loop()
         started = loop.time()
-        replies = await ask(PROCEDURE_LIST, {})
+        replies = await ask(AGENTS_LIST, {})
         return replies, loop.time() - started
 
     replies, took = run(timed())
@@ -327,7 +327,7 @@ def test_a_silent_or_broken_station_costs_the_deadline_at_most() -> None:
 
 def test_no_linked_station_means_no_call() -> None:
     links = FakeLinks()
-    assert run(linked_asker(list, links.call)(PROCEDURE_LIST, {})) == []
+    assert run(linked_asker(list, links.call)(AGENTS_LIST, {})) == []
     assert links.asked == []
 
 
@@ -374,9 +374,7 @@ def test_a_failing_asker_leaves_this_stations_listing() -> None:
 def register_payload(identity: Identity) -> dict[str, Any]:
     return {
         "entry": {"node_id": identity.node_id.hex(), "petname": petname(identity.node_id)},
-        "proof": make_proof(
-            identity, key_holder_procedure(PROCEDURE_REGISTER, identity.node_id), NOW
-        ),
+        "proof": make_proof(identity, key_holder_procedure(AGENTS_REGISTER, identity.node_id), NOW),
     }
 
 
@@ -394,10 +392,10 @@ def test_only_a_clients_listing_fans_out(tmp_path: Path) -> None:
         )
         try:
             me = Identity.generate(os.urandom)
-            ok(await house.handle(PROCEDURE_REGISTER, register_payload(me), me.node_id, NOW))
+            ok(await house.handle(AGENTS_REGISTER, register_payload(me), me.node_id, NOW))
             # a client, whatever its payload says
-            client = await house.handle(PROCEDURE_LIST, {"from_station": 1}, me.node_id, NOW)
-            station = await house.handle(PROCEDURE_LIST, {}, B, NOW, from_station=1)
+            client = await house.handle(AGENTS_LIST, {"from_station": 1}, me.node_id, NOW)
+            station = await house.handle(AGENTS_LIST, {}, B, NOW, from_station=1)
             return ok(client), ok(station)
         finally:
             await house.close()
@@ -416,7 +414,7 @@ def test_a_fanout_of_zero_keeps_listings_local(tmp_path: Path) -> None:
         config = HouseConfig(mesh_fanout=0)
         house = await HouseServices.open(config, tmp_path, HERE, "h", 1, ask_linked=ask)
         try:
-            return ok(await house.handle(PROCEDURE_LIST, {}, B, NOW))
+            return ok(await house.handle(AGENTS_LIST, {}, B, NOW))
         finally:
             await house.close()
 
@@ -477,7 +475,7 @@ def _house_with(tmp_path: Path, answer: LinkedReply | None) -> tuple[HouseServic
     asked: list[object] = []
 
     async def ask_linked(procedure: str, payload: object) -> list[LinkedReply]:
-        assert procedure == PROCEDURE_LIST_STATIONS
+        assert procedure == LIST_STATIONS
         asked.append(payload)
         return [] if answer is None else [answer]
 
@@ -495,7 +493,7 @@ def _house_with(tmp_path: Path, answer: LinkedReply | None) -> tuple[HouseServic
 
 
 def listed(house: HouseServices, from_station: int = 0) -> list[tuple[str, str, int, str | None]]:
-    outcome = house.handle(PROCEDURE_LIST_STATIONS, {}, B, NOW, from_station=from_station)
+    outcome = house.handle(LIST_STATIONS, {}, B, NOW, from_station=from_station)
     result = ok(run(outcome))
     return [(s["node_id"], s["host"], s["port"], s["city"]) for s in result["stations"]]
 
@@ -554,7 +552,7 @@ def test_discovered_addresses_reach_the_station_directory(tmp_path: Path) -> Non
 
 def test_refusals_of_the_list_stay_local(tmp_path: Path) -> None:
     house, _ = _house_with(tmp_path, None)
-    refused(run(house.handle(PROCEDURE_LIST_STATIONS, {"city": 5}, B, NOW)), "bad_request")
+    refused(run(house.handle(LIST_STATIONS, {"city": 5}, B, NOW)), "bad_request")
     run(house.close())
 
 

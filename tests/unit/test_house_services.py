@@ -10,12 +10,12 @@ from housekit import ok, refused, run
 
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
+from macula.services.house import AGENTS_REGISTER, MEMORY_ADD, MEMORY_QUERY
 from macula.store.base import StoreError
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
 from relay.cli import build_parser, config_from_args
-from relay.house.agents import PROCEDURE_REGISTER, key_holder_procedure
-from relay.house.memory import PROCEDURE_ADD, PROCEDURE_QUERY
+from relay.house.agents import key_holder_procedure
 from relay.house.services import HouseConfig, HouseServices
 from relay.outcome import Outcome
 
@@ -37,10 +37,10 @@ def register(house: HouseServices, identity: Identity) -> Outcome:
     payload = {
         "entry": {"node_id": node_hex, "petname": petname(identity.node_id)},
         "proof": make_proof(
-            identity, key_holder_procedure(PROCEDURE_REGISTER, identity.node_id), NOW_MS
+            identity, key_holder_procedure(AGENTS_REGISTER, identity.node_id), NOW_MS
         ),
     }
-    return run(house.handle(PROCEDURE_REGISTER, payload, identity.node_id, NOW_MS))
+    return run(house.handle(AGENTS_REGISTER, payload, identity.node_id, NOW_MS))
 
 
 def open_house(config: HouseConfig, data_dir: Path) -> HouseServices:
@@ -64,11 +64,11 @@ def test_the_limits_reach_the_services(tmp_path: Path) -> None:
     house = open_house(config, tmp_path)
     depositor = bytes(range(1, 33))
     try:
-        full = run(house.handle(PROCEDURE_ADD, {"content": NOTE}, depositor, NOW_MS))
+        full = run(house.handle(MEMORY_ADD, {"content": NOTE}, depositor, NOW_MS))
         refused(full, "quota_exceeded")
         ask = {"query_text": "certificates"}
-        ok(run(house.handle(PROCEDURE_QUERY, ask, depositor, NOW_MS)))
-        limited = run(house.handle(PROCEDURE_QUERY, ask, depositor, NOW_MS))
+        ok(run(house.handle(MEMORY_QUERY, ask, depositor, NOW_MS)))
+        limited = run(house.handle(MEMORY_QUERY, ask, depositor, NOW_MS))
         assert limited.code == ErrorCode.UPSTREAM_CONGESTION  # burst 4 x 0.25 = 1
         ok(register(house, weak_identity()))
     finally:

@@ -12,13 +12,13 @@ from typing import Any, TypeVar
 import pytest
 from housekit import assert_no_booleans, ok, refused, run
 
+from macula.services.house import LIST_STATIONS
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, validate_payload
 from relay.house.stations import (
     MAX_KNOWN_STATIONS,
-    PROCEDURE_LIST_STATIONS,
     StationDirectory,
     StationEntry,
     StationInfo,
@@ -56,7 +56,7 @@ def station_directory() -> StationDirectory:
 
 
 def list_stations(directory: StationDirectory, payload: object) -> Outcome:
-    return run(directory.handle(PROCEDURE_LIST_STATIONS, payload, ALICE.node_id, NOW_MS))
+    return run(directory.handle(LIST_STATIONS, payload, ALICE.node_id, NOW_MS))
 
 
 def hosts(result: Any) -> list[str]:
@@ -187,7 +187,7 @@ def test_unknown_procedures_and_garbage_are_refused_not_raised() -> None:
         run(directory.handle("macula.agents.list_v1", {}, ALICE.node_id, NOW_MS)),
         "unknown_procedure",
     )
-    assert PROCEDURE_LIST_STATIONS in detail
+    assert LIST_STATIONS in detail
     odd: Any = 7
     assert run(directory.handle(odd, {}, ALICE.node_id, NOW_MS)).code == BAD
     garbage: list[object] = [b"", 1.5, {1: 2}, {"near": None}, {"near": {"lat": {}, "lng": []}}]

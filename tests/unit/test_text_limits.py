@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from relay.house import memory as house_memory
-from relay.house import stations as house_stations
+from macula.services import limits
 from tools import text_limits
 from tools.server import INSTRUCTIONS, build_server
 from tools.tool_schema import LIMIT_SAID_ONCE
@@ -66,10 +65,10 @@ def test_the_listed_lengths_are_the_enforced_ones() -> None:
     record_type = schemas["mesh_find_records_by_type"]["properties"]["record_type"]
     [integer] = [arm for arm in record_type["anyOf"] if arm["type"] == "integer"]
     assert (integer["minimum"], integer["maximum"]) == (1, 255)
-    # the station's limits (tools/ may not import relay/: the numbers are kept in step here)
-    assert text_limits.STATION_LABEL_CHARS == house_memory.MAX_LABEL_CHARS
-    assert text_limits.STATION_QUERY_BYTES == house_memory.MAX_QUERY_BYTES
-    assert text_limits.STATION_PLACE_CHARS == house_stations.MAX_PLACE_CHARS
+    # the station's limits, taken from their one home (macula.services.limits)
+    assert text_limits.STATION_LABEL_CHARS == limits.MAX_LABEL_CHARS
+    assert text_limits.STATION_QUERY_BYTES == limits.MAX_QUERY_BYTES
+    assert text_limits.STATION_PLACE_CHARS == limits.MAX_PLACE_CHARS
 
 
 def test_task_limits_follow_the_environment() -> None:
