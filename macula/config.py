@@ -1,6 +1,9 @@
-"""Settings read from the environment that more than one program shares.
+"""Every ``MACULA_*`` variable the library and the station read is named and parsed here.
 
 Invariants:
+- No other module of ``macula/`` or ``relay/`` writes a ``MACULA_`` name: they import the
+  ``*_ENV`` names and the readers below (``tools/settings.py`` does the same for the MCP
+  server's own variables; ``tests/unit/test_settings_shape.py`` checks both).
 - ``MACULA_HOME`` is resolved here and nowhere else (``macula_home``): default ``~/.macula``,
   made absolute; set but empty, containing NUL, or naming a non-directory is a ``ConfigError``
   naming it. Stores, agents, the MCP server and the station CLI all ask this function.
@@ -13,7 +16,12 @@ Invariants:
   ``macula-mcp`` alike.
 - ``MACULA_MESH_STATIONS`` is read here (``configured_stations``): every entry is checked and a
   bad one is named; the order is the failover order (``macula.station_choice``).
+- The readers (``text_setting``, ``flag_setting``, ``positive_int_setting``,
+  ``choice_setting``, ``path_setting``) give a typed value or raise a ``ConfigError``.
 - Every error is a ``ConfigError`` whose message starts with the variable at fault.
+- This module imports nothing of macula at its top but errors and keys, so every module can
+  take names from it (``stations``, ``station_choice`` and ``known_stations``, which do, are
+  imported where they are used).
 """
 
 from __future__ import annotations
@@ -21,25 +29,89 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final, TypeVar
 
 from macula.errors import ConfigError
 from macula.keyfile import KeyFileError, load_or_create_identity
-from macula.known_stations import FILE_NAME as KNOWN_STATIONS_FILE
-from macula.known_stations import KnownStations
-from macula.station_choice import station_list
-from macula.stations import STATIONS_ENV, StationAddress, parse_station_list
 from macula.wire.identity import Identity
 
+if TYPE_CHECKING:
+    from macula.known_stations import KnownStations
+    from macula.stations import StationAddress
+
+PREFIX: Final = "MACULA_"  # every variable of ours starts so (a daemon forwards them)
+MCP_PREFIX: Final = "MACULA_MCP_"  # the agent's and the MCP server's own variables
 HOME_ENV: Final = "MACULA_HOME"
 DEFAULT_HOME: Final = "~/.macula"
 IDENTITY_ENV: Final = "MACULA_MCP_IDENTITY"
 AGENT_ENV: Final = "MACULA_MCP_AGENT"
 SESSION_ENV: Final = "CLAUDE_CODE_SESSION_ID"
+STATIONS_ENV: Final = "MACULA_MESH_STATIONS"
+LOOP_ENV: Final = "MACULA_LOOP"  # the event loop (macula.event_loop)
+QUIC_ENV: Final = "MACULA_QUIC"  # the QUIC library (macula.quic_backend)
+# the agent's stores and settings (macula.store, macula.agent)
+ROSTER_DB_ENV: Final = "MACULA_MCP_ROSTER_DB"
+TRANSCRIPT_DB_ENV: Final = "MACULA_MCP_LOBBY_TRANSCRIPT_DB"
+RINGS_DB_ENV: Final = "MACULA_MCP_RINGS_DB"
+TASKS_DB_ENV: Final = "MACULA_MCP_TASKS_DB"
+TASKS_PREFIX: Final = "MACULA_MCP_TASKS_"  # + a TaskLimits field in capitals
+CONTACT_POLICY_ENV: Final = "MACULA_MCP_CONTACT_POLICY"
+CONTACT_POLICY_FILE_ENV: Final = "MACULA_MCP_CONTACT_POLICY_FILE"
+NO_RING_ENV: Final = "MACULA_MCP_NO_RING"
+NO_CITIZENSHIP_ENV: Final = "MACULA_MCP_NO_CITIZENSHIP"
+OPERATOR_NAME_ENV: Final = "MACULA_MCP_OPERATOR_NAME"
+HELLO_MESSAGE_ENV: Final = "MACULA_MCP_HELLO_MESSAGE"
+MODEL_ENV: Final = "MACULA_MCP_MODEL"
+
+C = TypeVar("C", bound=ConfigError)
 
 
 def _environ(env: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if env is None else env
+
+
+def task_limit_env(field: str) -> str:
+    """The variable of one ``TaskLimits`` field: ``MACULA_MCP_TASKS_<FIELD>``."""
+    return f"{TASKS_PREFIX}{field.upper()}"
+
+
+def bounds_env(store: str, what: str) -> str:
+    """A store's bound: ``MACULA_MCP_<STORE>_<WHAT>`` (``MAX_ROWS``, ``MAX_AGE_DAYS``)."""
+    return f"{MCP_PREFIX}{store}_{what}"
+
+
+def text_setting(env: Mapping[str, str], name: str) -> str | None:
+    """The value of ``name`` as given; None when unset or empty."""
+    return env.get(name) or None
+
+
+def flag_setting(env: Mapping[str, str], name: str) -> bool:
+    """``name`` as 0 or 1 (unset or blank: 0); anything else is an error naming it."""
+    raw = env.get(name, "0").strip()
+    if raw not in ("", "0", "1"):
+        raise ConfigError(f"{name} must be 0 or 1, not {raw!r}")
+    return raw == "1"
+
+
+def positive_int_setting(env: Mapping[str, str], name: str, default: int) -> int:
+    """``name`` as a whole number >= 1; ``default`` when unset."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    text = raw.strip()
+    if not text.isdecimal() or int(text) < 1:
+        raise ConfigError(f"{name} must be a positive integer, not {raw!r}")
+    return int(text)
+
+
+def choice_setting(
+    env: Mapping[str, str], name: str, choices: tuple[str, ...], error: type[C]
+) -> str:
+    """``name`` lowered, one of ``choices`` (unset or blank: the first); else ``error``."""
+    value = env.get(name, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise error(f"{name}={value!r} is not one of {', '.join(choices)}")
+    return value
 
 
 def expand_path(raw: str, name: str) -> Path:
@@ -108,7 +180,10 @@ def configured_stations(env: Mapping[str, str] | None = None) -> list[StationAdd
     """The stations of ``MACULA_MESH_STATIONS`` in order (a node fails over along them), every
     entry checked: a malformed, empty or repeated entry is a ``ConfigError`` naming it. Unset
     or blank gives an empty list."""
-    stations = parse_station_list(_environ(env).get(STATIONS_ENV, ""))
+    from macula.station_choice import station_list  # both name STATIONS_ENV
+    from macula.stations import parse_station_list
+
+    stations = parse_station_list(_environ(env).get(STATIONS_ENV, ""), source=STATIONS_ENV)
     return station_list(stations, source=STATIONS_ENV) if stations else []
 
 
@@ -122,4 +197,6 @@ def mesh_stations_from_env(env: Mapping[str, str] | None = None) -> list[Station
 
 def known_stations_from_env(env: Mapping[str, str] | None = None) -> KnownStations:
     """The known-stations file of this ``MACULA_HOME`` (pins of stations given as host:port)."""
-    return KnownStations(macula_home(_environ(env)) / KNOWN_STATIONS_FILE)
+    from macula.known_stations import FILE_NAME, KnownStations  # it names STATIONS_ENV
+
+    return KnownStations(macula_home(_environ(env)) / FILE_NAME)

@@ -15,9 +15,10 @@ import os
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
+from macula.config import LOOP_ENV, choice_setting
 from macula.errors import ConfigError
 
-ENV = "MACULA_LOOP"
+ENV = LOOP_ENV
 CHOICES = ("auto", "asyncio", "uvloop")
 
 T = TypeVar("T")
@@ -31,9 +32,7 @@ def loop_factory(
     environ: Mapping[str, str] = os.environ,
 ) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The loop constructor ``MACULA_LOOP`` selects; None for asyncio's default loop."""
-    value = environ.get(ENV, "").strip().lower() or "auto"
-    if value not in CHOICES:
-        raise EventLoopError(f"{ENV}={value!r} is not one of {', '.join(CHOICES)}")
+    value = choice_setting(environ, ENV, CHOICES, EventLoopError)
     if value == "asyncio":
         return None
     try:

@@ -31,6 +31,7 @@ import stat
 from pathlib import Path
 from typing import Final
 
+from macula.config import STATIONS_ENV
 from macula.errors import HandshakeError
 from macula.stations import StationAddress, parse_station
 from macula.wire.identity import KEY_FILE_MAGIC
@@ -188,7 +189,7 @@ class KnownStations:
             f"the key of station {name} is not the one recorded in {self.path} "
             f"({recorded.hex()}){seen}. Someone may be impersonating it, or its key was "
             f"replaced. To accept the new key, remove the line for {name} from {self.path}, "
-            f"or pin node_id@{name} in MACULA_MESH_STATIONS"
+            f"or pin node_id@{name} in {STATIONS_ENV}"
         )
 
 

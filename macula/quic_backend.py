@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from cryptography import x509
 
+from macula.config import QUIC_ENV, choice_setting
 from macula.errors import ConfigError
 
-ENV = "MACULA_QUIC"
+ENV = QUIC_ENV
 CHOICES = ("aioquic", "qh3")
 
 
@@ -37,10 +38,7 @@ class QuicBackendError(ConfigError):
 
 def chosen(environ: Mapping[str, str] = os.environ) -> str:
     """The backend ``MACULA_QUIC`` selects ("aioquic" when unset or empty)."""
-    value = environ.get(ENV, "").strip().lower() or "aioquic"
-    if value not in CHOICES:
-        raise QuicBackendError(f"{ENV}={value!r} is not one of {', '.join(CHOICES)}")
-    return value
+    return choice_setting(environ, ENV, CHOICES, QuicBackendError)
 
 
 BACKEND = chosen()

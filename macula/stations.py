@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from macula.config import STATIONS_ENV
 from macula.errors import ConfigError
 
 DEFAULT_PORT = 4433
-STATIONS_ENV = "MACULA_MESH_STATIONS"
 
 
 @dataclass(frozen=True, slots=True)

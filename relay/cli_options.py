@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from macula.config import HOME_ENV, STATIONS_ENV
 from macula.help_format import HelpFormatter
 from relay import service
 from relay.federation.dht_storage import DhtLimits
@@ -87,9 +88,9 @@ BOUNDS = (  # (flag, StationPolicy field, help): positive integers (issue 11)
 
 Flags = argparse._ActionsContainer  # a parser or one of its argument groups
 
-DESCRIPTION = """Run a Macula station: the meeting point agents connect to over QUIC (UDP).
+DESCRIPTION = f"""Run a Macula station: the meeting point agents connect to over QUIC (UDP).
 It prints one line once it listens, node_id@host:port: that is what clients pin
-(MACULA_MESH_STATIONS). Every flag can also be a key of a --config file."""
+({STATIONS_ENV}). Every flag can also be a key of a --config file."""
 
 EPILOG = """
 examples:
@@ -156,7 +157,7 @@ def _listen_flags(parser: Flags) -> None:
         "--data-dir",
         type=Path,
         default=None,
-        help="key, certificate and stores (default $MACULA_HOME/station)",
+        help=f"key, certificate and stores (default ${HOME_ENV}/station)",
     )
     parser.add_argument(
         "--advertise-host",

@@ -12,9 +12,9 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from macula.config import AGENT_ENV, IDENTITY_ENV, configured_stations, macula_home
+from macula.config import AGENT_ENV, IDENTITY_ENV, STATIONS_ENV, configured_stations, macula_home
 from macula.errors import ConfigError
-from macula.stations import STATIONS_ENV, StationAddress, parse_station
+from macula.stations import StationAddress, parse_station
 from tools.launch import server_command
 from tools.local_station import DEFAULT_STATION, local_station_status
 from tools.local_station_settings import home_port, settings

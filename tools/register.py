@@ -35,9 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from macula.config import configured_stations
+from macula.config import STATIONS_ENV, configured_stations
 from macula.errors import ConfigError
-from macula.stations import STATIONS_ENV
 from tools.commands import parser_for
 from tools.config_formats import ConfigParseError
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness

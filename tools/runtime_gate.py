@@ -32,8 +32,9 @@ from typing import Any, Final
 from mcp_types import CallToolResult
 
 from macula.backoff import Backoff
+from macula.config import STATIONS_ENV
 from macula.errors import BrokenError, ConfigError, HandshakeError, MaculaError
-from macula.stations import STATIONS_ENV, StationAddress
+from macula.stations import StationAddress
 from tools.results import fail
 from tools.runtime import Runtime
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from macula.config import configured_stations, macula_home
+from macula.config import STATIONS_ENV, configured_stations, macula_home
 from macula.errors import ConfigError
 from macula.keyfile import KeyFileError, load_or_create_identity
 from macula.known_stations import STATION_KEY_FILE, station_node_id
-from macula.stations import DEFAULT_PORT, STATIONS_ENV
+from macula.stations import DEFAULT_PORT
 from tools.local_station import RELAY_DIR  # macula-relay's default data dir under MACULA_HOME
 
 UNSPECIFIED_HOSTS: Final = frozenset({"0.0.0.0", "::", "[::]", ""})

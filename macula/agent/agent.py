@@ -35,7 +35,22 @@ from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
 from macula.agent.task_messages import TaskLimits
 from macula.agent.tasks import Tasks
 from macula.clock import MsClock, now_ms
-from macula.config import macula_home, path_setting
+from macula.config import (
+    CONTACT_POLICY_ENV,
+    CONTACT_POLICY_FILE_ENV,
+    HELLO_MESSAGE_ENV,
+    MODEL_ENV,
+    NO_CITIZENSHIP_ENV,
+    NO_RING_ENV,
+    OPERATOR_NAME_ENV,
+    TASKS_DB_ENV,
+    bounds_env,
+    flag_setting,
+    macula_home,
+    path_setting,
+    positive_int_setting,
+    text_setting,
+)
 from macula.errors import ConfigError, MaculaError
 from macula.house_client import DIRECTORY_RENEW_S, HouseClient
 from macula.node import Node
@@ -70,19 +85,15 @@ class AgentSettings:
         env = os.environ if environ is None else environ
         paths = paths_from_env(env)
         home = macula_home(env)
-        raw_policy = env.get("MACULA_MCP_CONTACT_POLICY_FILE")
+        raw_policy = env.get(CONTACT_POLICY_FILE_ENV)
         if raw_policy is not None and not raw_policy.strip():
-            raise ConfigError("MACULA_MCP_CONTACT_POLICY_FILE is set but empty")
-        no_ring = env.get("MACULA_MCP_NO_RING", "0").strip()
-        if no_ring not in ("", "0", "1"):
-            raise ConfigError(f"MACULA_MCP_NO_RING must be 0 or 1, not {no_ring!r}")
-        no_citizenship = env.get("MACULA_MCP_NO_CITIZENSHIP", "0").strip()
-        if no_citizenship not in ("", "0", "1"):
-            raise ConfigError(f"MACULA_MCP_NO_CITIZENSHIP must be 0 or 1, not {no_citizenship!r}")
+            raise ConfigError(f"{CONTACT_POLICY_FILE_ENV} is set but empty")
+        no_ring = flag_setting(env, NO_RING_ENV)
+        no_citizenship = flag_setting(env, NO_CITIZENSHIP_ENV)
         profile = Profile(
-            operator_name=env.get("MACULA_MCP_OPERATOR_NAME") or None,
-            message=env.get("MACULA_MCP_HELLO_MESSAGE") or None,
-            model=env.get("MACULA_MCP_MODEL") or None,
+            operator_name=text_setting(env, OPERATOR_NAME_ENV),
+            message=text_setting(env, HELLO_MESSAGE_ENV),
+            model=text_setting(env, MODEL_ENV),
             interval_seconds=DEFAULT_INTERVAL_S,
         )
         return cls(
@@ -91,31 +102,23 @@ class AgentSettings:
             if raw_policy
             else home / "contact_policy.json",
             profile=profile,
-            policy_override=env.get("MACULA_MCP_CONTACT_POLICY") or None,
-            serve_rings=no_ring != "1",
-            citizenship=no_citizenship != "1",
+            policy_override=text_setting(env, CONTACT_POLICY_ENV),
+            serve_rings=not no_ring,
+            citizenship=not no_citizenship,
             transcript_bounds=_bounds_from_env(env, "TRANSCRIPT", transcript_store.DEFAULT_BOUNDS),
             rings_bounds=_bounds_from_env(env, "RINGS", ring_store.DEFAULT_BOUNDS),
-            tasks_db=path_setting(env, "MACULA_MCP_TASKS_DB", "a database file path"),
+            tasks_db=path_setting(env, TASKS_DB_ENV, "a database file path"),
             task_limits=TaskLimits.from_env(env),
         )
 
 
 def _bounds_from_env(env: Mapping[str, str], store: str, default: Bounds) -> Bounds:
     """``MACULA_MCP_<store>_MAX_ROWS`` and ``MACULA_MCP_<store>_MAX_AGE_DAYS`` over ``default``."""
-    rows = _positive_int(env, f"MACULA_MCP_{store}_MAX_ROWS", default.max_rows)
-    days = _positive_int(env, f"MACULA_MCP_{store}_MAX_AGE_DAYS", default.max_age_ms // DAY_MS)
+    rows = positive_int_setting(env, bounds_env(store, "MAX_ROWS"), default.max_rows)
+    days = positive_int_setting(
+        env, bounds_env(store, "MAX_AGE_DAYS"), default.max_age_ms // DAY_MS
+    )
     return replace(default, max_rows=rows, max_age_ms=days * DAY_MS)
-
-
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    text = raw.strip()
-    if not text.isdecimal() or int(text) < 1:
-        raise ConfigError(f"{name} must be a positive integer, not {raw!r}")
-    return int(text)
 
 
 @dataclass(frozen=True, slots=True)

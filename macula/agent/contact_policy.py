@@ -30,10 +30,11 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Final
 
+from macula.config import CONTACT_POLICY_ENV, CONTACT_POLICY_FILE_ENV
 from macula.errors import MaculaError
 
-ENV_OVERRIDE: Final = "MACULA_MCP_CONTACT_POLICY"
-ENV_FILE: Final = "MACULA_MCP_CONTACT_POLICY_FILE"
+ENV_OVERRIDE: Final = CONTACT_POLICY_ENV
+ENV_FILE: Final = CONTACT_POLICY_FILE_ENV
 MAX_FILE_BYTES: Final = 1 << 20
 
 _HEX64: Final = re.compile(r"[0-9a-fA-F]{64}")

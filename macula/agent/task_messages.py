@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from macula.agent.envelope import bool_problems, is_id, is_node_hex
 from macula.agent.proof import make_proof, verify_proof
-from macula.errors import ConfigError
+from macula.config import positive_int_setting, task_limit_env
 from macula.store.task_states import Task
 from macula.store.task_values import TaskValue, value_bytes, value_problems
 from macula.wire.identity import Identity
@@ -57,17 +57,15 @@ class TaskLimits:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TaskLimits:
-        values: dict[str, int] = {}
-        for item in fields(cls):
-            name = f"MACULA_MCP_TASKS_{item.name.upper()}"
-            raw = env.get(name)
-            if raw is None:
-                continue
-            text = raw.strip()
-            if not text.isdecimal() or int(text) < 1:
-                raise ConfigError(f"{name} must be a positive integer, not {raw!r}")
-            values[item.name] = int(text)
-        return cls(**values)
+        defaults = cls()
+        return cls(
+            **{
+                item.name: positive_int_setting(
+                    env, task_limit_env(item.name), getattr(defaults, item.name)
+                )
+                for item in fields(cls)
+            }
+        )
 
     def problems(self, **texts: TaskValue | None) -> list[str]:
         """Every size and shape problem of the named values: title, error, note and reason

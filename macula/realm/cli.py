@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from macula.clock import now_ms
-from macula.config import macula_home
+from macula.config import DEFAULT_HOME, HOME_ENV, macula_home
 from macula.errors import ConfigError, MaculaError
 from macula.help_format import HelpFormatter
 from macula.keyfile import KeyFileError
@@ -90,7 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--realm", help="which realm of this home (default: the only one)")
-    parser.add_argument("--home", help="this home folder (default: $MACULA_HOME, else ~/.macula)")
+    parser.add_argument(
+        "--home", help=f"this home folder (default: ${HOME_ENV}, else {DEFAULT_HOME})"
+    )
     parser.add_argument(
         "--max-wrong-codes",
         type=int,

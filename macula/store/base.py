@@ -47,7 +47,14 @@ from typing import Any, ClassVar, Final, Self, TypeVar, cast
 
 import aiosqlite
 
-from macula.config import HOME_ENV, macula_home, path_setting
+from macula.config import (
+    HOME_ENV,
+    RINGS_DB_ENV,
+    ROSTER_DB_ENV,
+    TRANSCRIPT_DB_ENV,
+    macula_home,
+    path_setting,
+)
 from macula.errors import ClosedError, ConfigError, MaculaError
 
 __all__ = [
@@ -65,9 +72,6 @@ __all__ = [
 
 logger = logging.getLogger("macula.store")
 
-ROSTER_DB_ENV: Final = "MACULA_MCP_ROSTER_DB"
-TRANSCRIPT_DB_ENV: Final = "MACULA_MCP_LOBBY_TRANSCRIPT_DB"
-RINGS_DB_ENV: Final = "MACULA_MCP_RINGS_DB"
 BUSY_TIMEOUT_MS: Final = 5000
 WAL_SWITCH_PAUSE_S: Final = 0.01
 WAL_SWITCH_ATTEMPTS: Final = int(BUSY_TIMEOUT_MS / 1000 / WAL_SWITCH_PAUSE_S)
