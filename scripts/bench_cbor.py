@@ -64,10 +64,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     frames = json.loads((VECTORS / "frames.json").read_text())["frames"]
     for vector in frames:
         bodies[vector["name"]] = bytes.fromhex(vector["cbor_hex"])
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     codecs: list[tuple[str, Any]] = [("cbor", cbor)]
     if args.reference:
-        import cbor_reference  # test-only module, the pre-optimisation codec
+        from support import cbor_reference  # test-only module, the pre-optimisation codec
 
         codecs.append(("reference", cbor_reference))
     print(

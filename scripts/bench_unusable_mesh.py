@@ -21,8 +21,8 @@ from typing import Any
 
 from mcp import Client
 
-from tests.e2e.mcpkit import server_params
-from tests.processkit import StationProcess, free_udp_port
+from tests.support.mcpkit import server_params
+from tests.support.processkit import StationProcess, free_udp_port
 
 
 def env_of(home: Path, stations: str) -> dict[str, str]:

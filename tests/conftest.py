@@ -1,4 +1,5 @@
-"""Root of the test suite: helpers live in vectorkit.py (unit) and integration/meshkit.py.
+"""Root of the test suite: shared helpers live once in ``tests/support/`` (``from support.meshkit
+import ...``); the one ``anyio_backend`` fixture is here.
 
 One guard for the whole run: an aiosqlite connection a test left open keeps a non-daemon
 worker thread alive, and the interpreter waits for it at exit, so pytest would print its summary
@@ -10,6 +11,7 @@ fix, not to hang on.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 
@@ -49,6 +51,14 @@ def pytest_report_header() -> str:
     quic = quic_backend.describe()
     loop = event_loop.loop_name()
     return f"macula: QUIC {quic['quic']} {quic['version']}; processes start on {loop}"
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, bool]]:
+    """asyncio's loop for every ``@pytest.mark.anyio`` test; ``MACULA_LOOP=uvloop`` runs them on
+    uvloop (``MACULA_QUIC=qh3`` on qh3). The baseline stays asyncio's loop and aioquic."""
+    uvloop = os.environ.get("MACULA_LOOP", "").strip().lower() == "uvloop"
+    return "asyncio", {"use_uvloop": uvloop}
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""End-to-end fixtures: the anyio backend and a real station on 127.0.0.1:0 in this process."""
+"""End-to-end fixtures: a real station on 127.0.0.1:0 in this process."""
 
 from __future__ import annotations
 
@@ -8,11 +8,6 @@ from pathlib import Path
 import pytest
 
 from relay.station import Station, StationConfig
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mcpkit import cli, stop_daemon_for_good
 
 from relay.station import Station
+from support.mcpkit import cli, stop_daemon_for_good
 from tools import local_station
 from tools.daemon_settings import HTTP_MAX_SESSIONS_ENV
 from tools.launch import server_command

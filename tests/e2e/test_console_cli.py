@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 
 from relay.station import Station
-from tests.e2e.mcpkit import cli, good, server_params, stop_daemon, stop_daemon_for_good
+from support.mcpkit import cli, good, server_params, stop_daemon, stop_daemon_for_good
 from tools.http_token import port_path
 from tools.launch import server_command
 
@@ -88,7 +88,7 @@ async def test_the_daemon_serves_mcp_over_http_on_a_port_kept_across_restarts(
     """The daemon ``console`` started serves ``/mcp`` (the home token is agent ``default``) on
     the same port as the console; stopped and started again, it listens on that port again, so
     the entries ``register --http`` wrote stay right."""
-    from tests.e2e.httpkit import client
+    from support.httpkit import client
 
     env = dict(os.environ, MACULA_HOME=str(home), MACULA_MESH_STATIONS=station.endpoint)
     done = await asyncio.to_thread(cli, ["console"], env)

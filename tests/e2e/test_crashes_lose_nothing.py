@@ -14,8 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.e2e.mcpkit import StrictTools, kill, killable_server, server_env
-from tests.processkit import station_process
+from support.mcpkit import StrictTools, kill, killable_server, server_env
+from support.processkit import station_process
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 SAID_PER_PHASE = 6

@@ -27,11 +27,6 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
     """MACULA_HOME; whatever station runs there at the end is stopped, or killed."""
     where = tmp_path / "home"

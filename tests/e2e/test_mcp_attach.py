@@ -21,7 +21,7 @@ import pytest
 from mcp import Client
 
 from relay.station import Station
-from tests.e2e.mcpkit import good, initialize_request, server_params, stop_daemon
+from support.mcpkit import good, initialize_request, server_params, stop_daemon
 from tools.daemon_socket import acquire_lock, pid_path, read_pid, socket_path
 from tools.launch import server_command
 

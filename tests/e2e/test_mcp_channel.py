@@ -21,8 +21,8 @@ from mcp.client.extension import NotificationBinding
 from pydantic import BaseModel
 
 from relay.station import Station
-from tests.e2e.mcpkit import good, server_env, server_params, stop_daemon
-from tests.integration.waiting import eventually
+from support.mcpkit import good, server_env, server_params, stop_daemon
+from support.waiting import eventually
 from tools.channel import CAPABILITY, METHOD
 from tools.launch import server_command
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from relay.station import Station, StationConfig
-from tests.e2e.mcpkit import cli as run
+from support.mcpkit import cli as run
 
 
 def test_mcp_config_prints_a_ready_entry(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from relay.station import Station
-from tests.e2e.mcpkit import initialize_request, server_env, stop_daemon
+from support.mcpkit import initialize_request, server_env, stop_daemon
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 
 from relay.station import Station
-from tests.e2e.mcpkit import server_env, server_params, stop_daemon
+from support.mcpkit import server_env, server_params, stop_daemon
 from tools.launch import server_command
 from tools.stdio_front import CARD_FILE, seed_answers
 

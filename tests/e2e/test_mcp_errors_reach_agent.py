@@ -19,9 +19,9 @@ import pytest
 from mcp import Client
 
 from relay.station import Station
-from tests.e2e.mcpkit import bad, good, server_params, stop_daemon_for_good
-from tests.integration.waiting import eventually
-from tests.processkit import StationProcess, free_udp_port
+from support.mcpkit import bad, good, server_params, stop_daemon_for_good
+from support.processkit import StationProcess, free_udp_port
+from support.waiting import eventually
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
@@ -148,7 +148,7 @@ def test_on_a_terminal_it_says_what_it_is_and_still_serves(home: Path) -> None:
     import select
     import subprocess
 
-    from tests.e2e.mcpkit import initialize_request
+    from support.mcpkit import initialize_request
 
     terminal, its_side = pty.openpty()
     child = subprocess.Popen(

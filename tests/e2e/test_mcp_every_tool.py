@@ -15,7 +15,7 @@ import pytest
 from mcp import Client
 
 from relay.station import Station, StationConfig
-from tests.e2e.mcpkit import Tools, server_env, server_params
+from support.mcpkit import Tools, server_env, server_params
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import anyio
 import pytest
 from mcp import Client
-from mcpkit import Tools, server_env, server_params
 
 from relay.station import Station
+from support.mcpkit import Tools, server_env, server_params
 
 pytestmark = pytest.mark.anyio
 

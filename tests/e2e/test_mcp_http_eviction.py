@@ -15,8 +15,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from relay.station import Station
-from tests.e2e.httpkit import ACCEPT, INIT, Raw, http_client, served
-from tests.integration.waiting import eventually
+from support.httpkit import ACCEPT, INIT, Raw, http_client, served
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -18,9 +18,9 @@ from mcp.server.streamable_http import GET_STREAM_KEY
 from pydantic import BaseModel
 
 from relay.station import Station
-from tests.e2e.httpkit import ACCEPT, INIT, Raw, Served, client, events, http_client, served
-from tests.e2e.mcpkit import good
-from tests.integration.waiting import eventually
+from support.httpkit import ACCEPT, INIT, Raw, Served, client, events, http_client, served
+from support.mcpkit import good
+from support.waiting import eventually
 from tools.channel import METHOD
 
 pytestmark = pytest.mark.anyio

@@ -13,9 +13,9 @@ import pytest
 from mcp import Client
 
 from relay.station import Station
-from tests.e2e.httpkit import Served, client, served
-from tests.e2e.mcpkit import bad, good
-from tests.integration.waiting import eventually
+from support.httpkit import Served, client, served
+from support.mcpkit import bad, good
+from support.waiting import eventually
 from tools.channel import CAPABILITY
 from tools.server import build_server
 

@@ -17,11 +17,6 @@ pytestmark = pytest.mark.anyio
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def params(home: Path, station: Station) -> StdioServerParameters:
     env = dict(
         os.environ,

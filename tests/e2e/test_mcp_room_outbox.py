@@ -16,7 +16,7 @@ from mcp import Client
 
 from macula.agent.room_outbox import MAX_QUEUED_MESSAGES
 from relay.station import Station, StationConfig
-from tests.e2e.mcpkit import bad, good, server_env, server_params
+from support.mcpkit import bad, good, server_env, server_params
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 
 from relay.station import Station, StationConfig
-from tests.e2e.mcpkit import initialize_request, server_env, server_params
+from support.mcpkit import initialize_request, server_env, server_params
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio

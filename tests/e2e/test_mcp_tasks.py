@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from relay.station import Station, StationConfig
-from tests.e2e.mcpkit import StrictTools, kill, killable_server, server_env
+from support.mcpkit import StrictTools, kill, killable_server, server_env
 
 pytestmark = pytest.mark.anyio
 

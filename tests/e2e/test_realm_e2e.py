@@ -46,11 +46,6 @@ OPEN_POLICY = {"MACULA_MCP_CONTACT_POLICY": "open"}
 T = TypeVar("T")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def realm_cli(home: Path, *args: str) -> tuple[int, dict[str, Any]]:
     done = subprocess.run(
         [*REALM_CLI, "--json", "--home", str(home), *args],

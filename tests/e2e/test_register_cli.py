@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.mcpkit import cli
-from tests.unit.registerkit import EXISTING, MALFORMED
+from support.mcpkit import cli
+from support.registerkit import EXISTING, MALFORMED
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES
 
 PLATFORM = "darwin" if sys.platform == "darwin" else "linux"

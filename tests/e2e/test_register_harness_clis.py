@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from relay.station import Station
-from tests.unit.registerkit import EXISTING
+from support.registerkit import EXISTING
 from tools.harnesses import BY_NAME, ENTRY_NAME
 from tools.launch import server_command
 from tools.register import run as register_cli

@@ -28,11 +28,6 @@ RELAY = [sys.executable, "-m", "relay.cli"]
 PEER = "ab" * 32 + "@127.0.0.1:4999"
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def relay(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*RELAY, *args], capture_output=True, text=True, timeout=30, env=env)
 

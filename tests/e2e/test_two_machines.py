@@ -26,8 +26,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from macula.quic_backend import ENV as QUIC_ENV
-from tests.e2e.mcpkit import good, stop_daemon_for_good
-from tests.processkit import free_udp_port
+from support.mcpkit import good, stop_daemon_for_good
+from support.processkit import free_udp_port
 from tools.station_process import relay_environment
 
 pytestmark = pytest.mark.anyio

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from meshkit import new_identity, station_config
 
 from macula.node import Node
 from macula.wire.identity import Identity
 from relay.station import Station
-
-
-@pytest.fixture
-def anyio_backend() -> tuple[str, dict[str, bool]]:
-    """asyncio's loop; ``MACULA_LOOP=uvloop`` runs the suite on uvloop (``MACULA_QUIC=qh3`` on
-    qh3). The baseline stays asyncio's loop and aioquic."""
-    uvloop = os.environ.get("MACULA_LOOP", "").strip().lower() == "uvloop"
-    return "asyncio", {"use_uvloop": uvloop}
+from support.meshkit import new_identity, station_config
 
 
 @pytest.fixture

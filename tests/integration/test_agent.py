@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from meshkit import agent_in, new_identity
-from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.agent.envelope import LOBBY_TOPIC, build_envelope, new_message_id
@@ -18,6 +16,8 @@ from macula.agent.rings import RATE_WINDOW_MS
 from macula.node import Node
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
+from support.meshkit import agent_in, new_identity
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

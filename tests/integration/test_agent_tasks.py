@@ -11,8 +11,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from meshkit import new_identity, settings
-from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.agent.task_messages import TaskLimits, sign_message, task_endpoint
@@ -21,6 +19,8 @@ from macula.node import Node
 from macula.store.tasks import TaskError
 from macula.wire.identity import ZERO_REALM, Identity
 from relay.station import Station
+from support.meshkit import new_identity, settings
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

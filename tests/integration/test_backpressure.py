@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from meshkit import REALM, new_identity, station_config
-from waiting import eventually
 
 import tools.server
 from macula import quic_backend
@@ -26,6 +24,8 @@ from macula.wire.framing import frame_bytes
 from relay.policy import Quotas, StationPolicy
 from relay.station import Station
 from relay.tls import ensure_certificate
+from support.meshkit import REALM, new_identity, station_config
+from support.waiting import eventually
 from tools import pubsub, surface
 
 pytestmark = pytest.mark.anyio

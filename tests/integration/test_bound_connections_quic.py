@@ -9,9 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, new_identity, station_config
-from rawclient import raw_client, stamp
-from waiting import eventually
 
 from macula.node import Node
 from macula.serving import IncomingCall
@@ -21,6 +18,9 @@ from macula.wire.frames import Connect, Publish
 from macula.wire.identity import DOMAIN_FRAME, verify
 from relay.peers import Peer
 from relay.station import Station
+from support.meshkit import REALM, new_identity, station_config
+from support.rawclient import raw_client, stamp
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from meshkit import new_identity, settings, station_config
-from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.backoff import Backoff
@@ -20,6 +18,8 @@ from macula.wire.identity import Identity
 from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.station import Station
+from support.meshkit import new_identity, settings, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -10,14 +10,14 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from meshkit import REALM
-from waiting import eventually
 
 from macula.errors import MeshError
 from macula.node import Node
 from macula.serving import IncomingCall
 from macula.session import StreamChannel
 from macula.wire.codes import ErrorCode
+from support.meshkit import REALM
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import pytest
 from aioquic.tls import Group
-from meshkit import REALM
 
 from macula import quic_backend
 from macula.node import Node
 from macula.quic_backend import ACTIVE_CONNECTION_ID_LIMIT, _skip_padding
 from relay.station import Station
+from support.meshkit import REALM
 
 pytestmark = [
     pytest.mark.anyio,

@@ -10,8 +10,8 @@ import logging
 from pathlib import Path
 
 import pytest
-from consolekit import Home, console, http
 
+from support.consolekit import Home, console, http
 from tools.daemon_http import COOKIE
 
 pytestmark = pytest.mark.anyio

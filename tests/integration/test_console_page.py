@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from consolekit import ARGS, CHROMIUM, Agent, Home, agent, console
-from waiting import eventually
 
 from macula.clock import now_ms
 from macula.node import Node
 from macula.realm.authority import Realm
 from macula.realm.service import JoinService
 from relay.station import Station
+from support.consolekit import ARGS, CHROMIUM, Agent, Home, agent, console
+from support.waiting import eventually
 
 pytestmark = [
     pytest.mark.anyio,

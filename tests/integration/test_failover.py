@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, agent_in, new_identity, settings, station_config
-from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.backoff import Backoff
@@ -28,6 +26,8 @@ from macula.node import Node
 from macula.station_choice import StationInfo
 from macula.subscriptions import Subscription
 from relay.station import Station
+from support.meshkit import REALM, agent_in, new_identity, settings, station_config
+from support.waiting import eventually
 from tools.runtime import preflight
 
 pytestmark = pytest.mark.anyio

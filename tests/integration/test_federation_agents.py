@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import agent_in, new_identity, three_stations
-from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.agent.petnames import petname
@@ -30,6 +28,8 @@ from relay.house.agents import MAX_LIST_LIMIT
 from relay.house.mesh import DEFAULT_PER_STATION
 from relay.outcome import Outcome
 from relay.station import Station
+from support.meshkit import agent_in, new_identity, three_stations
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -13,8 +13,6 @@ from typing import cast
 import pytest
 import umsgpack
 from kademlia.node import Node as KadNode
-from meshkit import new_identity, station_config
-from waiting import eventually
 
 from macula.clock import now_ms
 from macula.node import Node
@@ -24,6 +22,8 @@ from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_storage import dht_id
 from relay.station import Station
+from support.meshkit import new_identity, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 from kademlia.node import Node as KadNode
-from meshkit import new_identity
-from waiting import eventually
 
 from macula.clock import now_ms
 from macula.wire.identity import Identity
 from macula.wire.records import Record, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_storage import dht_id
+from support.meshkit import new_identity
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

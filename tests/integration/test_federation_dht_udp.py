@@ -14,9 +14,7 @@ from typing import Any, cast
 
 import pytest
 import umsgpack
-from meshkit import new_identity
 from test_federation_mesh import start_mesh
-from waiting import eventually
 
 from macula.clock import now_ms
 from macula.transport import ALPN
@@ -26,6 +24,8 @@ from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_guard import GuardLimits
 from relay.federation.dht_storage import DhtLimits, dht_id, encode_value
+from support.meshkit import new_identity
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import agent_in, three_stations
-from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.agent.petnames import petname
 from macula.services.house import AGENTS_LIST, HOUSE_REALM
 from relay.outcome import Outcome
 from relay.station import Station
+from support.meshkit import agent_in, three_stations
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, linked, new_identity, station_config, target
-from waiting import eventually
 
 from macula.clock import now_ms
 from macula.errors import MeshError
@@ -30,6 +28,8 @@ from macula.wire.records import RecordType, new_record, record_version
 from relay.federation.links import LinkTarget
 from relay.federation.mesh_roster import MAX_MESH_RECORDS, MESH_PROCEDURE, mesh_payload
 from relay.station import Station, StationConfig
+from support.meshkit import REALM, linked, new_identity, station_config, target
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

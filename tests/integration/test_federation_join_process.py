@@ -18,11 +18,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, new_identity
-from waiting import eventually
 
 from macula.errors import MeshError
 from macula.node import Node
+from support.meshkit import REALM, new_identity
+from support.waiting import eventually
 from tools.station_process import relay_command, relay_environment
 
 pytestmark = pytest.mark.anyio

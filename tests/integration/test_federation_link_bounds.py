@@ -21,9 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, new_identity, station_config
-from rawclient import RawClient, raw_client, stamp
-from waiting import eventually
 
 from macula.node import Node
 from macula.serving import IncomingCall
@@ -32,6 +29,9 @@ from macula.wire.frames import CAP_STATION, Call, Connect, Event, publication_si
 from macula.wire.identity import Identity
 from relay.policy import Quotas, StationPolicy
 from relay.station import Station
+from support.meshkit import REALM, new_identity, station_config
+from support.rawclient import RawClient, raw_client, stamp
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

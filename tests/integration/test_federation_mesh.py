@@ -20,8 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, interest_at, linked, new_identity, station_config, target
-from waiting import eventually
 
 from macula.backoff import Backoff
 from macula.clock import now_ms
@@ -33,6 +31,8 @@ from macula.wire.records import new_record, record_version
 from relay.federation.dht import DhtConfig
 from relay.federation.links import LinkTarget
 from relay.station import Station, StationConfig
+from support.meshkit import REALM, interest_at, linked, new_identity, station_config, target
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -12,7 +12,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from meshkit import (
+
+from macula.node import Node
+from relay.federation.links import LinkTarget
+from relay.station import Station
+from support.meshkit import (
     REALM,
     fast,
     interest_at,
@@ -22,11 +26,7 @@ from meshkit import (
     target,
     three_stations,
 )
-from waiting import eventually
-
-from macula.node import Node
-from relay.federation.links import LinkTarget
-from relay.station import Station
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,6 @@ import os
 from typing import Any
 
 import pytest
-from rawclient import RawClient, raw_client, stamp
 
 from macula.wire.codes import ErrorCode
 from macula.wire.content import raw_mcid
@@ -21,6 +20,7 @@ from macula.wire.frames import CAP_STATION, Advertise, Call, Connect, Result
 from macula.wire.identity import Identity, realm_tag
 from relay.federation.mesh_roster import MESH_PROCEDURE
 from relay.station import Station
+from support.rawclient import RawClient, raw_client, stamp
 
 pytestmark = pytest.mark.anyio
 

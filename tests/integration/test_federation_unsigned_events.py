@@ -18,15 +18,6 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from meshkit import (
-    REALM,
-    agent_in,
-    interest_at,
-    new_identity,
-    three_stations,
-)
-from rawclient import RawClient, raw_client, stamp
-from waiting import eventually
 
 import tools.server
 from macula.agent.presence import HELLO_TOPIC
@@ -35,6 +26,15 @@ from macula.subscriptions import Subscription
 from macula.wire.frames import CAP_STATION, Connect, Event, Publish
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
+from support.meshkit import (
+    REALM,
+    agent_in,
+    interest_at,
+    new_identity,
+    three_stations,
+)
+from support.rawclient import RawClient, raw_client, stamp
+from support.waiting import eventually
 from tools import pubsub, surface
 
 pytestmark = pytest.mark.anyio

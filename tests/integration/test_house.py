@@ -9,8 +9,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from meshkit import agent_in, new_identity, station_config
-from waiting import eventually
 
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
@@ -23,6 +21,8 @@ from macula.wire.record_keys import storage_key_for_procedure
 from macula.wire.records import RecordType
 from relay.house.services import HouseConfig
 from relay.station import Station
+from support.meshkit import agent_in, new_identity, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
-from waiting import entered, eventually
 
 from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import PetnameError, petname
 from macula.agent.rings import Rings
 from macula.agent.rooms import Rooms
 from relay.station import Station
+from support.waiting import entered, eventually
 from tools import presence, pubsub, rings, rooms
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime

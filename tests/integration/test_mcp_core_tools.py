@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from mcp import Client
 from mcp_types import CallToolResult
-from meshkit import new_identity
-from waiting import eventually
 
 import tools.server
 from macula.agent.contact_policy import trust
 from macula.keyfile import save_identity
 from macula.wire.content import raw_mcid
 from relay.station import Station
+from support.meshkit import new_identity
+from support.waiting import eventually
 from tools import content, dht, rpc
 
 pytestmark = pytest.mark.anyio

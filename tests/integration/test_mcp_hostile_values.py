@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from meshkit import new_identity
 
 import tools.server
 from macula.keyfile import save_identity
 from relay.station import Station
+from support.meshkit import new_identity
 from tools import pubsub, rpc
 
 pytestmark = pytest.mark.anyio

@@ -10,12 +10,12 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client
-from meshkit import new_identity
 
 import tools.memory
 import tools.server
 from macula.keyfile import save_identity
 from relay.station import Station
+from support.meshkit import new_identity
 from tools import directory_reader, memory
 
 pytestmark = pytest.mark.anyio

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
-from meshkit import new_identity
 from test_mcp_agent_tools import call, mcp_agent, meet, refused
-from waiting import eventually
 
 from macula.node import Node
 from macula.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
+from support.meshkit import new_identity
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

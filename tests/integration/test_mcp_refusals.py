@@ -16,12 +16,8 @@ from typing import Any
 import pytest
 import test_mcp_agent_tools
 from mcp import Client
-from meshkit import new_identity, station_config
-from rawclient import now_ms
-from realmkit import PRIVATE, REALM_NAME, endorse
 from test_mcp_agent_tools import build_app, call, refused
 from test_mcp_core_tools import DOUBLE
-from waiting import eventually
 
 from macula.keyfile import save_identity
 from macula.realm.membership import MembershipStore, memberships_path
@@ -29,6 +25,10 @@ from macula.realm.records import check_endorsement
 from macula.wire.identity import Identity
 from relay.realms import ProtectedRealm
 from relay.station import Station
+from support.meshkit import new_identity, station_config
+from support.rawclient import now_ms
+from support.realmkit import PRIVATE, REALM_NAME, endorse
+from support.waiting import eventually
 from tools import presence, pubsub, rings, rooms, rpc
 
 pytestmark = pytest.mark.anyio

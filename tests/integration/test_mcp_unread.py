@@ -10,9 +10,9 @@ import anyio
 import pytest
 from mcp import Client
 from test_mcp_agent_tools import call, mcp_agent, meet, refused
-from waiting import eventually
 
 from relay.station import Station
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

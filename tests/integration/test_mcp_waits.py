@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from mcp import Client
 from test_mcp_agent_tools import call, mcp_agent, meet
-from waiting import eventually
 
 from relay.station import Station
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -8,15 +8,15 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, fast, new_identity, station_config, target
-from monitorkit import exchange, get, get_json, monitor_on, split
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import eventually
 
 from macula.node import Node
 from macula.serving import IncomingCall
 from relay.policy import Quotas, StationPolicy
 from relay.station import Station
+from support.meshkit import REALM, fast, new_identity, station_config, target
+from support.monitorkit import exchange, get, get_json, monitor_on, split
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -5,29 +5,21 @@ and never more than the page size however many clients are connected."""
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from pathlib import Path
 
 import pytest
-from meshkit import new_identity, station_config
-from monitorkit import get, get_json, monitor_on
 
 from macula.agent.petnames import petname
 from macula.house_client import HouseClient
 from macula.node import Node
 from relay.station import Station
+from support.meshkit import new_identity
+from support.monitorkit import get, get_json, monitor_on
 
 pytestmark = pytest.mark.anyio
 
 CLIENTS = 5
 PER_PAGE = 2
-
-
-@pytest.fixture
-async def station(tmp_path: Path) -> AsyncIterator[Station]:
-    async with Station(station_config(tmp_path / "station")) as running:
-        yield running
 
 
 def rows(html: str) -> list[str]:

@@ -6,16 +6,14 @@ Skipped, saying why, when /usr/bin/chromium is absent (``.ci/run`` installs it w
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
-from meshkit import new_identity, station_config
-from monitorkit import monitor_on
 
 from macula.agent.petnames import petname
 from macula.node import Node
 from relay.station import Station
+from support.meshkit import new_identity
+from support.monitorkit import monitor_on
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -32,17 +30,6 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} absent (apt chromium)"),
 ]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def station(tmp_path: Path) -> AsyncIterator[Station]:
-    async with Station(station_config(tmp_path / "station")) as running:
-        yield running
 
 
 async def test_the_page_shows_node_id_and_clients(station: Station) -> None:

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, new_identity, station_config
-from waiting import eventually
 
 from macula.backoff import Backoff
 from macula.clock import now_ms
@@ -24,6 +22,8 @@ from macula.stations import StationAddress, parse_station, parse_station_list
 from macula.subscriptions import Subscription
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.station import Station
+from support.meshkit import REALM, new_identity, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)

@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import agent_in, new_identity
-from waiting import eventually
 
 from macula.agent.room_keys import RoomKeyError
 from macula.node import Node
 from macula.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
+from support.meshkit import agent_in, new_identity
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 from test_quic_io import SERVER_ADDR, Pair, Sink, encode_frame, pair
-from waiting import eventually
 
 from macula import quic_backend
 from macula.quic_acks import ACK_DELAY_S, MAX_ACK_DELAY_S
 from macula.quic_backend import set_ack_delay
 from macula.transport import FrameProtocol
+from support.waiting import eventually
 
 __all__ = ["pair"]  # the fixture, imported for the tests below
 

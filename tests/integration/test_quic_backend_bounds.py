@@ -25,9 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, new_identity, station_config
-from rawclient import raw_client, stamp
-from waiting import eventually
 
 from macula import quic_backend
 from macula.transport import ALPN, STREAM_WINDOW, FrameProtocol, client_configuration, dial
@@ -38,6 +35,9 @@ from macula.wire.framing import frame_bytes
 from relay.policy import Quotas, StationPolicy
 from relay.station import Station
 from relay.tls import ensure_certificate
+from support.meshkit import REALM, new_identity, station_config
+from support.rawclient import raw_client, stamp
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

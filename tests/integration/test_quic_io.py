@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import new_identity
-from waiting import eventually
 
 from macula.datagram_reader import DrainingProtocol, bound_socket
 from macula.quic_backend import QuicConfiguration, QuicConnection, QuicServer
@@ -35,6 +33,8 @@ from macula.wire.errors import FramingError
 from macula.wire.framing import frame_bytes
 from relay.station import Station
 from relay.tls import ensure_certificate
+from support.meshkit import new_identity
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 import pytest
-from waiting import eventually
 
 from macula.node import Node
 from relay.quic_server import ProtocolsByCid
 from relay.station import Station
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -12,10 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import station_config
-from rawclient import RawClient, raw_client, stamp
-from realmkit import PRIVATE, REALM_NAME, endorse, is_event, publish, refused, subscribe
-from waiting import eventually
 
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Connect
@@ -24,6 +20,10 @@ from macula.wire.records import Record
 from relay.realm_admission import AdmissionMode
 from relay.realms import ProtectedRealm
 from relay.station import Station, StationConfig
+from support.meshkit import station_config
+from support.rawclient import RawClient, raw_client, stamp
+from support.realmkit import PRIVATE, REALM_NAME, endorse, is_event, publish, refused, subscribe
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

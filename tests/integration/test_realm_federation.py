@@ -14,16 +14,16 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
-from meshkit import linked, station_config, target
-from rawclient import now_ms, raw_client
-from realmkit import PRIVATE, REALM_NAME, endorse, is_event, present, publish, subscribe
-from waiting import eventually
 
 from macula.keyfile import load_or_create_identity
 from macula.wire.identity import Identity
 from relay.federation.links import LinkTarget
 from relay.realms import ProtectedRealm
 from relay.station import Station, StationConfig
+from support.meshkit import linked, station_config, target
+from support.rawclient import now_ms, raw_client
+from support.realmkit import PRIVATE, REALM_NAME, endorse, is_event, present, publish, subscribe
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import new_identity, station_config
-from waiting import eventually
 
 from macula.backoff import Backoff
 from macula.clock import now_ms
@@ -32,6 +30,8 @@ from macula.realm.service import JoinService
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from relay.station import Station
+from support.meshkit import new_identity, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 NAME = "org.example.crew"

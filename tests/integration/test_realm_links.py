@@ -19,9 +19,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import linked, station_config, target
-from rawclient import RawClient, now_ms, raw_client, stamp
-from realmkit import (
+
+from macula.keyfile import load_or_create_identity
+from macula.wire.codes import ErrorCode
+from macula.wire.frames import CAP_STATION, Connect, Event, Result, publication_signable
+from macula.wire.identity import Identity
+from macula.wire.record_keys import member_endorsement_key
+from macula.wire.records import Record
+from relay.realms import ProtectedRealm
+from relay.station import Station, StationConfig
+from support.meshkit import linked, station_config, target
+from support.rawclient import RawClient, now_ms, raw_client, stamp
+from support.realmkit import (
     PRIVATE,
     REALM_NAME,
     advertise,
@@ -36,16 +45,7 @@ from realmkit import (
     serve_one,
     subscribe,
 )
-from waiting import eventually
-
-from macula.keyfile import load_or_create_identity
-from macula.wire.codes import ErrorCode
-from macula.wire.frames import CAP_STATION, Connect, Event, Result, publication_signable
-from macula.wire.identity import Identity
-from macula.wire.record_keys import member_endorsement_key
-from macula.wire.records import Record
-from relay.realms import ProtectedRealm
-from relay.station import Station, StationConfig
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

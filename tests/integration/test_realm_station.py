@@ -12,9 +12,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, station_config
-from rawclient import now_ms, raw_client, stamp
-from realmkit import (
+
+from macula.wire.codes import ErrorCode
+from macula.wire.frames import StreamOpen
+from macula.wire.identity import Identity
+from macula.wire.record_keys import member_endorsement_key
+from macula.wire.records import RecordType
+from relay.policy import StationPolicy
+from relay.realms import ProtectedRealm
+from relay.station import Station
+from support.meshkit import REALM, station_config
+from support.rawclient import now_ms, raw_client, stamp
+from support.realmkit import (
     PRIVATE,
     REALM_NAME,
     advertise,
@@ -30,16 +39,7 @@ from realmkit import (
     subscribe,
     tombstone,
 )
-from waiting import eventually
-
-from macula.wire.codes import ErrorCode
-from macula.wire.frames import StreamOpen
-from macula.wire.identity import Identity
-from macula.wire.record_keys import member_endorsement_key
-from macula.wire.records import RecordType
-from relay.policy import StationPolicy
-from relay.realms import ProtectedRealm
-from relay.station import Station
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

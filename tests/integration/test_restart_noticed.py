@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, new_identity
-from processkit import StationProcess, station_process
-from waiting import eventually
 
 from macula.backoff import Backoff
 from macula.node import Node
+from support.meshkit import REALM, new_identity
+from support.processkit import StationProcess, station_process
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

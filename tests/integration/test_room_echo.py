@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from meshkit import agent_in
-from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.agent.rooms import OWN_ECHOES
 from macula.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
+from support.meshkit import agent_in
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

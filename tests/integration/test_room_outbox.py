@@ -11,8 +11,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import pytest
-from meshkit import new_identity, settings, station_config
-from waiting import eventually
 
 from macula.agent.agent import Agent
 from macula.agent.envelope import TALK_KINDS
@@ -23,6 +21,8 @@ from macula.node import Node
 from macula.store.room_outbox import OutboxBounds, OutboxFullError
 from macula.wire.identity import Identity
 from relay.station import Station
+from support.meshkit import new_identity, settings, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,6 @@ import socket
 from collections.abc import AsyncIterator
 
 import pytest
-from meshkit import REALM, new_identity
-from waiting import eventually
 
 from macula.node import Node
 from macula.quic_backend import STATELESS_RESETS
@@ -29,6 +27,8 @@ from macula.quic_resets import (
 )
 from relay.quic_server import ProtocolsByCid
 from relay.station import Station
+from support.meshkit import REALM, new_identity
+from support.waiting import eventually
 
 pytestmark = [
     pytest.mark.anyio,

@@ -6,14 +6,14 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from meshkit import OTHER_REALM, REALM, new_identity
-from waiting import eventually
 
 from macula.errors import BrokenError, ClosedError, HandshakeError, MeshError
 from macula.node import Node
 from macula.serving import IncomingCall
 from macula.stations import StationAddress
 from relay.station import Station
+from support.meshkit import OTHER_REALM, REALM, new_identity
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from meshkit import new_identity, station_config
-from waiting import eventually
 
 from macula.dht import DhtClient, ResolveError
 from macula.errors import MeshError
@@ -22,6 +20,8 @@ from macula.wire.identity import ZERO_REALM
 from macula.wire.records import RecordType, new_record, record_version
 from relay.station import Station
 from relay.store import StoreLimits
+from support.meshkit import new_identity, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

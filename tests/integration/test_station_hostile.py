@@ -17,9 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from meshkit import REALM
-from rawclient import RawClient, Received, raw_client, sign_map, stamp
-from waiting import eventually
 
 from macula.node import Node
 from macula.serving import IncomingCall
@@ -51,6 +48,9 @@ from macula.wire.frames import (
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import ZERO_REALM, Identity
 from relay.station import Station
+from support.meshkit import REALM
+from support.rawclient import RawClient, Received, raw_client, sign_map, stamp
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

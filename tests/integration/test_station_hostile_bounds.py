@@ -12,10 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, new_identity, station_config
-from rawclient import raw_client, stamp
 from test_station_hostile import call_frame, honest_pair, ping_works
-from waiting import eventually
 
 from macula.node import Node
 from macula.wire.codes import ErrorCode
@@ -24,6 +21,9 @@ from macula.wire.framing import frame_bytes
 from macula.wire.identity import Identity
 from relay.policy import StationPolicy
 from relay.station import Station
+from support.meshkit import REALM, new_identity, station_config
+from support.rawclient import raw_client, stamp
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

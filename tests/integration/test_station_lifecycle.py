@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import new_identity, station_config
-from rawclient import raw_client
-from waiting import eventually
 
 import relay.station as station_module
 from macula.store.base import StoreError
 from relay.policy import StationPolicy
 from relay.station import Station
+from support.meshkit import new_identity, station_config
+from support.rawclient import raw_client
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from meshkit import new_identity, station_config
 
 from macula.backoff import Backoff
 from macula.config import known_stations_from_env
@@ -16,6 +15,7 @@ from macula.known_stations import KnownStationsError, station_node_id
 from macula.node import Node
 from macula.stations import parse_station
 from relay.station import Station
+from support.meshkit import new_identity, station_config
 from tools import local_station, local_station_settings
 from tools.cli import _station_check
 from tools.local_station import ForeignStationError

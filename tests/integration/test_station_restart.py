@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from meshkit import REALM, new_identity
 
 from macula.node import Node
 from macula.quic_backend import ENV as QUIC_ENV
-from tests.processkit import station_process
+from support.meshkit import REALM, new_identity
+from support.processkit import station_process
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, new_identity, station_config
-from waiting import eventually
 
 from macula.errors import MeshError
 from macula.node import Node
@@ -28,6 +26,8 @@ from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import station_endpoint_key, storage_key_for_procedure
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.station import Station
+from support.meshkit import REALM, new_identity, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -11,12 +11,12 @@ import os
 from pathlib import Path
 
 import pytest
-from meshkit import station_config
-from monitorkit import monitor_on
-from waiting import eventually
 
 from relay.federation.links import LinkTarget
 from relay.station import Station
+from support.meshkit import station_config
+from support.monitorkit import monitor_on
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

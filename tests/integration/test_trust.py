@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, agent_in, new_identity, station_config
-from waiting import eventually
 
 from macula.agent.proof import build_ring_answer, ring_endpoint
 from macula.clock import now_ms
@@ -24,6 +22,8 @@ from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.house.services import HouseConfig
 from relay.station import Station
+from support.meshkit import REALM, agent_in, new_identity, station_config
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

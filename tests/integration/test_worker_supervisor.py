@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from waiting import eventually
 
 from relay.sdnotify import Notifier
 from relay.worker_supervisor import Supervisor
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshkit import REALM, new_identity
-from waiting import eventually
-from workerkit import WorkerStation, worker_station
 
 from macula.backoff import Backoff
 from macula.errors import CallTimeout, MeshError
 from macula.node import Node
 from macula.stations import parse_station
+from support.meshkit import REALM, new_identity
+from support.waiting import eventually
+from support.workerkit import WorkerStation, worker_station
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 FAST = Backoff(initial_s=0.05, max_s=0.3, jitter=0.1)

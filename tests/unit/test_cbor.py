@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vectorkit import load_vectors, typed
 
 from macula.wire import cbor
 from macula.wire.errors import LocalProtocolError, ProtocolError
+from support.vectorkit import load_vectors, typed
 
 CBOR = load_vectors("cbor")
 BYTES_KEY_VECTORS = {"map/key_order_mixed_types"}  # §2.2 ordering shown with a bytes key

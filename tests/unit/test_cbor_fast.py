@@ -11,15 +11,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-import cbor_reference as reference
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vectorkit import load_vectors
 
 from macula.wire import cbor
 from macula.wire.cbor_fast import Fallback, decode_fast
 from macula.wire.errors import LocalProtocolError, ProtocolError
+from support import cbor_reference as reference
+from support.vectorkit import load_vectors
 
 
 def same(a: Any, b: Any) -> bool:

@@ -15,13 +15,13 @@ from typing import Any
 
 import nacl.bindings
 import pytest
-from stationmesh import Clock
 from test_client_pair import ALICE, BOB, REALM, STATION, Link, established
 
 from macula.client_core import ClientCore
 from macula.client_events import EventArrived, HandshakeFailed, Transmit
 from macula.wire.frames import Hello, new_frame_id
 from macula.wire.framing import FrameDecoder
+from support.stationmesh import Clock
 
 
 class Verifies:

@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from vectorkit import load_vectors, typed
 
 from macula.client_core import CoreState
 from macula.errors import CallTimeout, MeshError
@@ -34,6 +33,7 @@ from macula.wire.frames import Call, Publish, Result, new_frame_id, parse_frame
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, realm_tag
 from macula.wire.verified import publications
+from support.vectorkit import load_vectors, typed
 
 pytestmark = pytest.mark.anyio
 
@@ -41,11 +41,6 @@ REALM = realm_tag("test.client-hot-path")
 ME, PUBLISHER, CALLER = (Identity.generate(random.Random(n).randbytes) for n in (1, 2, 3))
 STATION = Identity.generate(random.Random(4).randbytes)
 NOW = 1_790_000_000_000
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 class Wire:

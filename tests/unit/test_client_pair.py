@@ -12,8 +12,6 @@ import random
 from typing import Any
 
 import pytest
-from stationmesh import Client as End
-from stationmesh import Clock
 
 from macula.client_core import ClientCore, CoreState
 from macula.client_events import (
@@ -40,6 +38,8 @@ from relay.actions import Close, EndStream, RunBuiltin, Send
 from relay.core import RouterCore
 from relay.outcome import Outcome
 from relay.policy import PuzzleMode, StationPolicy
+from support.stationmesh import Client as End
+from support.stationmesh import Clock
 
 REALM = realm_tag("test.client-pair")
 ZERO_REALM = bytes(32)

@@ -15,11 +15,6 @@ from tools.console.feed import KEEPALIVE_S, ChangeBell, events
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def snapshot_of(frame: bytes) -> dict[str, Any]:
     head, data = frame.decode().strip().split("\n")
     assert head == "event: snapshot"

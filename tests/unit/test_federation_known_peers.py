@@ -19,11 +19,6 @@ ME = bytes([1]) * 32
 P1, P2, P3 = (LinkTarget(bytes([n]) * 32, "127.0.0.1", 4000 + n) for n in (2, 3, 4))
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def known(tmp_path: Path, max_count: int = 8, now: list[int] | None = None) -> KnownPeers:
     clock = now if now is not None else [1_000]
     return KnownPeers(tmp_path / FILE_NAME, ME, max_count=max_count, clock=lambda: clock[0])

@@ -18,11 +18,6 @@ ME = bytes([1]) * 32
 P1, P2, P3 = (LinkTarget(bytes([n]) * 32, "127.0.0.1", 4000 + n) for n in (2, 3, 4))
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Fake:
     """A fake network: ``run_link`` fails or 'holds' a link; sleeps are recorded."""
 

@@ -10,7 +10,6 @@ import random
 from typing import Any
 
 import pytest
-from stationmesh import Client, Mesh, MeshStation
 
 from macula.client_events import (
     CallArrived,
@@ -27,6 +26,7 @@ from macula.wire.identity import Identity, realm_tag
 from relay.actions import Action, Send, StationReplied
 from relay.outcome import Outcome
 from relay.policy import Quotas
+from support.stationmesh import Client, Mesh, MeshStation
 
 REALM = realm_tag("test.federation-rpc")
 ADD = "org.example.add_v1"

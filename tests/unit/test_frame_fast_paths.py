@@ -11,13 +11,13 @@ import os
 from typing import Any
 
 import pytest
-from vectorkit import load_vectors, typed
 
 from macula.publishing import signed_publish
 from macula.wire import cbor, frames
 from macula.wire.errors import LocalProtocolError, ProtocolError
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import DOMAIN_EVENT_PUB, DOMAIN_FRAME, Identity, verify
+from support.vectorkit import load_vectors, typed
 
 FRAMES = load_vectors("frames")
 ALL = FRAMES["frames"] + FRAMES["erlang_golden"]

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vectorkit import load_vectors, typed
 
 from macula.wire import cbor, frames
 from macula.wire.errors import LocalProtocolError, ProtocolError, SignatureInvalid
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity
+from support.vectorkit import load_vectors, typed
 
 FRAMES = load_vectors("frames")
 ALL = FRAMES["frames"] + FRAMES["erlang_golden"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vectorkit import load_vectors
 
 from macula.wire import cbor
 from macula.wire.errors import FramingError, LocalProtocolError, ProtocolError
 from macula.wire.framing import MAX_FRAME_SIZE, FrameDecoder, frame_bytes
+from support.vectorkit import load_vectors
 
 WIRES = [bytes.fromhex(v["wire_hex"]) for v in load_vectors("frames")["frames"]]
 STREAM = b"".join(WIRES)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from housekit import assert_no_booleans, ok, refused, run
 
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
@@ -28,6 +27,7 @@ from relay.house.agents import (
     key_holder_procedure,
 )
 from relay.outcome import Outcome
+from support.housekit import assert_no_booleans, ok, refused, run
 
 T = TypeVar("T")
 

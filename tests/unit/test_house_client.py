@@ -7,12 +7,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from housekit import run
-
 from macula.dht import DhtClient
 from macula.house_client import HouseClient
 from macula.services.house import MEMORY_ADD
 from macula.wire.identity import Identity
+from support.housekit import run
 
 STATION_A, STATION_B = b"\xaa" * 32, b"\xbb" * 32
 REALM_A, REALM_B = b"\x01" * 32, b"\x02" * 32

@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storekit import hold, until
-from storekit import trips as trips_of
 
 from macula.services.house import HISTORY_FETCH
 from macula.wire.codes import ErrorCode
@@ -21,7 +19,9 @@ from macula.wire.identity import ZERO_REALM, Identity, verify
 from relay.cli import build_parser, config_from_args
 from relay.house import history as history_module
 from relay.house.history import HistoryBounds, HistoryService, HistoryStore, keepable
-from tests.unit.housekit import assert_no_booleans, ok, refused, run
+from support.housekit import assert_no_booleans, ok, refused, run
+from support.storekit import hold, until
+from support.storekit import trips as trips_of
 
 NOW = 1_767_225_600_000
 ROOM = "agents.room." + "ab" * 16

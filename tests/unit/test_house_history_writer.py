@@ -12,7 +12,7 @@ from typing import Any
 from test_house_history import ALICE, fetch, publish
 
 from relay.house.history import HistoryBounds, HistoryService, HistoryStore
-from tests.unit.housekit import ok, run
+from support.housekit import ok, run
 
 
 class Owner:

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from housekit import assert_no_booleans, ok, refused, run
 
 import relay.house.mesh as mesh_module
 from macula.agent.petnames import petname
@@ -40,6 +39,7 @@ from relay.house.stations import (
     StationInfo,
 )
 from relay.outcome import Outcome
+from support.housekit import assert_no_booleans, ok, refused, run
 
 NOW = 1_767_225_600_000
 HERE = bytes([9]) * 32

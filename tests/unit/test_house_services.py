@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-from housekit import ok, refused, run
 
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
@@ -18,6 +17,7 @@ from relay.cli import build_parser, config_from_args
 from relay.house.agents import key_holder_procedure
 from relay.house.services import HouseConfig, HouseServices
 from relay.outcome import Outcome
+from support.housekit import ok, refused, run
 
 NOW_MS = 1_767_225_600_000
 STATION = bytes(range(100, 132))

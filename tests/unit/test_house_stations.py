@@ -10,7 +10,6 @@ import os
 from typing import Any, TypeVar
 
 import pytest
-from housekit import assert_no_booleans, ok, refused, run
 
 from macula.services.house import LIST_STATIONS
 from macula.wire import cbor
@@ -25,6 +24,7 @@ from relay.house.stations import (
     haversine_km,
 )
 from relay.outcome import Outcome
+from support.housekit import assert_no_booleans, ok, refused, run
 
 T = TypeVar("T")
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vectorkit import load_vectors
 
 from macula.keyfile import KeyFileError, load_identity, load_or_create_identity, save_identity
 from macula.wire import codes
@@ -25,6 +24,7 @@ from macula.wire.identity import (
     realm_tag,
     verify,
 )
+from support.vectorkit import load_vectors
 
 IDENTITY = load_vectors("identity")
 

@@ -14,11 +14,6 @@ from tools.mcp_http_guard import bearer_token, host_allowed, origin_allowed, ref
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.parametrize(
     ("host", "allowed"),
     [

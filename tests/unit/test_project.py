@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from vectorkit import VECTORS
+
+from support.vectorkit import VECTORS
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_VECTORS = REPO.parent / "shared" / "vectors"

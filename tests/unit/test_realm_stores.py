@@ -220,11 +220,6 @@ class FakeDht:
         return [r for r in self.records if r.storage_key() == key]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_present_sends_records_and_tolerates_a_station_without_it(tmp_path: Path) -> None:
     memberships = store(tmp_path)

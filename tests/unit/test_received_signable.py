@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vectorkit import load_vectors
 
 from macula.wire import cbor, frames
 from macula.wire.errors import ProtocolError
 from macula.wire.framing import FrameDecoder, ReceivedMap, frame_bytes, unsigned_body
 from macula.wire.identity import DOMAIN_FRAME, Identity, realm_tag
+from support.vectorkit import load_vectors
 
 FRAMES = load_vectors("frames")
 ALL = FRAMES["frames"] + FRAMES["erlang_golden"]

@@ -18,7 +18,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.registerkit import EXISTING, MALFORMED
+from support.registerkit import (
+    EXISTING,
+    MACULA,
+    MALFORMED,
+    environment,
+    everything_beside,
+    options,
+    place,
+    text_of,
+)
 from tools import json_text
 from tools.config_formats import ConfigParseError
 from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
@@ -32,36 +41,6 @@ from tools.register import (
     uninstall_one,
     write_atomic,
 )
-
-MACULA = "/opt/macula/bin/macula-mcp"
-
-
-def environment(tmp_path: Path) -> dict[str, str]:
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    return {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "PATH": ""}
-
-
-def options(tmp_path: Path, **kw: object) -> Options:
-    return Options(environment(tmp_path), "linux", now=1_700_000_000.0, **kw)  # type: ignore[arg-type]
-
-
-def place(harness: Harness, opts: Options, text: str | None, mode: int = 0o644) -> Path:
-    path = harness.config_path(opts.env, opts.platform)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if text is not None:
-        path.write_bytes(text.encode())
-        path.chmod(mode)
-    return path
-
-
-def text_of(path: Path) -> str:
-    """The file's text exactly (``read_text`` would turn CRLF into LF)."""
-    return path.read_bytes().decode()
-
-
-def everything_beside(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in path.parent.iterdir() if p.is_file()}
 
 
 @pytest.fixture(params=[h.name for h in HARNESSES])

@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.registerkit import EXISTING
-from tests.unit.test_register import environment, place, text_of
+from support.registerkit import EXISTING, environment, place, text_of
 from tools import http_cli
 from tools.harnesses import BY_NAME, ENTRY_NAME
 from tools.http_register import HTTP_HARNESSES, HttpTarget, http_target

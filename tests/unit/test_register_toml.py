@@ -12,8 +12,7 @@ import tomlkit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.registerkit import EXISTING
-from tests.unit.test_register import MACULA, everything_beside, options, place, text_of
+from support.registerkit import EXISTING, MACULA, everything_beside, options, place, text_of
 from tools.config_formats import ConfigParseError, TomlFormat
 from tools.harnesses import BY_NAME, ENTRY_NAME
 from tools.register import Options, backups, register_one, registration_checks, uninstall_one

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from vectorkit import load_vectors, typed
 
 from macula.services.house import HOUSE_PROCEDURES, MEMORY_ADD
 from macula.wire import cbor
@@ -31,6 +30,7 @@ from relay.builtins import (
     Outcome,
 )
 from relay.store import ContentStore, RecordStore, StoreError
+from support.vectorkit import load_vectors, typed
 
 T = TypeVar("T")
 

@@ -31,7 +31,7 @@ CORE_HOLDERS = (
     "relay/station.py",
     "relay/station_build.py",
     "relay/cli.py",
-    "tests/unit/stationmesh.py",
+    "tests/support/stationmesh.py",
 )
 CORE_NAMES = frozenset({"_core", "core", "router"})
 
@@ -127,7 +127,7 @@ SHELL_MODULES = (
     "relay/station_links.py",
     "relay/station_upkeep.py",
     "relay/station_waits.py",
-    "relay/station_parts.py",
+    "relay/station_mesh.py",
     "relay/station_group.py",
     "relay/station_drain.py",
     "relay/builtin_calls.py",

@@ -12,8 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from storekit import trips as trips_of
-from storekit import until
 from test_agent_unread import BOB, CAROL, ME, NOW_MS, envelope, said
 
 from macula.agent.envelope import new_room_topic
@@ -21,6 +19,8 @@ from macula.agent.room_waits import answer_index
 from macula.agent.rooms import Rooms
 from macula.node import Node
 from macula.store.transcript import TranscriptStore
+from support.storekit import trips as trips_of
+from support.storekit import until
 
 
 def run_in(tmp_path: Path, body: Any) -> None:

@@ -19,12 +19,12 @@ from typing import Any
 
 import nacl.bindings
 import pytest
-from stationmesh import Client, Mesh, MeshStation
 
 from macula.client_events import EventArrived, Transmit
 from macula.wire.frames import Event, Publish, new_frame_id
 from macula.wire.identity import Identity, realm_tag
 from relay.core import RouterCore
+from support.stationmesh import Client, Mesh, MeshStation
 
 REALM = realm_tag("test.signatures-per-hop")
 TOPIC = "news"

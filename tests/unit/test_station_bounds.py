@@ -235,11 +235,6 @@ def feed(protocol: FrameProtocol, stream: int, data: bytes) -> None:
 SMALL = frame_bytes(cbor.encode({"frame_type": "ping"}))
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.anyio
 async def test_before_the_gate_opens_only_the_first_stream_may_carry_data() -> None:
     protocol, sink = station_side()

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from storekit import hold, until
-from storekit import trips as trips_of
 
 from macula.store.base import SqliteStore, StoreError, _on_thread
+from support.storekit import hold, until
+from support.storekit import trips as trips_of
 
 
 class Counters(SqliteStore):

@@ -12,11 +12,6 @@ pytestmark = pytest.mark.anyio
 REALM = b"\x01" * 32
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def delivery(seq: int, topic: str = "t") -> Delivery:
     return Delivery(REALM, topic, b"\x02" * 32, seq, seq, True)
 

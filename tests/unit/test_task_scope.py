@@ -13,11 +13,6 @@ from macula.task_scope import TaskScope
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 class Owner:
     """A spawner that records what it ran and can refuse (its owner stopping)."""
 

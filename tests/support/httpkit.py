@@ -24,11 +24,12 @@ from mcp.client.streamable_http import streamable_http_client
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from tests.integration.waiting import eventually
 from tools.daemon_hosts import Hosts, IdleClock
 from tools.http_token import home_token
 from tools.mcp_http import McpHttp, mcp_http_app
 from tools.mcp_http_tokens import agent_token
+
+from .waiting import eventually
 
 
 @dataclass

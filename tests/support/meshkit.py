@@ -60,7 +60,7 @@ async def three_stations(
 ) -> AsyncIterator[tuple[Station, Station, Station]]:
     """Stations a, b, c under ``root``: b joins through a, c through a (and b, unless
     ``c_dials_b`` is 0, as the README starts them); yielded once their links are up."""
-    from waiting import eventually
+    from .waiting import eventually
 
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(Station(fast(station_config(root / "a"), [])))

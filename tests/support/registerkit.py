@@ -1,8 +1,13 @@
 """Configuration texts of every harness ``register`` knows, for its unit and end-to-end tests:
 realistic ones (other servers, comments where the format has them, unusual indentation) and
-malformed ones."""
+malformed ones; a temporary HOME's environment, and placing a config where a harness reads it."""
 
 from __future__ import annotations
+
+from pathlib import Path
+
+from tools.harnesses import Harness
+from tools.register import Options
 
 # Realistic content: other servers, comments where the format has them, unusual indentation.
 EXISTING: dict[str, str] = {
@@ -115,3 +120,34 @@ MALFORMED: dict[str, str] = {
     "gemini": '{"mcpServers": {"notes": {"command": "notes-mcp"}}\n',
     "vscode": '{"servers": {"a": {"command" "x"}}}',
 }
+
+
+MACULA = "/opt/macula/bin/macula-mcp"
+
+
+def environment(tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "PATH": ""}
+
+
+def options(tmp_path: Path, **kw: object) -> Options:
+    return Options(environment(tmp_path), "linux", now=1_700_000_000.0, **kw)  # type: ignore[arg-type]
+
+
+def place(harness: Harness, opts: Options, text: str | None, mode: int = 0o644) -> Path:
+    path = harness.config_path(opts.env, opts.platform)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if text is not None:
+        path.write_bytes(text.encode())
+        path.chmod(mode)
+    return path
+
+
+def text_of(path: Path) -> str:
+    """The file's text exactly (``read_text`` would turn CRLF into LF)."""
+    return path.read_bytes().decode()
+
+
+def everything_beside(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in path.parent.iterdir() if p.is_file()}

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from mcp import Client
-from waiting import eventually
 
 from relay.station import Station
 from tools.daemon_http import Guarded, bind, build_app, serve
 from tools.http_token import home_token, port_path
 from tools.runtime import Runtime, open_runtime
 from tools.server import build_server
+
+from .waiting import eventually
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [

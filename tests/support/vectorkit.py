@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-VECTORS = Path(__file__).parent / "vectors"
+from .paths import VECTORS
 
 
 def load_vectors(name: str) -> Any:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rawclient import RawClient, now_ms, stamp
-
 from macula.wire.frames import Advertise, Call, Publish, Result, Subscribe
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record, RecordType, new_record, record_version
+
+from .rawclient import RawClient, now_ms, stamp
 
 REALM_NAME = "org.example.private"
 PRIVATE = realm_tag(REALM_NAME)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from monitorkit import get_json
+from .monitorkit import get_json
 
 MONITOR = re.compile(r"^worker=(\d+) .*monitor listening on http://127\.0\.0\.1:(\d+)/")
 LISTENING = re.compile(r"worker (\d+) \(pid (\d+)\) listening")
