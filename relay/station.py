@@ -5,7 +5,9 @@ station's key and certificate on first start, opens the stores, and serves until
 ends; leaving it sends GOODBYE to every client, closes the connections and the stores.
 Invariants: every resource is registered on one ``AsyncExitStack`` the moment it opens
 (``relay.station_build`` makes the parts), so a start that fails partway closes what it opened
-before the error propagates, and a stop undoes the start in reverse; every relay-side
+before the error propagates, and a stop undoes the start in reverse; the QUIC socket is read
+only once every part a frame may reach is open, so each part is made with the parts it uses
+(no part is handed the station itself); every relay-side
 background task (the upkeep of ``relay.station_upkeep``, built-ins, a DHT join, and through
 the ``spawn`` each is given: the link manager, the station DHT, the history writer, the
 monitor's clients) runs in the station's one ``asyncio.TaskGroup`` (``relay.station_group``)
@@ -14,21 +16,24 @@ timers are cancelled and the group's tasks cancelled and awaited; once stopping,
 is spawned or scheduled. A stop drains first (``relay.station_drain``): GOODBYE to every
 connected peer, then a wait (bounded by ``DRAIN_DEADLINE_S``) until each acknowledged a QUIC
 PING sent behind its GOODBYE or its connection ended, then every connection is closed.
-The parts a start opens and their read accessors are ``relay.station_parts``'s; a built-in
-call is answered by ``relay.builtin_calls``.
+The parts a start opened are read through properties that say "station not started" instead
+of handing out None; a built-in call is answered by ``relay.builtin_calls``.
 Links to peer stations are QUIC *client* connections kept by
-``relay.federation.links.LinkManager`` through ``relay.station_links.StationLinks``; their
-frames reach the core through the same sink type, under the same connection numbering, as
-accepted connections.
+``relay.federation.links.LinkManager`` through ``relay.station_links.StationLinks`` (given the
+station's ``ConnectionTable``); their frames reach the core through the same sink type, under
+the same connection numbering, as accepted connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
-from collections.abc import Coroutine
-from typing import Any
+import socket
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
 
 from macula.clock import now_ms
 from macula.quic_backend import QuicConnection, QuicServer, lean_handshake
@@ -36,6 +41,7 @@ from macula.quic_resets import StatelessResets
 from macula.transport import FrameProtocol, StreamLimits
 from macula.wire.errors import FramingError
 from macula.wire.frames import Publish
+from macula.wire.identity import Identity
 from relay import station_build as build
 from relay.actions import (
     Action,
@@ -50,21 +56,30 @@ from relay.actions import (
     StationReplied,
 )
 from relay.builtin_calls import run_builtin
+from relay.builtins import Builtins
+from relay.core import RouterCore
+from relay.federation.dht import StationDht
+from relay.federation.known_peers import KnownPeers
+from relay.federation.links import LinkManager, LinkTarget
 from relay.federation.mesh_roster import MESH_PROCEDURE
+from relay.house.services import HouseServices
 from relay.logbook import clip
+from relay.realm_files import Allowlist
 from relay.station_config import StationConfig
 from relay.station_drain import drain
 from relay.station_group import StationGroup
-from relay.station_links import StationLinks
-from relay.station_parts import StationParts
-from relay.station_upkeep import Upkeep
+from relay.station_links import ConnectionTable, StationLinks
+from relay.station_upkeep import OwnRecords, Ticker
 from relay.station_waits import StationCalls, Timers
+from relay.store import ContentStore, RecordStore
 
 __all__ = ["DRAIN_DEADLINE_S", "Station", "StationConfig"]
 
 log = logging.getLogger("macula.relay")
 
 DRAIN_DEADLINE_S = 0.5  # a stop waits at most this long for the GOODBYEs to be acknowledged
+
+T = TypeVar("T")
 
 
 class _Sink:
@@ -96,20 +111,99 @@ class _Sink:
         self.station.forget(self.conn, reason)
 
 
-class Station(StationParts):
-    """The QUIC shell; its parts and read accessors are ``relay.station_parts``'s."""
+class Station:
+    """The QUIC shell: what a start opens, the connections it numbers, the action executor."""
 
     def __init__(self, config: StationConfig) -> None:
-        super().__init__(config)
-        self._next_conn = 0
-        self._server: QuicServer | None = None
+        self.config = config
+        # the parts a start opens (``relay.station_build``), read through the properties below
+        self.identity: Identity | None = None
+        self.port = 0
+        self._core: RouterCore | None = None
+        self._records: RecordStore | None = None
+        self._content: ContentStore | None = None
+        self._builtins: Builtins | None = None
+        self._house: HouseServices | None = None
+        self._dht: StationDht | None = None
+        self.known_peers: KnownPeers | None = None
+        self.allowlist: Allowlist | None = None
         self.resets: StatelessResets | None = None  # answers a previous run's connections
+        self._server: QuicServer | None = None
+        self._links: StationLinks | None = None
+        self._ticker: Ticker | None = None
+        # called as (node_id, host, dht_port) when a link comes up (e.g. a DHT bootstrap)
+        self.link_up_hook: Callable[[bytes, str, int], None] | None = None
+        # the connections it numbered (clients and links)
+        self._connections: dict[int, FrameProtocol] = {}
+        self._next_conn = 0
+        self._closing = False  # stopping: a Close is carried out at once, nothing new spawns
         self._group = StationGroup()
         self._timers = Timers()
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._station_calls = StationCalls()
-        self._links = StationLinks(self)
-        self.upkeep = Upkeep(self)
+
+    # -- what a start opened -----------------------------------------------------------------
+
+    @property
+    def core(self) -> RouterCore:
+        assert self._core is not None, "station not started"
+        return self._core
+
+    @property
+    def dht(self) -> StationDht:
+        assert self._dht is not None, "station not started"
+        return self._dht
+
+    @property
+    def dht_or_none(self) -> StationDht | None:
+        return self._dht
+
+    @property
+    def records(self) -> RecordStore | None:
+        return self._records
+
+    @property
+    def content(self) -> ContentStore | None:
+        return self._content
+
+    @property
+    def builtins(self) -> Builtins | None:
+        return self._builtins
+
+    @property
+    def house(self) -> HouseServices | None:
+        return self._house
+
+    @property
+    def links(self) -> LinkManager | None:
+        """The link manager (``relay.federation.links``) of a started station."""
+        return self._links.manager if self._links is not None else None
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def node_id(self) -> bytes:
+        assert self.identity is not None, "station not started"
+        return self.identity.node_id
+
+    @property
+    def retry(self) -> bool:
+        """QUIC address validation (Retry): on unless turned off or bound to loopback."""
+        return self.config.policy.quic_retry and not _is_loopback(self.config.host)
+
+    @property
+    def endpoint(self) -> str:
+        """``node_id@host:port``: what a client needs to dial and pin this station."""
+        return f"{self.node_id.hex()}@{self.config.host}:{self.port}"
+
+    def connection_count(self) -> int:
+        """Connections open now (clients and links)."""
+        return len(self._connections)
+
+    def connection(self, conn: int) -> FrameProtocol | None:
+        return self._connections.get(conn)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -131,7 +225,9 @@ class Station(StationParts):
         log.info("station stopped")
 
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
-        """Open everything in order, registering each closer on ``stack`` as soon as it opens.
+        """Open everything in order, registering each closer on ``stack`` as soon as it opens;
+        the QUIC socket is bound early (its port is in the DHT's and the house's records) but
+        read only once every part a frame may reach is open.
 
         At exit the stack runs them in reverse: drain the connections, stop the links, cancel
         the timers, finish the tasks, close the house services, the DHT, the QUIC server, then
@@ -155,13 +251,9 @@ class Station(StationParts):
             config, self.identity, (gate, rule), self._open_stream, self._note_publish
         )
         self.resets = build.stateless_resets(self.identity)
-        self._server, self.port = await build.serve_quic(
-            config, (certificate[0], certificate[1]), self._protocol, self.retry, self.resets
-        )
+        sock = await build.bind_quic(config, stack)
         stack.callback(self._close_server)
-        await build.serve_sibling_links(
-            config, (certificate[0], certificate[1]), self._protocol, stack, self.resets
-        )
+        self.port = int(sock.getsockname()[1])
         self._dht = self._builtins.dht = await build.start_dht(
             config, self.identity, self.port, stack, self.spawn
         )
@@ -177,31 +269,90 @@ class Station(StationParts):
         )
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
-        self.known_peers, remembered = build.known_peers_for(config, self.identity)
-        self.links = build.link_manager_for(
-            config, self.identity, self._links, remembered, self.spawn
-        )
-        stack.push_async_callback(self.links.stop)  # after the drain: no redial meanwhile
+        self._links = self._station_links(*build.known_peers_for(config, self.identity))
+        await self._serve((certificate[0], certificate[1]), sock, stack)
+        stack.push_async_callback(self._links.manager.stop)  # after the drain: no redial
         stack.push_async_callback(self._drain)
-        self.spawn(self.upkeep.tick_forever())
-        await self.upkeep.refresh_once(publish=False)  # resolvable before start returns
-        self.spawn(self.upkeep.refresh_forever())
-        self.links.start()
+        await self._keep_up()
+        self._links.manager.start()
         log.info(
             "station %s listening on %s:%d", self.identity.node_id.hex(), config.host, self.port
         )
+
+    def _station_links(self, known: KnownPeers, remembered: list[LinkTarget]) -> StationLinks:
+        """The links' side of the station, given the parts it uses (all open by now)."""
+        self.known_peers = known
+        table = ConnectionTable(self.adopt, self.forget, self.connection)
+        return StationLinks(
+            self.config,
+            self.core,
+            table,
+            run=self.run,
+            spawn=self.spawn,
+            call_station=self.call_station,
+            parts=(self.dht, self._open(self._house), known),
+            remembered=remembered,
+            on_up=self._link_came_up,
+        )
+
+    async def _serve(
+        self,
+        certificate: tuple[Path, Path],
+        sock: socket.socket,
+        stack: contextlib.AsyncExitStack,
+    ) -> None:
+        """Read the QUIC socket from now on; a worker's sibling listener too."""
+        config = self.config
+        self._server, _ = await build.serve_quic(
+            config, certificate, self._protocol, self.retry, self.resets, sock
+        )
+        await build.serve_sibling_links(config, certificate, self._protocol, stack, self.resets)
+
+    async def _keep_up(self) -> None:
+        """Start the ticker and the refresh of this station's own records (stored once
+        before the start returns, so a client connecting at once resolves them)."""
+        config, builtins = self.config, self._open(self._builtins)
+        self._ticker = Ticker(
+            self.core,
+            self.run,
+            self.spawn,
+            builtins,
+            self.allowlist,
+            interval_s=config.tick_interval_s,
+            sweep_ms=config.policy.realm_sweep_ms,
+        )
+        own = OwnRecords(
+            self.core.identity,
+            (list(dict.fromkeys([*config.advertised_hosts, config.host])), self.port),
+            self._open(self._records),
+            self._open(self._house),
+            self.dht,
+            interval_s=config.endpoint_refresh_s,
+        )
+        self.spawn(self._ticker.tick_forever())
+        await own.refresh_once(publish=False)  # resolvable before start returns
+        self.spawn(own.refresh_forever())
+
+    @staticmethod
+    def _open(part: T | None) -> T:
+        assert part is not None, "station not started"
+        return part
+
+    def _link_came_up(self, node_id: bytes, host: str, dht_port: int) -> None:
+        if self.link_up_hook is not None:
+            self.link_up_hook(node_id, host, dht_port)
 
     async def sweep_revocations(self, now: int) -> int:
         """Look up revocations of the current memberships (record store and mesh), then end
         the revoked and expired ones; how many revocations were new. The ticker runs it every
         ``policy.realm_sweep_ms``."""
-        return await self.upkeep.sweep_revocations(now)
+        return await self._open(self._ticker).sweep_revocations(now)
 
     async def _drain(self) -> None:
         """GOODBYE to every peer (§5.5); once each acknowledged it (or left, or the deadline
         passed), close every connection."""
-        if self.links is not None:
-            self.links.halt()
+        if self._links is not None:
+            self._links.manager.halt()
         await drain(self._connections, self.core, self.run, DRAIN_DEADLINE_S)
 
     def _close_server(self) -> None:
@@ -271,7 +422,8 @@ class Station(StationParts):
         log.debug("conn %d lost: %s", conn, clip(reason))
         self.run(self.core.connection_lost(conn, now_ms()))
         self._connections.pop(conn, None)
-        self._links.lost(conn)
+        if self._links is not None:
+            self._links.lost(conn)
 
     def _note_publish(self, frame: Publish, now: int, sig_checked: bool) -> None:
         """``RouterCore``'s publish hook: the room history hears each PUBLISH accepted."""
@@ -297,6 +449,7 @@ class Station(StationParts):
         elif isinstance(action, Close):
             self._close_later(action)
         elif isinstance(action, RunBuiltin) and action.call.procedure == MESH_PROCEDURE:
+            assert self._links is not None  # (no datagram is read before the links exist)
             self._links.answer(action)  # a linked station introduces itself (issue 37)
         elif isinstance(action, RunBuiltin):
             assert self._builtins is not None
@@ -310,6 +463,7 @@ class Station(StationParts):
         elif isinstance(action, StationReplied):
             self._station_calls.settled(action)
         elif isinstance(action, (LinkUp, LinkDown)):
+            assert self._links is not None
             self._links.changed(action)
 
     def _send(self, action: Send) -> None:
@@ -358,3 +512,12 @@ class Station(StationParts):
         self._timers.later(
             action.after_ms / 1000, lambda: connection.close_connection(action.reason)
         )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

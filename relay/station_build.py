@@ -3,7 +3,7 @@
 
 The data dir (0700) with the station key and certificate, the realm rules and the allowlist,
 the record and content stores, the built-ins, the router core, the QUIC server on its socket,
-the DHT among stations, the house services, the known peer stations and the link manager.
+the DHT among stations, the house services and the known peer stations.
 Nothing here keeps state: what a function makes it returns.
 """
 
@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from relay.federation.content import peer_asker
 from relay.federation.dht import StationDht
 from relay.federation.known_peers import FILE_NAME as KNOWN_PEERS_FILE
 from relay.federation.known_peers import KnownPeers
-from relay.federation.links import LinkManager, LinkTarget
+from relay.federation.links import LinkTarget
 from relay.house.mesh import linked_asker
 from relay.house.services import HouseServices
 from relay.quic_server import StationQuicServer
@@ -51,7 +52,6 @@ from relay.realm_files import Allowlist
 from relay.realm_links import own_station_endorsements
 from relay.realms import RealmGate
 from relay.station_config import StationConfig
-from relay.station_links import StationLinks
 from relay.store import ContentStore, RecordStore
 from relay.tls import ensure_certificate
 
@@ -155,16 +155,27 @@ def stateless_resets(identity: Identity) -> StatelessResets:
     return StatelessResets(identity.seed, os.urandom)
 
 
+async def bind_quic(config: StationConfig, stack: contextlib.AsyncExitStack) -> socket.socket:
+    """The UDP socket of the QUIC server, bound on ``config.host:config.port`` (0: any free
+    port; its port is known from here on) and closed by ``stack``; nothing reads it until
+    ``serve_quic``, so no datagram reaches the station before its parts are open."""
+    sock = await bound_socket(config.host, config.port, reuse_port=config.reuse_port)
+    stack.callback(sock.close)
+    return sock
+
+
 async def serve_quic(
     config: StationConfig,
     certificate: tuple[Path, Path],
     protocol: Callable[..., FrameProtocol],
     retry: bool,
     resets: StatelessResets | None = None,
+    sock: socket.socket | None = None,
 ) -> tuple[QuicServer, int]:
-    """The QUIC server bound on ``config.host:config.port`` (0: any free port) and its port;
-    the caller registers its closing at once. With ``resets`` it answers packets of
-    connections it does not know (a previous run's) with stateless resets."""
+    """The QUIC server on ``sock`` (none: one bound on ``config.host:config.port``, 0: any
+    free port) and its port; the caller registers its closing at once. With ``resets`` it
+    answers packets of connections it does not know (a previous run's) with stateless
+    resets."""
     quic = QuicConfiguration(
         is_client=False,
         alpn_protocols=[ALPN],
@@ -179,7 +190,8 @@ async def serve_quic(
     server = StationQuicServer(
         configuration=quic, create_protocol=protocol, retry=retry, resets=resets
     )
-    sock = await bound_socket(config.host, config.port, reuse_port=config.reuse_port)
+    if sock is None:
+        sock = await bound_socket(config.host, config.port, reuse_port=config.reuse_port)
     await open_draining(sock, server)
     enlarge_receive_buffer(sock)
     return server, int(sock.getsockname()[1])
@@ -272,26 +284,3 @@ def known_peers_for(
     if remembered:
         log.info("dialling %d stations remembered from before", len(remembered))
     return known, remembered
-
-
-def link_manager_for(
-    config: StationConfig,
-    identity: Identity,
-    links: StationLinks,
-    remembered: list[LinkTarget],
-    spawn: Spawner,
-) -> LinkManager:
-    return LinkManager(
-        identity.node_id,
-        run_link=links.run,
-        has_link=links.has_link,
-        peers=config.peers,
-        siblings=config.siblings,
-        remembered=remembered,
-        discover=links.noting(config.discover if config.discover is not None else links.discover),
-        max_links=config.max_links,
-        discover_interval_s=config.discover_interval_s,
-        backoff_base_s=config.link_backoff_s,
-        backoff_max_s=config.link_backoff_max_s,
-        spawn=spawn,
-    )

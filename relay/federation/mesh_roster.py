@@ -11,7 +11,7 @@ station it joined (``more`` 0: nothing is answered), so the stations already in 
 of the newcomer at once (and dial it unless its own dial linked them first); later links of
 the newcomer are not passed on (the stations it joined through told everyone already: one
 burst per join, not one per link). The shell
-(``relay.station_links``) makes the calls and dials what is learned.
+(``relay.station_mesh``) makes the calls and dials what is learned.
 
 Invariants (DESIGN.md §3a: a station's endpoint counts only from that station's own key):
 - every record taken is a station_endpoint (0x12) checked as the DHT checks one (signature,
