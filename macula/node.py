@@ -100,6 +100,8 @@ class Node:
         self._station_listeners: list[Callable[[StationInfo], None]] = []
         self.known_stations = known_stations  # pins of stations given without a node id
         self.stats = NodeStats(EventDedup(dedup_window))
+        # what the station refused without an answer on the wire (``on_refusal``, ``total``)
+        self.refusals = self.stats.refusals
         self._session: Session | None = None
         self._connected = asyncio.Event()
         self._subscriptions = LocalSubscriptions()
@@ -331,7 +333,7 @@ class Node:
         if slow:
             self.stats.slow_consumer += 1
         self._subscriptions.gap_all(slow)
-        self.stats.refused = {}
+        self.refusals.reconnecting()
         self._connected.clear()
         self._wake.set()
 
@@ -435,21 +437,13 @@ class Node:
         One ``_relay.ping`` round trip on the control stream: the stream is ordered and the
         station handles its frames in order, so its answer comes after every SUBSCRIBE,
         ADVERTISE, UNSUBSCRIBE and PUBLISH sent earlier has taken effect at the station.
-        Returns (and keeps in ``stats.refused``) what the station refused on this connection
-        without an in-band answer, by reason (``subscription_quota``, ``advertise_taken``,
-        ``publish_slowed``...), counted since this connection was made.
+        Returns what the station refused on this connection without an in-band answer, by
+        reason (``macula.services.refusals``), counted since this connection was made; each
+        new one is told to ``refusals.on_refusal`` listeners and added to ``refusals.total``.
         """
         session = await self.session(timeout)
         answer = await session.builtin("_relay.ping", None, timeout)
-        refused = answer.get("refused") if isinstance(answer, dict) else None
-        counts = {
-            str(name): count
-            for name, count in (refused.items() if isinstance(refused, dict) else ())
-            if type(count) is int
-        }
-        if session is self._session:
-            self.stats.refused = counts
-        return counts
+        return self.refusals.learned(answer, current=session is self._session)
 
     @property
     def connected(self) -> bool:
@@ -489,7 +483,8 @@ class Node:
         it is published again on the next connection, with a fresh seq, up to ``attempts``
         times, so a receiver may see it twice and must dedupe on its own ids (rooms do, by
         ``message_id``). ``BrokenError`` when no attempt was confirmed; ``CallTimeout`` when
-        the station took longer than ``timeout`` (the PUBLISH may have taken effect)."""
+        the station took longer than ``timeout`` (the PUBLISH may have taken effect). A refusal
+        of it (``macula.services.refusals``) is in ``refusals`` on return."""
         deadline = time.monotonic() + timeout
         broken: BrokenError | None = None
         for _ in range(max(1, attempts)):
@@ -497,7 +492,10 @@ class Node:
             seq = self._next_seq()
             try:
                 session.publish(realm, topic, payload, seq)
-                await session.builtin("_relay.ping", None, max(0.001, deadline - time.monotonic()))
+                answer = await session.builtin(
+                    "_relay.ping", None, max(0.001, deadline - time.monotonic())
+                )
+                self.refusals.learned(answer, current=session is self._session)
                 return seq
             except (BrokenError, ClosedError) as error:  # that connection ended: the next one
                 broken = BrokenError(str(error))

@@ -181,6 +181,8 @@ class Session:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: int | None = None
         self.heard_ms = clock()  # when the station last sent us anything (``Node``'s probe)
+        # realms whose endorsements a caller presented on this connection (tools.realm_access)
+        self.presented: set[bytes] = set()
 
     # -- what the core knows ----------------------------------------------------------------
 

@@ -2,15 +2,16 @@
 knows our membership first, and tell the agent when the station refused what the tool did.
 
 Why: in a realm a station protects, a SUBSCRIBE or PUBLISH from a non-member is refused
-without an answer on the wire; only the connection's refusal counters (``_relay.ping``,
-``Node.flush``) show it. So a tool acting in a realm other than the all-zero one:
+without an answer on the wire; only the station's refusal counters show it, which the node
+learns on each ``Node.flush`` and keeps in ``Node.refusals``. So a tool acting in a realm
+other than the all-zero one:
 
 Invariants:
 - before acting, presents this identity's endorsements on the current connection once (the
   join flow presents in the background; a tool must not race it), and refuses at once with
   ``realm_refused`` when the station refused our membership of that realm (revoked, expired:
   its reason is in the detail); a station that does not protect the realm is no refusal;
-- after acting, compares the station's ``realm_refused`` counter with its value before: a rise
+- after acting, compares the node's ``realm_refused`` total with its value before: a rise
   is the ``realm_refused`` error (with ``next_action`` naming mesh_join_realm when we hold no
   membership); otherwise the result gains ``realm`` (64 hex) and ``realm_member`` 0/1, and,
   without a membership, a ``realm_hint`` saying that refusals there are silent and that
@@ -26,7 +27,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import weakref
+from collections import Counter
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -34,13 +35,38 @@ from typing import Any, Final
 from macula.agent.agent import Agent
 from macula.errors import MaculaError
 from macula.realm.membership import Membership
-from macula.session import Session
+from macula.services.refusals import (
+    ADVERTISE_QUOTA,
+    ADVERTISE_REFUSALS,
+    ADVERTISE_TAKEN,
+    ADVERTISE_TOMBSTONED,
+    BUILTIN_ADVERTISE,
+    PUBLISH_RATE_LIMITED,
+    PUBLISH_REFUSALS,
+    REALM_REFUSED,
+    RESERVED_ADVERTISE,
+    SUBSCRIBE_REFUSALS,
+    SUBSCRIPTION_QUOTA,
+)
 from macula.wire.identity import ZERO_REALM
 from tools.agent_arguments import ArgumentProblems
 from tools.realms import membership_store
 from tools.runtime import Runtime
 
-REFUSED: Final = "realm_refused"
+__all__ = [
+    "ADVERTISE_REFUSALS",
+    "PUBLISH_REFUSALS",
+    "REFUSED",
+    "SUBSCRIBE_REFUSALS",
+    "RealmGuard",
+    "acting",
+    "check",
+    "guard",
+    "left_if_refused",
+    "subscribe_anew",
+]
+
+REFUSED: Final = REALM_REFUSED
 FLUSH_TIMEOUT_S: Final = 10.0
 UNHELD_HINT: Final = (
     "you hold no membership of this realm (mesh_list_realms lists those you hold). If the "
@@ -49,38 +75,19 @@ UNHELD_HINT: Final = (
     "learns the room topic can read. To become a member: mesh_join_realm."
 )
 
-# realms this identity's endorsements were presented for, per connection
-_presented: weakref.WeakKeyDictionary[Session, set[bytes]] = weakref.WeakKeyDictionary()
-
-
-# what the station counts when it refuses each kind of frame without an answer (relay/core.py
-# ``_realm_refused``, relay/interest.py): a rise in one of them while a tool acted is a refusal
-PUBLISH_REFUSALS: Final = frozenset(
-    {REFUSED, "publish_rate_limited", "bad_publisher_sig", "foreign_publish"}
-)
-SUBSCRIBE_REFUSALS: Final = frozenset({REFUSED, "subscription_quota", "foreign_subscribe"})
-ADVERTISE_REFUSALS: Final = frozenset(
-    {
-        REFUSED,
-        "advertise_taken",
-        "advertise_tombstoned",
-        "advertise_quota",
-        "reserved_advertise",
-        "builtin_advertise",
-        "foreign_advertise",
-    }
-)
+# what to do about a refusal the station counts without an answer (the names, and which frame
+# meets which, are macula.services.refusals'): a rise while a tool acted fails the tool
 _NEXT_ACTIONS: Final = {
-    "advertise_taken": "another node serves that procedure here: choose another name or realm",
-    "advertise_tombstoned": "another node just released that name: try again in a minute",
-    "advertise_quota": "you serve as many procedures as this station allows: mesh_unserve one",
-    "reserved_advertise": "that name is a service of the station itself: choose another",
-    "builtin_advertise": "that name is a built-in of the station: choose another",
-    "subscription_quota": (
+    ADVERTISE_TAKEN: "another node serves that procedure here: choose another name or realm",
+    ADVERTISE_TOMBSTONED: "another node just released that name: try again in a minute",
+    ADVERTISE_QUOTA: "you serve as many procedures as this station allows: mesh_unserve one",
+    RESERVED_ADVERTISE: "that name is a service of the station itself: choose another",
+    BUILTIN_ADVERTISE: "that name is a built-in of the station: choose another",
+    SUBSCRIPTION_QUOTA: (
         "this connection holds as many subscriptions as the station allows: leave a room "
         "(mesh_leave_room) or end another watch first"
     ),
-    "publish_rate_limited": "you publish faster than the station allows: wait, then again",
+    PUBLISH_RATE_LIMITED: "you publish faster than the station allows: wait, then again",
 }
 
 
@@ -88,7 +95,7 @@ _NEXT_ACTIONS: Final = {
 class RealmGuard:
     realm: bytes
     membership: Membership | None
-    refused_before: dict[str, int]
+    refused_before: Counter[str]  # the node's refusal totals when the guard was taken
     watched: frozenset[str] = frozenset({REFUSED})
 
 
@@ -107,7 +114,7 @@ async def _present(runtime: Runtime, membership: Membership) -> None:
     station refused the one of ``membership`` for a reason other than not protecting it."""
     realm = membership.endorsement.realm
     session = await runtime.node.session(FLUSH_TIMEOUT_S)
-    done = _presented.setdefault(session, set())
+    done = session.presented
     if realm in done:
         return
     answer = await membership_store(runtime).present(session)
@@ -126,9 +133,11 @@ async def _present(runtime: Runtime, membership: Membership) -> None:
             )
 
 
-async def _refusals(runtime: Runtime) -> dict[str, int]:
-    """This connection's refusal counters, once the station handled all we sent before."""
-    return await runtime.node.flush(FLUSH_TIMEOUT_S)
+async def _refusals(runtime: Runtime) -> Counter[str]:
+    """The node's refusal totals (``Node.refusals``), once the station handled all we sent
+    before."""
+    await runtime.node.flush(FLUSH_TIMEOUT_S)
+    return Counter(runtime.node.refusals.total)
 
 
 async def guard(runtime: Runtime, realm: bytes) -> RealmGuard | None:
@@ -171,9 +180,8 @@ async def check(runtime: Runtime, realm_guard: RealmGuard | None) -> dict[str, A
     if realm_guard is None:
         return {}
     held = realm_guard.membership is not None
-    after = await _refusals(runtime)
-    before = realm_guard.refused_before
-    risen = sorted(n for n in realm_guard.watched if after.get(n, 0) > before.get(n, 0))
+    await _refusals(runtime)
+    risen = runtime.node.refusals.risen(realm_guard.refused_before, realm_guard.watched)
     if REFUSED in risen:
         raise _refused(
             f"the station refused to let this connection act in realm {realm_guard.realm.hex()}"
