@@ -34,10 +34,9 @@ from typing import Any, Final, NoReturn
 from tools import daemon_protocol as protocol
 from tools import stdio_front
 from tools.daemon_socket import SocketSetupError, home_dir, read_pid, socket_path
+from tools.settings import DAEMON_START_ENV, HOME_ENV, DaemonSettingError, daemon_start_s
 from tools.stdio_front import Front
 
-START_ENV: Final = "MACULA_MCP_DAEMON_START_S"
-DEFAULT_START_S: Final = 30.0
 POLL_S: Final = 0.02  # interval between connection attempts while a daemon starts
 CHUNK: Final = 65536
 DIFFER: Final = ("daemon_settings_differ", "configuration")  # exit 2 (a setting), else 1
@@ -51,16 +50,10 @@ class AttachError(Exception):
 
 
 def start_timeout(env: Mapping[str, str]) -> float:
-    raw = env.get(START_ENV)
-    if raw is None:
-        return DEFAULT_START_S
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 3600:
-        raise AttachError(f"{START_ENV} must be seconds in (0, 3600], not {raw!r}", 2)
-    return value
+        return daemon_start_s(env)
+    except DaemonSettingError as exc:  # a bad setting: exit 2
+        raise AttachError(str(exc), 2) from None
 
 
 def connect(sock: Path) -> socket.socket | None:
@@ -159,7 +152,7 @@ def reach_daemon(
     holder = f" (pid {pid} holds its lock)" if pid else ""
     raise AttachError(
         f"no daemon answered on {sock} within {timeout:g} s{holder}; see "
-        f"{home_dir(env) / 'logs'} ({START_ENV} sets the wait)"
+        f"{home_dir(env) / 'logs'} ({DAEMON_START_ENV} sets the wait)"
     )
 
 
@@ -264,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[2:] if argv is None else argv)
     if args in (["-h"], ["--help"]):
         print(
-            "usage: macula-mcp attach\n\nServe MCP on stdio through this MACULA_HOME's daemon "
+            f"usage: macula-mcp attach\n\nServe MCP on stdio through this {HOME_ENV}'s daemon "
             "(started when none runs); closing stdin detaches, the agent stays on the mesh."
         )
         return

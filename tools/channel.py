@@ -52,66 +52,17 @@ from macula.agent.person import from_person
 from macula.agent.petnames import petname
 from macula.agent.rings import RingEvent
 from macula.agent.rooms import EnvelopeHeard
-from macula.errors import ConfigError
 from macula.rate import TokenBucket
+from tools.settings import ChannelSettings
 
 log = logging.getLogger("macula.tools.channel")
 
 CAPABILITY: Final = "claude/channel"
 METHOD: Final = "notifications/claude/channel"
-ENABLED_ENV: Final = "MACULA_MCP_CHANNEL"
-PER_MIN_ENV: Final = "MACULA_MCP_CHANNEL_PER_MIN"
-BURST_ENV: Final = "MACULA_MCP_CHANNEL_BURST"
-MAX_CHARS_ENV: Final = "MACULA_MCP_CHANNEL_MAX_CHARS"
-QUEUE_ENV: Final = "MACULA_MCP_CHANNEL_QUEUE"
 SEND_TIMEOUT_S: Final = 5.0  # one session's write; a stuck client is skipped, not waited for
 SCAN_LIMIT: Final = 200  # recent messages per room read to find room-mates and our messages
 
 Kind = Literal["ring", "message", "answer", "task"]
-
-
-@dataclass(frozen=True)
-class ChannelSettings:
-    enabled: int = 1
-    per_minute: float = 6.0
-    burst: int = 3
-    max_chars: int = 300
-    queue: int = 100
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> ChannelSettings:
-        enabled = env.get(ENABLED_ENV, "1").strip() or "1"
-        if enabled not in ("0", "1"):
-            raise ConfigError(f"{ENABLED_ENV} must be 0 or 1, not {enabled!r}")
-        return cls(
-            enabled=int(enabled),
-            per_minute=_number(env, PER_MIN_ENV, cls.per_minute, 0.01, 6000),
-            burst=int(_number(env, BURST_ENV, cls.burst, 1, 1000, integer=True)),
-            max_chars=int(_number(env, MAX_CHARS_ENV, cls.max_chars, 40, 8000, integer=True)),
-            queue=int(_number(env, QUEUE_ENV, cls.queue, 1, 100_000, integer=True)),
-        )
-
-
-def _number(
-    env: Mapping[str, str],
-    name: str,
-    default: float,
-    low: float,
-    high: float,
-    *,
-    integer: bool = False,
-) -> float:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw) if integer else float(raw)
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        kind = "an integer" if integer else "a number"
-        raise ConfigError(f"{name} must be {kind} in [{low:g}, {high:g}], not {raw!r}")
-    return value
 
 
 def monotonic_ms() -> int:

@@ -16,20 +16,20 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from macula.config import STATIONS_ENV
 from macula.errors import MaculaError
 from macula.event_loop import run as run_loop
 from macula.logformat import KeyValueFormatter
 from macula.stations import StationAddress
 from tools.commands import parser_for, top_parser
 from tools.launch import server_command
+from tools.settings import log_level
 
 
 def _logging(level: str = "WARNING") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter())
-    logging.basicConfig(
-        level=os.environ.get("MACULA_MCP_LOG_LEVEL", level).upper(), handlers=[handler], force=True
-    )
+    logging.basicConfig(level=log_level(os.environ, level), handlers=[handler], force=True)
     logging.getLogger("quic").setLevel(logging.WARNING)
 
 
@@ -61,7 +61,7 @@ def _fatal(exc: BaseException) -> NoReturn:
 def mcp_config(attach: bool = False) -> None:
     command = [*server_command(), *(["attach"] if attach else [])]
     entry: dict[str, Any] = {"command": command[0], "args": command[1:]}
-    stations = os.environ.get("MACULA_MESH_STATIONS")
+    stations = os.environ.get(STATIONS_ENV)
     if stations:
         from macula.config import configured_stations
 
@@ -69,7 +69,7 @@ def mcp_config(attach: bool = False) -> None:
             configured_stations(os.environ)  # never print an entry macula-mcp would refuse
         except MaculaError as exc:
             _fatal(exc)
-        entry["env"] = {"MACULA_MESH_STATIONS": stations}
+        entry["env"] = {STATIONS_ENV: stations}
     print(json.dumps({"mcpServers": {"macula": entry}}, indent=2))
 
 
@@ -97,7 +97,7 @@ async def _doctor() -> list[Check]:
     reachable = any(good is not False for _, good, _ in station_checks)
     from tools.doctor_checks import first_answer_check, local_station_check
 
-    if not env.get("MACULA_MESH_STATIONS"):
+    if not env.get(STATIONS_ENV):
         results.append(local_station_check(env))
     results.append(await asyncio.to_thread(first_answer_check, env))
     command = server_command()
@@ -137,7 +137,7 @@ async def _station_check(env: dict[str, str], station: StationAddress) -> Check:
     )
 
     name = f"station {station}"
-    configured = bool(env.get("MACULA_MESH_STATIONS"))
+    configured = bool(env.get(STATIONS_ENV))
     try:
         if not configured:
             try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from macula.help_format import HelpFormatter
+from tools.settings import STATIONS_ENV
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ COMMANDS: Final = (
         "write the macula entry into the configuration of every MCP client found",
         (
             "macula-mcp register --attach --dry-run   # show the change, write nothing",
-            "MACULA_MESH_STATIONS=ID@HOST:4433 macula-mcp register --attach",
+            f"{STATIONS_ENV}=ID@HOST:4433 macula-mcp register --attach",
         ),
     ),
     Command(
@@ -56,7 +57,7 @@ COMMANDS: Final = (
     Command(
         "doctor",
         "check identity, stations, the local station, an MCP round trip and registrations",
-        ("macula-mcp doctor", "MACULA_MESH_STATIONS=ID@HOST:4433 macula-mcp doctor"),
+        ("macula-mcp doctor", f"{STATIONS_ENV}=ID@HOST:4433 macula-mcp doctor"),
     ),
     Command(
         "demo",

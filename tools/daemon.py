@@ -23,8 +23,8 @@ from typing import Any, Final
 from tools import daemon_protocol as protocol
 from tools.attach import AttachError, connect, handshake, reach_daemon
 from tools.commands import parser_for
-from tools.daemon_settings import IDLE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_socket import SocketSetupError, read_pid, socket_path
+from tools.settings import DAEMON_IDLE_ENV, HOME_ENV, DaemonSettingError, DaemonSettings
 
 STOP_WAIT_S: Final = 20.0
 
@@ -115,7 +115,7 @@ def start(env: dict[str, str], foreground: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = parser_for(
         "daemon",
-        "The local service harness sessions attach to (one per MACULA_HOME): it hosts each "
+        f"The local service harness sessions attach to (one per {HOME_ENV}): it hosts each "
         "agent's node, so an agent stays on the mesh between sessions.",
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -134,7 +134,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     starting = sub.choices["start"]
     starting.add_argument("--foreground", action="store_true", help="run in this process")
     starting.add_argument(
-        "--idle-timeout", type=float, metavar="SECONDS", help=f"sets {IDLE_ENV} (default 24 h)"
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"sets {DAEMON_IDLE_ENV} (default 24 h)",
     )
     sub.choices["stop"].add_argument(
         "--wait",
@@ -149,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args.action == "start":
             if args.idle_timeout is not None:
-                env[IDLE_ENV] = repr(args.idle_timeout)
+                env[DAEMON_IDLE_ENV] = repr(args.idle_timeout)
             DaemonSettings.from_env(env)  # a bad setting fails here, in one line
             code = start(env, args.foreground)
         elif args.action == "stop":

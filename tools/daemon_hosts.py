@@ -25,17 +25,24 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from macula.config import AGENT_ENV, IDENTITY_ENV
+from macula.config import AGENT_ENV, DEFAULT_HOME, HOME_ENV, IDENTITY_ENV, PREFIX
 from macula.errors import ConfigError
-from tools.channel import ENABLED_ENV as CHANNEL_ENV
 from tools.runtime import Runtime, open_runtime, preflight
+from tools.settings import (
+    CHANNEL_ENV,
+    DAEMON_PREFIX,
+    HTTP_PREFIX,
+    LOG_LEVEL_ENV,
+    SOCKET_ENV,
+    TERSE_TOOLS_ENV,
+)
 
 log = logging.getLogger("macula.daemon")
 
 SESSION_ONLY: Final = frozenset(
-    {IDENTITY_ENV, AGENT_ENV, "MACULA_MCP_TERSE_TOOLS", "MACULA_MCP_LOG_LEVEL", CHANNEL_ENV}
+    {IDENTITY_ENV, AGENT_ENV, TERSE_TOOLS_ENV, LOG_LEVEL_ENV, CHANNEL_ENV}
 )
-SESSION_ONLY_PREFIXES: Final = ("MACULA_MCP_DAEMON_", "MACULA_MCP_SOCKET", "MACULA_MCP_HTTP_")
+SESSION_ONLY_PREFIXES: Final = (DAEMON_PREFIX, SOCKET_ENV, HTTP_PREFIX)
 
 
 class IdleClock:
@@ -72,7 +79,7 @@ class SettingsConflict(ConfigError):
     def __init__(self, message: str, variables: list[str], home: str) -> None:
         super().__init__(message)
         self.variables = variables
-        self.command = f"MACULA_HOME={shlex.quote(home)} macula-mcp daemon stop"
+        self.command = f"{HOME_ENV}={shlex.quote(home)} macula-mcp daemon stop"
 
     def problem(self) -> Any:
         from tools.runtime_gate import Problem  # the tool error this becomes
@@ -119,7 +126,7 @@ def runtime_settings(env: Mapping[str, str]) -> dict[str, str]:
     return {
         name: value
         for name, value in env.items()
-        if name.startswith("MACULA_")
+        if name.startswith(PREFIX)
         and name not in SESSION_ONLY
         and not name.startswith(SESSION_ONLY_PREFIXES)
     }
@@ -178,7 +185,7 @@ class Hosts:
                     f"({', '.join(names)} differ): use the same settings, or restart it with "
                     f"`macula-mcp daemon stop`",
                     names,
-                    env.get("MACULA_HOME", "~/.macula"),
+                    env.get(HOME_ENV, DEFAULT_HOME),
                 )
             return existing
         hosted = Hosted(key, env)

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from tools.settings import PREFIX
+
 PACKAGE_VERSION: Final = "0.1.0"  # pyproject's version (a unit test keeps them equal)
 PROTOCOL: Final = 1  # bumped when this preamble or the daemon's behaviour changes
 VERSION: Final = f"{PACKAGE_VERSION}+daemon{PROTOCOL}"
@@ -43,7 +45,7 @@ class Preamble:
 
 
 def forwardable(name: str) -> bool:
-    return name.startswith("MACULA_") or name in SESSION_VARIABLES
+    return name.startswith(PREFIX) or name in SESSION_VARIABLES
 
 
 def forwarded_env(env: Mapping[str, str]) -> dict[str, str]:

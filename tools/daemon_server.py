@@ -29,14 +29,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, cast
 
-from macula.config import AGENT_ENV, IDENTITY_ENV, SESSION_ENV, identity_path
+from macula.config import AGENT_ENV, HOME_ENV, IDENTITY_ENV, SESSION_ENV, identity_path
 from macula.errors import ConfigError, MaculaError
 from macula.event_loop import run as run_loop
 from macula.logformat import KeyValueFormatter
 from tools import daemon_protocol as protocol
-from tools.channel import ENABLED_ENV as CHANNEL_ENV
 from tools.daemon_hosts import Hosted, Hosts, IdleClock
-from tools.daemon_settings import MAX_LINE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_socket import (
     DaemonRunningError,
     SocketSetupError,
@@ -48,6 +46,15 @@ from tools.daemon_socket import (
     prepare_folder,
 )
 from tools.runtime import Runtime
+from tools.settings import (
+    DAEMON_MAX_LINE_ENV,
+    SOCKET_ENV,
+    DaemonSettingError,
+    DaemonSettings,
+    channel_text,
+    log_level,
+    terse_text,
+)
 
 log = logging.getLogger("macula.daemon")
 
@@ -58,10 +65,10 @@ def session_env(preamble: protocol.Preamble, home: Path) -> dict[str, str]:
     theirs = home_dir(env)
     if theirs != home:
         raise ConfigError(
-            f"MACULA_HOME: this daemon serves {home}, the session asked for {theirs} "
-            f"(MACULA_MCP_SOCKET is shared between two homes: give each its own)"
+            f"{HOME_ENV}: this daemon serves {home}, the session asked for {theirs} "
+            f"({SOCKET_ENV} is shared between two homes: give each its own)"
         )
-    env["MACULA_HOME"] = str(home)
+    env[HOME_ENV] = str(home)
     if not (env.get(IDENTITY_ENV) or env.get(AGENT_ENV) or env.get(SESSION_ENV)):
         harness = {**env, SESSION_ENV: f"ppid-{preamble.ppid}"}
         env[IDENTITY_ENV] = str(identity_path(harness))  # the harness's own, as without daemon
@@ -85,7 +92,7 @@ class _SocketLines:
         try:
             line = await self.reader.readline()
         except ValueError:  # longer than the reader's limit
-            log.warning("a message longer than %s bytes ended its session", MAX_LINE_ENV)
+            log.warning("a message longer than %s bytes ended its session", DAEMON_MAX_LINE_ENV)
             raise StopAsyncIteration from None
         if not line:
             raise StopAsyncIteration
@@ -326,8 +333,7 @@ class Daemon:
 
 def _shape(env: Mapping[str, str]) -> str:
     """What makes two sessions' servers differ (the rest of their settings must agree)."""
-    channel = env.get(CHANNEL_ENV, "1").strip() or "1"  # pushes into this session, or not
-    return f"{env.get('MACULA_MCP_TERSE_TOOLS', '0')}/{channel}"
+    return f"{terse_text(env)}/{channel_text(env)}"  # channel: pushes into this session or not
 
 
 SESSION_MODULES: Final = ("tools.server", "tools.stdio_guard")
@@ -358,7 +364,7 @@ def _logging(settings: DaemonSettings, env: Mapping[str, str]) -> None:
         settings.log_file, maxBytes=settings.log_bytes, backupCount=settings.log_files
     )
     handler.setFormatter(KeyValueFormatter())
-    level = env.get("MACULA_MCP_LOG_LEVEL", "INFO").upper()
+    level = log_level(env)
     logging.basicConfig(level=level, handlers=[handler], force=True)
     logging.getLogger("quic").setLevel(logging.WARNING)
 

@@ -27,9 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Final
 
-SOCKET_ENV: Final = "MACULA_MCP_SOCKET"
-HOME_ENV: Final = "MACULA_HOME"
-DEFAULT_HOME: Final = "~/.macula"
+from tools.settings import DEFAULT_HOME, HOME_ENV, SOCKET_ENV
+
 SOCKET_DIR: Final = "daemon"
 SOCKET_NAME: Final = "mcp.sock"
 # sun_path holds 108 bytes on Linux, 104 on the BSDs and macOS, NUL included

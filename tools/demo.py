@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from mcp import Client, StdioServerParameters
 
+from macula.config import AGENT_ENV, CONTACT_POLICY_ENV, HOME_ENV, OPERATOR_NAME_ENV, STATIONS_ENV
 from tools.launch import server_command
 from tools.station_process import StationProcessError, station_process
 
@@ -66,14 +67,14 @@ class Agent:
 @asynccontextmanager
 async def agent(name: str, home: Path, station: str, policy: str) -> AsyncIterator[Agent]:
     command = server_command()
-    env = dict(
-        os.environ,
-        MACULA_HOME=str(home),
-        MACULA_MESH_STATIONS=station,
-        MACULA_MCP_AGENT=name,
-        MACULA_MCP_OPERATOR_NAME=name,
-        MACULA_MCP_CONTACT_POLICY=policy,
-    )
+    env = {
+        **os.environ,
+        HOME_ENV: str(home),
+        STATIONS_ENV: station,
+        AGENT_ENV: name,
+        OPERATOR_NAME_ENV: name,
+        CONTACT_POLICY_ENV: policy,
+    }
     params = StdioServerParameters(command=command[0], args=command[1:], env=env)
     async with Client(params) as client:
         yield Agent(name, client)

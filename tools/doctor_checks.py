@@ -12,13 +12,20 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from macula.config import AGENT_ENV, IDENTITY_ENV, STATIONS_ENV, configured_stations, macula_home
+from macula.config import (
+    AGENT_ENV,
+    IDENTITY_ENV,
+    PREFIX,
+    STATIONS_ENV,
+    configured_stations,
+    macula_home,
+)
 from macula.errors import ConfigError
 from macula.stations import StationAddress, parse_station
 from tools.launch import server_command
 from tools.local_station import DEFAULT_STATION, local_station_status
-from tools.local_station_settings import home_port, settings
 from tools.runtime_gate import unresolved as no_station_resolves
+from tools.settings import home_port, local_station_settings
 from tools.stdio_front import CARD_FILE, UNSUPPORTED_PROTOCOL_VERSION, channel_on
 
 Check = tuple[str, bool | None, str]
@@ -57,7 +64,7 @@ async def configuration_check(env: Mapping[str, str]) -> tuple[Check, list[Stati
         own = f"this home's own station {status.endpoint}"
     else:
         try:
-            port: int | None = settings(env).port
+            port: int | None = local_station_settings(env).port
         except ConfigError:  # said by the settings and local station checks
             port = None
         where = "any free port" if port == 0 else f"127.0.0.1:{port}" if port else "its port"
@@ -76,7 +83,7 @@ def settings_checks(env: Mapping[str, str]) -> list[Check]:
     without_stations = {k: v for k, v in env.items() if k != STATIONS_ENV}  # configuration's
     try:
         preflight(without_stations)
-        checks.append(("settings", True, "every MACULA_* value the server reads is valid"))
+        checks.append(("settings", True, f"every {PREFIX}* value the server reads is valid"))
     except ConfigError as exc:
         said = str(exc).startswith((IDENTITY_ENV, AGENT_ENV, "identity"))  # the identity check's
         checks.append(("settings", False, str(exc)) if not said else ("settings", None, str(exc)))
@@ -97,7 +104,7 @@ def local_station_check(env: Mapping[str, str]) -> Check:
             "`macula-mcp station stop` to remove them now",
         )
     try:
-        port = settings(env).port
+        port = local_station_settings(env).port
     except Exception as exc:  # a bad setting: named by the configuration check too
         return "local station", False, str(exc)
     chosen = "any free port" if port == 0 else f"127.0.0.1:{port}"

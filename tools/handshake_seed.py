@@ -26,12 +26,13 @@ from mcp.types import Implementation, InitializeResult
 from mcp_types import methods
 
 from tools.server import build_server
+from tools.settings import CHANNEL_ENV, TERSE_TOOLS_ENV
 from tools.stdio_front import HANDSHAKE_VERSIONS, SEED_FILE
 
 
 def answers(channel: str) -> dict[str, Any]:
     """``{"initialize V": result}`` for every handshake version, channel push on ("1") or off."""
-    app = build_server({"MACULA_MCP_CHANNEL": channel, "MACULA_MCP_TERSE_TOOLS": "0"})
+    app = build_server({CHANNEL_ENV: channel, TERSE_TOOLS_ENV: "0"})
     options = app._lowlevel_server.create_initialization_options()
     made: dict[str, Any] = {}
     for version in HANDSHAKE_VERSIONS:

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+from macula.config import STATIONS_ENV
 from tools.config_formats import ConfigFormat, JsonFormat, TomlFormat, YamlFormat
 from tools.http_register import is_our_http_entry
 
 ENTRY_NAME = "macula"
-ENV_KEYS = frozenset({"MACULA_MESH_STATIONS"})  # the only variables register writes
+ENV_KEYS = frozenset({STATIONS_ENV})  # the only variables register writes
 GOOSE_TIMEOUT_S = 300  # goose's own default for a stdio extension
 # Gemini CLI's own default for a session's requests (connect included); stated in the entry
 # because `gemini mcp list` otherwise gives a server 5 s to start and calls a slower start

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from macula.config import macula_home
+from macula.config import STATIONS_ENV, macula_home
 from macula.errors import ConfigError
 from tools.commands import parser_for
 from tools.http_register import http_target, mcp_config_http
@@ -47,7 +47,7 @@ def mcp_config_parser() -> argparse.ArgumentParser:
     parser = parser_for(
         "mcp-config",
         "Print the entry to paste into an MCP client's configuration (JSON, under "
-        "mcpServers.macula). MACULA_MESH_STATIONS, when set, is copied into its env.",
+        f"mcpServers.macula). {STATIONS_ENV}, when set, is copied into its env.",
     )
     parser.add_argument(
         "--attach", action="store_true", help="the `macula-mcp attach` form (through the daemon)"

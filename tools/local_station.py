@@ -52,16 +52,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from macula.config import macula_home
+from macula.config import HOME_ENV, STATIONS_ENV, macula_home
 from macula.errors import HandshakeError, MaculaError
 from macula.known_stations import STATION_KEY_FILE, station_node_id
 from macula.stations import StationAddress, parse_station
 from macula.transport import client_configuration, dial
-from tools.local_station_settings import (
-    IDLE_ENV,
-    TIMEOUT_ENV,
-    Settings,
-    settings,
+from tools.settings import (
+    LOCAL_STATION_IDLE_ENV,
+    LOCAL_STATION_TIMEOUT_ENV,
+    LocalStationSettings,
+    local_station_settings,
 )
 from tools.station_process import relay_command, relay_environment
 
@@ -106,11 +106,7 @@ def foreign_station(
     address: StationAddress, presented: bytes, expected: Mapping[bytes, Path], home: Path
 ) -> ForeignStationError:
     shown = presented.hex() if presented else "no Ed25519 key"
-    use = (
-        f"set MACULA_MESH_STATIONS={presented.hex()}@{address}"
-        if presented
-        else "set MACULA_MESH_STATIONS"
-    )
+    use = f"set {STATIONS_ENV}={presented.hex()}@{address}" if presented else f"set {STATIONS_ENV}"
     if expected:
         ours = " or ".join(
             f"{key.hex()} (from {data_dir / STATION_KEY_FILE})"
@@ -122,7 +118,7 @@ def foreign_station(
             f"uses this home's own local station instead; if you trust that one, {use}"
         )
     return ForeignStationError(
-        f"the station at {address} presented key {shown}, and this MACULA_HOME ({home}) has no "
+        f"the station at {address} presented key {shown}, and this {HOME_ENV} ({home}) has no "
         f"station key to check it against ({home / EMBEDDED_DIR / STATION_KEY_FILE} or "
         f"{home / RELAY_DIR / STATION_KEY_FILE}): it may be another home's or user's. "
         f"macula-mcp uses this home's own local station instead; if you trust that one, {use}"
@@ -320,7 +316,7 @@ def local_station_status(home: Path) -> LocalStationStatus:
         return LocalStationStatus("stale", files, detail=recorded)
     pid, address, started = recorded
     if _ours(pid, files) is False:
-        detail = f"pid {pid} (from {files.pid}) is not a running station of this MACULA_HOME"
+        detail = f"pid {pid} (from {files.pid}) is not a running station of this {HOME_ENV}"
         return LocalStationStatus("stale", files, pid, str(address), detail=detail)
     uptime = max(0.0, time.time() - started)
     return LocalStationStatus("running", files, pid, str(address), uptime, "")
@@ -454,7 +450,7 @@ def _port_taken(port: int) -> bool:
     return False
 
 
-def _spawn(files: StationFiles, port: int, config: Settings) -> subprocess.Popen[bytes]:
+def _spawn(files: StationFiles, port: int, config: LocalStationSettings) -> subprocess.Popen[bytes]:
     _private_dir(files.log.parent)
     command = relay_command(
         "--host", "127.0.0.1", "--port", str(port),
@@ -486,7 +482,7 @@ def _last_words(files: StationFiles) -> str:
     return f": {last}" if last else ""
 
 
-async def _start(files: StationFiles, port: int, config: Settings) -> str:
+async def _start(files: StationFiles, port: int, config: LocalStationSettings) -> str:
     _remove_stale(files)
     child = _spawn(files, port, config)
     deadline = time.monotonic() + config.timeout_s
@@ -509,8 +505,8 @@ async def _start(files: StationFiles, port: int, config: Settings) -> str:
                 child.kill()
             _STARTED.pop(child.pid, None)
             raise LocalStationError(
-                f"the local station did not listen within {config.timeout_s:g} s ({TIMEOUT_ENV})"
-                f"; see {files.log} and {files.out}"
+                f"the local station did not listen within {config.timeout_s:g} s "
+                f"({LOCAL_STATION_TIMEOUT_ENV}); see {files.log} and {files.out}"
             )
         await asyncio.sleep(POLL_S)
 
@@ -522,7 +518,7 @@ async def default_station(
     of the local station process when it is that one (None: a station run by hand on the
     default address with this home's key). Starts the local station when none runs; another
     home's station anywhere never stops this."""
-    config = settings(env)
+    config = local_station_settings(env)
     files = StationFiles(macula_home(env))
     async with _locked_async(files, config.timeout_s + VERIFY_TIMEOUT_S + 5):
         running = await _answering(files, say)
@@ -538,8 +534,8 @@ async def default_station(
             port = 0
         endpoint = await _start(files, port, config)
         say(f"started the local station {endpoint} (log {files.log}); it keeps serving after "
-            f"this session ends, until its home is removed or it is idle for "
-            f"{config.idle_s:g} s ({IDLE_ENV}); `macula-mcp station stop` stops it")  # fmt: skip
+            f"this session ends, until its home is removed or it is idle for {config.idle_s:g} s "
+            f"({LOCAL_STATION_IDLE_ENV}); `macula-mcp station stop` stops it")  # fmt: skip
         return parse_station(endpoint), endpoint
 
 

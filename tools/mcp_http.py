@@ -58,11 +58,11 @@ from starlette.types import Receive, Scope, Send
 
 from macula.errors import MaculaError
 from tools.daemon_hosts import Hosted, Hosts
-from tools.daemon_settings import DEFAULT_HTTP_MAX_SESSIONS
 from tools.mcp_http_events import DEFAULT_LIMIT, BoundedEventStore
 from tools.mcp_http_guard import bearer_token, host_allowed, origin_allowed, refusal
 from tools.mcp_http_tokens import Bearer, TokenBook
-from tools.stdio_front import CHANNEL_ENV, channel_on, opening
+from tools.settings import CHANNEL_ENV, DEFAULT_HTTP_MAX_SESSIONS
+from tools.stdio_front import channel_on, opening
 
 log = logging.getLogger("macula.daemon.http")
 

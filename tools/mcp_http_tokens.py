@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from macula.config import AGENT_ENV, IDENTITY_ENV, SESSION_ENV
+from macula.config import AGENT_ENV, HOME_ENV, IDENTITY_ENV, SESSION_ENV
 from macula.errors import ConfigError
 from tools.http_token import TokenFileError, home_token, http_dir, matches, read_token, token_file
 
@@ -68,7 +68,7 @@ class Bearer:
         """The environment a session of this agent runs with: the daemon's, with this identity
         (whatever identity the daemon's own environment named is dropped)."""
         env = {k: v for k, v in daemon_env.items() if k not in (IDENTITY_ENV, SESSION_ENV)}
-        env["MACULA_HOME"] = str(home)
+        env[HOME_ENV] = str(home)
         env[AGENT_ENV] = self.agent
         return env
 

@@ -63,8 +63,8 @@ def macula_command(attach: bool) -> list[str]:
 
 
 def entry_environment(env: Mapping[str, str]) -> dict[str, str]:
-    stations = env.get("MACULA_MESH_STATIONS")
-    return {"MACULA_MESH_STATIONS": stations} if stations else {}
+    stations = env.get(STATIONS_ENV)
+    return {STATIONS_ENV: stations} if stations else {}
 
 
 def _read(path: Path) -> str | None:
@@ -282,7 +282,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
     parser = parser_for(
         command,
         "Write a macula entry into each MCP client's own configuration file (Claude Code, "
-        "Codex, Cursor, ...), a backup beside it first; MACULA_MESH_STATIONS, when set, is "
+        f"Codex, Cursor, ...), a backup beside it first; {STATIONS_ENV}, when set, is "
         "checked and copied into the entry."
         if command == "register"
         else "Take the macula entry back out of each MCP client's configuration file (the "

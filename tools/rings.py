@@ -21,6 +21,7 @@ from macula.agent.petnames import petname
 from macula.agent.proof import MAX_REASON_CHARS
 from macula.agent.rings import RingEvent, RingPlaced, Rings
 from macula.agent.rooms import RoomError
+from macula.config import CONTACT_POLICY_ENV
 from macula.wire.identity import ZERO_REALM
 from tools.agent_arguments import (
     KEY_FIELD,
@@ -95,7 +96,7 @@ def _policy_note(before: str, after: str, source: str, trusted: bool) -> str:
     """What a trust/untrust call did to the contact policy, in words."""
     if source == "override":
         return (
-            f"MACULA_MCP_CONTACT_POLICY keeps this process on {after!r}; the file changed. "
+            f"{CONTACT_POLICY_ENV} keeps this process on {after!r}; the file changed. "
             + ("Allowlisted callers are accepted under ask too." if trusted else "")
         ).strip()
     if not trusted:

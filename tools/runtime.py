@@ -29,6 +29,10 @@ from macula.agent.contact_policy import parse_override
 from macula.backoff import Backoff
 from macula.clock import now_ms
 from macula.config import (
+    HOME_ENV,
+    RINGS_DB_ENV,
+    ROSTER_DB_ENV,
+    TRANSCRIPT_DB_ENV,
     configured_stations,
     identity_from_env,
     known_stations_from_env,
@@ -40,10 +44,10 @@ from macula.realm.membership import MembershipStore, memberships_path
 from macula.stations import StationAddress
 from macula.store.base import StorePaths, paths_from_env
 from macula.wire.identity import Identity
-from tools import local_station, local_station_settings
-from tools.channel import ChannelSettings
+from tools import local_station
 from tools.receipts import ReceiptStore, args_digest
 from tools.results import InvalidArgument, bad_argument, fail, from_error, ok
+from tools.settings import ChannelSettings, local_station_settings, terse_tools
 from tools.text_limits import MAX_IDEMPOTENCY_KEY
 
 log = logging.getLogger("macula.tools")
@@ -55,13 +59,11 @@ def agent_settings(env: Mapping[str, str], identity: Identity) -> AgentSettings:
     settings = AgentSettings.from_env(env)
     own = macula_home(env) / "agents" / identity.node_id.hex()[:16]
     shared = paths_from_env(env)
-    defaults = paths_from_env({"MACULA_HOME": str(own)})
+    defaults = paths_from_env({HOME_ENV: str(own)})
     paths = StorePaths(
-        roster=shared.roster if env.get("MACULA_MCP_ROSTER_DB") else defaults.roster,
-        transcript=shared.transcript
-        if env.get("MACULA_MCP_LOBBY_TRANSCRIPT_DB")
-        else defaults.transcript,
-        rings=shared.rings if env.get("MACULA_MCP_RINGS_DB") else defaults.rings,
+        roster=shared.roster if env.get(ROSTER_DB_ENV) else defaults.roster,
+        transcript=shared.transcript if env.get(TRANSCRIPT_DB_ENV) else defaults.transcript,
+        rings=shared.rings if env.get(RINGS_DB_ENV) else defaults.rings,
     )
     return dataclasses.replace(settings, paths=paths)
 
@@ -96,7 +98,7 @@ def preflight(env: Mapping[str, str]) -> Identity:
     """Check every setting before speaking MCP: a bad value fails here, naming itself."""
     identity = identity_from_env(env)
     if not configured_stations(env):
-        local_station_settings.settings(env)
+        local_station_settings(env)
     agent_settings(env, identity)
     ChannelSettings.from_env(env)
     return identity
@@ -128,7 +130,7 @@ async def open_runtime(
     for the first station)."""
     environ = dict(os.environ if env is None else env)
     identity = preflight(environ)  # every setting first: a bad one starts nothing (no station)
-    terse = environ.get("MACULA_MCP_TERSE_TOOLS", "0") == "1"
+    terse = terse_tools(environ)
     receipts_path = macula_home(environ) / "receipts" / f"{identity.node_id.hex()[:16]}.sqlite3"
     stations, embedded = await _stations(environ)
     async with (

@@ -32,7 +32,7 @@ from typing import Any, Final
 from mcp_types import CallToolResult
 
 from macula.backoff import Backoff
-from macula.config import STATIONS_ENV
+from macula.config import PREFIX, STATIONS_ENV
 from macula.errors import BrokenError, ConfigError, HandshakeError, MaculaError
 from macula.stations import StationAddress
 from tools.results import fail
@@ -46,7 +46,7 @@ CLOSE_WAIT_S: Final = 4.0
 CLOSE_TRIES: Final = 3
 RETRY_WAIT_S: Final = 5.0  # a call after a failure waits this long for one more attempt
 RETRY_BACKOFF: Final = Backoff(first_connect_attempts=1)  # attempts after the first: one round
-_VARIABLE: Final = re.compile(r"\b(MACULA_[A-Z0-9_]+)")
+_VARIABLE: Final = re.compile(rf"\b({PREFIX}[A-Z0-9_]+)")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Final
 from macula.agent.contact_policy import PolicyState
 from macula.clock import now_ms
 from macula.rate import TokenBucket
+from tools.settings import CALLER_ENV, PROCEDURE_ENV, REALM_ENV
 
 PASSED_ENV: Final = ("PATH", "HOME", "LANG", "TMPDIR")
 ALLOW_MODES: Final = ("open", "allowlist")
@@ -37,8 +38,7 @@ def command_env(
 ) -> dict[str, str]:
     """The whole environment of one run of a served command (see the module docstring)."""
     env = {name: server_env[name] for name in PASSED_ENV if name in server_env}
-    env |= {"MACULA_CALLER": caller.hex(), "MACULA_PROCEDURE": procedure,
-            "MACULA_REALM": realm.hex()}  # fmt: skip
+    env |= {CALLER_ENV: caller.hex(), PROCEDURE_ENV: procedure, REALM_ENV: realm.hex()}
     return env
 
 

@@ -31,6 +31,7 @@ from tools import (
 from tools.context import Descriptions
 from tools.runtime import Runtime, open_runtime, station_names
 from tools.runtime_gate import RETRY_BACKOFF, Problem, RuntimeGate
+from tools.settings import terse_tools
 from tools.tool_schema import SHARED, MeshServer
 from tools.tool_search import mark_always_loaded
 
@@ -100,7 +101,7 @@ def build_server(
     environ = dict(os.environ if env is None else env)
     bad = problem.facts.get("variable") if problem else None
     shaping = {k: v for k, v in environ.items() if k != bad}  # a bad one cannot shape the tools
-    describe = Descriptions(terse=shaping.get("MACULA_MCP_TERSE_TOOLS", "0") == "1")
+    describe = Descriptions(terse=terse_tools(shaping))
     binding: channel.ChannelBinding | None = None
 
     def opener(attempt: int) -> AbstractAsyncContextManager[Runtime]:

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from macula.config import macula_home
+from macula.config import HOME_ENV, STATIONS_ENV, macula_home
 from macula.errors import MaculaError
 from macula.stations import parse_station
 from tools.commands import parser_for
@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = parser_for(
         "station",
         "The local station (status, stop): the background station macula-mcp starts when no "
-        "station is configured (MACULA_MESH_STATIONS), shared by this MACULA_HOME's sessions. "
+        f"station is configured ({STATIONS_ENV}), shared by this {HOME_ENV}'s sessions. "
         "Or (init) the commands for a station on another host that laptops share.",
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")

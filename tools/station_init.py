@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from macula.config import STATIONS_ENV, configured_stations, macula_home
+from macula.config import HOME_ENV, STATIONS_ENV, configured_stations, macula_home
 from macula.errors import ConfigError
 from macula.keyfile import KeyFileError, load_or_create_identity
 from macula.known_stations import STATION_KEY_FILE, station_node_id
@@ -102,7 +102,7 @@ def add_flags(parent: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parent.add_argument(
         "--data-dir",
         type=Path,
-        help="the station's key, certificate and stores (default $MACULA_HOME/station, "
+        help=f"the station's key, certificate and stores (default ${HOME_ENV}/station, "
         "as macula-relay)",
     )
     parent.add_argument("--json", action="store_true", help="one JSON object on stdout")

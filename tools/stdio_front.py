@@ -44,9 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-CHANNEL_ENV: Final = "MACULA_MCP_CHANNEL"  # tools.channel.ENABLED_ENV (a test keeps them equal)
-TERSE_ENV: Final = "MACULA_MCP_TERSE_TOOLS"
-HOME_ENV: Final = "MACULA_HOME"
+from tools.settings import DEFAULT_HOME, HOME_ENV, channel_text, terse_text
+
 CARD_FILE: Final = Path("cache") / "handshake.json"
 SEED_FILE: Final = Path(__file__).resolve().with_name("handshake_seed.json")  # tools.handshake_seed
 # mcp_types.version's, without importing it (a test keeps them equal)
@@ -59,7 +58,7 @@ Message = dict[str, Any]
 
 
 def channel_on(env: Mapping[str, str]) -> bool:
-    return (env.get(CHANNEL_ENV, "1").strip() or "1") != "0"
+    return channel_text(env) != "0"
 
 
 def negotiated(requested: object) -> str:
@@ -123,7 +122,7 @@ def fingerprint(env: Mapping[str, str]) -> str:
     """What the card's answers depend on: this code, the SDK's, and the settings that shape
     the server (a stat per file: no import, no read)."""
     digest = hashlib.sha256()
-    digest.update(f"{channel_on(env)}|{env.get(TERSE_ENV, '0')}|{sys.version_info[:2]}".encode())
+    digest.update(f"{channel_on(env)}|{terse_text(env)}|{sys.version_info[:2]}".encode())
     here = Path(__file__).resolve().parent
     files = sorted(here.glob("*.py"))
     for package in ("mcp", "mcp_types"):  # the SDK: its server and its wire types
@@ -165,7 +164,7 @@ class HandshakeCard:
 
     def __init__(self, env: Mapping[str, str], seed: Path = SEED_FILE) -> None:
         raw = env.get(HOME_ENV)
-        home = Path(raw if raw else "~/.macula").expanduser()
+        home = Path(raw if raw else DEFAULT_HOME).expanduser()
         self.path = home / CARD_FILE
         self.print = fingerprint(env)
         self.learned: dict[str, Any] = {}

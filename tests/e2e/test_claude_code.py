@@ -30,8 +30,8 @@ import pytest
 from relay.station import Station
 from support.mcpkit import cli, stop_daemon_for_good
 from tools import local_station
-from tools.daemon_settings import HTTP_MAX_SESSIONS_ENV
 from tools.launch import server_command
+from tools.settings import HTTP_MAX_SESSIONS_ENV
 
 CLAUDE = shutil.which("claude")
 pytestmark = pytest.mark.skipif(CLAUDE is None, reason="the claude CLI is not on PATH")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from macula.known_stations import station_node_id
-from tools import local_station, local_station_settings
+from tools import local_station, settings
 from tools.local_station import (
     LocalStationError,
     StationFiles,
@@ -26,7 +26,8 @@ from tools.local_station import (
     local_station_status,
     stop_local_station,
 )
-from tools.local_station_settings import PORT_ENV, TIMEOUT_ENV
+from tools.settings import LOCAL_STATION_PORT_ENV as PORT_ENV
+from tools.settings import LOCAL_STATION_TIMEOUT_ENV as TIMEOUT_ENV
 
 pytestmark = pytest.mark.anyio
 
@@ -214,11 +215,11 @@ async def test_each_home_gets_its_own_port_and_a_foreign_station_does_not_stop_i
     """Two homes on one machine: the second is not refused because the first one's station
     holds the default address; each runs its own, pinned to its own key."""
     first, second = tmp_path / "first", tmp_path / "second"
-    assert local_station_settings.home_port(first) == local_station_settings.home_port(first)
-    assert local_station_settings.home_port(first) != local_station_settings.home_port(second)
+    assert settings.home_port(first) == settings.home_port(first)
+    assert settings.home_port(first) != settings.home_port(second)
     try:
         one, _ = await default_station({"MACULA_HOME": str(first)}, Said())
-        assert one.port == local_station_settings.home_port(first)
+        assert one.port == settings.home_port(first)
         monkeypatch.setattr(local_station, "DEFAULT_STATION", f"127.0.0.1:{one.port}")
         said = Said()
         two, _ = await default_station({"MACULA_HOME": str(second)}, said)
@@ -246,7 +247,7 @@ def wait_until_gone(pid: int, seconds: float) -> bool:
 async def test_the_station_ends_itself_when_its_home_is_removed(home: Path) -> None:
     import shutil
 
-    env = env_of(home, **{local_station_settings.CHECK_ENV: "0.1"})
+    env = env_of(home, **{settings.LOCAL_STATION_CHECK_ENV: "0.1"})
     await default_station(env, Said())
     pid = local_station_status(home).pid
     assert pid is not None
@@ -258,7 +259,7 @@ async def test_the_station_ends_itself_when_nobody_used_it_for_its_idle_time(
     home: Path,
 ) -> None:
     env = env_of(
-        home, **{local_station_settings.CHECK_ENV: "0.1", local_station_settings.IDLE_ENV: "1"}
+        home, **{settings.LOCAL_STATION_CHECK_ENV: "0.1", settings.LOCAL_STATION_IDLE_ENV: "1"}
     )
     await default_station(env, Said())
     status = local_station_status(home)

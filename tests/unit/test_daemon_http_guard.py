@@ -10,8 +10,8 @@ import pytest
 
 from tools.daemon_http import COOKIE, Verdict, cookie_value, guard
 from tools.daemon_http import _refuse as refuse_console
-from tools.daemon_settings import DaemonSettingError, DaemonSettings
 from tools.mcp_http import _refuse as refuse_mcp
+from tools.settings import DaemonSettingError, DaemonSettings
 
 TOKEN = "A" * 43
 PORT = 8765

@@ -14,8 +14,9 @@ from macula.config import AGENT_ENV, IDENTITY_ENV, identity_path, macula_home
 from tools import daemon_protocol as protocol
 from tools.daemon_hosts import IdleClock, differing
 from tools.daemon_server import session_env
-from tools.daemon_settings import IDLE_ENV, DaemonSettingError, DaemonSettings
 from tools.daemon_socket import SocketSetupError, home_dir
+from tools.settings import DAEMON_IDLE_ENV as IDLE_ENV
+from tools.settings import DaemonSettingError, DaemonSettings
 
 
 def line(**body: object) -> bytes:

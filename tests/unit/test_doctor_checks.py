@@ -10,7 +10,7 @@ import pytest
 
 from tools.doctor_checks import _judge, first_answer_check, local_station_check
 from tools.local_station import StationFiles
-from tools.local_station_settings import home_port
+from tools.settings import home_port
 
 DECLINED = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32022, "message": "x"}}
 MODERN = {"jsonrpc": "2.0", "id": 1, "result": {"supportedVersions": ["2026-07-28"]}}

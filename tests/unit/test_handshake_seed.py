@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from tools import handshake_seed
+from tools.settings import CHANNEL_ENV
 from tools.stdio_front import (
-    CHANNEL_ENV,
     HANDSHAKE_VERSIONS,
     SEED_FILE,
     HandshakeCard,

@@ -13,14 +13,19 @@ from pathlib import Path
 import pytest
 
 from macula.errors import ConfigError
-from tools import local_station, local_station_settings
+from tools import local_station
 from tools.local_station import (
     LocalStationError,
     StationFiles,
     local_station_status,
     stop_local_station,
 )
-from tools.local_station_settings import LOG_BYTES_ENV, PORT_ENV, TIMEOUT_ENV, settings
+from tools.settings import LOCAL_STATION_IDLE_ENV as IDLE_ENV
+from tools.settings import LOCAL_STATION_LOG_BYTES_ENV as LOG_BYTES_ENV
+from tools.settings import LOCAL_STATION_PORT_ENV as PORT_ENV
+from tools.settings import LOCAL_STATION_TIMEOUT_ENV as TIMEOUT_ENV
+from tools.settings import home_port
+from tools.settings import local_station_settings as settings
 
 KEY = "ab" * 32
 
@@ -50,7 +55,7 @@ def write(files: StationFiles, pid: object, endpoint: str) -> None:
 def test_settings_have_defaults_and_name_a_bad_value() -> None:
     default = settings({"MACULA_HOME": "/tmp/some-home"})
     assert (default.port, default.timeout_s, default.log_bytes) == (
-        local_station_settings.home_port(Path("/tmp/some-home")),
+        home_port(Path("/tmp/some-home")),
         10.0,
         1 << 20,
     )
@@ -58,7 +63,7 @@ def test_settings_have_defaults_and_name_a_bad_value() -> None:
     given = settings({PORT_ENV: "0", TIMEOUT_ENV: "2.5", LOG_BYTES_ENV: "4096"})
     assert (given.port, given.timeout_s, given.log_bytes) == (0, 2.5, 4096)
     bad = [(PORT_ENV, "70000"), (PORT_ENV, "x"), (PORT_ENV, "-1"), (TIMEOUT_ENV, "0")]
-    bad += [(TIMEOUT_ENV, "soon"), (LOG_BYTES_ENV, "10"), (local_station_settings.IDLE_ENV, "0.5")]
+    bad += [(TIMEOUT_ENV, "soon"), (LOG_BYTES_ENV, "10"), (IDLE_ENV, "0.5")]
     for name, value in bad:
         with pytest.raises(ConfigError, match=name):
             settings({name: value})

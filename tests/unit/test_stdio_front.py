@@ -11,10 +11,9 @@ from pathlib import Path
 import mcp_types
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from tools import channel
+from tools.settings import CHANNEL_ENV
 from tools.stdio_front import (
     CARD_FILE,
-    CHANNEL_ENV,
     HANDSHAKE_VERSIONS,
     UNSUPPORTED_PROTOCOL_VERSION,
     Front,
@@ -36,10 +35,9 @@ INITIALIZE = {
 }
 
 
-def test_the_constants_are_the_sdks_and_the_channel_modules() -> None:
+def test_the_constants_are_the_sdks() -> None:
     assert HANDSHAKE_VERSIONS == HANDSHAKE_PROTOCOL_VERSIONS
     assert UNSUPPORTED_PROTOCOL_VERSION == mcp_types.UNSUPPORTED_PROTOCOL_VERSION
-    assert CHANNEL_ENV == channel.ENABLED_ENV
 
 
 def test_with_push_on_a_discover_is_declined_naming_the_handshake_versions() -> None:
