@@ -16,7 +16,7 @@ from macula.node import Node
 from macula.stations import parse_station
 from relay.station import Station
 from support.meshkit import new_identity, station_config
-from tools import local_station, local_station_settings
+from tools import local_station, settings
 from tools.cli import _station_check
 from tools.local_station import ForeignStationError
 from tools.runtime import open_runtime
@@ -127,7 +127,7 @@ async def test_the_default_station_is_used_only_with_this_homes_key(
 
     # nothing there: the local station process starts on this home's own port with our
     # key, pinned, and outlives the runtime that started it
-    port = local_station_settings.home_port(home)
+    port = settings.home_port(home)
     try:
         async with open_runtime(env) as runtime:
             assert runtime.embedded_station is not None
