@@ -7,10 +7,10 @@ test_settings_shape.py`` checks).
 
 Invariants:
 - light: the standard library only at import, as ``attach`` and the daemon CLI, which read
-  their settings without the mesh library; so the three library names that path needs
-  (``PREFIX``, ``HOME_ENV``, ``DEFAULT_HOME``, ``STATIONS_ENV``) are restated here, and a unit test keeps them
-  equal to ``macula.config``'s. A reader that raises the library's ``ConfigError`` imports it
-  where it runs.
+  their settings without the mesh library; so the library names that path needs (``PREFIX``,
+  ``HOME_ENV``, ``DEFAULT_HOME``, ``STATIONS_ENV``) are restated here, and a unit test keeps
+  them equal to ``macula.config``'s. A reader that raises the library's ``ConfigError``
+  imports it where it runs.
 - every bad value is an error whose message starts with the variable at fault: a
   ``DaemonSettingError`` (daemon, attach), else a ``ConfigError``.
 - ``home_port`` is stable for one home's path and spread over ``HOME_PORTS`` (below Linux's
