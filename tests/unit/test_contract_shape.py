@@ -1,0 +1,139 @@
+"""The house-service contract has one home (issue 38): no house procedure name, the house
+realm's name, nor a refusal name is written as a string literal in ``macula/``, ``relay/`` or
+``tools/`` outside ``macula/services/``; everyone else imports the constant. Docstrings and
+comments may name them (they are read, not compared); ``ast`` tells them apart."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from macula.services import house, refusals
+
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").exists())
+SERVICES = ROOT / "macula" / "services"
+PACKAGES = ("macula", "relay", "tools")
+
+HOUSE_NAMES = frozenset(house.HOUSE_PROCEDURES | {house.HOUSE_REALM_NAME})
+REFUSAL_NAMES = frozenset(
+    value for key, value in vars(refusals).items() if key.isupper() and isinstance(value, str)
+)
+
+# Known exception, to remove: the relay core modules (helper B's in issue 38) still write these
+# refusal names as literals. Switch each to its ``macula.services.refusals`` constant and delete
+# its entry here. Keyed by file name, so the entries survive the modules' move into packages
+# (the two ``interest.py``, relay's and relay/federation's, share one entry).
+RELAY_CORE_LITERALS: dict[str, frozenset[str]] = {
+    "admission.py": frozenset(
+        {"foreign_signer", "malformed_frame", "name_too_long", "unknown_frame_types"}
+        | {"unverified_frame"}
+    ),
+    "call_forwarding.py": frozenset({"unexpected_reply", "unverified_frame"}),
+    "connect_handling.py": frozenset({"dropped_before_connect"}),
+    "core.py": frozenset(
+        {"events_slowed", "misplaced_frame", "publish_slowed", "realm_result_unvouched"}
+    ),
+    "gossip.py": frozenset({"station_advertise_quota"}),
+    "handshake.py": frozenset({"dropped_before_hello", "link_hello_invalid", "links_refused"}),
+    "interest.py": frozenset(
+        {"advertise_quota", "advertise_taken", "advertise_tombstoned", "bad_publisher_sig"}
+        | {"builtin_advertise", "foreign_advertise", "foreign_publish", "foreign_subscribe"}
+        | {"foreign_unadvertise", "foreign_unsubscribe", "no_gossip", "publish_rate_limited"}
+        | {"reserved_advertise", "subscription_quota", "unknown_unadvertise"}
+        | {"bad_relayed_publisher_sig", "duplicate_relayed_event", "forged_attestation"}
+        | {"unsigned_relayed_event", "unwanted_relayed_event"}
+    ),
+    "mesh_roster.py": frozenset(
+        {"mesh_bad_endpoint", "mesh_bad_list", "mesh_bad_record", "mesh_list_too_long"}
+        | {"mesh_not_endpoint", "mesh_refused_"}
+    ),
+    "realm_routing.py": frozenset(
+        {"event_from_client", "realm_event_unsigned", "realm_publisher_unvouched"}
+        | {"realm_refused"}
+    ),
+    "stream_handling.py": frozenset({"misplaced_frame", "realm_refused", "stream_quota"}),
+    "stream_relay.py": frozenset({"bad_stream_frame", "foreign_stream_open", "unverified_frame"}),
+}
+
+# The same word naming another counter, not a station's refusal: not this rule's concern.
+HOMONYMS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("client_core.py", "bad_publisher_sig"),  # an EVENT the client drops (Session.dropped)
+        ("dht.py", "foreign_signer"),  # a DHT record the client skips (DhtClient.stats)
+        ("history.py", "bad_publisher_sig"),  # a PUBLISH the room history does not keep
+    }
+)
+
+
+def sources() -> Iterator[Path]:
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if not path.is_relative_to(SERVICES):
+                yield path
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring constants of ``tree`` (module, classes, functions)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def literals(path: Path, names: frozenset[str]) -> Iterator[tuple[int, str]]:
+    """Each string constant in ``path`` (docstrings aside) that is one of ``names``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = docstrings(tree)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value in names
+            and id(node) not in skip
+        ):
+            yield node.lineno, node.value
+
+
+def where(path: Path, line: int, value: str) -> str:
+    return f"{path.relative_to(ROOT).as_posix()}:{line}: {value!r}"
+
+
+def test_the_contract_holds_the_names_it_is_checked_for() -> None:
+    assert "macula.memory.query_v1" in HOUSE_NAMES
+    assert {"foreign_publish", "publish_rate_limited", "advertise_taken"} <= REFUSAL_NAMES
+    assert set(refusals.MEANING) <= REFUSAL_NAMES
+
+
+def test_no_house_procedure_name_is_written_outside_macula_services() -> None:
+    found = [where(p, line, v) for p in sources() for line, v in literals(p, HOUSE_NAMES)]
+    assert found == [], "import it from macula.services.house:\n" + "\n".join(found)
+
+
+def test_no_refusal_name_is_written_outside_macula_services() -> None:
+    found = [
+        where(path, line, value)
+        for path in sources()
+        for line, value in literals(path, REFUSAL_NAMES)
+        if value not in RELAY_CORE_LITERALS.get(path.name, frozenset())
+        and (path.name, value) not in HOMONYMS
+    ]
+    assert found == [], "import it from macula.services.refusals:\n" + "\n".join(found)
+
+
+def test_the_checker_sees_literals_and_passes_docstrings_and_comments(tmp_path: Path) -> None:
+    module = tmp_path / "sample.py"
+    module.write_text(
+        '"""Names advertise_taken in prose."""\n'
+        "def f() -> str:\n"
+        '    """Returns macula.memory.query_v1."""\n'
+        "    # advertise_taken\n"
+        '    return "advertise_taken" + f"{1}foreign_publish"\n',
+        encoding="utf-8",
+    )
+    seen = list(literals(module, REFUSAL_NAMES))  # an f-string's text parts too
+    assert seen == [(5, "advertise_taken"), (5, "foreign_publish")]
+    assert list(literals(module, HOUSE_NAMES)) == []
