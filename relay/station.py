@@ -85,30 +85,38 @@ T = TypeVar("T")
 class _Sink:
     """Reports of one connection, forwarded to the core under its number."""
 
-    def __init__(self, station: Station, conn: int) -> None:
-        self.station = station
+    def __init__(
+        self,
+        conn: int,
+        connection: FrameProtocol,
+        core: RouterCore,
+        run: Callable[[list[Action]], None],
+        lost: Callable[[int, str], None],
+    ) -> None:
         self.conn = conn
+        self.connection = connection
+        self.core = core
+        self.run = run
+        self.lost = lost
 
     def frames_received(self, stream_id: int, frames: list[dict[str, Any]]) -> None:
-        core = self.station.core
-        self.station.run(core.frames_received(self.conn, stream_id, frames, now_ms()))
-        connection = self.station.connection(self.conn)
-        gated = connection is not None and connection.pre_open_bytes is not None
-        if gated and connection is not None and core.is_connected(self.conn):
+        core, connection = self.core, self.connection
+        self.run(core.frames_received(self.conn, stream_id, frames, now_ms()))
+        if connection.pre_open_bytes is not None and core.is_connected(self.conn):
             connection.open_gate()  # CONNECT accepted: any stream, no byte budget
             connection.release_handshake_buffers()  # 48 KiB an idle connection kept
 
     def framing_failed(self, stream_id: int, error: FramingError) -> None:
-        self.station.run(self.station.core.framing_failed(self.conn, stream_id, error, now_ms()))
+        self.run(self.core.framing_failed(self.conn, stream_id, error, now_ms()))
 
     def stream_ended(self, stream_id: int) -> None:
-        self.station.run(self.station.core.stream_ended(self.conn, stream_id, now_ms()))
+        self.run(self.core.stream_ended(self.conn, stream_id, now_ms()))
 
     def stream_reset(self, stream_id: int) -> None:
-        self.station.run(self.station.core.stream_reset(self.conn, stream_id, now_ms()))
+        self.run(self.core.stream_reset(self.conn, stream_id, now_ms()))
 
     def connection_lost(self, reason: str) -> None:
-        self.station.forget(self.conn, reason)
+        self.lost(self.conn, reason)
 
 
 class Station:
@@ -240,13 +248,6 @@ class Station:
         gate, rule, self.allowlist = build.realm_rules(config)
         self._records = await build.open_records(config.data_dir, stack)
         self._content = await build.open_content(config.data_dir, stack)
-        self._builtins = build.builtins_for(
-            config,
-            self.identity,
-            (self._records, self._content),
-            lambda: self.core,
-            self.call_station,
-        )
         self._core = build.router_for(
             config, self.identity, (gate, rule), self._open_stream, self._note_publish
         )
@@ -254,10 +255,16 @@ class Station:
         sock = await build.bind_quic(config, stack)
         stack.callback(self._close_server)
         self.port = int(sock.getsockname()[1])
-        self._dht = self._builtins.dht = await build.start_dht(
-            config, self.identity, self.port, stack, self.spawn
-        )
+        self._dht = await build.start_dht(config, self.identity, self.port, stack, self.spawn)
         self.core.dht_started(self._dht.port)  # told to peer stations in CONNECT/HELLO
+        self._builtins = build.builtins_for(
+            config,
+            self.identity,
+            (self._records, self._content),
+            self._core,
+            self._dht,
+            self.call_station,
+        )
         self._house = await build.open_house(
             config,
             self.identity,
@@ -410,7 +417,7 @@ class Station:
         """Number ``connection`` and route its reports to the core; its number."""
         self._next_conn += 1
         conn = self._next_conn
-        connection.sink = _Sink(self, conn)
+        connection.sink = _Sink(conn, connection, self.core, self.run, self.forget)
         self._connections[conn] = connection
         return conn
 

@@ -106,23 +106,26 @@ def builtins_for(
     config: StationConfig,
     identity: Identity,
     stores: tuple[RecordStore, ContentStore],
-    core: Callable[[], RouterCore],
+    core: RouterCore,
+    dht: StationDht,
     call_station: CallStation,
 ) -> Builtins:
-    """The built-ins (§6.6) on the stores; content missing here is asked of linked stations."""
+    """The built-ins (§6.6) on the stores, stored puts also put into the DHT among stations;
+    content missing here is asked of linked stations."""
     policy = config.policy
     return Builtins(
         *stores,
         station_id=identity.node_id,
         limits=config.store_limits,
         max_clock_skew_ms=policy.max_clock_skew_ms,
+        dht=dht,
         ask_peers=peer_asker(
-            lambda: core().linked_stations(),
+            core.linked_stations,
             call_station,
             fanout=policy.content_fanout,
             timeout_s=policy.content_fetch_timeout_ms / 1000,
         ),
-        on_stored=lambda record, now: core().realms.learn(record, now),
+        on_stored=lambda record, now: core.realms.learn(record, now),
     )
 
 
