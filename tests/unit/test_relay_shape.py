@@ -152,3 +152,34 @@ def test_the_station_shell_neither_sleeps_nor_reaches_into_quic() -> None:
     assert "._quic" not in source  # the transport's public methods only
     # which procedure is answered how is relay.builtin_calls' business, not the shell's
     assert "_realm.present" not in source and "_relay.ping" not in source
+
+
+def described_or_handed(source: str) -> list[str]:
+    """A ``Protocol`` class, an import of ``relay.station`` (the ``Station`` itself), or a
+    name ``Station`` used: what describes the station to one of its own parts (issue 38)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            bases = [ast.unparse(base) for base in node.bases]
+            found += [f"class {node.name}({b})" for b in bases if b.endswith("Protocol")]
+        elif isinstance(node, ast.ImportFrom) and node.module == "relay.station":
+            found.append(f"from relay.station import {node.names[0].name}")
+        elif isinstance(node, ast.Name) and node.id in ("Station", "StationParts"):
+            found.append(node.id)
+    return found
+
+
+def test_described_or_handed_sees_each_shape() -> None:
+    assert described_or_handed("class Shell(Protocol):\n    x: int\n") != []
+    assert described_or_handed("class Shell(typing.Protocol):\n    x: int\n") != []
+    assert described_or_handed("from relay.station import Station\n") != []
+    assert described_or_handed("def f(s: 'x') -> None:\n    Station(s)\n") != []
+    assert described_or_handed("from relay.station_config import StationConfig\n") == []
+
+
+@pytest.mark.parametrize("path", [m for m in SHELL_MODULES if m.startswith("relay/station_")])
+def test_no_part_of_the_station_is_given_the_station(path: str) -> None:
+    """Each part is made with the parts it uses (issue 38): no Protocol describing the
+    station, no import of it, no base class of accessors (``StationParts``)."""
+    assert described_or_handed((ROOT / path).read_text("utf-8")) == []
+    assert not (ROOT / "relay/station_parts.py").exists()
