@@ -27,6 +27,7 @@ from macula.services.house import (
     MEMORY_ADD,
     MEMORY_QUERY,
 )
+from macula.services.limits import DEFAULT_AGENTS_LIST
 from macula.wire.identity import Identity
 
 DIRECTORY_TTL_S = 20 * 60
@@ -144,7 +145,7 @@ class HouseClient:
         proof = make_proof(self._identity, f"{AGENTS_REMOVE}#{me}", now_ms())
         return await self.call(AGENTS_REMOVE, {"node_id": me, "proof": dict(proof)})
 
-    async def list_agents(self, limit: int = 200) -> list[dict[str, Any]]:
+    async def list_agents(self, limit: int = DEFAULT_AGENTS_LIST) -> list[dict[str, Any]]:
         result = await self.call(AGENTS_LIST, {"limit": limit})
         agents = result.get("agents", []) if isinstance(result, dict) else []
         # a listing proof is for stations checking rows they relay, not for readers

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from macula.agent.envelope import LOBBY_TOPIC
 from macula.errors import MaculaError
 from macula.services.house import HISTORY_FETCH
+from macula.services.limits import DEFAULT_HISTORY_PAGE
 from macula.subscriptions import Delivery
 from macula.wire.frames import publication_signable
 from macula.wire.identity import ZERO_REALM, verify
@@ -43,7 +44,6 @@ log = logging.getLogger("macula.agent.catchup")
 RETRY_S: Final = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # then: at the next reconnect
 
 MARGIN_MS: Final = 5 * 60 * 1000
-DEFAULT_PAGE: Final = 100
 DEFAULT_MAX_PAGES: Final = 50
 
 
@@ -84,7 +84,7 @@ class CatchUp:
         source: HistorySource,
         station_key: Callable[[], Any],
         *,
-        page: int = DEFAULT_PAGE,
+        page: int = DEFAULT_HISTORY_PAGE,
         max_pages: int = DEFAULT_MAX_PAGES,
     ) -> None:
         self.rooms = rooms

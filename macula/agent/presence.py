@@ -25,6 +25,7 @@ from typing import Any
 
 from macula.errors import MaculaError
 from macula.node import Node
+from macula.services.limits import MAX_AGENT_TEXT_CHARS
 from macula.store.roster import HelloFields, RosterEntry, RosterStore
 from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM
@@ -35,7 +36,7 @@ HELLO_TOPIC = "agent.hello"
 GOODBYE_TOPIC = "agent.goodbye"
 MIN_INTERVAL_S = 10
 DEFAULT_INTERVAL_S = 60
-MAX_TEXT = 280
+MAX_TEXT = MAX_AGENT_TEXT_CHARS  # what the agent directory keeps of each field too
 
 
 @dataclass(frozen=True, slots=True)

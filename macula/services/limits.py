@@ -10,8 +10,13 @@ from __future__ import annotations
 from typing import Final
 
 __all__ = [
+    "DEFAULT_AGENTS_LIST",
+    "DEFAULT_HISTORY_PAGE",
     "DEFAULT_TOP_K",
+    "MAX_AGENTS_LIST",
+    "MAX_AGENT_TEXT_CHARS",
     "MAX_DOCUMENT_ID_CHARS",
+    "MAX_HISTORY_PAGE",
     "MAX_LABEL_CHARS",
     "MAX_MEMORY_CONTENT_BYTES",
     "MAX_PLACE_CHARS",
@@ -33,3 +38,14 @@ MAX_TOP_K: Final = 100
 
 # the station directory (macula.stations.list_stations_v1): continent, country, city
 MAX_PLACE_CHARS: Final = 100
+
+# the agent directory (macula.agents.register_v1 / list_v1): an entry's free-text fields
+# (operator_name, session_name, model, connected_via, each offer) are what an agent says of
+# itself in agent.hello too (macula.agent.presence)
+MAX_AGENT_TEXT_CHARS: Final = 280
+DEFAULT_AGENTS_LIST: Final = 200  # entries a listing returns unless it asks for another number
+MAX_AGENTS_LIST: Final = 500
+
+# room history (macula.history.fetch_v1): events in one page
+DEFAULT_HISTORY_PAGE: Final = 100
+MAX_HISTORY_PAGE: Final = 500

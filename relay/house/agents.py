@@ -42,6 +42,7 @@ from macula.agent.petnames import petname
 from macula.agent.proof import verify_proof
 from macula.directory_listing import listing_procedure
 from macula.services.house import AGENTS_LIST, AGENTS_REGISTER, AGENTS_REMOVE
+from macula.services.limits import DEFAULT_AGENTS_LIST, MAX_AGENT_TEXT_CHARS, MAX_AGENTS_LIST
 from macula.store.base import (
     Migration,
     Row,
@@ -82,11 +83,8 @@ logger = logging.getLogger("macula.relay.house")
 
 
 PROOF_SKEW_MS: Final = 60_000
-MAX_TEXT_CHARS: Final = 280
 MAX_OFFERS: Final = 32
 MAX_AGENTS: Final = 10_000
-DEFAULT_LIST_LIMIT: Final = 200
-MAX_LIST_LIMIT: Final = 500
 MIN_TTL_S: Final = 60
 DEFAULT_TTL_S: Final = 1200
 MAX_TTL_S: Final = 3600
@@ -196,7 +194,7 @@ class AgentDirectoryStore(SqliteStore):
         return await self._execute("DELETE FROM agents WHERE node_id = ?", (node_id,)) > 0
 
     async def list(
-        self, now_ms: int, limit: int = DEFAULT_LIST_LIMIT
+        self, now_ms: int, limit: int = DEFAULT_AGENTS_LIST
     ) -> builtins.list[AgentRegistration]:
         """Unexpired entries, most recently registered first (ties by node id)."""
         check_limit(limit)
@@ -210,11 +208,11 @@ class AgentDirectoryStore(SqliteStore):
     async def listed(
         self, node_ids: builtins.list[bytes], now_ms: int
     ) -> dict[bytes, AgentRegistration]:
-        """The unexpired entries of ``node_ids`` (at most ``MAX_LIST_LIMIT`` asked at once)."""
+        """The unexpired entries of ``node_ids`` (at most ``MAX_AGENTS_LIST`` asked at once)."""
         if not node_ids:
             return {}
-        if len(node_ids) > MAX_LIST_LIMIT:
-            raise ValueError(f"at most {MAX_LIST_LIMIT} node ids at once")
+        if len(node_ids) > MAX_AGENTS_LIST:
+            raise ValueError(f"at most {MAX_AGENTS_LIST} node ids at once")
         marks = ",".join("?" * len(node_ids))
         rows = await self._fetchall(
             f"SELECT {_COLUMNS} FROM agents WHERE node_id IN ({marks}) AND expires_ms > ?",
@@ -269,7 +267,7 @@ def _node_hex(args: Args, name: str, label: str) -> str:
 
 
 def _text(args: Args, name: str, label: str) -> str | None:
-    return optional_text(args, name, high=MAX_TEXT_CHARS, label=label, nul_ok=True)
+    return optional_text(args, name, high=MAX_AGENT_TEXT_CHARS, label=label, nul_ok=True)
 
 
 def _check_key_holder(
@@ -293,7 +291,7 @@ def _offers(value: object) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or len(value) > MAX_OFFERS:
         raise bad_request(f"'entry.offers' must be an array of at most {MAX_OFFERS} texts")
     return tuple(
-        text(offer, f"entry.offers[{index}]", low=1, high=MAX_TEXT_CHARS, nul_ok=True)
+        text(offer, f"entry.offers[{index}]", low=1, high=MAX_AGENT_TEXT_CHARS, nul_ok=True)
         for index, offer in enumerate(value)
     )
 
@@ -439,7 +437,7 @@ class AgentDirectory:
 
     async def _list(self, payload: object, caller: bytes, now_ms: int) -> object:
         args = optional_map(payload)
-        limit = integer(args, "limit", 1, MAX_LIST_LIMIT, default=DEFAULT_LIST_LIMIT)
+        limit = integer(args, "limit", 1, MAX_AGENTS_LIST, default=DEFAULT_AGENTS_LIST)
         agents = [
             _agent_view(registration) for registration in await self.store.list(now_ms, limit)
         ]

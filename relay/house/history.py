@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Final
 
 from macula.agent.envelope import is_envelope_topic
 from macula.services.house import HISTORY_FETCH
+from macula.services.limits import DEFAULT_HISTORY_PAGE, MAX_HISTORY_PAGE
 from macula.store.base import DAY_MS, Migration, Row, SqliteStore
 from macula.task_scope import Spawner, TaskScope
 from macula.wire import cbor
@@ -55,8 +56,6 @@ from relay.outcome import Outcome, Refused, answer
 
 __all__ = [
     "DEFAULT_FETCH_RATE",
-    "DEFAULT_PAGE",
-    "MAX_PAGE",
     "HistoryBounds",
     "HistoryService",
     "HistoryStore",
@@ -64,8 +63,6 @@ __all__ = [
 
 logger = logging.getLogger("macula.relay.house.history")
 
-DEFAULT_PAGE: Final = 100
-MAX_PAGE: Final = 500
 MAX_REPLY_BYTES: Final = 512 * 1024  # payload bytes in one page (at least one event is sent)
 MAX_EVENT_BYTES: Final = 64 * 1024  # a larger payload is not kept (envelopes hold <= 16 KiB)
 DEFAULT_FETCH_RATE: Final = 20.0  # per second per caller, burst 4x
@@ -493,7 +490,7 @@ class HistoryService:
             )
         after_id = integer(args, "after_id", 0, MAX_INT64, default=0)
         since_ms = integer(args, "since_ms", 0, MAX_INT64, default=0)
-        limit = integer(args, "limit", 1, MAX_PAGE, default=DEFAULT_PAGE)
+        limit = integer(args, "limit", 1, MAX_HISTORY_PAGE, default=DEFAULT_HISTORY_PAGE)
         asker = caller_id(caller, "bad_request")
         self.buckets.take_or_refuse(asker, now_ms, "history fetches")
         await self.write_pending(now_ms)

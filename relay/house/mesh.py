@@ -41,13 +41,11 @@ from macula.agent.petnames import petname
 from macula.agent.proof import verify_proof
 from macula.directory_listing import listing_procedure, parse_listing_ttl
 from macula.services.house import AGENTS_LIST
+from macula.services.limits import DEFAULT_AGENTS_LIST, MAX_AGENT_TEXT_CHARS, MAX_AGENTS_LIST
 from relay.actions import StationReplied
 from relay.arguments import is_text
 from relay.house.agents import (
-    DEFAULT_LIST_LIMIT,
-    MAX_LIST_LIMIT,
     MAX_OFFERS,
-    MAX_TEXT_CHARS,
     MAX_TTL_S,
     MIN_TTL_S,
 )
@@ -156,13 +154,13 @@ def _entry_fields(value: object) -> dict[str, object] | None:
     entry: dict[str, object] = {"node_id": node, "petname": value["petname"]}
     for name in _TEXT_FIELDS:
         text = value.get(name)
-        if text is not None and not is_text(text, 1, MAX_TEXT_CHARS):
+        if text is not None and not is_text(text, 1, MAX_AGENT_TEXT_CHARS):
             return None
         entry[name] = text
     offers = value.get("offers", [])
     if not isinstance(offers, list) or len(offers) > MAX_OFFERS:
         return None
-    if not all(is_text(offer, 1, MAX_TEXT_CHARS) for offer in offers):
+    if not all(is_text(offer, 1, MAX_AGENT_TEXT_CHARS) for offer in offers):
         return None
     entry["offers"] = list(offers)
     return entry
@@ -371,9 +369,9 @@ class MeshAgentList:
 def _limit_of(payload: object) -> int:
     """The listing's ``limit`` (the local handler has accepted the arguments already)."""
     value = payload.get("limit") if isinstance(payload, dict) else None
-    if type(value) is int and 1 <= value <= MAX_LIST_LIMIT:
+    if type(value) is int and 1 <= value <= MAX_AGENTS_LIST:
         return value
-    return DEFAULT_LIST_LIMIT
+    return DEFAULT_AGENTS_LIST
 
 
 def station_entry(view: object, node_id: bytes) -> StationEntry | None:

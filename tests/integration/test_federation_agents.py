@@ -23,8 +23,8 @@ from macula.agent.proof import ring_endpoint
 from macula.house_client import HouseClient
 from macula.node import Node
 from macula.services.house import AGENTS_LIST, HOUSE_REALM
+from macula.services.limits import MAX_AGENTS_LIST
 from macula.wire.identity import ZERO_REALM
-from relay.house.agents import MAX_LIST_LIMIT
 from relay.house.mesh import DEFAULT_PER_STATION
 from relay.outcome import Outcome
 from relay.station import Station
@@ -223,7 +223,7 @@ async def test_a_hostile_linked_station_cannot_break_the_listing(
         {"node_id": "zz" * 32, "petname": "x"},
         {"node_id": fake.hex(), "petname": "wrong_petname_1"},
         {"node_id": fake.hex(), "petname": petname(fake), "registered_ms": True},
-        *({"node_id": os.urandom(32).hex()} for _ in range(3 * MAX_LIST_LIMIT)),
+        *({"node_id": os.urandom(32).hex()} for _ in range(3 * MAX_AGENTS_LIST)),
     ]
     answers: list[object] = [{"agents": garbage}, {"agents": "nope"}, ["not", "a", "map"], None]
 
@@ -243,7 +243,7 @@ async def test_a_hostile_linked_station_cannot_break_the_listing(
         first = True
         while answers:
             before = dict(stats)
-            rows = (await alice.house.call(AGENTS_LIST, {"limit": MAX_LIST_LIMIT}))["agents"]
+            rows = (await alice.house.call(AGENTS_LIST, {"limit": MAX_AGENTS_LIST}))["agents"]
             assert sorted(r["node_id"] for r in rows) == sorted([hex_of(alice), hex_of(bob)])
             answers.pop(0)
             grew = {k: stats[k] - before.get(k, 0) for k in stats if stats[k] != before.get(k)}
