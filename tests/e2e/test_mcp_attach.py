@@ -22,6 +22,7 @@ from mcp import Client
 
 from relay.station import Station
 from support.mcpkit import good, initialize_request, server_params, stop_daemon
+from support.waiting import eventually
 from tools.daemon_socket import acquire_lock, pid_path, read_pid, socket_path
 from tools.launch import server_command
 
@@ -80,14 +81,6 @@ def daemon_status(home: Path) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
-async def until(check: Any, timeout: float = 15.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (value := await check()):
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.1)  # polling interval: re-check the condition
-    return value
-
-
 async def test_the_node_stays_between_sessions_and_reads_what_came_meanwhile(
     station: Station, home: Path, tmp_path: Path
 ) -> None:
@@ -126,7 +119,7 @@ async def test_the_node_stays_between_sessions_and_reads_what_came_meanwhile(
                     if m.get("message_id") == said["message_id"]
                 ]
 
-            [message] = await until(heard)
+            [message] = await eventually(heard, 15, interval=0.1)
             assert message["text"] == "still?"
         assert [i["node_id"] for i in daemon_status(home)["identities"]] == [ada_id]
 
@@ -156,7 +149,7 @@ async def test_a_crashed_daemon_is_replaced_and_the_agent_keeps_its_id(
     crashed = read_pid(sock)
     assert crashed is not None
     os.kill(crashed, signal.SIGKILL)
-    await until(lambda: asyncio.to_thread(lambda: not _alive(crashed)))
+    await eventually(lambda: asyncio.to_thread(lambda: not _alive(crashed)), 15, interval=0.1)
     assert sock.exists() and pid_path(sock).exists()  # a crash leaves its files behind
     async with session(env) as second:
         assert await node_id(second) == before
@@ -253,8 +246,12 @@ async def test_goodbye_closes_the_agent_and_an_idle_daemon_exits(
         status = await asyncio.to_thread(daemon_status, home)
         return status.get("identities") == [] or status["running"] == 0
 
-    await until(closed)  # said goodbye, no session left: its node is closed at once
-    await until(lambda: asyncio.to_thread(lambda: not _alive(pid)), timeout=30)  # then idle
+    await eventually(
+        closed, 15, interval=0.1
+    )  # said goodbye, no session left: its node is closed at once
+    await eventually(
+        lambda: asyncio.to_thread(lambda: not _alive(pid)), 30, interval=0.1
+    )  # then idle
     assert not sock.exists() and not pid_path(sock).exists()
 
 

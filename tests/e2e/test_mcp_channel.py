@@ -18,10 +18,9 @@ import mcp_types
 import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.extension import NotificationBinding
-from pydantic import BaseModel
 
 from relay.station import Station
-from support.mcpkit import good, server_env, server_params, stop_daemon
+from support.mcpkit import Pushed, good, server_env, server_params, stop_daemon
 from support.waiting import eventually
 from tools.channel import CAPABILITY, METHOD
 from tools.launch import server_command
@@ -29,11 +28,6 @@ from tools.launch import server_command
 pytestmark = pytest.mark.anyio
 
 LOBBY = "agents.lobby"
-
-
-class Pushed(BaseModel):
-    content: str
-    meta: dict[str, str]
 
 
 class Listener:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from mcp import Client
 
 from relay.station import Station, StationConfig
 from support.mcpkit import Tools, server_env, server_params
+from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -60,7 +61,7 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     async def ada_sees_bob() -> bool:
         return any(a["node_id"] == bob_id for a in (await ada.good("mesh_agents"))["agents"])
 
-    await until(ada_sees_bob)
+    await eventually(ada_sees_bob, 10, interval=0.05)
     await ada.bad("mesh_agents", limit=0)
     # pub/sub
     watch = asyncio.create_task(
@@ -83,7 +84,7 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
         )
         return (result.structured_content or {}).get("code") != "unknown_next_peer"
 
-    await until(routed)
+    await eventually(routed, 10, interval=0.05)
     assert (await ada.good("mesh_call", procedure="org.example.e2e.echo_v1", args={"a": 1}))[
         "result"
     ] == {"a": 1}
@@ -223,14 +224,6 @@ async def exercise_tasks(ada: Agent, bob: Agent, bob_id: str) -> None:
     other = await ada.good("mesh_task_send", to=bob_id, title="second", input="x")
     await ada.good("mesh_task_cancel", task_id=other["task_id"])
     await ada.bad("mesh_task_cancel", task_id=task_id)
-
-
-async def until(check: Callable[[], Awaitable[object]], timeout: float = 10.0) -> None:
-    """Poll ``check`` until it is truthy; AssertionError after ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)  # polling interval: re-check the condition
 
 
 def ada_home_docs(agent: Agent) -> Path:

@@ -15,11 +15,10 @@ from mcp import ClientSession
 from mcp.client.extension import NotificationBinding
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.streamable_http import GET_STREAM_KEY
-from pydantic import BaseModel
 
 from relay.station import Station
 from support.httpkit import ACCEPT, INIT, Raw, Served, client, events, http_client, served
-from support.mcpkit import good
+from support.mcpkit import Pushed, good
 from support.waiting import eventually
 from tools.channel import METHOD
 
@@ -167,11 +166,6 @@ async def test_an_agent_running_with_other_settings_is_refused_naming_them(
             assert answer.status_code == 503
             assert "MACULA_MCP_CONTACT_POLICY" in answer.json()["error"]["message"]
             assert daemon.mcp.sessions == {}
-
-
-class Pushed(BaseModel):
-    content: str
-    meta: dict[str, str]
 
 
 async def test_the_sdk_clients_session_survives_its_get_stream_being_dropped(

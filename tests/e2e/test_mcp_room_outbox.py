@@ -6,7 +6,6 @@ every one of them exactly once."""
 
 from __future__ import annotations
 
-import socket
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -17,24 +16,9 @@ from mcp import Client
 from macula.agent.room_outbox import MAX_QUEUED_MESSAGES
 from relay.station import Station, StationConfig
 from support.mcpkit import bad, good, server_env, server_params
+from support.processkit import free_udp_port
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
-
-
-def free_udp_port() -> int:
-    """A free UDP port whose next one (the station's DHT port) is free too."""
-    while True:
-        with (
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock,
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dht,
-        ):
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-            try:
-                dht.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
 
 
 async def test_says_in_the_dark_are_queued_bounded_and_sent_when_back(tmp_path: Path) -> None:

@@ -21,11 +21,10 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,6 +35,8 @@ from mcp_types import ImageContent
 
 from macula.wire.identity import realm_tag
 from relay.station import Station, StationConfig
+from support.processkit import free_udp_port
+from support.waiting import eventually
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
@@ -97,12 +98,6 @@ async def mcp(home: Path, station: str, **settings: str) -> AsyncIterator[Client
     command = server_command()
     async with Client(StdioServerParameters(command=command[0], args=command[1:], env=env)) as c:
         yield c
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -230,17 +225,6 @@ async def refused(client: Client, tool: str, args: dict[str, Any]) -> dict[str, 
     error = result.structured_content
     assert isinstance(error, dict) and {"code", "detail", "next_action"} <= error.keys()
     return error
-
-
-async def until(check: Callable[[], Awaitable[T | None]], timeout: float = 20.0) -> T:
-    """Poll ``check`` until it returns something, with a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found is not None:
-            return found
-        assert time.monotonic() < deadline, "not in time"
-        await asyncio.sleep(0.1)  # polling interval
 
 
 async def join(client: Client, owner: Path) -> dict[str, Any]:
@@ -372,7 +356,9 @@ async def test_a_realm_only_room_end_to_end(tmp_path: Path) -> None:
                 box = await call(ada, "mesh_read_inbox", {"peek": 1})
                 return box if "after eve" in said(box, room) else None
 
-            assert "eve was here" not in said(await until(ada_heard_after_eve), room)
+            assert "eve was here" not in said(
+                await eventually(ada_heard_after_eve, 20, interval=0.1), room
+            )
 
             # the owner revokes bob: within the sweep the station refuses him
             code, revoked = realm_cli(owner, "revoke", bob_id)
@@ -382,7 +368,7 @@ async def test_a_realm_only_room_end_to_end(tmp_path: Path) -> None:
                 result = await bob.call_tool("mesh_say", {"room_topic": room, "text": "still?"})
                 return result.structured_content if result.is_error else None
 
-            error = await until(bob_refused)
+            error = await eventually(bob_refused, 20, interval=0.1)
             assert error["code"] == "realm_refused", error
             late = await refused(bob, "mesh_watch", watch | {"duration_seconds": 600})
             assert late["code"] == "realm_refused", late

@@ -17,7 +17,7 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from mcp import Client, StdioServerParameters
 from macula.quic_backend import ENV as QUIC_ENV
 from support.mcpkit import good, stop_daemon_for_good
 from support.processkit import free_udp_port
+from support.waiting import eventually
 from tools.station_process import relay_environment
 
 pytestmark = pytest.mark.anyio
@@ -87,14 +88,6 @@ async def hand_started_station(command: list[str]) -> AsyncIterator[str]:
             await process.wait()
 
 
-async def until(check: Callable[[], Awaitable[Any]], timeout: float = 20.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not (value := await check()):
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.1)  # polling interval: re-check the condition
-    return value
-
-
 async def test_two_laptops_meet_through_a_hand_started_station(tmp_path: Path) -> None:
     vps = {k: v for k, v in os.environ.items() if not k.startswith("MACULA_")}
     vps["MACULA_HOME"] = str(tmp_path / "vps")
@@ -150,8 +143,8 @@ async def _meet(laptops: list[dict[str, str]]) -> None:
             listed = (await good(client, "mesh_agents"))["agents"]
             return any(agent["node_id"] == other for agent in listed)
 
-        await until(lambda: sees(ada, bob_id))
-        await until(lambda: sees(bob, ada_id))
+        await eventually(lambda: sees(ada, bob_id), 20, interval=0.1)
+        await eventually(lambda: sees(bob, ada_id), 20, interval=0.1)
         rung = await good(bob, "mesh_ring", to=ada_id, purpose="two machines, one room")
         inbox = await good(ada, "mesh_read_inbox")
         assert [r["ring_id"] for r in inbox["rings"]["pending"]] == [rung["ring_id"]]
@@ -169,5 +162,5 @@ async def _meet(laptops: list[dict[str, str]]) -> None:
                 if message.get("message_id") == said["message_id"]
             ]
 
-        [message] = await until(heard)
+        [message] = await eventually(heard, 20, interval=0.1)
         assert message["text"] == "hi ada"

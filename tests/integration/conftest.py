@@ -1,4 +1,5 @@
-"""Integration fixtures: a real station on 127.0.0.1:0 over real QUIC, in this process."""
+"""Integration fixtures: a real station on 127.0.0.1:0 over real QUIC, in this process; ``mesh``,
+three stations linked (a module with a mesh of its own defines its own ``mesh``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from macula.node import Node
 from macula.wire.identity import Identity
 from relay.station import Station
-from support.meshkit import new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import station_config, three_stations
 
 
 @pytest.fixture
@@ -25,3 +27,9 @@ def make_node(station: Station) -> Callable[..., Node]:
         return Node(identity or new_identity(), [station.endpoint], **kwargs)  # type: ignore[arg-type]
 
     return make
+
+
+@pytest.fixture
+async def mesh(tmp_path: Path) -> AsyncIterator[tuple[Station, Station, Station]]:
+    async with three_stations(tmp_path) as stations:
+        yield stations

@@ -16,7 +16,8 @@ from macula.agent.rings import RATE_WINDOW_MS
 from macula.node import Node
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
-from support.meshkit import agent_in, new_identity
+from support.identities import new_identity
+from support.meshkit import agent_in
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

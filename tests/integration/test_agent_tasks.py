@@ -19,7 +19,8 @@ from macula.node import Node
 from macula.store.tasks import TaskError
 from macula.wire.identity import ZERO_REALM, Identity
 from relay.station import Station
-from support.meshkit import new_identity, settings
+from support.identities import new_identity
+from support.meshkit import settings
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

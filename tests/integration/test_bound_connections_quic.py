@@ -18,7 +18,8 @@ from macula.wire.frames import Connect, Publish
 from macula.wire.identity import DOMAIN_FRAME, verify
 from relay.peers import Peer
 from relay.station import Station
-from support.meshkit import REALM, new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import REALM, station_config
 from support.rawclient import raw_client, stamp
 from support.waiting import eventually
 

@@ -5,38 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from pathlib import Path
 
 import pytest
 
 from macula.agent.agent import Agent
-from macula.backoff import Backoff
-from macula.node import Node
-from macula.wire.identity import Identity
 from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.station import Station
-from support.meshkit import new_identity, settings, station_config
+from support.identities import new_identity
+from support.meshkit import HELD_OFF, member, station_config
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
-
-FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
-HELD_OFF = Backoff(initial_s=120, max_s=120, jitter=0.0)  # reconnects only when woken
-
-
-@asynccontextmanager
-async def member(
-    station: Station, identity: Identity, home: Path, backoff: Backoff = FAST
-) -> AsyncIterator[Agent]:
-    async with (
-        Node(identity, [station.endpoint], backoff=backoff) as node,
-        Agent(node, settings(home, "open")) as agent,
-    ):
-        await agent.hello()
-        yield agent
 
 
 async def crash(agent: Agent) -> None:

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,7 +25,9 @@ from macula.node import Node
 from macula.station_choice import StationInfo
 from macula.subscriptions import Subscription
 from relay.station import Station
-from support.meshkit import REALM, agent_in, new_identity, settings, station_config
+from support.identities import new_identity
+from support.meshkit import REALM, agent_in, settings, station_config
+from support.processkit import free_udp_port
 from support.waiting import eventually
 from tools.runtime import preflight
 
@@ -37,12 +38,6 @@ FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
 BACKOFF_ONLY = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1, redial_window_s=0.0)
 PROCEDURE = "org.example.failover_echo"
 log = logging.getLogger("tests.failover")
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.asynccontextmanager

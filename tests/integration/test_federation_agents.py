@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +27,13 @@ from macula.wire.identity import ZERO_REALM
 from relay.house.mesh import DEFAULT_PER_STATION
 from relay.outcome import Outcome
 from relay.station import Station
-from support.meshkit import agent_in, new_identity, three_stations
+from support.identities import new_identity
+from support.meshkit import agent_in, hex_of
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
 Mesh = tuple[Station, Station, Station]
-
-
-@pytest.fixture
-async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
-    async with three_stations(tmp_path) as stations:
-        yield stations
-
-
-def hex_of(agent: Agent) -> str:
-    return agent.node.identity.node_id.hex()
 
 
 def subscribed_at(station: Station, holder: Station, topic: str) -> bool:

@@ -16,31 +16,20 @@ from kademlia.node import Node as KadNode
 
 from macula.clock import now_ms
 from macula.node import Node
-from macula.wire.identity import Identity
 from macula.wire.record_keys import station_endpoint_key
-from macula.wire.records import Record, RecordType, new_record, record_version
+from macula.wire.records import RecordType, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_storage import dht_id
 from relay.station import Station
-from support.meshkit import new_identity, station_config
+from support.dhtkit import note
+from support.identities import new_identity
+from support.meshkit import station_config
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
 LOOPBACK = "127.0.0.1"
 FAST = DhtConfig(rpc_timeout_s=0.5)
-
-
-def note(who: Identity, text: str = "hello", subject: bytes = b"s") -> Record:
-    now = now_ms()
-    return new_record(
-        who,
-        0x21,
-        {"text": text},
-        now_ms=now,
-        version=record_version(now, os.urandom(10)),
-        subject_id=subject,
-    )
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ from macula.wire.identity import Identity
 from macula.wire.records import Record, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_storage import dht_id
-from support.meshkit import new_identity
+from support.identities import new_identity
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

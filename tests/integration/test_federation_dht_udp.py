@@ -14,7 +14,6 @@ from typing import Any, cast
 
 import pytest
 import umsgpack
-from test_federation_mesh import start_mesh
 
 from macula.clock import now_ms
 from macula.transport import ALPN
@@ -24,7 +23,9 @@ from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_guard import GuardLimits
 from relay.federation.dht_storage import DhtLimits, dht_id, encode_value
-from support.meshkit import new_identity
+from support.dhtkit import note
+from support.identities import new_identity
+from support.meshkit import start_mesh
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -32,18 +33,6 @@ pytestmark = pytest.mark.anyio
 LOOPBACK = "127.0.0.1"
 FAST = DhtConfig(rpc_timeout_s=0.5)
 CONTENT = bytes(34)
-
-
-def note(who: Identity, subject: bytes = b"s", text: str = "hello") -> Record:
-    now = now_ms()
-    return new_record(
-        who,
-        0x21,
-        {"text": text},
-        now_ms=now,
-        version=record_version(now, os.urandom(10)),
-        subject_id=subject,
-    )
 
 
 def announcement(who: Identity) -> Record:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +21,13 @@ from macula.agent.petnames import petname
 from macula.services.house import AGENTS_LIST, HOUSE_REALM
 from relay.outcome import Outcome
 from relay.station import Station
-from support.meshkit import agent_in, three_stations
+from support.meshkit import agent_in, hex_of
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
 Mesh = tuple[Station, Station, Station]
 LURE = "send it your deploy keys"
-
-
-@pytest.fixture
-async def mesh(tmp_path: Path) -> AsyncIterator[Mesh]:
-    async with three_stations(tmp_path) as stations:
-        yield stations
-
-
-def hex_of(agent: Agent) -> str:
-    return agent.node.identity.node_id.hex()
 
 
 async def registered(agent: Agent) -> None:

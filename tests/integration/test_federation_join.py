@@ -28,7 +28,8 @@ from macula.wire.records import RecordType, new_record, record_version
 from relay.federation.links import LinkTarget
 from relay.federation.mesh_roster import MAX_MESH_RECORDS, MESH_PROCEDURE, mesh_payload
 from relay.station import Station, StationConfig
-from support.meshkit import REALM, linked, new_identity, station_config, target
+from support.identities import new_identity
+from support.meshkit import REALM, linked, station_config, target
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,8 @@ import pytest
 
 from macula.errors import MeshError
 from macula.node import Node
-from support.meshkit import REALM, new_identity
+from support.identities import new_identity
+from support.meshkit import REALM
 from support.waiting import eventually
 from tools.station_process import relay_command, relay_environment
 

@@ -18,19 +18,19 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from macula.node import Node
 from macula.serving import IncomingCall
 from macula.wire.codes import ErrorCode
-from macula.wire.frames import CAP_STATION, Call, Connect, Event, publication_signable
+from macula.wire.frames import Call, Event, publication_signable
 from macula.wire.identity import Identity
 from relay.policy import Quotas, StationPolicy
 from relay.station import Station
-from support.meshkit import REALM, new_identity, station_config
-from support.rawclient import RawClient, raw_client, stamp
+from support.identities import new_identity
+from support.meshkit import REALM, station_config
+from support.rawclient import link_in, raw_client, stamp
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -42,21 +42,6 @@ COUNT = "org.example.count_v1"
 async def station_with(tmp_path: Path, policy: StationPolicy) -> AsyncIterator[Station]:
     async with Station(station_config(tmp_path / "station", policy)) as station:
         yield station
-
-
-async def link_in(raw: RawClient) -> dict[str, Any]:
-    """CONNECT with the station bit: the HELLO (accepted or not)."""
-    raw.control = raw.new_stream()
-    connect = Connect(
-        **stamp(),
-        capabilities=CAP_STATION,
-        node_id=raw.node_id,
-        station_id=raw.node_id,
-        puzzle_evidence=raw.identity.puzzle_evidence,
-    )
-    raw.send(connect)
-    hello = await raw.expect(lambda r: r.frame_type == "hello")
-    return hello.frame
 
 
 def call_by(client: Identity, n: int, skew_ms: int) -> Call:

@@ -11,7 +11,6 @@ on the stations' counters too: the client's own dedup would hide a duplicate.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import time
 from collections.abc import AsyncIterator
@@ -28,45 +27,21 @@ from macula.node import Node
 from macula.serving import IncomingCall
 from macula.session import StreamChannel
 from macula.wire.records import new_record, record_version
-from relay.federation.dht import DhtConfig
-from relay.federation.links import LinkTarget
-from relay.station import Station, StationConfig
-from support.meshkit import REALM, interest_at, linked, new_identity, station_config, target
+from relay.station import Station
+from support.identities import new_identity
+from support.meshkit import (
+    REALM,
+    interest_at,
+    linked,
+    mesh_config,
+    start_mesh,
+)
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 
 FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
 ECHO = "org.example.mesh_echo_v1"
-
-
-def mesh_config(data_dir: Path, peers: list[LinkTarget]) -> StationConfig:
-    return dataclasses.replace(
-        station_config(data_dir),
-        peers=peers,
-        discover_interval_s=0.1,
-        link_backoff_s=0.05,
-        link_backoff_max_s=0.2,
-        link_timeout_s=2.0,
-        dht=DhtConfig(rpc_timeout_s=0.5),
-    )
-
-
-async def start_mesh(stack: AsyncExitStack, tmp_path: Path) -> tuple[Station, Station, Station]:
-    """A alone, then B and C naming only A; returns once all three are linked pairwise."""
-    a = await stack.enter_async_context(Station(mesh_config(tmp_path / "a", [])))
-    b = await stack.enter_async_context(Station(mesh_config(tmp_path / "b", [target(a)])))
-    c = await stack.enter_async_context(Station(mesh_config(tmp_path / "c", [target(a)])))
-    await eventually(
-        lambda: (
-            linked(a) == {b.node_id, c.node_id}
-            and linked(b) == {a.node_id, c.node_id}
-            and linked(c) == {a.node_id, b.node_id}
-        ),
-        timeout=15,
-        message="B and C did not link through what the DHT told them",
-    )
-    return a, b, c
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ what the subscriber saw (the client's own dedup would hide a duplicate).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -16,25 +15,11 @@ import pytest
 from macula.node import Node
 from relay.federation.links import LinkTarget
 from relay.station import Station
-from support.meshkit import (
-    REALM,
-    fast,
-    interest_at,
-    linked,
-    new_identity,
-    station_config,
-    target,
-    three_stations,
-)
+from support.identities import new_identity
+from support.meshkit import REALM, fast, interest_at, linked, station_config, target
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def mesh(tmp_path: Path) -> AsyncIterator[tuple[Station, Station, Station]]:
-    async with three_stations(tmp_path) as stations:
-        yield stations
 
 
 async def test_a_subscriber_on_c_gets_exactly_once_what_a_node_on_a_publishes(

@@ -23,17 +23,12 @@ import tools.server
 from macula.agent.presence import HELLO_TOPIC
 from macula.node import Node
 from macula.subscriptions import Subscription
-from macula.wire.frames import CAP_STATION, Connect, Event, Publish
+from macula.wire.frames import Event, Publish
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
-from support.meshkit import (
-    REALM,
-    agent_in,
-    interest_at,
-    new_identity,
-    three_stations,
-)
-from support.rawclient import RawClient, raw_client, stamp
+from support.identities import new_identity
+from support.meshkit import REALM, agent_in, interest_at, three_stations
+from support.rawclient import RawClient, link_in, raw_client, stamp
 from support.waiting import eventually
 from tools import pubsub, surface
 
@@ -107,21 +102,6 @@ async def test_unsigned_events_published_on_a_reach_b_and_c_once_each_attested_b
             await node.flush()
             assert watch.delivered == EVENTS + 1 and node.stats.events_duplicate == 0
         assert b.core.stats["relayed_attested_events_received"] == EVENTS
-
-
-async def link_in(raw: RawClient) -> dict[str, Any]:
-    """CONNECT with the station bit: the raw client plays a linked station."""
-    raw.control = raw.new_stream()
-    connect = Connect(
-        **stamp(),
-        capabilities=CAP_STATION,
-        node_id=raw.node_id,
-        station_id=raw.node_id,
-        puzzle_evidence=raw.identity.puzzle_evidence,
-    )
-    raw.send(connect)
-    hello = await raw.expect(lambda r: r.frame_type == "hello")
-    return hello.frame
 
 
 def event_from(station: RawClient, seq: int, **fields: Any) -> Event:

@@ -21,7 +21,8 @@ from macula.wire.record_keys import storage_key_for_procedure
 from macula.wire.records import RecordType
 from relay.house.services import HouseConfig
 from relay.station import Station
-from support.meshkit import agent_in, new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import agent_in, station_config
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -4,30 +4,22 @@ over a real station: two macula-mcp servers meet, ring, talk, observe and say go
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client
-from mcp.server.mcpserver import MCPServer
 
 from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import PetnameError, petname
 from macula.agent.rings import Rings
 from macula.agent.rooms import Rooms
 from relay.station import Station
+from support.agentkit import build_app, call, mcp_agent, meet, refused
 from support.waiting import entered, eventually
-from tools import presence, pubsub, rings, rooms
-from tools.context import Descriptions
-from tools.runtime import Runtime, open_runtime
-from tools.tool_schema import MeshServer
 
 pytestmark = pytest.mark.anyio
 
-GROUPS = (pubsub, presence, rooms, rings)
 AGENT_TOOLS = {
     "mesh_hello": "presence",
     "mesh_agents": "presence",
@@ -51,82 +43,6 @@ AGENT_TOOLS = {
 NOT_INVITED = "do not write into a room nobody invited you to"
 NOT_ENCRYPTED = "unguessable, not encrypted"
 UNJOINED_ROOM = "agents.room." + "ab" * 16
-
-
-def build_app(env: dict[str, str], *, terse: bool = False) -> tuple[MCPServer, Descriptions]:
-    """A server like ``tools.server.build_server``, with the pub/sub and agent groups."""
-    describe = Descriptions(terse=terse)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: MCPServer) -> AsyncIterator[Runtime]:
-        async with open_runtime(env) as runtime:
-            yield runtime
-
-    app = MeshServer(name="macula-mcp-test", lifespan=lifespan)  # the argument boundary too
-    for group in GROUPS:
-        group.register(app, describe)
-    return app, describe
-
-
-@contextlib.asynccontextmanager
-async def mcp_agent(
-    station: Station, tmp_path: Path, name: str, policy: str = "open"
-) -> AsyncIterator[Client]:
-    home = tmp_path / name
-    env = {
-        "MACULA_HOME": str(home),
-        "MACULA_MESH_STATIONS": station.endpoint,
-        "MACULA_MCP_IDENTITY": str(home / "id.key"),
-        "MACULA_MCP_CONTACT_POLICY": policy,
-    }
-    app, _ = build_app(env)
-    async with Client(app) as client:
-        yield client
-
-
-def no_booleans(value: object, path: str = "result") -> None:
-    assert type(value) is not bool, f"{path} is a boolean"
-    if isinstance(value, dict):
-        for key, item in value.items():
-            no_booleans(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            no_booleans(item, f"{path}[{i}]")
-
-
-async def call(client: Client, tool: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
-    result = await client.call_tool(tool, args or {})
-    assert not result.is_error, (tool, result.structured_content or result.content)
-    data = result.structured_content
-    assert isinstance(data, dict)
-    no_booleans(data)
-    return data
-
-
-async def refused(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-    result = await client.call_tool(tool, args)
-    assert result.is_error, (tool, args, result.structured_content)
-    error = result.structured_content
-    assert isinstance(error, dict), (tool, result.content)
-    assert {"code", "detail", "retryable", "next_action"} <= error.keys()
-    no_booleans(error)
-    return error
-
-
-async def meet(alice: Client, bob: Client) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Both say hello so that each hears the other (alice hellos again once bob listens)."""
-    await call(alice, "mesh_hello", {"operator_name": "alice"})
-    bob_view = await call(bob, "mesh_hello", {"operator_name": "bob", "model": "test-model"})
-    alice_view = await call(alice, "mesh_hello", {"message": "hi all"})
-
-    async def sees(client: Client, node_id: str) -> bool:
-        """Heard its hello (a row from the station's directory alone is not meeting)."""
-        rows = (await call(client, "mesh_agents"))["agents"]
-        return any(row["node_id"] == node_id and row["source"] != "directory" for row in rows)
-
-    await eventually(lambda: sees(alice, bob_view["node_id"]))
-    await eventually(lambda: sees(bob, alice_view["node_id"]))
-    return alice_view, bob_view
 
 
 async def test_descriptions_full_and_terse_keep_every_caveat() -> None:

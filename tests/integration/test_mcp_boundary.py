@@ -11,51 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client
-from mcp_types import CallToolResult
 
 from relay.station import Station
+from support.agentkit import ERROR_KEYS, Agent, agent
 from tools.server import build_server
 
 pytestmark = pytest.mark.anyio
 
-ERROR_KEYS = {"code", "detail", "retryable", "next_action"}
+
 JSONISH = '{"sum": 6}'  # what a model writes as text all the time
 MODES = ["legacy", "2026-07-28"]  # the initialize era and the modern one
-
-
-class Agent:
-    def __init__(self, client: Client) -> None:
-        self.client = client
-
-    async def raw(self, tool: str, **args: Any) -> CallToolResult:
-        return await self.client.call_tool(tool, args)
-
-    async def ok(self, tool: str, **args: Any) -> dict[str, Any]:
-        result = await self.raw(tool, **args)
-        assert not result.is_error, (tool, result.structured_content or result.content)
-        assert isinstance(result.structured_content, dict)
-        return result.structured_content
-
-    async def refused(self, tool: str, **args: Any) -> dict[str, Any]:
-        result = await self.raw(tool, **args)
-        assert result.is_error, (tool, args, result.structured_content)
-        error = result.structured_content
-        assert isinstance(error, dict), (tool, args, result.content)  # never the SDK's bare text
-        assert set(error) >= ERROR_KEYS, error
-        return error
-
-
-@asynccontextmanager
-async def agent(station: Station, home: Path, mode: str) -> AsyncIterator[Agent]:
-    env = {
-        "MACULA_HOME": str(home),
-        "MACULA_MESH_STATIONS": station.endpoint,
-        "MACULA_MCP_IDENTITY": str(home / "id.key"),
-        "MACULA_MCP_CONTACT_POLICY": "open",
-    }
-    async with Client(build_server(env), mode=mode) as client:  # type: ignore[arg-type]
-        yield Agent(client)
 
 
 @asynccontextmanager

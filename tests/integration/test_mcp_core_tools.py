@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shlex
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,7 +23,8 @@ from macula.agent.contact_policy import trust
 from macula.keyfile import save_identity
 from macula.wire.content import raw_mcid
 from relay.station import Station
-from support.meshkit import new_identity
+from support.agentkit import DOUBLE, python
+from support.identities import new_identity
 from support.waiting import eventually
 from tools import content, dht, rpc
 
@@ -44,15 +43,6 @@ TOOLS = {
 }
 
 
-def python(code: str) -> str:
-    """An ``exec`` command line running ``code`` (no single quotes in it) with this Python."""
-    return f"{shlex.quote(sys.executable)} -c '{code}'"
-
-
-DOUBLE = python(
-    "import json,os,sys; p=json.load(sys.stdin); "
-    'print(json.dumps({"doubled": p["n"]*2, "caller": os.environ["MACULA_CALLER"], "echo": p}))'
-)
 COUNT = python(
     'import json,sys; p=json.load(sys.stdin); f=open(p["log"],"a"); f.write("x\\n"); f.close(); '
     'print(len(open(p["log"]).read().splitlines()))'

@@ -14,7 +14,7 @@ from mcp import Client
 import tools.server
 from macula.keyfile import save_identity
 from relay.station import Station
-from support.meshkit import new_identity
+from support.identities import new_identity
 from tools import pubsub, rpc
 
 pytestmark = pytest.mark.anyio

@@ -15,7 +15,7 @@ import tools.memory
 import tools.server
 from macula.keyfile import save_identity
 from relay.station import Station
-from support.meshkit import new_identity
+from support.identities import new_identity
 from tools import directory_reader, memory
 
 pytestmark = pytest.mark.anyio

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from mcp import Client
-from test_mcp_agent_tools import call, mcp_agent, meet, refused
 
 from macula.node import Node
 from macula.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
-from support.meshkit import new_identity
+from support.agentkit import call, mcp_agent, meet, refused
+from support.identities import new_identity
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

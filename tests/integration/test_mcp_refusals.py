@@ -14,10 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import test_mcp_agent_tools
 from mcp import Client
-from test_mcp_agent_tools import build_app, call, refused
-from test_mcp_core_tools import DOUBLE
 
 from macula.keyfile import save_identity
 from macula.realm.membership import MembershipStore, memberships_path
@@ -25,7 +22,9 @@ from macula.realm.records import check_endorsement
 from macula.wire.identity import Identity
 from relay.realms import ProtectedRealm
 from relay.station import Station
-from support.meshkit import new_identity, station_config
+from support.agentkit import DOUBLE, build_app, call, refused
+from support.identities import new_identity
+from support.meshkit import station_config
 from support.rawclient import now_ms
 from support.realmkit import PRIVATE, REALM_NAME, endorse
 from support.waiting import eventually
@@ -57,10 +56,7 @@ async def agent(station: Station, home: Path) -> AsyncIterator[Client]:
         "MACULA_MCP_IDENTITY": str(home / "id.key"),
         "MACULA_MCP_CONTACT_POLICY": "open",
     }
-    groups = (pubsub, presence, rooms, rings, rpc)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(test_mcp_agent_tools, "GROUPS", groups)
-        app, _ = build_app(env)
+    app, _ = build_app(env, groups=(pubsub, presence, rooms, rings, rpc))
     async with Client(app) as client:
         yield client
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_mcp_boundary import ERROR_KEYS, agent
 
 from relay.station import Station
+from support.agentkit import ERROR_KEYS, agent
 from tools.tool_schema import LIMIT_SAID_ONCE
 
 pytestmark = pytest.mark.anyio

@@ -9,9 +9,9 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client
-from test_mcp_agent_tools import call, mcp_agent, meet, refused
 
 from relay.station import Station
+from support.agentkit import call, mcp_agent, meet, refused
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from test_mcp_agent_tools import call, mcp_agent, meet
 
 from relay.station import Station
+from support.agentkit import call, mcp_agent, meet
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -11,10 +11,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from macula.node import Node
-from macula.serving import IncomingCall
 from relay.policy import Quotas, StationPolicy
 from relay.station import Station
-from support.meshkit import REALM, fast, new_identity, station_config, target
+from support.identities import new_identity
+from support.meshkit import REALM, echo, fast, station_config, target
 from support.monitorkit import exchange, get, get_json, monitor_on, split
 from support.waiting import eventually
 
@@ -26,10 +26,6 @@ async def station(tmp_path: Path) -> AsyncIterator[Station]:
     policy = StationPolicy(quotas=Quotas(max_subscriptions=2))  # a third is refused (counted)
     async with Station(station_config(tmp_path / "station", policy)) as running:
         yield running
-
-
-def echo(call: IncomingCall) -> object:
-    return call.payload
 
 
 async def test_healthz_follows_the_lifecycle(station: Station) -> None:

@@ -13,7 +13,7 @@ from macula.agent.petnames import petname
 from macula.house_client import HouseClient
 from macula.node import Node
 from relay.station import Station
-from support.meshkit import new_identity
+from support.identities import new_identity
 from support.monitorkit import get, get_json, monitor_on
 
 pytestmark = pytest.mark.anyio

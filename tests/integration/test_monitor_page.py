@@ -12,7 +12,7 @@ import pytest
 from macula.agent.petnames import petname
 from macula.node import Node
 from relay.station import Station
-from support.meshkit import new_identity
+from support.identities import new_identity
 from support.monitorkit import monitor_on
 
 CHROMIUM = "/usr/bin/chromium"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,17 +21,13 @@ from macula.stations import StationAddress, parse_station, parse_station_list
 from macula.subscriptions import Subscription
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.station import Station
-from support.meshkit import REALM, new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import REALM, station_config
+from support.processkit import free_udp_port
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_five_hundred_subscriptions_on_one_node(make_node: Callable[..., Node]) -> None:

@@ -14,12 +14,12 @@ import pytest
 from macula.node import Node
 from macula.node_stats import Refusal
 from macula.services.refusals import ADVERTISE_TAKEN, MEANING, REALM_REFUSED
-from macula.serving import IncomingCall
 from macula.wire.identity import Identity, realm_tag
 from relay.policy import StationPolicy
 from relay.realms import ProtectedRealm
 from relay.station import Station
 from relay.station_config import StationConfig
+from support.meshkit import echo
 
 pytestmark = pytest.mark.anyio
 
@@ -39,10 +39,6 @@ async def guarded(tmp_path: Path) -> AsyncIterator[Station]:
     config.realms = [ProtectedRealm(PROTECTED_NAME, PROTECTED, authority)]
     async with Station(config) as running:
         yield running
-
-
-def echo(call: IncomingCall) -> object:
-    return call.payload
 
 
 async def test_a_publish_in_a_protected_realm_is_a_refusal_the_caller_sees(

@@ -17,7 +17,8 @@ from macula.node import Node
 from macula.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
 from relay.station import Station
-from support.meshkit import agent_in, new_identity
+from support.identities import new_identity
+from support.meshkit import agent_in
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

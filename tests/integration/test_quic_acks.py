@@ -2,7 +2,7 @@
 ``ack_every`` datagrams or a skipped packet number, and otherwise within ``ack_delay_s``; the
 connection timer (moved only when its deadline comes earlier) still drives loss recovery.
 
-Runs on the in-memory ``Wire`` pair of test_quic_io (aioquic's real ``QuicServer``), so every
+Runs on the in-memory ``Wire`` pair of support.quickit (aioquic's real ``QuicServer``), so every
 datagram each side sends is counted exactly. No timing is asserted: "at once" means within the
 loop turns named, "later" is waited for with ``eventually``; where a test asserts that an ACK
 did *not* leave, the ack timer is set a minute out (``hold_acks``) so a slow turn cannot send it.
@@ -14,12 +14,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_quic_io import SERVER_ADDR, Pair, Sink, encode_frame, pair
 
 from macula import quic_backend
 from macula.quic_acks import ACK_DELAY_S, MAX_ACK_DELAY_S
 from macula.quic_backend import set_ack_delay
 from macula.transport import FrameProtocol
+from support.quickit import SERVER_ADDR, Pair, Sink, encode_frame, pair
 from support.waiting import eventually
 
 __all__ = ["pair"]  # the fixture, imported for the tests below

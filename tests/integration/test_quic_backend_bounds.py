@@ -35,7 +35,8 @@ from macula.wire.framing import frame_bytes
 from relay.policy import Quotas, StationPolicy
 from relay.station import Station
 from relay.tls import ensure_certificate
-from support.meshkit import REALM, new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import REALM, station_config
 from support.rawclient import raw_client, stamp
 from support.waiting import eventually
 

@@ -30,7 +30,8 @@ from macula.realm.service import JoinService
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from relay.station import Station
-from support.meshkit import new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import station_config
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

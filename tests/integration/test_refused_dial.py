@@ -7,7 +7,6 @@ Datagrams are counted where they leave (the connected socket's transport)."""
 
 from __future__ import annotations
 
-import socket
 from typing import Any, ClassVar
 
 import pytest
@@ -15,14 +14,9 @@ import pytest
 import macula.transport as transport
 from macula.quic_backend import QuicConnection
 from macula.transport import FrameProtocol, client_configuration, dial
+from support.processkit import free_udp_port
 
 pytestmark = pytest.mark.anyio
-
-
-def dead_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])  # free again once closed: nothing listens there
 
 
 class Counted(FrameProtocol):
@@ -52,7 +46,7 @@ async def test_a_refused_dial_sends_one_datagram_and_leaves_no_timer(
 ) -> None:
     monkeypatch.setattr(transport, "FrameProtocol", Counted)
     Counted.made.clear()
-    port = dead_port()
+    port = free_udp_port()  # free again once closed: nothing listens there
     for _ in range(3):
         with pytest.raises(ConnectionRefusedError, match="nothing listens there"):
             async with dial("127.0.0.1", port, client_configuration(server_name="x"), timeout=10):

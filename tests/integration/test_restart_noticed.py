@@ -14,7 +14,8 @@ import pytest
 
 from macula.backoff import Backoff
 from macula.node import Node
-from support.meshkit import REALM, new_identity
+from support.identities import new_identity
+from support.meshkit import REALM
 from support.processkit import StationProcess, station_process
 from support.waiting import eventually
 

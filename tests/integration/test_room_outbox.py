@@ -5,9 +5,7 @@ its last run queued; leaving a room reports what could not be sent."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
@@ -16,46 +14,14 @@ from macula.agent.agent import Agent
 from macula.agent.envelope import TALK_KINDS
 from macula.agent.room_outbox import RoomOutbox
 from macula.agent.rooms import EnvelopeHeard
-from macula.backoff import Backoff
-from macula.node import Node
 from macula.store.room_outbox import OutboxBounds, OutboxFullError
-from macula.wire.identity import Identity
 from relay.station import Station
-from support.meshkit import new_identity, settings, station_config
+from support.identities import new_identity
+from support.meshkit import HELD_OFF, member, station_config
+from support.processkit import free_udp_port
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
-
-FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
-HELD_OFF = Backoff(initial_s=120, max_s=120, jitter=0.0)  # reconnects only when woken
-
-
-def free_udp_port() -> int:
-    """A free UDP port whose next one (the station's DHT port) is free too."""
-    while True:
-        with (
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock,
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as dht,
-        ):
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-            try:
-                dht.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-
-
-@asynccontextmanager
-async def member(
-    station: Station, identity: Identity, home: Path, backoff: Backoff = FAST
-) -> AsyncIterator[Agent]:
-    async with (
-        Node(identity, [station.endpoint], backoff=backoff) as node,
-        Agent(node, settings(home, "open")) as agent,
-    ):
-        await agent.hello()
-        yield agent
 
 
 def crash(agent: Agent) -> None:

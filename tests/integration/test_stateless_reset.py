@@ -27,7 +27,8 @@ from macula.quic_resets import (
 )
 from relay.quic_server import ProtocolsByCid
 from relay.station import Station
-from support.meshkit import REALM, new_identity
+from support.identities import new_identity
+from support.meshkit import REALM
 from support.waiting import eventually
 
 pytestmark = [

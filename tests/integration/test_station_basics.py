@@ -12,7 +12,8 @@ from macula.node import Node
 from macula.serving import IncomingCall
 from macula.stations import StationAddress
 from relay.station import Station
-from support.meshkit import OTHER_REALM, REALM, new_identity
+from support.identities import new_identity
+from support.meshkit import OTHER_REALM, REALM
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,12 @@ from macula.wire.identity import ZERO_REALM
 from macula.wire.records import RecordType, new_record, record_version
 from relay.station import Station
 from relay.store import StoreLimits
-from support.meshkit import new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import station_config
+from support.rawclient import now_ms
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 async def test_record_and_content_stuffing_is_refused_and_honest_clients_served(

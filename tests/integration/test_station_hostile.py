@@ -12,8 +12,7 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,14 +20,12 @@ import pytest
 from macula.node import Node
 from macula.serving import IncomingCall
 from macula.session import StreamChannel
-from macula.subscriptions import Subscription
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.content import raw_mcid
 from macula.wire.errors import WireError
 from macula.wire.frames import (
     Advertise,
-    Call,
     Connect,
     Error,
     Event,
@@ -36,7 +33,6 @@ from macula.wire.frames import (
     Goodbye,
     Hello,
     Ping,
-    Publish,
     Result,
     StreamData,
     StreamEnd,
@@ -48,108 +44,23 @@ from macula.wire.frames import (
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import ZERO_REALM, Identity
 from relay.station import Station
+from support.hostilekit import (
+    ECHO,
+    MINUTE_MS,
+    NEWS,
+    HonestPair,
+    call_frame,
+    honest_pair,
+    is_event,
+    is_reply,
+    ping_works,
+    publish_frame,
+)
 from support.meshkit import REALM
-from support.rawclient import RawClient, Received, raw_client, sign_map, stamp
+from support.rawclient import raw_client, sign_map, stamp
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
-
-ECHO = "org.example.honest_echo_v1"
-NEWS = "honest.news"
-MINUTE_MS = 60_000
-
-
-# --- the honest pair ----------------------------------------------------------------------------
-
-
-@dataclass
-class HonestPair:
-    """Alice serves ``ECHO`` and publishes ``NEWS``; Bob subscribes and calls."""
-
-    alice: Node
-    bob: Node
-    news: Subscription | None = None
-    served: int = 0
-    rounds: int = 0
-
-    def echo(self, call: IncomingCall) -> object:
-        self.served += 1
-        return {"echo": call.payload, "caller": call.caller}
-
-    async def check(self) -> None:
-        """One event Alice → Bob and one call Bob → Alice, both must arrive intact."""
-        assert self.news is not None
-        self.rounds += 1
-        marker = {"round": self.rounds, "nonce": os.urandom(4)}
-        seq = await self.alice.publish(REALM, NEWS, marker)
-        while True:
-            got = await self.news.next(5)
-            if got.publisher == self.alice.identity.node_id and got.seq == seq:
-                break
-        assert got.payload == marker and got.authenticated
-        answer = await self.bob.call(REALM, ECHO, marker, timeout=5)
-        assert answer == {"echo": marker, "caller": self.bob.identity.node_id}
-
-
-@contextlib.asynccontextmanager
-async def honest_pair(make_node: Callable[..., Node]) -> AsyncIterator[HonestPair]:
-    """The pair works before the test body and must still work after it."""
-    async with make_node() as alice, make_node() as bob:
-        pair = HonestPair(alice, bob)
-        await alice.advertise(REALM, ECHO, pair.echo)
-        pair.news = await bob.subscribe(REALM, NEWS)
-        await alice.flush()
-        await bob.flush()
-        await pair.check()
-        yield pair
-        await pair.check()
-
-
-# --- frame builders -----------------------------------------------------------------------------
-
-
-def call_frame(
-    caller: bytes, procedure: str = "_relay.ping", realm: bytes = ZERO_REALM, **kw: Any
-) -> Call:
-    fields: dict[str, Any] = {**stamp(), "deadline_ms": stamp()["sent_at_ms"] + MINUTE_MS}
-    fields.update(kw)
-    return Call(
-        call_id=fields.pop("call_id", os.urandom(16)),
-        procedure=procedure,
-        realm=realm,
-        payload=fields.pop("payload", {}),
-        caller=caller,
-        **fields,
-    )
-
-
-def publish_frame(publisher: bytes, topic: str, payload: object, seq: int, **kw: Any) -> Publish:
-    fields: dict[str, Any] = {**stamp(), **kw}
-    return Publish(
-        topic=topic,
-        realm=REALM,
-        publisher=publisher,
-        seq=seq,
-        payload=payload,
-        published_at_ms=fields["sent_at_ms"],
-        **fields,
-    )
-
-
-def is_reply(call_id: bytes) -> Callable[[Received], bool]:
-    return lambda r: r.frame_type in ("result", "error") and r.frame.get("call_id") == call_id
-
-
-def is_event(topic: str) -> Callable[[Received], bool]:
-    return lambda r: r.frame_type == "event" and r.frame.get("topic") == topic.encode()
-
-
-async def ping_works(raw: RawClient) -> None:
-    """The raw connection is still served: a built-in CALL gets its RESULT."""
-    call = call_frame(raw.node_id)
-    raw.send(call)
-    reply = await raw.reply_to(call.call_id)
-    assert reply["frame_type"] == "result" and set(reply["payload"]) == {"ts", "refused"}
 
 
 # --- §13 #1: replay and clock skew --------------------------------------------------------------

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_station_hostile import call_frame, honest_pair, ping_works
 
 from macula.node import Node
 from macula.wire.codes import ErrorCode
@@ -21,7 +20,9 @@ from macula.wire.framing import frame_bytes
 from macula.wire.identity import Identity
 from relay.policy import StationPolicy
 from relay.station import Station
-from support.meshkit import REALM, new_identity, station_config
+from support.hostilekit import call_frame, honest_pair, ping_works
+from support.identities import new_identity
+from support.meshkit import REALM, station_config
 from support.rawclient import raw_client, stamp
 from support.waiting import eventually
 

@@ -14,7 +14,8 @@ import relay.station as station_module
 from macula.store.base import StoreError
 from relay.policy import StationPolicy
 from relay.station import Station
-from support.meshkit import new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import station_config
 from support.rawclient import raw_client
 from support.waiting import eventually
 

@@ -15,7 +15,8 @@ from macula.known_stations import KnownStationsError, station_node_id
 from macula.node import Node
 from macula.stations import parse_station
 from relay.station import Station
-from support.meshkit import new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import station_config
 from tools import local_station, settings
 from tools.cli import _station_check
 from tools.local_station import ForeignStationError

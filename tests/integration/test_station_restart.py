@@ -20,7 +20,8 @@ import pytest
 
 from macula.node import Node
 from macula.quic_backend import ENV as QUIC_ENV
-from support.meshkit import REALM, new_identity
+from support.identities import new_identity
+from support.meshkit import REALM
 from support.processkit import station_process
 
 pytestmark = pytest.mark.anyio

@@ -26,7 +26,9 @@ from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import station_endpoint_key, storage_key_for_procedure
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.station import Station
-from support.meshkit import REALM, new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import REALM, station_config
+from support.rawclient import now_ms
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
@@ -34,10 +36,6 @@ pytestmark = pytest.mark.anyio
 BAD = ErrorCode.UNKNOWN_ERROR  # 0x0F: a built-in refused its argument
 KIB = 1024
 MIB = 1024 * KIB
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def procedure_record(

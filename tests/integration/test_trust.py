@@ -22,7 +22,8 @@ from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.house.services import HouseConfig
 from relay.station import Station
-from support.meshkit import REALM, agent_in, new_identity, station_config
+from support.identities import new_identity
+from support.meshkit import REALM, agent_in, station_config
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -22,7 +22,8 @@ from macula.backoff import Backoff
 from macula.errors import CallTimeout, MeshError
 from macula.node import Node
 from macula.stations import parse_station
-from support.meshkit import REALM, new_identity
+from support.identities import new_identity
+from support.meshkit import REALM
 from support.waiting import eventually
 from support.workerkit import WorkerStation, worker_station
 

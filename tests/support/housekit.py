@@ -1,23 +1,21 @@
-"""What the house-service unit tests share: running a coroutine, reading an ``Outcome``."""
+"""What the house-service unit tests share: reading an ``Outcome``; for the room history, signed
+publications of one room and a fetch of it."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Iterator
+import itertools
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
+from macula.services.house import HISTORY_FETCH
 from macula.wire.codes import ErrorCode
+from macula.wire.frames import Publish, new_frame_id
+from macula.wire.identity import ZERO_REALM, Identity
+from relay.house.history import HistoryService
 from relay.outcome import Outcome
 
 T = TypeVar("T")
 BAD = ErrorCode.UNKNOWN_ERROR
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def wrapper() -> T:
-        return await coro
-
-    return asyncio.run(wrapper())
 
 
 def ok(outcome: Outcome) -> Any:
@@ -46,3 +44,32 @@ def walk(value: object) -> Iterator[object]:
 
 def assert_no_booleans(value: object) -> None:
     assert not [item for item in walk(value) if type(item) is bool]
+
+
+# --- the room history ---
+
+NOW = 1_767_225_600_000
+ROOM = "agents.room." + "ab" * 16
+ALICE = Identity(bytes([1]) * 32)
+BOB = Identity(bytes([2]) * 32)
+_ids = itertools.count(1)
+
+
+def publish(
+    who: Identity, seq: int, topic: str = ROOM, text: str = "hi", *, sign: bool = True
+) -> Publish:
+    frame = Publish(
+        frame_id=new_frame_id(NOW, next(_ids).to_bytes(10, "big")),
+        sent_at_ms=NOW,
+        topic=topic,
+        realm=ZERO_REALM,
+        publisher=who.node_id,
+        seq=seq,
+        payload={"message_id": f"m{seq}", "text": text, "n": [1, 2, {"x": b"\x00"}]},
+        published_at_ms=NOW,
+    )
+    return frame.with_publisher_sig(who) if sign else frame
+
+
+async def fetch(history: HistoryService, caller: bytes = BOB.node_id, **args: Any) -> Any:
+    return await history.handle(HISTORY_FETCH, {"topic": ROOM, **args}, caller, NOW)

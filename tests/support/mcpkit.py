@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp import Client, ClientSession, StdioServerParameters
+from pydantic import BaseModel
 
 from tools.daemon_socket import read_pid, socket_path
 from tools.launch import server_command
@@ -139,3 +140,10 @@ async def killable_server(home: Path, env: dict[str, str]) -> AsyncIterator[Stri
 def kill(home: Path) -> None:
     """SIGKILL the ``macula-mcp`` that ``killable_server`` started for ``home``."""
     os.kill(int((home / "pid").read_text().strip()), signal.SIGKILL)
+
+
+class Pushed(BaseModel):
+    """A channel notification's params, as a harness that declared the channel receives them."""
+
+    content: str
+    meta: dict[str, str]

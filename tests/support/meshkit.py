@@ -1,29 +1,31 @@
-"""Helpers for integration tests: realms, identities, station configs."""
+"""Helpers for integration tests: realms, station configs, stations linked in one process
+(``three_stations``, ``start_mesh``), agents."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 from macula.agent.agent import Agent, AgentSettings
 from macula.agent.presence import Profile
+from macula.backoff import Backoff
 from macula.node import Node
+from macula.serving import IncomingCall
 from macula.store.base import StorePaths
 from macula.wire.identity import Identity, realm_tag
+from relay.federation.dht import DhtConfig
 from relay.federation.links import LinkTarget
 from relay.policy import StationPolicy
 from relay.station import Station, StationConfig
 
+from .identities import new_identity
+from .waiting import eventually
+
 REALM = realm_tag("org.example.integration")
 OTHER_REALM = realm_tag("org.example.elsewhere")
-
-
-def new_identity() -> Identity:
-    return Identity.generate(os.urandom)
 
 
 def station_config(
@@ -32,6 +34,11 @@ def station_config(
     return StationConfig(
         data_dir=data_dir, port=port, policy=policy or StationPolicy(), tick_interval_s=0.05
     )
+
+
+def echo(call: IncomingCall) -> object:
+    """A served procedure's handler: the payload back."""
+    return call.payload
 
 
 # --- federation: stations linked in one process ---------------------------------------------
@@ -60,8 +67,6 @@ async def three_stations(
 ) -> AsyncIterator[tuple[Station, Station, Station]]:
     """Stations a, b, c under ``root``: b joins through a, c through a (and b, unless
     ``c_dials_b`` is 0, as the README starts them); yielded once their links are up."""
-    from .waiting import eventually
-
     async with AsyncExitStack() as stack:
         a = await stack.enter_async_context(Station(fast(station_config(root / "a"), [])))
         b = await stack.enter_async_context(Station(fast(station_config(root / "b"), [target(a)])))
@@ -105,3 +110,56 @@ async def agent_in(
         Agent(node, settings(home, policy, **kw)) as a,
     ):
         yield a
+
+
+# --- agents that reconnect: a quick redial, or none until woken --------------------------------
+
+QUICK_REDIAL = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
+HELD_OFF = Backoff(initial_s=120, max_s=120, jitter=0.0)  # reconnects only when woken
+
+
+@asynccontextmanager
+async def member(
+    station: Station, identity: Identity, home: Path, backoff: Backoff = QUICK_REDIAL
+) -> AsyncIterator[Agent]:
+    """An open-policy agent of ``identity`` at ``station``, said hello."""
+    async with (
+        Node(identity, [station.endpoint], backoff=backoff) as node,
+        Agent(node, settings(home, "open")) as agent,
+    ):
+        await agent.hello()
+        yield agent
+
+
+def hex_of(agent: Agent) -> str:
+    """``agent``'s node id in hex."""
+    return agent.node.identity.node_id.hex()
+
+
+def mesh_config(data_dir: Path, peers: list[LinkTarget]) -> StationConfig:
+    return dataclasses.replace(
+        station_config(data_dir),
+        peers=peers,
+        discover_interval_s=0.1,
+        link_backoff_s=0.05,
+        link_backoff_max_s=0.2,
+        link_timeout_s=2.0,
+        dht=DhtConfig(rpc_timeout_s=0.5),
+    )
+
+
+async def start_mesh(stack: AsyncExitStack, tmp_path: Path) -> tuple[Station, Station, Station]:
+    """A alone, then B and C naming only A; returns once all three are linked pairwise."""
+    a = await stack.enter_async_context(Station(mesh_config(tmp_path / "a", [])))
+    b = await stack.enter_async_context(Station(mesh_config(tmp_path / "b", [target(a)])))
+    c = await stack.enter_async_context(Station(mesh_config(tmp_path / "c", [target(a)])))
+    await eventually(
+        lambda: (
+            linked(a) == {b.node_id, c.node_id}
+            and linked(b) == {a.node_id, c.node_id}
+            and linked(c) == {a.node_id, b.node_id}
+        ),
+        timeout=15,
+        message="B and C did not link through what the DHT told them",
+    )
+    return a, b, c

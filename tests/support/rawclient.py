@@ -21,7 +21,7 @@ from macula.quic_backend import events
 from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire import cbor
 from macula.wire.errors import FramingError
-from macula.wire.frames import Call, Connect, Frame, new_frame_id
+from macula.wire.frames import CAP_STATION, Call, Connect, Frame, new_frame_id
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import DOMAIN_FRAME, ZERO_REALM, Identity
 from relay.station import Station
@@ -256,3 +256,18 @@ async def raw_client(
             hello = await client.handshake()
             assert hello.get("accepted") == "true", f"station refused the raw client: {hello}"
         yield client
+
+
+async def link_in(raw: RawClient) -> dict[str, Any]:
+    """CONNECT with the station bit: the HELLO (accepted or not)."""
+    raw.control = raw.new_stream()
+    connect = Connect(
+        **stamp(),
+        capabilities=CAP_STATION,
+        node_id=raw.node_id,
+        station_id=raw.node_id,
+        puzzle_evidence=raw.identity.puzzle_evidence,
+    )
+    raw.send(connect)
+    hello = await raw.expect(lambda r: r.frame_type == "hello")
+    return hello.frame

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from macula.store.base import SqliteStore, _on_thread
+
+from .waiting import eventually
 
 
 def trips(store: SqliteStore) -> list[object]:
@@ -26,16 +27,6 @@ def trips(store: SqliteStore) -> list[object]:
     return seen
 
 
-async def until(check: Callable[[], object], timeout: float = 5.0) -> None:
-    """Until ``check()`` holds; AssertionError after ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0)  # one loop turn for the tasks under test, then check again
-
-
 async def hold(store: SqliteStore) -> tuple[threading.Event, asyncio.Task[None]]:
     """``store``'s thread blocked, running a call queued before anything else, until the
     returned event is set (returned once the call runs there)."""
@@ -46,5 +37,5 @@ async def hold(store: SqliteStore) -> tuple[threading.Event, asyncio.Task[None]]
         release.wait(10)
 
     holding = asyncio.ensure_future(_on_thread(store._db, blocked))
-    await until(running.is_set)
+    await eventually(running.is_set, interval=0)
     return release, holding

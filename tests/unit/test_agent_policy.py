@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from macula.agent.contact_policy import (
     trust,
     untrust,
 )
+from support.paths import file_mode
 
 ALICE = bytes([0xAA]) * 32
 BOB = bytes([0xBB]) * 32
@@ -30,10 +30,6 @@ BOB = bytes([0xBB]) * 32
 def write(path: Path, content: Any) -> Path:
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     return path
-
-
-def mode_bits(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 @pytest.fixture
@@ -244,8 +240,8 @@ def test_trust_creates_the_file_0600_in_a_new_0700_directory(tmp_path: Path) -> 
         "contact_policy": "allowlist",
         "allowlist": [ALICE.hex()],
     }
-    assert mode_bits(path) == 0o600
-    assert mode_bits(path.parent) == 0o700
+    assert file_mode(path) == 0o600
+    assert file_mode(path.parent) == 0o700
     assert sorted(os.listdir(path.parent)) == ["contact_policy.json"]  # no temporary file left
 
 
@@ -281,7 +277,7 @@ def test_trust_keeps_every_other_key_and_makes_an_existing_file_0600(policy_file
     trust(policy_file, ALICE)
     data = json.loads(policy_file.read_text())
     assert data["offers"] == ["erlang"] and data["note"] == {"x": [1, 2]}
-    assert mode_bits(policy_file) == 0o600
+    assert file_mode(policy_file) == 0o600
 
 
 def test_trust_keeps_invalid_entries_and_their_error(policy_file: Path) -> None:
@@ -329,7 +325,7 @@ def test_untrust_removes_every_spelling_and_never_touches_the_mode(
         "allowlist": [BOB.hex()],
     }
     assert state.allowlist == (BOB.hex(),)
-    assert mode_bits(policy_file) == 0o600
+    assert file_mode(policy_file) == 0o600
 
 
 def test_untrust_without_a_file_or_entry_writes_nothing(policy_file: Path) -> None:

@@ -12,12 +12,10 @@ import json
 import os
 import signal
 import sqlite3
-import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +38,8 @@ from macula.store import (
 )
 from macula.store import base as store_base
 from macula.store.base import SqliteStore
+from support.paths import file_mode
+from support.running import run
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -50,17 +50,6 @@ CAROL = bytes(range(65, 97))
 ROOM = "agents.room.0123456789abcdef0123456789abcdef"
 LOBBY = "agents.lobby"
 STORES: tuple[type[SqliteStore], ...] = (RosterStore, TranscriptStore, RingStore)
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def wrapper() -> T:
-        return await coro
-
-    return asyncio.run(wrapper())
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 def user_version(path: Path) -> int:
@@ -138,15 +127,15 @@ def test_file_modes_db_wal_shm_0600_in_new_0700_dirs(
             for suffix in ("", "-wal", "-shm"):
                 side = path.with_name(path.name + suffix)
                 assert side.exists(), suffix
-                assert mode(side) == 0o600, suffix
+                assert file_mode(side) == 0o600, suffix
 
     old = os.umask(0o022)
     try:
         run(main())
     finally:
         os.umask(old)
-    assert mode(tmp_path / "a") == 0o700
-    assert mode(tmp_path / "a" / "b") == 0o700
+    assert file_mode(tmp_path / "a") == 0o700
+    assert file_mode(tmp_path / "a" / "b") == 0o700
 
 
 def test_existing_loose_file_is_tightened_and_existing_dir_left_alone(tmp_path: Path) -> None:
@@ -162,8 +151,8 @@ def test_existing_loose_file_is_tightened_and_existing_dir_left_alone(tmp_path: 
             assert await roster.count() == 0
 
     run(main())
-    assert mode(path) == 0o600
-    assert mode(directory) == 0o755
+    assert file_mode(path) == 0o600
+    assert file_mode(directory) == 0o755
 
 
 @pytest.mark.parametrize("store_class", STORES)

@@ -4,7 +4,6 @@ and a history source that answers like ``macula.history.fetch_v1``."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import sqlite3
 from pathlib import Path
@@ -14,51 +13,21 @@ from typing import Any, cast
 import pytest
 
 from macula.agent.catchup import CatchUp
-from macula.agent.envelope import LOBBY_TOPIC, build_envelope, new_message_id, new_room_topic
+from macula.agent.envelope import LOBBY_TOPIC, new_room_topic
 from macula.agent.rooms import RoomError, Rooms
 from macula.node import Node
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 from macula.wire.frames import publication_signable
 from macula.wire.identity import ZERO_REALM, Identity
+from support.roomkit import BOB, CAROL, ME, NOW_MS, envelope, rooms_of, said
 
-NOW_MS = 1_700_000_000_000
-ME = Identity(bytes([7]) * 32)
-BOB = Identity(bytes([8]) * 32)
-CAROL = Identity(bytes([9]) * 32)
 STATION = bytes([5]) * 32
-_seq = itertools.count(1_000)
-
-
-def _rooms(transcript: TranscriptStore) -> Rooms:
-    node = cast(Node, SimpleNamespace(identity=ME))
-    return Rooms(node, transcript, lambda: NOW_MS)
-
-
-def envelope(topic: str, sender: Identity, text: str, **fields: Any) -> dict[str, Any]:
-    return dict(
-        build_envelope(
-            message_id=new_message_id(os.urandom(16)),
-            room_topic=topic,
-            sender=sender.node_id,
-            kind=fields.pop("kind", "remark_made"),
-            text=text,
-            sent_at=fields.pop("sent_at", NOW_MS),
-            **fields,
-        )
-    )
-
-
-async def said(rooms: Rooms, topic: str, sender: Identity, text: str, **kw: Any) -> str:
-    """Record what ``sender`` said as the tap would; its message_id."""
-    env = envelope(topic, sender, text, **kw)
-    await rooms._record(env, sender.node_id, True, next(_seq))
-    return str(env["message_id"])
 
 
 def run_in(tmp_path: Path, body: Any) -> None:
     async def scenario() -> None:
         async with await TranscriptStore.open(tmp_path / "transcript.sqlite3") as transcript:
-            await body(_rooms(transcript), transcript)
+            await body(rooms_of(transcript), transcript)
 
     asyncio.run(scenario())
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
-import nacl.bindings
-import pytest
-from test_router_core import (
+from macula.wire.codes import ErrorCode
+from macula.wire.frames import CAP_STATION, Call, Connect, Event, Hello, Result
+from macula.wire.identity import Identity
+from relay.actions import Send
+from relay.core import RouterCore
+from support.identities import hardened
+from support.routerkit import (
     ALICE,
     BOB,
     MALLORY,
@@ -33,48 +34,14 @@ from test_router_core import (
     closed,
     envelope,
     fresh_id,
-    hardened,
     only,
     sent,
     station_error,
 )
-
-from macula.wire.codes import ErrorCode
-from macula.wire.frames import CAP_STATION, Call, Connect, Event, Hello, Result
-from macula.wire.identity import Identity
-from relay.actions import Send
-from relay.core import RouterCore
+from support.verifycount import Verifies
 
 OTHER_STATION = Identity(bytes(range(140, 172)))
 LINKED = hardened(30)
-
-
-class Verifies:
-    """Ed25519 verifies libsodium made while ``counting``."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.n = 0
-        self.counting = False
-        verify = nacl.bindings.crypto_sign_open
-
-        def counted(*args: Any, **kw: Any) -> Any:
-            self.n += self.counting
-            return verify(*args, **kw)
-
-        monkeypatch.setattr(nacl.bindings, "crypto_sign_open", counted)
-
-    @contextmanager
-    def on(self) -> Iterator[None]:
-        self.counting = True
-        try:
-            yield
-        finally:
-            self.counting = False
-
-
-@pytest.fixture
-def verifies(monkeypatch: pytest.MonkeyPatch) -> Verifies:
-    return Verifies(monkeypatch)
 
 
 def bound_connect(client: Client, to: bytes = STATION.node_id, *, now: int = NOW) -> Connect:

@@ -9,45 +9,17 @@ frames), and still verifies ``publisher_sig`` once and every frame another node 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import nacl.bindings
 import pytest
-from test_client_pair import ALICE, BOB, REALM, STATION, Link, established
 
 from macula.client_core import ClientCore
 from macula.client_events import EventArrived, HandshakeFailed, Transmit
 from macula.wire.frames import Hello, new_frame_id
 from macula.wire.framing import FrameDecoder
+from support.pairkit import ALICE, BOB, REALM, STATION, Link, established
 from support.stationmesh import Clock
-
-
-class Verifies:
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.n = 0
-        self.counting = False
-        verify = nacl.bindings.crypto_sign_open
-
-        def counted(*args: Any, **kw: Any) -> Any:
-            self.n += self.counting
-            return verify(*args, **kw)
-
-        monkeypatch.setattr(nacl.bindings, "crypto_sign_open", counted)
-
-    @contextmanager
-    def on(self) -> Iterator[None]:
-        self.n, self.counting = 0, True
-        try:
-            yield
-        finally:
-            self.counting = False
-
-
-@pytest.fixture
-def verifies(monkeypatch: pytest.MonkeyPatch) -> Verifies:
-    return Verifies(monkeypatch)
+from support.verifycount import Verifies
 
 
 def connect_map(core: ClientCore) -> dict[str, Any]:

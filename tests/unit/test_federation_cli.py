@@ -7,10 +7,7 @@ from pathlib import Path
 import pytest
 
 from relay.cli import build_parser, config_from_args
-
-
-def config(*argv: str) -> object:
-    return config_from_args(build_parser().parse_args(["--data-dir", "/tmp/x", *argv]))
+from support.stationcli import cli_config
 
 
 def test_the_dht_port_defaults_to_the_stations_choice() -> None:
@@ -39,5 +36,5 @@ def test_a_dht_port_is_passed_on() -> None:
 )
 def test_bad_dht_ports_are_refused(argv: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as exited:
-        config(*argv)
+        cli_config(*argv)
     assert message in str(exited.value)

@@ -23,6 +23,7 @@ from relay.federation.dht_storage import (
     encode_value,
     newest_per_signer,
 )
+from support.dhtkit import digest
 
 NOW = 1_767_225_600_000
 ALICE = Identity(bytes(range(1, 33)))
@@ -49,10 +50,6 @@ def record(
         ttl_ms=ttl_ms,
         subject_id=subject if record_type >= 0x20 else None,
     )
-
-
-def digest(rec: Record) -> bytes:
-    return dht_id(dht_storage_key(rec))
 
 
 def shelf(**limits: int) -> RecordShelf:

@@ -16,9 +16,8 @@ from relay.federation.dht_storage import (
     RecordShelf,
     VerifiedRecords,
     check_record,
-    dht_id,
-    dht_storage_key,
 )
+from support.dhtkit import digest
 
 NOW = 1_767_225_600_000
 ALICE = Identity(bytes(range(1, 33)))
@@ -34,10 +33,6 @@ def note(created: int = NOW, text: str = "y", ttl_ms: int = 3_600_000) -> Record
         ttl_ms=ttl_ms,
         subject_id=b"s",
     )
-
-
-def digest(rec: Record) -> bytes:
-    return dht_id(dht_storage_key(rec))
 
 
 @pytest.fixture

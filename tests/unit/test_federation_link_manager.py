@@ -13,6 +13,7 @@ import pytest
 
 from relay.cli import build_parser, config_from_args
 from relay.federation.links import LinkFailed, LinkManager, LinkTarget, parse_peer
+from support.waiting import eventually
 
 ME = bytes([1]) * 32
 P1, P2, P3 = (LinkTarget(bytes([n]) * 32, "127.0.0.1", 4000 + n) for n in (2, 3, 4))
@@ -53,20 +54,12 @@ class Fake:
         return LinkManager(ME, **defaults)  # type: ignore[arg-type]
 
 
-async def until(check: object, turns: int = 2_000) -> None:
-    for _ in range(turns):
-        if callable(check) and check():
-            return
-        await asyncio.sleep(0)  # a polled predicate, bounded in loop turns, not in time
-    raise AssertionError("condition not met")
-
-
 @pytest.mark.anyio
 async def test_failed_dials_back_off_exponentially_up_to_the_cap() -> None:
     fake = Fake()
     links = fake.manager(peers=[P1], backoff_base_s=0.5, backoff_max_s=4.0)
     links.start()
-    await until(lambda: len(fake.sleeps) >= 6)
+    await eventually(lambda: len(fake.sleeps) >= 6, interval=0)
     await links.stop()
     assert fake.sleeps[:6] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
     assert set(fake.dialled) == {P1.node_id}
@@ -85,7 +78,7 @@ async def test_a_link_that_stayed_up_redials_without_growing_backoff() -> None:
     fake = Fake(fail=False, hold_s=60.0)
     links = fake.manager(peers=[P1], backoff_base_s=0.5, stable_s=10.0)
     links.start()
-    await until(lambda: len(fake.sleeps) >= 4)
+    await eventually(lambda: len(fake.sleeps) >= 4, interval=0)
     await links.stop()
     assert fake.sleeps[:4] == [0.5, 0.5, 0.5, 0.5]
 
@@ -96,7 +89,7 @@ async def test_never_itself_never_twice_and_at_most_max_links() -> None:
     own = LinkTarget(ME, "127.0.0.1", 1)
     links = fake.manager(peers=[own, P1, P1, P2, P3], max_links=2)
     links.start()
-    await until(lambda: {P1.node_id, P2.node_id} <= set(fake.dialled))
+    await eventually(lambda: {P1.node_id, P2.node_id} <= set(fake.dialled), interval=0)
     await links.stop()
     assert set(fake.dialled) == {P1.node_id, P2.node_id}
 
@@ -107,10 +100,10 @@ async def test_a_station_already_linked_is_not_dialled() -> None:
     fake.links.add(P1.node_id)  # it dialled us
     links = fake.manager(peers=[P1], backoff_max_s=7.0)
     links.start()
-    await until(lambda: len(fake.sleeps) >= 3)
+    await eventually(lambda: len(fake.sleeps) >= 3, interval=0)
     assert fake.dialled == [] and fake.sleeps[:3] == [7.0, 7.0, 7.0]
     fake.links.clear()  # that link is lost: now this station dials
-    await until(lambda: fake.dialled == [P1.node_id])
+    await eventually(lambda: fake.dialled == [P1.node_id], interval=0)
     await links.stop()
 
 
@@ -124,8 +117,8 @@ async def test_discovery_adds_stations_and_drops_the_ones_it_no_longer_names() -
 
     links = fake.manager(peers=[P3], discover=discover, discover_interval_s=1.0)
     links.start()
-    await until(lambda: {P1.node_id, P2.node_id, P3.node_id} <= set(fake.dialled))
-    await until(lambda: P1.node_id not in links.targets)
+    await eventually(lambda: {P1.node_id, P2.node_id, P3.node_id} <= set(fake.dialled), interval=0)
+    await eventually(lambda: P1.node_id not in links.targets, interval=0)
     assert set(links.targets) == {P2.node_id, P3.node_id}  # --peer entries stay
     await links.stop()
 
@@ -144,7 +137,7 @@ async def test_a_failing_discovery_is_retried() -> None:
 
     links = fake.manager(discover=discover)
     links.start()
-    await until(lambda: P1.node_id in fake.dialled)
+    await eventually(lambda: P1.node_id in fake.dialled, interval=0)
     await links.stop()
 
 
@@ -153,9 +146,9 @@ async def test_halt_stops_redialling_and_stop_ends_every_task() -> None:
     fake = Fake()
     links = fake.manager(peers=[P1, P2])
     links.start()
-    await until(lambda: len(fake.dialled) >= 2)
+    await eventually(lambda: len(fake.dialled) >= 2, interval=0)
     links.halt()
-    await until(lambda: not links._tasks)
+    await eventually(lambda: not links._tasks, interval=0)
     dialled = len(fake.dialled)
     await links.stop()
     await asyncio.sleep(0)  # one loop turn: a dial scheduled after stop would have started
@@ -174,7 +167,7 @@ async def test_an_unexpected_error_does_not_end_the_redialling() -> None:
 
     links = fake.manager(peers=[P1], run_link=flaky)
     links.start()
-    await until(lambda: seen >= 3)
+    await eventually(lambda: seen >= 3, interval=0)
     await links.stop()
 
 
@@ -233,7 +226,7 @@ async def test_stations_a_link_names_are_dialled_at_once_never_itself_or_twice()
     links.start()
     own = LinkTarget(ME, "127.0.0.1", 1)
     assert links.learn([own, P1, P2, P2, P3]) == 1  # P1 is a target already
-    await until(lambda: P2.node_id in fake.dialled)
+    await eventually(lambda: P2.node_id in fake.dialled, interval=0)
     assert set(links.targets) == {P1.node_id, P2.node_id}
     await links.stop()
     assert links.learn([P3]) == 0  # stopped: nothing new is dialled
@@ -252,10 +245,10 @@ async def test_a_learned_station_outlives_a_discovery_round_that_does_not_name_i
     links = fake.manager(discover=discover, discover_interval_s=10.0)
     links.start()
     links.learn([P1])
-    await until(lambda: rounds >= 3)  # rounds run while the clock stands still
+    await eventually(lambda: rounds >= 3, interval=0)  # rounds run while the clock stands still
     assert P1.node_id in links.targets  # learned less than an interval ago: kept
     fake.now = 11.0  # a discovery interval later, still not named and not linked: dropped
-    await until(lambda: P1.node_id not in links.targets)
+    await eventually(lambda: P1.node_id not in links.targets, interval=0)
     await links.stop()
 
 
@@ -276,8 +269,8 @@ async def test_a_station_told_of_a_newcomer_waits_and_does_not_dial_once_linked(
     links.start()
     assert links.learn([P1, P2], after_s=2.0) == 2
     fake.links.add(P1.node_id)  # during the wait the newcomer P1 dialled this station
-    await until(lambda: P2.node_id in fake.dialled)
+    await eventually(lambda: P2.node_id in fake.dialled, interval=0)
     assert fake.sleeps[:2] == [2.0, 2.0]  # each waited first
-    await until(lambda: len(fake.sleeps) >= 6)
+    await eventually(lambda: len(fake.sleeps) >= 6, interval=0)
     await links.stop()
     assert P1.node_id not in fake.dialled  # linked by its own dial: never dialled from here

@@ -35,14 +35,11 @@ from relay.core import RouterCore
 from relay.federation.dedup import RelayedEventDedup
 from relay.policy import Quotas, StationPolicy
 from relay.station_frames import DELIVERED_VIA_RELAYED, dht_port_of
+from support.identities import hardened
 
 NOW = 1_767_225_600_000
 REALM = realm_tag("test.federation")
 TOPIC = "news"
-
-
-def hardened(n: int) -> Identity:
-    return Identity.generate(random.Random(n).randbytes)
 
 
 # three station identities in ascending node-id order (the duplicate rule compares them)

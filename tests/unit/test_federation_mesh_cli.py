@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from relay.cli import build_parser, config_from_args
 from relay.federation.dht_storage import DhtLimits
 from relay.policy import StationPolicy
-from relay.station import StationConfig
-
-
-def config(*argv: str) -> StationConfig:
-    return config_from_args(build_parser().parse_args(["--data-dir", "/tmp/x", *argv]))
+from support.stationcli import cli_config
 
 
 def test_the_defaults_are_the_stations() -> None:
-    parsed, policy, limits = config(), StationPolicy(), DhtLimits()
+    parsed, policy, limits = cli_config(), StationPolicy(), DhtLimits()
     assert parsed.policy.max_inbound_links == policy.max_inbound_links == 64
     assert parsed.policy.quotas.station_event_rate == policy.quotas.station_event_rate
     assert parsed.policy.replay_cache_per_link == policy.replay_cache_per_link
@@ -24,7 +19,7 @@ def test_the_defaults_are_the_stations() -> None:
 
 
 def test_every_federation_flag_reaches_the_config() -> None:
-    parsed = config(
+    parsed = cli_config(
         *("--max-inbound-links", "3", "--discover-interval", "2.5"),
         *("--known-peers-max", "0", "--station-event-rate", "500"),
         *("--replay-cache-per-link", "1000", "--replay-signers-per-link", "100"),
@@ -56,10 +51,10 @@ def test_bad_values_are_refused_naming_the_flag(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        config(*argv)
+        cli_config(*argv)
     assert argv[0] in capsys.readouterr().err
 
 
 def test_a_negative_known_peers_max_is_refused() -> None:
     with pytest.raises(SystemExit, match="--known-peers-max must be >= 0"):
-        config("--known-peers-max", "-1")
+        cli_config("--known-peers-max", "-1")

@@ -19,12 +19,9 @@ from relay.federation.mesh_roster import (
     flag,
     mesh_payload,
 )
+from support.identities import new_identity as identity
 
 NOW = 1_800_000_000_000
-
-
-def identity() -> Identity:
-    return Identity.generate(os.urandom)
 
 
 SENDER, B, C = identity(), identity(), identity()

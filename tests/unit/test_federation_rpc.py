@@ -26,15 +26,12 @@ from macula.wire.identity import Identity, realm_tag
 from relay.actions import Action, Send, StationReplied
 from relay.outcome import Outcome
 from relay.policy import Quotas
+from support.identities import hardened
 from support.stationmesh import Client, Mesh, MeshStation
 
 REALM = realm_tag("test.federation-rpc")
 ADD = "org.example.add_v1"
 X_ID, Y_ID, Z_ID = (Identity(bytes(range(b, b + 32))) for b in (100, 140, 180))
-
-
-def hardened(n: int) -> Identity:
-    return Identity.generate(random.Random(n).randbytes)
 
 
 ALICE, BOB, CAROL, DAVE = hardened(21), hardened(22), hardened(23), hardened(24)

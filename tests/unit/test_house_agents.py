@@ -27,7 +27,8 @@ from relay.house.agents import (
     key_holder_procedure,
 )
 from relay.outcome import Outcome
-from support.housekit import assert_no_booleans, ok, refused, run
+from support.housekit import assert_no_booleans, ok, refused
+from support.running import run
 
 T = TypeVar("T")
 

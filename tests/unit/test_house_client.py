@@ -11,7 +11,7 @@ from macula.dht import DhtClient
 from macula.house_client import HouseClient
 from macula.services.house import MEMORY_ADD
 from macula.wire.identity import Identity
-from support.housekit import run
+from support.running import run
 
 STATION_A, STATION_B = b"\xaa" * 32, b"\xbb" * 32
 REALM_A, REALM_B = b"\x01" * 32, b"\x02" * 32

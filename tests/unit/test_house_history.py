@@ -14,46 +14,23 @@ import pytest
 
 from macula.services.house import HISTORY_FETCH
 from macula.wire.codes import ErrorCode
-from macula.wire.frames import Publish, new_frame_id, publication_signable
-from macula.wire.identity import ZERO_REALM, Identity, verify
+from macula.wire.frames import publication_signable
+from macula.wire.identity import verify
 from relay.cli import build_parser, config_from_args
 from relay.house import history as history_module
 from relay.house.history import HistoryBounds, HistoryService, HistoryStore, keepable
-from support.housekit import assert_no_booleans, ok, refused, run
-from support.storekit import hold, until
+from support.housekit import ALICE, BOB, NOW, ROOM, assert_no_booleans, fetch, ok, publish, refused
+from support.running import run
+from support.storekit import hold
 from support.storekit import trips as trips_of
+from support.waiting import eventually
 
-NOW = 1_767_225_600_000
-ROOM = "agents.room." + "ab" * 16
 OTHER = "agents.room." + "cd" * 16
-ALICE = Identity(bytes([1]) * 32)
-BOB = Identity(bytes([2]) * 32)
-_ids = itertools.count(1)
-
-
-def publish(
-    who: Identity, seq: int, topic: str = ROOM, text: str = "hi", *, sign: bool = True
-) -> Publish:
-    frame = Publish(
-        frame_id=new_frame_id(NOW, next(_ids).to_bytes(10, "big")),
-        sent_at_ms=NOW,
-        topic=topic,
-        realm=ZERO_REALM,
-        publisher=who.node_id,
-        seq=seq,
-        payload={"message_id": f"m{seq}", "text": text, "n": [1, 2, {"x": b"\x00"}]},
-        published_at_ms=NOW,
-    )
-    return frame.with_publisher_sig(who) if sign else frame
 
 
 async def service(tmp_path: Path, **bounds: int) -> HistoryService:
     store = await HistoryStore.open(tmp_path / "history.sqlite3")
     return HistoryService(store, HistoryBounds(**bounds))
-
-
-async def fetch(history: HistoryService, caller: bytes = BOB.node_id, **args: Any) -> Any:
-    return await history.handle(HISTORY_FETCH, {"topic": ROOM, **args}, caller, NOW)
 
 
 def test_signed_room_events_are_kept_and_verify_end_to_end(tmp_path: Path) -> None:
@@ -351,7 +328,9 @@ def test_a_keep_is_one_trip_and_a_cancelled_one_leaves_the_counts_true(tmp_path:
         release, holding = await hold(store)  # its call is the 3rd trip
         batch = [keepable(publish(ALICE, next(seqs)), NOW) for _ in range(2)]
         keeping = asyncio.ensure_future(store.keep(batch, history.bounds, NOW))  # type: ignore[arg-type]
-        await until(lambda: len(trips) == 4)  # the keep's trip is queued behind the held call
+        await eventually(
+            lambda: len(trips) == 4, interval=0
+        )  # the keep's trip is queued behind the held call
         keeping.cancel()
         release.set()
         with contextlib.suppress(asyncio.CancelledError):

@@ -9,10 +9,9 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from test_house_history import ALICE, fetch, publish
-
 from relay.house.history import HistoryBounds, HistoryService, HistoryStore
-from support.housekit import ok, run
+from support.housekit import ALICE, fetch, ok, publish
+from support.running import run
 
 
 class Owner:

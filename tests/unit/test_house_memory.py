@@ -30,6 +30,7 @@ from relay.house.memory import (
     query_terms,
 )
 from relay.outcome import Outcome
+from support.running import run
 
 T = TypeVar("T")
 
@@ -47,13 +48,6 @@ SOURDOUGH = (
     "Feeding a sourdough starter: discard half, add equal weights of flour and water, and keep"
     " it somewhere warm until it doubles. A starter fed twice a day stays lively."
 )
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def wrapper() -> T:
-        return await coro
-
-    return asyncio.run(wrapper())
 
 
 def sha256(text: str) -> str:

@@ -39,7 +39,8 @@ from relay.house.stations import (
     StationInfo,
 )
 from relay.outcome import Outcome
-from support.housekit import assert_no_booleans, ok, refused, run
+from support.housekit import assert_no_booleans, ok, refused
+from support.running import run
 
 NOW = 1_767_225_600_000
 HERE = bytes([9]) * 32

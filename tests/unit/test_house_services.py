@@ -17,7 +17,8 @@ from relay.cli import build_parser, config_from_args
 from relay.house.agents import key_holder_procedure
 from relay.house.services import HouseConfig, HouseServices
 from relay.outcome import Outcome
-from support.housekit import ok, refused, run
+from support.housekit import ok, refused
+from support.running import run
 
 NOW_MS = 1_767_225_600_000
 STATION = bytes(range(100, 132))

@@ -24,7 +24,8 @@ from relay.house.stations import (
     haversine_km,
 )
 from relay.outcome import Outcome
-from support.housekit import assert_no_booleans, ok, refused, run
+from support.housekit import assert_no_booleans, ok, refused
+from support.running import run
 
 T = TypeVar("T")
 

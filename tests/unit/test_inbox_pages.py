@@ -17,21 +17,19 @@ from typing import Any, cast
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_agent_unread import said as said_at
 
 from macula.agent.envelope import LOBBY_TOPIC, new_room_topic
 from macula.agent.rooms import Rooms
-from macula.node import Node
 from macula.store.transcript import TranscriptStore
 from macula.wire.identity import Identity
+from support.roomkit import ME, NOW_MS, rooms_of
+from support.roomkit import said as said_at
 from tools.inbox_views import inbox_page, text_part
 from tools.paging import PageBudget, parse_cursor, size
 from tools.results import MAX_RESULT_BYTES, InvalidArgument, bounded, plain
 from tools.runtime import Runtime
 from tools.wait_views import unread_view, wait_fit
 
-NOW_MS = 1_700_000_000_000
-ME = Identity(bytes([7]) * 32)
 SENDERS = [Identity(bytes([8 + i]) * 32) for i in range(3)]
 MAX_SAY_BYTES = 16 * 1024
 _seq = itertools.count(1)
@@ -40,11 +38,6 @@ _seq = itertools.count(1)
 async def said(rooms: Rooms, topic: str, sender: Identity, text: str, **kw: Any) -> str:
     """Record what ``sender`` said as the tap would, each later than the last; its id."""
     return await said_at(rooms, topic, sender, text, sent_at=NOW_MS + next(_seq), **kw)
-
-
-def _rooms(transcript: TranscriptStore) -> Rooms:
-    node = cast(Node, SimpleNamespace(identity=ME))
-    return Rooms(node, transcript, lambda: NOW_MS)
 
 
 def _runtime(rooms: Rooms) -> Runtime:
@@ -106,7 +99,7 @@ def test_repeating_the_call_reaches_every_message_once_and_marks_only_what_it_re
 
     async def scenario() -> None:
         async with await TranscriptStore.open(path) as transcript:
-            rooms = _rooms(transcript)
+            rooms = rooms_of(transcript)
             topics = [new_room_topic(os.urandom(16)) for _ in range(3)]
             for topic in topics:
                 await transcript.join_room(topic, "participant", 0, None, NOW_MS)
@@ -152,7 +145,7 @@ def test_repeating_the_call_reaches_every_message_once_and_marks_only_what_it_re
 def test_a_peek_goes_on_with_its_cursor_and_marks_nothing(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await TranscriptStore.open(tmp_path / "t.sqlite3") as transcript:
-            rooms = _rooms(transcript)
+            rooms = rooms_of(transcript)
             topic = new_room_topic(os.urandom(16))
             await transcript.join_room(topic, "participant", 0, None, NOW_MS)
             sent = [await said(rooms, topic, SENDERS[0], f"m{i}") for i in range(10)]
@@ -179,7 +172,7 @@ def test_a_thousand_unread_of_mixed_sizes_in_two_busy_rooms_all_come_back_within
 ) -> None:
     async def scenario() -> None:
         async with await TranscriptStore.open(tmp_path / "t.sqlite3") as transcript:
-            rooms = _rooms(transcript)
+            rooms = rooms_of(transcript)
             runtime = _runtime(rooms)
             busy, other = (new_room_topic(os.urandom(16)) for _ in range(2))
             for topic in (busy, other):
@@ -259,7 +252,7 @@ def test_a_cursor_this_server_did_not_hand_out_is_refused(cursor: Any) -> None:
 def test_the_inbox_result_is_plain_json(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with await TranscriptStore.open(tmp_path / "t.sqlite3") as transcript:
-            rooms = _rooms(transcript)
+            rooms = rooms_of(transcript)
             topic = new_room_topic(os.urandom(16))
             await transcript.join_room(topic, "participant", 0, None, NOW_MS)
             for i in range(30):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,12 @@ from macula.realm.membership import MembershipStore, memberships_path
 from macula.realm.records import REVOKED_ROLE, build_endorsement, check_endorsement
 from macula.wire.identity import Identity, realm_tag
 from macula.wire.records import Record
+from support.paths import file_mode
 
 NOW = 1_800_000_000_000
 NAME = "org.example.team"
 ALICE = Identity(bytes([5]) * 32)
 BOB = Identity(bytes([7]) * 32)
-
-
-def mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
 
 
 def make_realm(home: Path, **kw: Any) -> Realm:
@@ -38,8 +34,8 @@ def make_realm(home: Path, **kw: Any) -> Realm:
 
 def test_create_makes_private_files_and_refuses_twice(tmp_path: Path) -> None:
     realm = make_realm(tmp_path)
-    assert mode(realm.key_path) == 0o600 and mode(realm.state_path) == 0o600
-    assert mode(realm.folder) == 0o700 and mode(realm.folder.parent) == 0o700
+    assert file_mode(realm.key_path) == 0o600 and file_mode(realm.state_path) == 0o600
+    assert file_mode(realm.folder) == 0o700 and file_mode(realm.folder.parent) == 0o700
     assert list_realms(tmp_path) == [NAME]
     with pytest.raises(RealmError) as excinfo:
         Realm(tmp_path, NAME).create(difficulty=0)
@@ -167,7 +163,7 @@ def held(record: Record) -> Any:
 def test_memberships_are_stored_private_and_listed_without_credentials(tmp_path: Path) -> None:
     memberships = store(tmp_path)
     memberships.put(held(endorsement()), NOW)
-    assert mode(memberships.path) == 0o600 and mode(memberships.path.parent) == 0o700
+    assert file_mode(memberships.path) == 0o600 and file_mode(memberships.path.parent) == 0o700
     [m] = memberships.memberships()
     view = m.view()
     assert view == {

@@ -15,7 +15,6 @@ from macula.wire.frames import CAP_STATION, Connect, new_frame_id
 from macula.wire.identity import Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.cli import build_parser, config_from_args
 from relay.realm_admission import AdmissionMode, AllowlistError, ConnectRule, parse_allowlist
 from relay.realm_files import Allowlist
 from relay.realms import (
@@ -27,6 +26,7 @@ from relay.realms import (
     record_storage_key,
     revocation_of,
 )
+from support.stationcli import cli_config
 
 NOW = 1_800_000_000_000
 AUTHORITY = Identity.generate(os.urandom)
@@ -242,15 +242,11 @@ def test_the_connect_rule(tmp_path: Path) -> None:
     assert refusal is not None and refusal[0] == ErrorCode.TARGET_REALM_REFUSED
 
 
-def parse(*argv: str) -> object:
-    return config_from_args(build_parser().parse_args(["--data-dir", "/tmp/x", *argv]))
-
-
 def test_the_relay_flags(tmp_path: Path) -> None:
     key = AUTHORITY.node_id.hex()
     path = tmp_path / "allow"
     path.write_text(MEMBER.node_id.hex())
-    config = parse("--realm", f"org.example.team={key}", "--admission", "allowlist",
+    config = cli_config("--realm", f"org.example.team={key}", "--admission", "allowlist",
                    "--allowlist", str(path), "--realm-sweep-ms", "1000")  # fmt: skip
     assert config.realms == [PROTECTED]  # type: ignore[attr-defined]
     assert config.admission is AdmissionMode.ALLOWLIST  # type: ignore[attr-defined]
@@ -262,9 +258,9 @@ def test_the_relay_flags(tmp_path: Path) -> None:
         (["--allowlist", str(tmp_path / "missing")], "cannot read"),
     ):
         with pytest.raises(SystemExit, match=why):
-            parse(*argv)
+            cli_config(*argv)
     path.write_text("nonsense\n")
     with pytest.raises(SystemExit, match="line 1"):
-        parse("--allowlist", str(path))
+        cli_config("--allowlist", str(path))
     with pytest.raises(SystemExit):
-        parse("--realm", "no-key")
+        cli_config("--realm", "no-key")

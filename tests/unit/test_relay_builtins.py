@@ -30,6 +30,7 @@ from relay.builtins import (
     Outcome,
 )
 from relay.store import ContentStore, RecordStore, StoreError
+from support.running import run
 from support.vectorkit import load_vectors, typed
 
 T = TypeVar("T")
@@ -44,13 +45,6 @@ STATION = Identity(bytes(range(100, 132)))
 ALICE = Identity(bytes(range(1, 33)))
 BOB = Identity(bytes(range(33, 65)))
 BAD = ErrorCode.UNKNOWN_ERROR
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def wrapper() -> T:
-        return await coro
-
-    return asyncio.run(wrapper())
 
 
 @dataclasses.dataclass

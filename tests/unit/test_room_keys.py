@@ -8,7 +8,7 @@ import asyncio
 import base64
 import json
 import stat
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +37,7 @@ from macula.agent.room_crypto import (
 from macula.agent.room_keys import RoomKeyError, RoomKeys
 from macula.store.room_keys import RoomKeyStore
 from macula.wire.identity import Identity
+from support.running import run
 
 T = TypeVar("T")
 
@@ -47,13 +48,6 @@ SALT = bytes(range(16))
 KEY = bytes([7]) * 32
 NONCE = bytes(24)
 SECRET = "the launch code is 0000"
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
 
 
 def counter_random() -> Callable[[int], bytes]:

@@ -23,6 +23,7 @@ from macula.store.room_outbox import (
     RoomOutboxStore,
     room_outbox_path,
 )
+from support.running import run
 
 T = TypeVar("T")
 ME = bytes(range(1, 33))
@@ -32,13 +33,6 @@ ROOM2 = "agents.room.fedcba9876543210fedcba9876543210"
 REALM = bytes(32)
 NOW = 1_767_225_600_000
 ROOMY = OutboxBounds(max_messages=100, max_bytes=1_000_000)
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
 
 
 def entry(room: str, message_id: str, payload: str = '{"text":"hi"}') -> OutboxEntry:

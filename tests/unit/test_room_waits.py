@@ -12,15 +12,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
-from test_agent_unread import BOB, CAROL, ME, NOW_MS, envelope, said
-
 from macula.agent.envelope import new_room_topic
 from macula.agent.room_waits import answer_index
 from macula.agent.rooms import Rooms
 from macula.node import Node
 from macula.store.transcript import TranscriptStore
+from support.roomkit import BOB, CAROL, ME, NOW_MS, envelope, said
 from support.storekit import trips as trips_of
-from support.storekit import until
+from support.waiting import eventually
 
 
 def run_in(tmp_path: Path, body: Any) -> None:
@@ -145,7 +144,9 @@ def test_a_take_that_meets_another_process_lock_waits_on_the_thread_and_a_cancel
         taking = asyncio.ensure_future(
             transcript.take_unread(topic, ME.node_id.hex(), NOW_MS, after_seq=seq_of_old - 1)
         )
-        await until(lambda: trips)  # the inline attempt met the lock and went to the thread
+        await eventually(
+            lambda: trips, interval=0
+        )  # the inline attempt met the lock and went to the thread
         taking.cancel()
         other.execute("COMMIT")
         other.close()

@@ -24,14 +24,11 @@ from macula.client_events import EventArrived, Transmit
 from macula.wire.frames import Event, Publish, new_frame_id
 from macula.wire.identity import Identity, realm_tag
 from relay.core import RouterCore
+from support.identities import hardened
 from support.stationmesh import Client, Mesh, MeshStation
 
 REALM = realm_tag("test.signatures-per-hop")
 TOPIC = "news"
-
-
-def hardened(n: int) -> Identity:
-    return Identity.generate(random.Random(n).randbytes)
 
 
 X, Y = hardened(401), hardened(402)

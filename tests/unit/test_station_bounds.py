@@ -12,7 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_router_core import (
+
+from macula.quic_backend import QuicConfiguration, QuicConnection, events
+from macula.transport import MAX_CLOSE_REASON_BYTES, FrameProtocol, StreamLimits
+from macula.wire import cbor
+from macula.wire.codes import ErrorCode
+from macula.wire.errors import FramingError
+from macula.wire.frames import Event
+from macula.wire.framing import frame_bytes
+from relay.cli import build_parser, config_from_args
+from relay.logbook import MAX_LOGGED_CHARS, clip
+from relay.policy import StationPolicy
+from support.routerkit import (
     ALICE,
     BOB,
     CAROL,
@@ -27,17 +38,6 @@ from test_router_core import (
     sent_to,
     station_error,
 )
-
-from macula.quic_backend import QuicConfiguration, QuicConnection, events
-from macula.transport import MAX_CLOSE_REASON_BYTES, FrameProtocol, StreamLimits
-from macula.wire import cbor
-from macula.wire.codes import ErrorCode
-from macula.wire.errors import FramingError
-from macula.wire.frames import Event
-from macula.wire.framing import frame_bytes
-from relay.cli import build_parser, config_from_args
-from relay.logbook import MAX_LOGGED_CHARS, clip
-from relay.policy import StationPolicy
 
 LIMIT = StationPolicy().max_name_bytes
 

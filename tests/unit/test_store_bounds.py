@@ -6,12 +6,10 @@ Real SQLite files under ``tmp_path``; coroutines run with ``asyncio.run``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
 import sqlite3
-from collections.abc import Awaitable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TypeVar, cast
@@ -26,19 +24,13 @@ from macula.store.base import DAY_MS
 from macula.store.rings import DEFAULT_BOUNDS as RINGS_DEFAULT
 from macula.store.transcript import DEFAULT_BOUNDS as TRANSCRIPT_DEFAULT
 from macula.wire.identity import Identity
+from support.running import run
 
 T = TypeVar("T")
 NOW = 1_767_225_600_000
 ALICE = bytes(range(1, 33))
 LOBBY = "agents.lobby"
 ROOM = "agents.room.0123456789abcdef0123456789abcdef"
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def wrapper() -> T:
-        return await coro
-
-    return asyncio.run(wrapper())
 
 
 async def say(transcript: TranscriptStore, message_id: str, room: str, at: int) -> bool:

@@ -4,8 +4,6 @@ mesh_task_list offset >= 2^63 was an internal_error)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import TypeVar
 
@@ -15,18 +13,12 @@ from macula.store import RingStore, TranscriptStore
 from macula.store.base import page, sql_int
 from macula.store.roster import RosterStore
 from macula.store.tasks import Task, TaskStore
+from support.running import run
 
 T = TypeVar("T")
 ME, PEER = b"\x01" * 32, b"\x02" * 32
 NOW = 1_700_000_000_000
 HUGE = (1 << 63, 1 << 64, 10**30)
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
 
 
 def test_page_and_sql_int_clamp_to_sqlite_range() -> None:

@@ -15,8 +15,9 @@ from typing import ClassVar
 import pytest
 
 from macula.store.base import SqliteStore, StoreError, _on_thread
-from support.storekit import hold, until
+from support.storekit import hold
 from support.storekit import trips as trips_of
+from support.waiting import eventually
 
 
 class Counters(SqliteStore):
@@ -84,7 +85,9 @@ def test_a_caller_cancelled_during_its_trip(tmp_path: Path, with_undo: int) -> N
             caller = asyncio.ensure_future(
                 store._atomically(_add("x", 7), undo if with_undo else None)  # type: ignore[arg-type]
             )
-            await until(lambda: len(seen) == 1)  # its trip is queued behind the held call
+            await eventually(
+                lambda: len(seen) == 1, interval=0
+            )  # its trip is queued behind the held call
             caller.cancel()
             release.set()
             with pytest.raises(asyncio.CancelledError):
@@ -108,7 +111,9 @@ def test_a_cancelled_trip_that_failed_has_nothing_to_undo(tmp_path: Path) -> Non
                     lambda connection, value: undone.append(value),
                 )
             )
-            await until(lambda: len(seen) == 1)  # its trip is queued behind the held call
+            await eventually(
+                lambda: len(seen) == 1, interval=0
+            )  # its trip is queued behind the held call
             caller.cancel()
             release.set()
             with pytest.raises(asyncio.CancelledError):
@@ -129,9 +134,9 @@ def test_aiosqlite_runs_its_queue_in_order(tmp_path: Path) -> None:
             seen = trips_of(store)
             order: list[str] = []
             first = asyncio.ensure_future(_on_thread(store._db, lambda: order.append("first")))
-            await until(lambda: len(seen) == 1)
+            await eventually(lambda: len(seen) == 1, interval=0)
             second = asyncio.ensure_future(_on_thread(store._db, lambda: order.append("second")))
-            await until(lambda: len(seen) == 2)  # both queued behind the held call
+            await eventually(lambda: len(seen) == 2, interval=0)  # both queued behind the held call
             first.cancel()
             release.set()
             await second
@@ -153,13 +158,15 @@ def test_inline_work_waits_for_what_a_cancelled_caller_left_on_the_thread(
             release, holding = await hold(store)
             seen = trips_of(store)
             left = asyncio.ensure_future(store._atomically(_add("x", 1)))  # type: ignore[arg-type]
-            await until(lambda: len(seen) == 1)  # queued behind the held call
+            await eventually(lambda: len(seen) == 1, interval=0)  # queued behind the held call
             left.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await left
             assert store._settled is False
             inline = asyncio.ensure_future(store._atomically(_add("y", 2), inline=True))  # type: ignore[arg-type]
-            await until(lambda: len(seen) == 2)  # the empty trip that lets the thread run out
+            await eventually(
+                lambda: len(seen) == 2, interval=0
+            )  # the empty trip that lets the thread run out
             assert not inline.done()  # waiting for the thread, not running beside it
             release.set()
             assert await inline == 2

@@ -4,10 +4,8 @@ messages (tampering, wrong peer, stale, booleans) and their limits."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
-from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
@@ -33,20 +31,14 @@ from macula.store.tasks import (
     check_transition,
     digest,
 )
-from macula.wire.identity import Identity
+from support.identities import new_identity as identity
+from support.running import run
 
 T = TypeVar("T")
 ME = b"\x01" * 32
 PEER = b"\x02" * 32
 OTHER = b"\x03" * 32
 NOW = 1_700_000_000_000
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
 
 
 def task(state: str = "submitted", seq: int = 1, role: str = "requester", **kw: object) -> Task:
@@ -357,10 +349,6 @@ def test_list_filters_by_role_state_and_pages(tmp_path: Path) -> None:
 
 
 # -- messages and limits ---------------------------------------------------------------------
-
-
-def identity() -> Identity:
-    return Identity.generate(os.urandom)
 
 
 def test_a_signed_message_verifies_only_as_sent_to_its_peer_and_fresh() -> None:

@@ -4,12 +4,10 @@ shape rules and the size their bound counts."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import math
 import sqlite3
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,18 +23,12 @@ from macula.store.task_values import (
     value_problems,
 )
 from macula.store.tasks import Task, TaskStore
+from support.running import run
 
 T = TypeVar("T")
 ME = b"\x01" * 32
 PEER = b"\x02" * 32
 NOW = 1_700_000_000_000
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def main() -> T:
-        return await coro
-
-    return asyncio.run(main())
 
 
 VALUES: list[Any] = [

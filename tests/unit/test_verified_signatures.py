@@ -9,11 +9,11 @@ from typing import Any
 
 import nacl.bindings
 import pytest
-from test_client_pair import ALICE, BOB, CAROL, REALM, Link, established
 
 from macula.client_events import EventArrived
 from macula.wire.identity import DOMAIN_EVENT_PUB, Identity
 from macula.wire.verified import VerifiedSignatures
+from support.pairkit import ALICE, BOB, CAROL, REALM, Link, established
 from support.stationmesh import Clock
 
 KEY = Identity(bytes([7]) * 32)
