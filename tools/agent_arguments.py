@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mcp_types import CallToolResult
-from pydantic import Field
 
 from macula.agent.envelope import LOBBY_TOPIC, is_node_hex, is_room_topic
 from macula.agent.petnames import PetnameError
@@ -26,7 +25,6 @@ from tools.results import InvalidArgument, fail
 from tools.runtime import Runtime, run_tool
 
 ROOM_TOPIC_SHAPE = "agents.room.<32 lowercase hex>"
-KEY_FIELD = Field()  # its rule is said once, in the server instructions (tools.tool_schema)
 
 
 class ArgumentProblems(InvalidArgument):
@@ -56,24 +54,6 @@ def invalid(problems: Sequence[str]) -> CallToolResult:
         next_action="fix every listed problem and call again",
         problems=list(problems),
     )
-
-
-def check_wait(name: str, value: float, *, allow_zero: bool, limit: float) -> list[str]:
-    low_ok = value >= 0 if allow_zero else value > 0
-    if low_ok and value <= limit:
-        return []
-    bracket = "[0" if allow_zero else "(0"
-    return [f"{name}: must be in {bracket}, {limit:g}] seconds"]
-
-
-def check_flag(name: str, value: int) -> list[str]:
-    return [] if value in (0, 1) and type(value) is int else [f"{name}: must be 0 or 1"]
-
-
-def check_text(name: str, value: str | None, limit: int) -> list[str]:
-    if value is not None and len(value) > limit:
-        return [f"{name}: at most {limit} characters"]
-    return []
 
 
 def room_problems(name: str, topic: str, *, central_ok: bool) -> list[str]:

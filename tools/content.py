@@ -32,7 +32,12 @@ from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realms import parse_hex
 from tools.results import bad_argument
 from tools.runtime import run_tool
-from tools.text_limits import MAX_CONTENT_NAME, MAX_PUT_BYTES
+from tools.text_limits import (
+    MAX_CONTENT_NAME,
+    MAX_PUT_BASE64,
+    IdempotencyKey,
+    McidHex,
+)
 
 MAX_INLINE_BYTES = 12 * 1024
 MAX_NAME = MAX_CONTENT_NAME
@@ -105,19 +110,17 @@ async def fetch_small(node: Node, mcid: Mcid) -> tuple[bytes, str | None]:
 
 async def mesh_put(
     ctx: Context,
-    content: Annotated[str, Field(description="strict base64")],
-    name: str = "unnamed",
-    idempotency_key: str | None = None,
+    content: Annotated[str, Field(max_length=MAX_PUT_BASE64, description="strict base64")],
+    name: Annotated[str, Field(max_length=MAX_NAME)] = "unnamed",
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    if len(content) > (MAX_PUT_BYTES + 2) // 3 * 4:
-        return bad_argument("content", f"at most {MAX_PUT_BYTES} bytes once decoded")
     try:
         data = base64.b64decode(content, validate=True)
     except (binascii.Error, ValueError):
         return bad_argument("content", "is not strict base64 (standard alphabet, padding, "
                             "no whitespace or line breaks)")  # fmt: skip
-    if not 1 <= len(name) <= MAX_NAME or not name.isprintable():
+    if not name or not name.isprintable():  # its length bound: the signature's
         return bad_argument("name", f"must be 1-{MAX_NAME} printable characters")
 
     async def work() -> dict[str, Any]:
@@ -130,7 +133,7 @@ async def mesh_put(
 
 async def mesh_get(
     ctx: Context,
-    mcid_hex: str,
+    mcid_hex: McidHex,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     raw = parse_hex("mcid_hex", mcid_hex, MCID_SIZE)

@@ -27,6 +27,7 @@ from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realms import parse_hex
 from tools.results import bad_argument, plain
 from tools.runtime import Runtime, run_tool
+from tools.text_limits import RECORD_TYPE_CHARS, KeyHex
 
 DROP_REASONS = ("bad_signature", "expired", "malformed")
 TYPE_NAMES = {t.name.lower(): int(t) for t in RecordType}
@@ -89,7 +90,7 @@ KEY_HELP = "64 hex, e.g. SHA-256 of a procedure name"
 
 
 async def mesh_find_record(
-    ctx: Context, key_hex: Annotated[str, Field(description=KEY_HELP)]
+    ctx: Context, key_hex: Annotated[KeyHex, Field(description=KEY_HELP)]
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     key = parse_hex("key_hex", key_hex, KEY_SIZE)
@@ -105,7 +106,7 @@ async def mesh_find_record(
 
 
 async def mesh_find_records(
-    ctx: Context, key_hex: Annotated[str, Field(description=KEY_HELP)]
+    ctx: Context, key_hex: Annotated[KeyHex, Field(description=KEY_HELP)]
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     key = parse_hex("key_hex", key_hex, KEY_SIZE)
@@ -122,7 +123,8 @@ async def mesh_find_records(
 
 async def mesh_find_records_by_type(
     ctx: Context,
-    record_type: str | Annotated[int, Field(ge=1, le=255)],
+    record_type: Annotated[str, Field(max_length=RECORD_TYPE_CHARS)]
+    | Annotated[int, Field(ge=1, le=255)],
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     number = parse_record_type(record_type)

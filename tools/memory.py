@@ -15,10 +15,18 @@ from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.directory_reader import ReadLimits, read_directory, resolve_root
 from tools.results import InvalidArgument, bad_argument
 from tools.runtime import run_tool
-from tools.text_limits import MAX_MEMORY_BYTES
+from tools.text_limits import (
+    MAX_MEMORY_BYTES,
+    MAX_PATH,
+    STATION_LABEL_CHARS,
+    STATION_PLACE_CHARS,
+    STATION_QUERY_BYTES,
+    IdempotencyKey,
+)
 
 MAX_CONTENT_BYTES = MAX_MEMORY_BYTES
 LIMITS = ReadLimits()
+PLACE = STATION_PLACE_CHARS
 DEFAULT_EXTENSIONS = (".md", ".mdx", ".txt")
 DEFAULT_EXCLUDES = (".git", "node_modules", ".venv", "__pycache__", "dist", "build")
 SHARED = (
@@ -29,12 +37,13 @@ SHARED = (
 
 async def mesh_remember(
     ctx: Context,
-    content: Annotated[str, Field(description="<= 256 KiB")],
-    source_label: str | None = None,
+    content: Annotated[str, Field(max_length=MAX_CONTENT_BYTES, description="<= 256 KiB")],
+    source_label: Annotated[str | None, Field(max_length=STATION_LABEL_CHARS)] = None,
     topics: list[str] | None = None,
-    idempotency_key: str | None = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
+    # counted in bytes, not only in the characters the signature bounds
     if not content.strip() or len(content.encode()) > MAX_CONTENT_BYTES:
         return bad_argument(
             "content", f"must be non-empty text of at most {MAX_CONTENT_BYTES} bytes"
@@ -57,14 +66,12 @@ async def mesh_remember(
 
 async def mesh_recall(
     ctx: Context,
-    query_text: str,
+    query_text: Annotated[str, Field(max_length=STATION_QUERY_BYTES)],
     top_k: Annotated[int, Field(ge=1, le=100)] = 10,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     if not query_text.strip():
         return bad_argument("query_text", "must not be empty")
-    if not 1 <= top_k <= 100:
-        return bad_argument("top_k", "must be 1..100")
 
     async def work() -> dict[str, Any]:
         return await runtime.agent.house.recall(query_text, top_k)
@@ -74,13 +81,13 @@ async def mesh_recall(
 
 async def mesh_remember_directory(
     ctx: Context,
-    directory: str,
+    directory: Annotated[str, Field(max_length=MAX_PATH)],
     include_extensions: Annotated[
         list[str] | None, Field(description="default .md/.mdx/.txt")
     ] = None,
     exclude_dirs: list[str] | None = None,
-    source_prefix: str | None = None,
-    idempotency_key: str | None = None,
+    source_prefix: Annotated[str | None, Field(max_length=STATION_LABEL_CHARS)] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     try:
@@ -132,9 +139,9 @@ async def mesh_remember_directory(
 async def mesh_list_stations(
     ctx: Context,
     near: Annotated[dict[str, float] | None, Field(description="{lat, lng, limit?}")] = None,
-    continent: Annotated[str | None, Field(description="e.g. Europe")] = None,
-    country: Annotated[str | None, Field(description="e.g. BE")] = None,
-    city: Annotated[str | None, Field(description="e.g. Brussels")] = None,
+    continent: Annotated[str | None, Field(max_length=PLACE, description="e.g. Europe")] = None,
+    country: Annotated[str | None, Field(max_length=PLACE, description="e.g. BE")] = None,
+    city: Annotated[str | None, Field(max_length=PLACE, description="e.g. Brussels")] = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     filters: dict[str, Any] = {

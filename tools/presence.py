@@ -17,13 +17,7 @@ from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.presence import HELLO_TOPIC, MAX_TEXT
 from macula.agent.proof import ring_endpoint
 from macula.store.transcript import TranscriptMessage
-from tools.agent_arguments import (
-    KEY_FIELD,
-    check_text,
-    invalid,
-    room_problems,
-    run_agent_tool,
-)
+from tools.agent_arguments import invalid, room_problems, run_agent_tool
 from tools.agent_views import label
 from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.inbox_views import read_on
@@ -31,6 +25,7 @@ from tools.paging import PageBudget, page_cursor, paged, parse_cursor, shortened
 from tools.realm_access import check, guard
 from tools.realms import parse_realm
 from tools.results import InvalidArgument
+from tools.text_limits import ROOM_TOPIC_CHARS, Cursor, IdempotencyKey, Realm
 from tools.tool_arguments import MAX_INDEX
 
 DEFAULT_AGENTS = 50
@@ -39,6 +34,7 @@ DEFAULT_MAX_ROOMS = 20
 MAX_OBSERVED_ROOMS = 200
 DEFAULT_TRANSCRIPT = 50
 MAX_TRANSCRIPT = 500
+Text = Annotated[str | None, Field(max_length=MAX_TEXT)]  # what mesh_hello says of itself
 
 
 def _transcript_row(message: TranscriptMessage) -> dict[str, Any]:
@@ -73,15 +69,12 @@ def _client_label(ctx: Context) -> str | None:
 
 async def mesh_hello(
     ctx: Context,
-    operator_name: Annotated[str | None, Field(description="who runs this agent")] = None,
-    message: str | None = None,
-    model: str | None = None,
-    session_name: str | None = None,
-    realm: Annotated[
-        str | None,
-        Field(description="hello in that realm's lobby"),
-    ] = None,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    operator_name: Annotated[Text, Field(description="who runs this agent")] = None,
+    message: Text = None,
+    model: Text = None,
+    session_name: Text = None,
+    realm: Annotated[Realm, Field(description="hello in that realm's lobby")] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     tag = None if realm is None else parse_realm(realm)
@@ -93,9 +86,6 @@ async def mesh_hello(
         "model": model,
         "session_name": session_name,
     }
-    problems = [p for name, v in fields.items() for p in check_text(name, v, MAX_TEXT)]
-    if problems:
-        return invalid(problems)
     via = _client_label(ctx)
 
     async def work() -> dict[str, Any]:
@@ -132,13 +122,6 @@ async def mesh_agents(
     offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    problems = []
-    if not 1 <= limit <= MAX_AGENTS:
-        problems.append(f"limit: must be 1..{MAX_AGENTS}")
-    if offset < 0:
-        problems.append("offset: must be >= 0")
-    if problems:
-        return invalid(problems)
 
     async def work() -> dict[str, Any]:
         me = runtime.agent.node.identity.node_id.hex()
@@ -158,7 +141,7 @@ async def mesh_agents(
 
 async def mesh_goodbye(
     ctx: Context,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
 
@@ -173,11 +156,9 @@ async def mesh_goodbye(
 async def mesh_observe_lobby(
     ctx: Context,
     max_rooms: Annotated[int, Field(ge=1, le=MAX_OBSERVED_ROOMS)] = DEFAULT_MAX_ROOMS,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    if not 1 <= max_rooms <= MAX_OBSERVED_ROOMS:
-        return invalid([f"max_rooms: must be 1..{MAX_OBSERVED_ROOMS}"])
 
     async def work() -> dict[str, Any]:
         rooms = runtime.agent.rooms
@@ -202,11 +183,13 @@ async def mesh_observe_lobby(
 async def mesh_lobby_transcript(
     ctx: Context,
     limit: Annotated[int, Field(ge=1, le=MAX_TRANSCRIPT)] = DEFAULT_TRANSCRIPT,
-    topic: Annotated[str | None, Field(description="omit: all observed")] = None,
-    cursor: str | None = None,
+    topic: Annotated[
+        str | None, Field(max_length=ROOM_TOPIC_CHARS, description="omit: all observed")
+    ] = None,
+    cursor: Cursor = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    problems = [] if 1 <= limit <= MAX_TRANSCRIPT else [f"limit: must be 1..{MAX_TRANSCRIPT}"]
+    problems: list[str] = []
     if topic is not None:
         problems += room_problems("topic", topic, central_ok=True)
     before = None
@@ -248,7 +231,7 @@ async def mesh_lobby_transcript(
 
 async def mesh_unobserve_lobby(
     ctx: Context,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
 

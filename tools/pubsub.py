@@ -29,7 +29,7 @@ from tools.realm_access import (
 from tools.realms import parse_realm
 from tools.results import bad_argument
 from tools.runtime import run_tool
-from tools.text_limits import MAX_TOPIC
+from tools.text_limits import MAX_TOPIC, IdempotencyKey, Realm
 from tools.value_limits import too_deep
 
 MAX_WAIT_S = 3600.0
@@ -39,16 +39,18 @@ MAX_EVENTS = 500
 
 async def mesh_publish(
     ctx: Context,
-    topic: Annotated[str, Field(description="e.g. org.example.news.published_v1")],
+    topic: Annotated[
+        str, Field(max_length=MAX_TOPIC, description="e.g. org.example.news.published_v1")
+    ],
     fact: Annotated[Any, Field(description="any JSON value (no booleans)")],
-    realm: str | None = None,
-    idempotency_key: str | None = None,
+    realm: Realm = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     tag = parse_realm(realm)
     if isinstance(tag, CallToolResult):
         return tag
-    if not topic or len(topic) > MAX_TOPIC:
+    if not topic:  # its length bound: the signature's
         return bad_argument("topic", f"must be 1-{MAX_TOPIC} characters")
     if deep := too_deep("fact", fact):
         return deep
@@ -65,19 +67,15 @@ async def mesh_publish(
 
 async def mesh_watch(
     ctx: Context,
-    topic: str,
+    topic: Annotated[str, Field(max_length=MAX_TOPIC)],  # longer is never published
     duration_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
     count: Annotated[int, Field(ge=1, le=MAX_EVENTS)] = 10,
-    realm: str | None = None,
+    realm: Realm = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     tag = parse_realm(realm)
     if isinstance(tag, CallToolResult):
         return tag
-    if not 0 < duration_seconds <= MAX_WAIT_S:
-        return bad_argument("duration_seconds", f"must be in (0, {MAX_WAIT_S:g}]")
-    if not 1 <= count <= MAX_EVENTS:
-        return bad_argument("count", f"must be 1..{MAX_EVENTS}")
 
     async def work() -> dict[str, Any]:
         events: list[dict[str, Any]] = []

@@ -28,11 +28,12 @@ from macula.config import macula_home
 from macula.node import Node
 from macula.realm.joiner import JoinError, RealmJoiner, Ticket
 from macula.realm.membership import MembershipStore, memberships_path
-from macula.realm.records import name_problem
+from macula.realm.records import MAX_NAME, name_problem
 from macula.wire.identity import ZERO_REALM, realm_tag
 from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.results import bad_argument, fail
 from tools.runtime import Runtime, run_tool
+from tools.text_limits import Hex64
 
 MAX_JOIN_WAIT_S = 600.0
 
@@ -102,17 +103,17 @@ def _ticket_view(ticket: Ticket) -> tuple[dict[str, Any], bytes]:
 
 async def mesh_join_realm(
     ctx: Context,
-    realm: Annotated[str, Field(description="the realm's name, e.g. org.example.team")],
+    realm: Annotated[
+        str, Field(max_length=MAX_NAME, description="the realm's name, e.g. org.example.team")
+    ],
     wait_seconds: Annotated[float, Field(ge=0, le=MAX_JOIN_WAIT_S)] = 0.0,
     authority: Annotated[
-        str | None, Field(description="64 hex: accept only this authority")
+        Hex64 | None, Field(description="64 hex: accept only this authority")
     ] = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    if problem := name_problem(realm):
+    if problem := name_problem(realm):  # the library's rule: characters and length
         return bad_argument("realm", problem)
-    if not 0 <= wait_seconds <= MAX_JOIN_WAIT_S:
-        return bad_argument("wait_seconds", f"must be 0-{MAX_JOIN_WAIT_S:g}")
     pinned = None if authority is None else parse_hex("authority", authority, 32)
     if isinstance(pinned, CallToolResult):
         return pinned

@@ -23,21 +23,14 @@ from macula.agent.rings import RingEvent, RingPlaced, Rings
 from macula.agent.rooms import RoomError
 from macula.config import CONTACT_POLICY_ENV
 from macula.wire.identity import ZERO_REALM
-from tools.agent_arguments import (
-    KEY_FIELD,
-    check_flag,
-    check_text,
-    check_wait,
-    invalid,
-    resolve_peers,
-    run_agent_tool,
-)
+from tools.agent_arguments import invalid, resolve_peers, run_agent_tool
 from tools.agent_views import label
 from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.paging import paged
 from tools.realm_access import check, guard, left_if_refused
 from tools.realms import parse_realm
 from tools.runtime import Runtime
+from tools.text_limits import Id, IdempotencyKey, Peer, Realm, RoomTopic
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
@@ -126,36 +119,29 @@ async def _edit_allowlist(runtime: Runtime, node_id: str, *, trusted: bool) -> d
 
 async def mesh_ring(
     ctx: Context,
-    to: Annotated[str, Field(description="node id or petname")],
-    purpose: str,
-    room_topic: Annotated[str | None, Field(description="omit: a fresh room")] = None,
+    to: Annotated[Peer, Field(description="node id or petname")],
+    purpose: Annotated[str, Field(max_length=MAX_PURPOSE_CHARS)],
+    room_topic: Annotated[RoomTopic | None, Field(description="omit: a fresh room")] = None,
     wait_join_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = DEFAULT_JOIN_WAIT_S,
     private: Annotated[
         int, Field(ge=0, le=1, description="1: end-to-end encrypted fresh room")
     ] = 0,
     realm: Annotated[
-        str | None,
+        Realm,
         Field(description="of a fresh room (a room you are in keeps its own)"),
     ] = None,
     wait_answer_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0.0,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     tag = None if realm is None else parse_realm(realm)
     if isinstance(tag, CallToolResult):
         return tag
-    problems = _peer_problems("to", to) + check_text("purpose", purpose, MAX_PURPOSE_CHARS)
-    problems += check_flag("private", private)
+    problems = _peer_problems("to", to)
     if private == 1 and room_topic is not None:
         problems.append("private: applies to a fresh room; omit room_topic")
     if room_topic is not None and not is_room_topic(room_topic):
         problems.append("room_topic: expected agents.room.<32 lowercase hex>")
-    problems += check_wait(
-        "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
-    )
-    problems += check_wait(
-        "wait_answer_seconds", wait_answer_seconds, allow_zero=True, limit=MAX_WAIT_S
-    )
     if problems:
         return invalid(problems)
 
@@ -208,16 +194,15 @@ async def mesh_ring(
 
 async def mesh_answer_ring(
     ctx: Context,
-    ring_id: Annotated[str, Field(description="from rings.pending")],
+    ring_id: Annotated[Id, Field(description="from rings.pending")],
     answer: Annotated[int, Field(ge=1, le=2, description="1 accept (join), 2 decline")],
-    reason: Annotated[str | None, Field(description="told to the caller")] = None,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    reason: Annotated[
+        str | None, Field(max_length=MAX_REASON_CHARS, description="told to the caller")
+    ] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = [] if is_id(ring_id) else ["ring_id: expected the ring_id from rings.pending"]
-    if answer not in (1, 2) or type(answer) is not int:
-        problems.append("answer: must be 1 (accept) or 2 (decline)")
-    problems += check_text("reason", reason, MAX_REASON_CHARS)
     if problems:
         return invalid(problems)
 
@@ -250,9 +235,6 @@ async def mesh_wait_ring(
     wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
-    if problems:
-        return invalid(problems)
 
     async def work() -> dict[str, Any]:
         async def started() -> None:  # a progress notification, for clients that asked
@@ -274,16 +256,16 @@ async def mesh_wait_ring(
 
 async def mesh_trust_agent(
     ctx: Context,
-    node_id: Annotated[str, Field(description="node id or petname")],
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    node_id: Annotated[Peer, Field(description="node id or petname")],
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     return await _allowlist_tool(ctx, "mesh_trust_agent", node_id, idempotency_key, trusted=True)
 
 
 async def mesh_untrust_agent(
     ctx: Context,
-    node_id: Annotated[str, Field(description="node id or petname")],
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    node_id: Annotated[Peer, Field(description="node id or petname")],
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     return await _allowlist_tool(ctx, "mesh_untrust_agent", node_id, idempotency_key, trusted=False)
 

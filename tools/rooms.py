@@ -34,6 +34,7 @@ from macula.agent.agent import Agent
 from macula.agent.envelope import (
     LOBBY_TOPIC,
     MAX_PURPOSE_CHARS,
+    MAX_TEXT_BYTES,
     TALK_KINDS,
     is_id,
     validate,
@@ -44,11 +45,7 @@ from macula.errors import MaculaError
 from macula.store.room_outbox import OutboxFullError
 from macula.wire.identity import ZERO_REALM
 from tools.agent_arguments import (
-    KEY_FIELD,
     ArgumentProblems,
-    check_flag,
-    check_text,
-    check_wait,
     invalid,
     resolve_peers,
     room_problems,
@@ -63,6 +60,14 @@ from tools.paging import parse_cursor
 from tools.realm_access import check, guard, left_if_refused
 from tools.realms import parse_realm
 from tools.results import InvalidArgument, fail
+from tools.text_limits import (
+    KIND_CHARS,
+    Cursor,
+    Id,
+    IdempotencyKey,
+    Realm,
+    RoomTopic,
+)
 from tools.wait_views import reply_view, unread_view, wait_fit
 
 MAX_WAIT_S = 3600.0
@@ -166,28 +171,24 @@ async def _privacy(rooms: Rooms, topic: str) -> dict[str, Any]:
 
 async def mesh_open_room(
     ctx: Context,
-    purpose: str | None = None,
+    purpose: Annotated[str | None, Field(max_length=MAX_PURPOSE_CHARS)] = None,
     public: Annotated[int, Field(ge=0, le=1, description="1: also announce it on central")] = 0,
     private: Annotated[int, Field(ge=0, le=1, description="1: end-to-end encrypted")] = 0,
     participants: Annotated[list[str] | None, Field(description="node ids or petnames")] = None,
     wait_join_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = DEFAULT_JOIN_WAIT_S,
-    realm: str | None = None,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    realm: Realm = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     names = list(participants or [])
     tag = parse_realm(realm)
     if isinstance(tag, CallToolResult):
         return tag
-    problems = check_text("purpose", purpose, MAX_PURPOSE_CHARS) + check_flag("public", public)
-    problems += check_flag("private", private)
+    problems: list[str] = []
     if private == 1 and public == 1:
         problems.append("public: a private room is never announced on central; use 0")
     if public == 1 and any(tag):
         problems.append("public: a room in a realm is never announced on central; use 0")
-    problems += check_wait(
-        "wait_join_seconds", wait_join_seconds, allow_zero=True, limit=MAX_WAIT_S
-    )
     if len(names) > MAX_PARTICIPANTS:
         problems.append(f"participants: at most {MAX_PARTICIPANTS}")
     if problems:
@@ -238,12 +239,9 @@ async def mesh_open_room(
 
 async def mesh_join_room(
     ctx: Context,
-    room_topic: str,
-    realm: Annotated[
-        str | None,
-        Field(description="omit: the realm you were rung into it in"),
-    ] = None,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    room_topic: RoomTopic,
+    realm: Annotated[Realm, Field(description="omit: the realm you were rung into it in")] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = room_problems("room_topic", room_topic, central_ok=False)
@@ -277,7 +275,7 @@ async def mesh_join_room(
 
 async def mesh_leave_room(
     ctx: Context,
-    room_topic: str,
+    room_topic: RoomTopic,
     close: Annotated[
         int, Field(ge=0, le=1, description="1: end the room for everyone (opener only)")
     ] = 0,
@@ -285,11 +283,10 @@ async def mesh_leave_room(
         list[str] | None,
         Field(description="node ids to remove (private room you opened)"),
     ] = None,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = room_problems("room_topic", room_topic, central_ok=False)
-    problems += check_flag("close", close)
     if remove is not None and not remove:
         problems.append("remove: name at least one participant, or omit it to leave")
     if remove is not None and len(remove) > MAX_PARTICIPANTS:
@@ -378,19 +375,16 @@ async def mesh_rooms(ctx: Context) -> CallToolResult:
 
 async def mesh_say(
     ctx: Context,
-    room_topic: str,
-    text: Annotated[str, Field(description="non-blank, <= 16 KiB")],
-    kind: str = "remark_made",
-    in_reply_to: Annotated[str | None, Field(description="a message_id")] = None,
+    room_topic: RoomTopic,
+    text: Annotated[str, Field(max_length=MAX_TEXT_BYTES, description="non-blank, <= 16 KiB")],
+    kind: Annotated[str, Field(max_length=KIND_CHARS)] = "remark_made",
+    in_reply_to: Annotated[Id | None, Field(description="a message_id")] = None,
     refs: list[str] | None = None,
     wait_reply_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
-    idempotency_key: Annotated[str | None, KEY_FIELD] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    problems = _say_problems(room_topic, kind, text, in_reply_to, refs)
-    problems += check_wait(
-        "wait_reply_seconds", wait_reply_seconds, allow_zero=True, limit=MAX_WAIT_S
-    )
+    problems = _say_problems(room_topic, kind, text, in_reply_to, refs)  # the library's rules
     if problems:
         return invalid(problems)
 
@@ -452,16 +446,12 @@ def _outbox_full(exc: OutboxFullError) -> CallToolResult:
 
 async def mesh_wait_room(
     ctx: Context,
-    room_topic: str,
+    room_topic: RoomTopic,
     wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
-    after_message_id: Annotated[
-        str | None,
-        Field(description="a message_id in the room"),
-    ] = None,
+    after_message_id: Annotated[Id | None, Field(description="a message_id in the room")] = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = room_problems("room_topic", room_topic, central_ok=True)
-    problems += check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
     if after_message_id is not None and not is_id(after_message_id):
         problems.append("after_message_id: expected 1..64 characters of A-Z a-z 0-9 _ -")
     if problems:
@@ -490,10 +480,10 @@ async def mesh_wait_room(
 async def mesh_read_inbox(
     ctx: Context,
     peek: Annotated[int, Field(ge=0, le=1, description="1: leave read marks alone")] = 0,
-    cursor: str | None = None,
+    cursor: Cursor = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    problems = check_flag("peek", peek)
+    problems: list[str] = []
     at = None
     if cursor is not None:
         try:

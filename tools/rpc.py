@@ -45,7 +45,7 @@ from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.realm_access import ADVERTISE_REFUSALS, acting, check
 from tools.realms import parse_realm
 from tools.results import InvalidArgument, bad_argument, plain
-from tools.runtime import Runtime, check_key, run_tool
+from tools.runtime import Runtime, run_tool
 from tools.serve_gate import (
     ALLOW_MODES,
     DEFAULT_RATE_PER_MINUTE,
@@ -53,7 +53,13 @@ from tools.serve_gate import (
     ServeGate,
     command_env,
 )
-from tools.text_limits import MAX_EXEC, MAX_IDEMPOTENCY_KEY, MAX_PROCEDURE
+from tools.text_limits import (
+    MAX_EXEC,
+    MAX_IDEMPOTENCY_KEY,
+    MAX_PROCEDURE,
+    IdempotencyKey,
+    Realm,
+)
 from tools.value_limits import too_deep
 
 log = logging.getLogger("macula.tools")
@@ -207,7 +213,8 @@ def _handler(
 
 
 def procedure_problem(name: str, *, serving: bool) -> str | None:
-    if not 1 <= len(name) <= MAX_PROCEDURE:
+    """What is wrong with procedure ``name`` (its length bound: the signature's ``Field``)."""
+    if not name:
         return f"must be 1-{MAX_PROCEDURE} characters"
     if any(c.isspace() or not c.isprintable() for c in name):
         return "must not contain whitespace or control characters"
@@ -217,7 +224,7 @@ def procedure_problem(name: str, *, serving: bool) -> str | None:
 
 
 def parse_exec(command: str) -> list[str] | CallToolResult:
-    if not command.strip() or len(command) > MAX_EXEC:
+    if not command.strip():  # its length bound: mesh_serve's signature
         return bad_argument("exec", f"must be a command line of 1-{MAX_EXEC} characters")
     try:
         argv = shlex.split(command)
@@ -245,12 +252,12 @@ def process_scoped(key: str | None) -> str | None:
 
 async def mesh_call(
     ctx: Context,
-    procedure: Annotated[str, Field(description="e.g. io.macula.echo")],
+    procedure: Annotated[str, Field(max_length=MAX_PROCEDURE, description="e.g. io.macula.echo")],
     args: Annotated[Any, Field(description="any JSON value (no booleans)")] = None,
-    realm: str | None = None,
+    realm: Realm = None,
     timeout_ms: Annotated[int, Field(ge=1, le=MAX_CALL_TIMEOUT_MS)] = DEFAULT_CALL_TIMEOUT_MS,
     direct: Annotated[int, Field(ge=0, le=1, description="1: dial the station the DHT names")] = 0,
-    idempotency_key: str | None = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     tag = parse_realm(realm)
@@ -258,10 +265,6 @@ async def mesh_call(
         return tag
     if problem := procedure_problem(procedure, serving=False):
         return bad_argument("procedure", problem)
-    if not 1 <= timeout_ms <= MAX_CALL_TIMEOUT_MS:
-        return bad_argument("timeout_ms", f"must be 1..{MAX_CALL_TIMEOUT_MS}")
-    if direct not in (0, 1):
-        return bad_argument("direct", "must be 0 or 1")
     if deep := too_deep("args", args):
         return deep
 
@@ -280,14 +283,18 @@ async def mesh_call(
 
 async def mesh_serve(
     ctx: Context,
-    name: Annotated[str, Field(description="e.g. org.example.lint")],
+    name: Annotated[str, Field(max_length=MAX_PROCEDURE, description="e.g. org.example.lint")],
     exec: Annotated[
-        str, Field(description="command line, run with no shell; payload on stdin only")
+        str,
+        Field(
+            max_length=MAX_EXEC,
+            description="command line, run with no shell; payload on stdin only",
+        ),
     ],
     exec_timeout_seconds: Annotated[
         float, Field(ge=MIN_EXEC_TIMEOUT_S, le=MAX_EXEC_TIMEOUT_S, description="per call")
     ] = DEFAULT_EXEC_TIMEOUT_S,
-    realm: str | None = None,
+    realm: Realm = None,
     announce: Annotated[
         int, Field(ge=0, le=1, description="1: also list it in the DHT (signed)")
     ] = 1,
@@ -295,16 +302,18 @@ async def mesh_serve(
         int, Field(ge=1, le=MAX_RATE_PER_MINUTE, description="calls a minute per caller")
     ] = DEFAULT_RATE_PER_MINUTE,
     allow: Annotated[
-        str, Field(description="open: any caller; allowlist: only your contact allowlist")
+        str,
+        Field(
+            max_length=max(len(mode) for mode in ALLOW_MODES),
+            description="open: any caller; allowlist: only your contact allowlist",
+        ),
     ] = "open",
-    idempotency_key: str | None = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     tag = parse_realm(realm)
     if isinstance(tag, CallToolResult):
         return tag
-    if not 1 <= rate_per_minute <= MAX_RATE_PER_MINUTE:
-        return bad_argument("rate_per_minute", f"must be 1-{MAX_RATE_PER_MINUTE}")
     if allow not in ALLOW_MODES:
         return bad_argument("allow", f"must be one of {', '.join(ALLOW_MODES)}")
     if problem := procedure_problem(name, serving=True):
@@ -312,13 +321,8 @@ async def mesh_serve(
     argv = parse_exec(exec)
     if isinstance(argv, CallToolResult):
         return argv
-    if not MIN_EXEC_TIMEOUT_S <= exec_timeout_seconds <= MAX_EXEC_TIMEOUT_S:
-        bounds = f"must be {MIN_EXEC_TIMEOUT_S:g}-{MAX_EXEC_TIMEOUT_S:g}"
-        return bad_argument("exec_timeout_seconds", bounds)
-    if announce not in (0, 1):
-        return bad_argument("announce", "must be 0 or 1")
-    if problem := check_key(idempotency_key):
-        return bad_argument("idempotency_key", problem)
+    if idempotency_key == "":  # its length bound: the signature's IdempotencyKey
+        return bad_argument("idempotency_key", f"must be 1-{MAX_IDEMPOTENCY_KEY} characters")
 
     gate = ServeGate(name, rate_per_minute, allow, runtime.agent.rings.policy)
 
@@ -334,9 +338,9 @@ async def mesh_serve(
 
 async def mesh_unserve(
     ctx: Context,
-    name: str,
-    realm: Annotated[str | None, Field(description="default: the realm it is served in")] = None,
-    idempotency_key: str | None = None,
+    name: Annotated[str, Field(max_length=MAX_PROCEDURE)],
+    realm: Annotated[Realm, Field(description="default: the realm it is served in")] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     tag = None if realm is None else parse_realm(realm)

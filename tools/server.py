@@ -137,7 +137,7 @@ def build_server(
         lifespan=lifespan,
         version="0.1.0",
         terse=describe.terse,
-        lengths=text_limits.limits(shaping),
+        task_limits=text_limits.task_limits(shaping),
     )
     binding = channel.install(app, shaping)  # None with MACULA_MCP_CHANNEL=0
     for group in GROUPS:

@@ -24,18 +24,29 @@ from macula.agent.envelope import is_id
 from macula.agent.petnames import petname
 from macula.store.task_values import TaskValue
 from macula.store.tasks import ROLES, STATES, TERMINAL, Role, Task, TaskError
-from tools.agent_arguments import check_wait, invalid, resolve_peers, run_agent_tool
+from tools.agent_arguments import invalid, resolve_peers, run_agent_tool
 from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.paging import PageBudget, paged, size
 from tools.results import fail
-from tools.runtime import Runtime, check_key
+from tools.runtime import Runtime
+from tools.text_limits import (
+    MAX_IDEMPOTENCY_KEY,
+    STATE_CHARS,
+    Id,
+    IdempotencyKey,
+    Peer,
+    TaskBound,
+)
 from tools.tool_arguments import MAX_INDEX
 
 MAX_WAIT_S = 3600.0
 DEFAULT_WAIT_S = 30.0
 PREVIEW_CHARS = 200
-KEY = Field()  # the rules of idempotency_key and task_id are said once, in the server instructions
-TASK_ID = Field()
+# the task limits follow MACULA_MCP_TASKS_* (TaskLimits.from_env): declared here, resolved per
+# server (tools.tool_arguments.task_bounds); the body checks them again in bytes, the library's
+# unit (TaskLimits.problems), with the runtime's own limits
+TITLE, NOTE = TaskBound("max_title_chars"), TaskBound("max_note_bytes")
+INPUT, RESULT = TaskBound("max_input_bytes"), TaskBound("max_result_bytes")
 
 
 def _next(task: Task) -> str:
@@ -119,23 +130,22 @@ def _task_id_problems(task_id: str | None, *, required: bool = True) -> list[str
 
 
 def _key_problems(key: str | None) -> list[str]:
-    problem = check_key(key)
-    return [] if problem is None else [f"idempotency_key: {problem}"]
+    """An empty key (its length bound: the signature's ``IdempotencyKey``)."""
+    return [f"idempotency_key: must be 1-{MAX_IDEMPOTENCY_KEY} characters"] if key == "" else []
 
 
 async def mesh_task_send(
     ctx: Context,
-    input: Annotated[TaskValue, Field(description="<= 16 KB")],
-    to: Annotated[str | None, Field(description="node id or petname")] = None,
-    title: Annotated[str | None, Field(description="new task")] = None,
+    input: Annotated[TaskValue, INPUT, Field(description="<= 16 KB")],
+    to: Annotated[Peer | None, Field(description="node id or petname")] = None,
+    title: Annotated[str | None, TITLE, Field(description="new task")] = None,
     wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
-    task_id: Annotated[str | None, Field(description="answer this task's question")] = None,
-    idempotency_key: Annotated[str | None, KEY] = None,
+    task_id: Annotated[Id | None, Field(description="answer this task's question")] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     limits = runtime.agent.tasks.limits
-    problems = check_wait("wait_seconds", wait_seconds, allow_zero=True, limit=MAX_WAIT_S)
-    problems += _key_problems(idempotency_key)
+    problems = _key_problems(idempotency_key)
     if task_id is None:
         if to is None or not to.strip():
             problems.append("to: a node id or petname is required for a new task")
@@ -175,9 +185,9 @@ async def mesh_task_send(
 
 async def mesh_task_cancel(
     ctx: Context,
-    task_id: Annotated[str, TASK_ID],
-    reason: str | None = None,
-    idempotency_key: Annotated[str | None, KEY] = None,
+    task_id: Id,
+    reason: Annotated[str | None, NOTE] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = _task_id_problems(task_id) + _key_problems(idempotency_key)
@@ -193,15 +203,12 @@ async def mesh_task_cancel(
 
 async def mesh_task_wait(
     ctx: Context,
-    task_id: Annotated[str | None, Field(description="omit to wait for a new task")] = None,
+    task_id: Annotated[Id | None, Field(description="omit to wait for a new task")] = None,
     wait_seconds: Annotated[float, Field(gt=0, le=MAX_WAIT_S)] = DEFAULT_WAIT_S,
     after_state_seq: Annotated[int | None, Field(ge=0, le=MAX_INDEX)] = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
-    problems = check_wait("wait_seconds", wait_seconds, allow_zero=False, limit=MAX_WAIT_S)
-    problems += _task_id_problems(task_id, required=False)
-    if after_state_seq is not None and (type(after_state_seq) is not int or after_state_seq < 0):
-        problems.append("after_state_seq: a state_seq (an integer >= 0)")
+    problems = _task_id_problems(task_id, required=False)
     if after_state_seq is not None and task_id is None:
         problems.append("after_state_seq: needs task_id")
     if problems:
@@ -221,7 +228,7 @@ async def mesh_task_wait(
     return await _run(runtime, "mesh_task_wait", args, work)
 
 
-async def mesh_task_get(ctx: Context, task_id: Annotated[str, TASK_ID]) -> CallToolResult:
+async def mesh_task_get(ctx: Context, task_id: Id) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = _task_id_problems(task_id)
     if problems:
@@ -248,8 +255,10 @@ async def mesh_task_get(ctx: Context, task_id: Annotated[str, TASK_ID]) -> CallT
 
 async def mesh_task_list(
     ctx: Context,
-    role: Annotated[str | None, Field(description="requester or assignee")] = None,
-    state: str | None = None,
+    role: Annotated[
+        str | None, Field(max_length=len("requester"), description="requester or assignee")
+    ] = None,
+    state: Annotated[str | None, Field(max_length=STATE_CHARS)] = None,
     limit: Annotated[int, Field(ge=1, le=100)] = 20,
     offset: Annotated[int, Field(ge=0, le=MAX_INDEX)] = 0,
 ) -> CallToolResult:
@@ -259,10 +268,6 @@ async def mesh_task_list(
         problems.append("role: requester or assignee")
     if state is not None and state not in STATES:
         problems.append(f"state: one of {', '.join(STATES)}")
-    if not 1 <= limit <= 100:
-        problems.append("limit: 1-100")
-    if offset < 0:
-        problems.append("offset: >= 0")
     if problems:
         return invalid(problems)
 
@@ -291,10 +296,12 @@ async def mesh_task_list(
 
 async def mesh_task_update(
     ctx: Context,
-    task_id: Annotated[str, TASK_ID],
-    state: Annotated[str, Field(description="working or input_required")],
-    note: str | None = None,
-    idempotency_key: Annotated[str | None, KEY] = None,
+    task_id: Id,
+    state: Annotated[
+        str, Field(max_length=len("input_required"), description="working or input_required")
+    ],
+    note: Annotated[str | None, NOTE] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = _task_id_problems(task_id) + _key_problems(idempotency_key)
@@ -314,10 +321,10 @@ async def mesh_task_update(
 
 async def mesh_task_complete(
     ctx: Context,
-    task_id: Annotated[str, TASK_ID],
-    result: Annotated[TaskValue | None, Field(description="<= 16 KB")] = None,
-    error: Annotated[str | None, Field(description="<= 2 KB")] = None,
-    idempotency_key: Annotated[str | None, KEY] = None,
+    task_id: Id,
+    result: Annotated[TaskValue | None, RESULT, Field(description="<= 16 KB")] = None,
+    error: Annotated[str | None, NOTE, Field(description="<= 2 KB")] = None,
+    idempotency_key: IdempotencyKey = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     problems = _task_id_problems(task_id) + _key_problems(idempotency_key)

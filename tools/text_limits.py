@@ -1,16 +1,19 @@
-"""How long each text parameter of each MCP tool may be: one table, listed and enforced.
+"""The named bounds of the MCP tools' parameters, and the parameters many tools share.
 
-``tools/list`` shows every string parameter with its ``maxLength`` (``tools.tool_schema``
-puts it there from ``limits``), and every call crosses ``tools.tool_arguments``, which refuses
-a longer string as ``invalid_argument`` ``"<parameter>: at most N characters"`` before the tool
-runs. So what a client reads is what is enforced.
+A parameter's bound is declared once, in its tool function's signature: ``Field(max_length=...)``
+for text, ``Field(ge=..., le=...)`` for a number, taking the number from a constant here (or
+from the library's own). pydantic writes that declaration into the JSON schema ``tools/list``
+shows (``tools.tool_schema`` only compacts it), and the one argument boundary
+(``tools.tool_arguments``) checks it before the body runs. So what a client reads is what is
+enforced, and no tool body checks it again.
 
 Invariants:
 - each limit is the one the tool (or what it calls) already enforces, in characters: a limit
   counted in UTF-8 bytes (a room message, a memory, a task's values) is listed as that many
   characters, which is never tighter than the bytes check that still runs inside;
-- the task limits follow ``MACULA_MCP_TASKS_*`` (``TaskLimits.from_env``), so ``limits(env)``
-  is computed once per server from its environment;
+- the task limits follow ``MACULA_MCP_TASKS_*`` (``TaskLimits.from_env``): their parameters
+  carry a ``TaskBound`` naming the ``TaskLimits`` field, resolved per server from its
+  environment by the schema and the boundary alike;
 - a parameter that takes text or a JSON value (a task's ``input``/``result``, a record type
   given by name or number) has its text arm bounded;
 - no imports from the tool modules (they import their limits from here): no cycle.
@@ -19,12 +22,13 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from dataclasses import dataclass
+from typing import Annotated, Final
 
-from macula.agent.envelope import LOBBY_TOPIC, MAX_PURPOSE_CHARS, MAX_TEXT_BYTES, TALK_KINDS
+from pydantic import Field
+
+from macula.agent.envelope import LOBBY_TOPIC, TALK_KINDS
 from macula.agent.petnames import FIRST_WORDS, NOUNS, SECOND_WORDS
-from macula.agent.presence import MAX_TEXT
-from macula.agent.proof import MAX_REASON_CHARS
 from macula.agent.task_messages import TaskLimits
 from macula.errors import ConfigError
 from macula.realm.records import MAX_NAME as MAX_REALM_NAME
@@ -47,7 +51,8 @@ __all__ = [
     "MAX_PROCEDURE",
     "MAX_PUT_BYTES",
     "MAX_TOPIC",
-    "limits",
+    "TaskBound",
+    "task_limits",
 ]
 
 MAX_IDEMPOTENCY_KEY: Final = 120
@@ -73,77 +78,40 @@ PEER_CHARS: Final = max(
 )
 RECORD_TYPE_CHARS: Final = max(len(t.name) for t in RecordType)  # or "0x06", "6"
 
-# parameter name -> limit, wherever the name is used
-SHARED: Final[Mapping[str, int]] = {
-    "idempotency_key": MAX_IDEMPOTENCY_KEY,
-    "realm": max(MAX_REALM_NAME, 64),  # a realm name or its 64-hex tag
-    "room_topic": ROOM_TOPIC_CHARS,
-    "task_id": ID_CHARS,
-    "in_reply_to": ID_CHARS,
-    "after_message_id": ID_CHARS,
-    "cursor": CURSOR_CHARS,
-    "ring_id": ID_CHARS,
-    "to": PEER_CHARS,
-    "node_id": PEER_CHARS,
-    "key_hex": 2 * KEY_SIZE,
-    "authority": 64,
-    "mcid_hex": 2 * MCID_SIZE,
-}
+MAX_PUT_BASE64: Final = (MAX_PUT_BYTES + 2) // 3 * 4  # mesh_put's content: base64 of it
+REALM_CHARS: Final = max(MAX_REALM_NAME, 64)  # a realm name or its 64-hex tag
+KIND_CHARS: Final = max(len(kind) for kind in TALK_KINDS)
+STATE_CHARS: Final = max(len(state) for state in STATES)
 
-# (tool, parameter) -> limit, for names that mean different things in different tools
-BY_TOOL: Final[Mapping[tuple[str, str], int]] = {
-    ("mesh_call", "procedure"): MAX_PROCEDURE,
-    ("mesh_serve", "name"): MAX_PROCEDURE,
-    ("mesh_serve", "exec"): MAX_EXEC,
-    ("mesh_serve", "allow"): len("allowlist"),  # "open" or "allowlist"
-    ("mesh_unserve", "name"): MAX_PROCEDURE,
-    ("mesh_publish", "topic"): MAX_TOPIC,
-    ("mesh_watch", "topic"): MAX_TOPIC,  # longer can never be published by mesh_publish
-    ("mesh_put", "content"): (MAX_PUT_BYTES + 2) // 3 * 4,  # base64 of MAX_PUT_BYTES
-    ("mesh_put", "name"): MAX_CONTENT_NAME,
-    ("mesh_find_records_by_type", "record_type"): RECORD_TYPE_CHARS,
-    ("mesh_hello", "operator_name"): MAX_TEXT,
-    ("mesh_hello", "message"): MAX_TEXT,
-    ("mesh_hello", "model"): MAX_TEXT,
-    ("mesh_hello", "session_name"): MAX_TEXT,
-    ("mesh_lobby_transcript", "topic"): ROOM_TOPIC_CHARS,
-    ("mesh_open_room", "purpose"): MAX_PURPOSE_CHARS,
-    ("mesh_ring", "purpose"): MAX_PURPOSE_CHARS,
-    ("mesh_answer_ring", "reason"): MAX_REASON_CHARS,
-    ("mesh_say", "text"): MAX_TEXT_BYTES,
-    ("mesh_say", "kind"): max(len(kind) for kind in TALK_KINDS),
-    ("mesh_remember", "content"): MAX_MEMORY_BYTES,
-    ("mesh_remember", "source_label"): STATION_LABEL_CHARS,
-    ("mesh_recall", "query_text"): STATION_QUERY_BYTES,
-    ("mesh_remember_directory", "directory"): MAX_PATH,
-    ("mesh_remember_directory", "source_prefix"): STATION_LABEL_CHARS,
-    ("mesh_list_stations", "continent"): STATION_PLACE_CHARS,
-    ("mesh_list_stations", "country"): STATION_PLACE_CHARS,
-    ("mesh_list_stations", "city"): STATION_PLACE_CHARS,
-    ("mesh_join_realm", "realm"): MAX_REALM_NAME,
-    ("mesh_task_list", "role"): len("requester"),  # "requester" or "assignee"
-    ("mesh_task_list", "state"): max(len(state) for state in STATES),
-    ("mesh_task_update", "state"): len("input_required"),  # "working" or "input_required"
-}
+# the parameters many tools share, each with its one bound (a tool adds a description with
+# ``Annotated[Realm, Field(description=...)]``); idempotency_key, realm and cursor state theirs
+# once, in the server instructions (tools.tool_schema.LIMIT_SAID_ONCE)
+IdempotencyKey = Annotated[str | None, Field(max_length=MAX_IDEMPOTENCY_KEY)]
+Realm = Annotated[str | None, Field(max_length=REALM_CHARS)]
+Cursor = Annotated[str | None, Field(max_length=CURSOR_CHARS)]
+RoomTopic = Annotated[str, Field(max_length=ROOM_TOPIC_CHARS)]
+Id = Annotated[str, Field(max_length=ID_CHARS)]  # a task, message or ring id
+Peer = Annotated[str, Field(max_length=PEER_CHARS)]  # to, node_id
+KeyHex = Annotated[str, Field(max_length=2 * KEY_SIZE)]
+Hex64 = Annotated[str, Field(max_length=64)]  # an authority's key
+McidHex = Annotated[str, Field(max_length=2 * MCID_SIZE)]
 
 
-def limits(env: Mapping[str, str]) -> dict[tuple[str, str], int]:
-    """Every (tool, parameter) limit but the shared ones, the task limits from ``env``."""
+@dataclass(frozen=True)
+class TaskBound:
+    """In a parameter's ``Annotated``: its text is at most the server's ``TaskLimits.<field>``
+    characters (``MACULA_MCP_TASKS_*``), listed as ``maxLength`` and checked at the boundary."""
+
+    field: str
+
+    def of(self, limits: TaskLimits) -> int:
+        return int(getattr(limits, self.field))
+
+
+def task_limits(env: Mapping[str, str]) -> TaskLimits:
+    """The task limits ``env`` sets; the defaults if it sets them wrong (the runtime refuses
+    to start with them and says why)."""
     try:
-        tasks = TaskLimits.from_env(env)
-    except ConfigError:  # the runtime refuses to start with it and says why
-        tasks = TaskLimits()
-    return {
-        **BY_TOOL,
-        ("mesh_task_send", "title"): tasks.max_title_chars,
-        ("mesh_task_send", "input"): tasks.max_input_bytes,
-        ("mesh_task_cancel", "reason"): tasks.max_note_bytes,
-        ("mesh_task_update", "note"): tasks.max_note_bytes,
-        ("mesh_task_complete", "result"): tasks.max_result_bytes,
-        ("mesh_task_complete", "error"): tasks.max_note_bytes,
-    }
-
-
-def limit_of(table: Mapping[tuple[str, str], int], tool: str, parameter: str) -> int | None:
-    """The longest text ``parameter`` of ``tool`` takes, or None if it takes no text."""
-    return table.get((tool, parameter), SHARED.get(parameter))
+        return TaskLimits.from_env(env)
+    except ConfigError:
+        return TaskLimits()

@@ -9,9 +9,12 @@ Invariants:
 - a parameter that takes text (``str``, ``str | None``, a union with ``str``, ``Any``) gets the
   string exactly as sent, JSON-looking or not; only a parameter that cannot take text (a list,
   an object) has a JSON string parsed for it, as the SDK does (models often send ``"[...]"``);
-- every argument is checked before the body runs: unknown parameters, missing ones, wrong
-  types, values out of the schema's range and text longer than its listed ``maxLength``
-  (``tools.text_limits``) are all listed, each ``"<parameter>: <problem>"``,
+- every argument is checked before the body runs, against the bounds its parameter declares
+  (``Field(max_length=..., ge=..., le=...)`` in the signature, ``TaskBound`` for the task
+  limits: ``tools.text_limits``), here and nowhere else: unknown parameters, missing ones, wrong
+  types, values out of range and text longer than its listed ``maxLength`` (said as
+  ``"<parameter>: at most N characters (M given)"``, a union's other arms not listed) are all
+  listed, each ``"<parameter>: <problem>"``,
   in one ``invalid_argument`` error ``{code, detail, retryable 0, next_action}``
   (``tools.results``) that also lists them in ``problems``, as the agent tools' own checks do;
   the values themselves are never echoed (they are the caller's data);
@@ -22,7 +25,6 @@ Invariants:
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
 from typing import Annotated, Any, Union, get_args, get_origin
 
 from mcp.server.mcpserver.tools.base import Tool
@@ -31,8 +33,9 @@ from mcp_types import CallToolResult
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from tools import text_limits
+from macula.agent.task_messages import TaskLimits
 from tools.results import fail
+from tools.text_limits import TaskBound
 
 MAX_LISTED = 20  # problems named in one error; the rest are counted
 # the largest integer SQLite stores: the bound of offsets and sequence numbers
@@ -101,6 +104,8 @@ def _problem(error: Any) -> str:
     kind, message = str(error["type"]), str(error["msg"])
     if kind == "missing":
         return "required (missing)"
+    if kind == "string_too_long":
+        return _too_long(int(error["ctx"]["max_length"]), str(error["input"]))
     given = type(error.get("input")).__name__
     given = {"str": "text", "dict": "an object", "list": "an array", "NoneType": "null"}.get(
         given, given
@@ -111,22 +116,47 @@ def _problem(error: Any) -> str:
     return text
 
 
-def too_long(
-    tool: str, arguments: dict[str, Any], lengths: Mapping[tuple[str, str], int]
-) -> list[str]:
-    """A problem for each text argument longer than its limit (``tools.text_limits``)."""
+def _too_long(limit: int, text: str) -> str:
+    return f"at most {limit} characters ({len(text)} given)"
+
+
+def task_bounds(tool: Tool, limits: TaskLimits) -> dict[str, int]:
+    """Each parameter of ``tool`` declared with a ``TaskBound`` -> its limit under ``limits``."""
+    return {
+        name: bound.of(limits)
+        for name, info in _fields(adopt(tool)).items()
+        for bound in info.metadata
+        if isinstance(bound, TaskBound)
+    }
+
+
+def _schema_problems(metadata: FuncMetadata, known: dict[str, Any]) -> list[str]:
+    """The model's problems with ``known``; text over its declared length is said as such,
+    without the other arms of its union (an over-long record type is no integer either)."""
+    try:
+        metadata.arg_model.model_validate(metadata.pre_parse_json(known))
+    except ValidationError as exc:
+        errors = exc.errors()
+    else:
+        return []
+    # a parameter whose own text is over its length: that one problem, no union arm's
+    long = {
+        str(e["loc"][0])
+        for e in errors
+        if e["type"] == "string_too_long" and e["input"] == known.get(str(e["loc"][0]))
+    }
     found = []
-    for name, value in arguments.items():
-        limit = text_limits.limit_of(lengths, tool, name)
-        if isinstance(value, str) and limit is not None and len(value) > limit:
-            found.append(f"{_shown(name)}: at most {limit} characters ({len(value)} given)")
+    for e in errors:
+        param = str(e["loc"][0])
+        if param not in long:
+            found.append(f"{_where(tuple(e['loc']))}: {_problem(e)}")
+        elif e["type"] == "string_too_long":
+            found.append(f"{_shown(param)}: {_problem(e)}")
     return found
 
 
 def problems(
-    tool: Tool,
-    arguments: dict[str, Any],
-    lengths: Mapping[tuple[str, str], int] | None = None,
+    tool: Tool, arguments: dict[str, Any], task_limits: TaskLimits | None = None
 ) -> list[str]:
     """Every problem with ``arguments`` for ``tool``, each naming its parameter; [] if none."""
     metadata = adopt(tool)
@@ -136,14 +166,14 @@ def problems(
     if found:
         found[0] += f" (this tool takes {', '.join(fields) or 'none'})"
     known = {key: value for key, value in arguments.items() if key in fields}
-    try:
-        metadata.arg_model.model_validate(metadata.pre_parse_json(known))
-    except ValidationError as exc:
-        found += [f"{_where(tuple(e['loc']))}: {_problem(e)}" for e in exc.errors()]
-    table = text_limits.limits({}) if lengths is None else lengths
-    long = too_long(tool.name, known, table)
+    found += _schema_problems(metadata, known)
     named = {problem.split(":", 1)[0] for problem in found}
-    return found + [problem for problem in long if problem.split(":", 1)[0] not in named]
+    bounds = task_bounds(tool, TaskLimits() if task_limits is None else task_limits)
+    for name, limit in bounds.items():
+        value = known.get(name)
+        if isinstance(value, str) and len(value) > limit and name not in named:
+            found.append(f"{name}: {_too_long(limit, value)}")
+    return found
 
 
 def refusal(found: list[str]) -> CallToolResult:

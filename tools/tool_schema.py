@@ -16,9 +16,11 @@ Invariants:
 - with terse descriptions (``MACULA_MCP_TERSE_TOOLS=1``) a parameter keeps its description
   only when it holds a caveat (``TERSE_KEPT``: what a 0/1 flag does, what runs where, what
   cannot be undone).
-- every text parameter (a ``string`` schema, or the ``string`` arm of an ``anyOf``) is listed
-  with its ``maxLength`` from ``tools.text_limits``, the limit the argument boundary enforces,
-  except where its ``SHARED`` rule states that very limit once (``LIMIT_SAID_ONCE``).
+- every bound comes from the parameter's declaration in the tool function's signature
+  (``Field(max_length=..., ge=..., le=...)``, written into the schema by pydantic), the one the
+  argument boundary checks; nothing here adds one, but the task limits (``TaskBound``, from the
+  server's environment) and drops one only where the parameter's ``SHARED`` rule states that
+  very limit once (``LIMIT_SAID_ONCE``).
 """
 
 from __future__ import annotations
@@ -27,27 +29,31 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.tools.base import Tool
 from mcp_types import CallToolResult, InputRequiredResult
 from mcp_types import Tool as MCPTool
 
+from macula.agent.task_messages import TaskLimits
 from tools import text_limits, tool_arguments
 
 # parameter name -> its rule, said once in the server instructions (tools.server.INSTRUCTIONS)
 SHARED = {
-    "idempotency_key": "idempotency_key (1-120 chars): a retry with the same key returns the "
-    "first result instead of acting again",
-    "realm": "realm (<= 128 chars): a realm name or 64 hex tag, default the all-zero public realm",
+    "idempotency_key": f"idempotency_key (1-{text_limits.MAX_IDEMPOTENCY_KEY} chars): a retry "
+    "with the same key returns the first result instead of acting again",
+    "realm": f"realm (<= {text_limits.REALM_CHARS} chars): a realm name or 64 hex tag, default "
+    "the all-zero public realm",
     "task_id": "task_id: from mesh_task_send or mesh_task_list",
     "cursor": "lists come in pages: remaining counts what is past a page, next_page is the "
-    "call that returns the rest (cursor, <= 40 chars, included), null when none is left",
+    f"call that returns the rest (cursor, <= {text_limits.CURSOR_CHARS} chars, included), null "
+    "when none is left",
 }
 
 # parameters whose length limit their ``SHARED`` rule states once: no ``maxLength`` in each of
 # the 23 and 10 schemas that have them (tests/unit/test_text_limits.py holds rule and limit equal)
 LIMIT_SAID_ONCE: Mapping[str, int] = {
-    "idempotency_key": text_limits.SHARED["idempotency_key"],
-    "realm": text_limits.SHARED["realm"],
-    "cursor": text_limits.SHARED["cursor"],
+    "idempotency_key": text_limits.MAX_IDEMPOTENCY_KEY,
+    "realm": text_limits.REALM_CHARS,
+    "cursor": text_limits.CURSOR_CHARS,
 }
 
 # (tool, parameter) whose description stays with terse descriptions too
@@ -101,21 +107,23 @@ def tool_schema(
     tool: str,
     schema: dict[str, Any],
     terse: bool,
-    lengths: Mapping[tuple[str, str], int] | None = None,
+    task_bounds: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The input schema ``tool`` is listed with (``lengths``: ``tools.text_limits.limits``)."""
+    """The input schema ``tool`` is listed with (``task_bounds``: each ``TaskBound``
+    parameter's limit on this server, ``tools.tool_arguments.task_bounds``)."""
     out: dict[str, Any] = compact(schema)
-    table = text_limits.limits({}) if lengths is None else lengths
     for name, spec in out.get("properties", {}).items():
         if not isinstance(spec, dict):
             continue
         if terse and (tool, name) not in TERSE_KEPT:
             spec.pop("description", None)
-        limit = text_limits.limit_of(table, tool, name)
-        if limit is not None and LIMIT_SAID_ONCE.get(name) != limit:
-            for arm in [spec, *spec.get("anyOf", [])]:
-                if isinstance(arm, dict) and arm.get("type") == "string":
-                    arm["maxLength"] = limit
+        for arm in [spec, *spec.get("anyOf", [])]:
+            if not isinstance(arm, dict) or arm.get("type") != "string":
+                continue
+            if task_bounds and name in task_bounds:
+                arm["maxLength"] = task_bounds[name]
+            if name in LIMIT_SAID_ONCE and arm.get("maxLength") == LIMIT_SAID_ONCE[name]:
+                del arm["maxLength"]
     return out
 
 
@@ -127,19 +135,26 @@ class MeshServer(MCPServer[Any]):
         self,
         *args: Any,
         terse: bool = False,
-        lengths: Mapping[tuple[str, str], int] | None = None,
+        task_limits: TaskLimits | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.terse_schemas = terse
-        self.lengths = dict(text_limits.limits({}) if lengths is None else lengths)
+        self.task_limits = TaskLimits() if task_limits is None else task_limits
+
+    def _task_bounds(self, name: str) -> dict[str, int]:
+        tool: Tool | None = self._tool_manager.get_tool(name)
+        return {} if tool is None else tool_arguments.task_bounds(tool, self.task_limits)
 
     async def list_tools(self) -> list[MCPTool]:
         return [
             tool.model_copy(
                 update={
                     "input_schema": tool_schema(
-                        tool.name, tool.input_schema, self.terse_schemas, self.lengths
+                        tool.name,
+                        tool.input_schema,
+                        self.terse_schemas,
+                        self._task_bounds(tool.name),
                     )
                 }
             )
@@ -152,7 +167,7 @@ class MeshServer(MCPServer[Any]):
         tool = self._tool_manager.get_tool(name)
         if tool is None:
             return tool_arguments.unknown_tool(name)
-        found = tool_arguments.problems(tool, arguments, self.lengths)
+        found = tool_arguments.problems(tool, arguments, self.task_limits)
         if found:
             return tool_arguments.refusal(found)
         return await super().call_tool(name, arguments, context)

@@ -1,12 +1,12 @@
-"""Every text parameter of every MCP tool is listed with its ``maxLength`` (or, for the two
-shared ones, stated once in the instructions), every integer with
-its range (``tools.text_limits``, ``tools.tool_schema``), and the limits are the ones enforced:
-the station's own (relay/house) and the task limits the environment sets."""
+"""Every text parameter of every MCP tool is listed with its ``maxLength`` (or, for the three
+shared ones, stated once in the instructions), every integer with its range (declared in the
+tool's signature, named in ``tools.text_limits``), and the limits are the ones enforced: the
+station's own (relay/house) and the task limits the environment sets."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, get_args
 
 from macula.services import limits
 from tools import text_limits
@@ -49,8 +49,16 @@ def test_every_string_has_a_max_length_and_every_integer_a_range() -> None:
 def test_a_limit_said_once_is_the_enforced_one_and_in_the_instructions() -> None:
     """``idempotency_key`` and ``realm`` (23 and 10 tools) carry no ``maxLength`` of their own:
     the server instructions state the limit the argument boundary enforces, once."""
+    declared = {
+        name: next(m.max_length for m in get_args(alias)[1].metadata)
+        for name, alias in (
+            ("idempotency_key", text_limits.IdempotencyKey),
+            ("realm", text_limits.Realm),
+            ("cursor", text_limits.Cursor),
+        )
+    }
+    assert declared == LIMIT_SAID_ONCE
     for name, limit in LIMIT_SAID_ONCE.items():
-        assert limit == text_limits.SHARED[name]
         assert f"{limit} chars" in SHARED_RULES[name] and SHARED_RULES[name] in INSTRUCTIONS
 
 

@@ -9,8 +9,10 @@ import pytest
 from mcp.server.mcpserver.tools.base import Tool
 from pydantic import Field
 
+from macula.agent.task_messages import TaskLimits
 from macula.store.task_values import TaskValue
-from tools.tool_arguments import LiteralArguments, adopt, problems, takes_text
+from tools.text_limits import TaskBound
+from tools.tool_arguments import LiteralArguments, adopt, problems, takes_text, task_bounds
 
 
 @pytest.mark.parametrize(
@@ -60,3 +62,27 @@ def test_problems_name_each_parameter_and_never_echo_values() -> None:
     assert [p.split(":")[0] for p in found[1:]] == ["note", "tags[1]", "count"]
     assert "s3cr3t" not in " ".join(found)
     assert found[-1] == "count: input should be less than or equal to 5"
+
+
+def bounded(
+    name: Annotated[str, Field(max_length=3)] = "a",
+    kind: Annotated[str, Field(max_length=4)] | Annotated[int, Field(ge=1, le=9)] = 1,
+    note: Annotated[str | None, TaskBound("max_note_bytes")] = None,
+) -> str:
+    return "ok"
+
+
+def test_text_over_its_declared_length_is_one_problem_naming_the_limit() -> None:
+    """The signature's ``max_length`` (a union's text arm too, without its other arms) and a
+    ``TaskBound`` under the server's task limits: each one problem, in the same words."""
+    tool = Tool.from_function(bounded)
+    limits = TaskLimits(max_note_bytes=5)
+    assert task_bounds(tool, limits) == {"note": 5}
+    found = problems(tool, {"name": "abcd", "kind": "x" * 5, "note": "n" * 6}, limits)
+    assert found == [
+        "name: at most 3 characters (4 given)",
+        "kind: at most 4 characters (5 given)",
+        "note: at most 5 characters (6 given)",
+    ]
+    assert problems(tool, {"name": "abc", "kind": "xxxx", "note": "n" * 5}, limits) == []
+    assert problems(tool, {"note": "n" * 6}) == []  # the default task limit is 2 KiB
