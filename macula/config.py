@@ -19,9 +19,9 @@ Invariants:
 - The readers (``text_setting``, ``flag_setting``, ``positive_int_setting``,
   ``choice_setting``, ``path_setting``) give a typed value or raise a ``ConfigError``.
 - Every error is a ``ConfigError`` whose message starts with the variable at fault.
-- This module imports nothing of macula at its top but errors and keys, so every module can
-  take names from it (``stations``, ``station_choice`` and ``known_stations``, which do, are
-  imported where they are used).
+- The modules this one uses (``stations``, ``known_stations``, ``keyfile``...) never import it:
+  they take a variable's name as an argument (``source``, ``pin_in``), so every other module
+  can take names from here without an import cycle.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final, TypeVar
 
 from macula.errors import ConfigError
 from macula.keyfile import KeyFileError, load_or_create_identity
+from macula.known_stations import FILE_NAME as KNOWN_STATIONS_FILE
+from macula.known_stations import KnownStations
+from macula.station_choice import station_list
+from macula.stations import StationAddress, parse_station_list
 from macula.wire.identity import Identity
-
-if TYPE_CHECKING:
-    from macula.known_stations import KnownStations
-    from macula.stations import StationAddress
 
 PREFIX: Final = "MACULA_"  # every variable of ours starts so (a daemon forwards them)
 MCP_PREFIX: Final = "MACULA_MCP_"  # the agent's and the MCP server's own variables
@@ -180,9 +180,6 @@ def configured_stations(env: Mapping[str, str] | None = None) -> list[StationAdd
     """The stations of ``MACULA_MESH_STATIONS`` in order (a node fails over along them), every
     entry checked: a malformed, empty or repeated entry is a ``ConfigError`` naming it. Unset
     or blank gives an empty list."""
-    from macula.station_choice import station_list  # both name STATIONS_ENV
-    from macula.stations import parse_station_list
-
     stations = parse_station_list(_environ(env).get(STATIONS_ENV, ""), source=STATIONS_ENV)
     return station_list(stations, source=STATIONS_ENV) if stations else []
 
@@ -197,6 +194,4 @@ def mesh_stations_from_env(env: Mapping[str, str] | None = None) -> list[Station
 
 def known_stations_from_env(env: Mapping[str, str] | None = None) -> KnownStations:
     """The known-stations file of this ``MACULA_HOME`` (pins of stations given as host:port)."""
-    from macula.known_stations import FILE_NAME, KnownStations  # it names STATIONS_ENV
-
-    return KnownStations(macula_home(_environ(env)) / FILE_NAME)
+    return KnownStations(macula_home(_environ(env)) / KNOWN_STATIONS_FILE, pin_in=STATIONS_ENV)

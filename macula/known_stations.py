@@ -31,7 +31,6 @@ import stat
 from pathlib import Path
 from typing import Final
 
-from macula.config import STATIONS_ENV
 from macula.errors import HandshakeError
 from macula.stations import StationAddress, parse_station
 from macula.wire.identity import KEY_FILE_MAGIC
@@ -58,8 +57,9 @@ def station_name(address: StationAddress) -> str:
 class KnownStations:
     """The known-stations file at ``path`` (see the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, pin_in: str = "the station list") -> None:
         self.path = Path(path)
+        self.pin_in = pin_in  # where a changed key's message says to pin it (a variable)
 
     def load(self) -> dict[str, bytes]:
         """``host:port`` -> node id for every line; ``KnownStationsError`` on any problem."""
@@ -189,7 +189,7 @@ class KnownStations:
             f"the key of station {name} is not the one recorded in {self.path} "
             f"({recorded.hex()}){seen}. Someone may be impersonating it, or its key was "
             f"replaced. To accept the new key, remove the line for {name} from {self.path}, "
-            f"or pin node_id@{name} in {STATIONS_ENV}"
+            f"or pin node_id@{name} in {self.pin_in}"
         )
 
 

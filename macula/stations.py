@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from macula.config import STATIONS_ENV
 from macula.errors import ConfigError
 
 DEFAULT_PORT = 4433
@@ -59,7 +58,7 @@ def parse_station(text: str, *, source: str = "station") -> StationAddress:
     return StationAddress(host, port, node_id)
 
 
-def parse_station_list(text: str, *, source: str = STATIONS_ENV) -> list[StationAddress]:
+def parse_station_list(text: str, *, source: str) -> list[StationAddress]:
     """Comma-separated station addresses; empty entries are an error, not silently skipped."""
     entries = [part.strip() for part in text.split(",")]
     if not text.strip():

@@ -33,8 +33,16 @@ from typing import Any, Final, NoReturn
 
 from tools import daemon_protocol as protocol
 from tools import stdio_front
-from tools.daemon_socket import SocketSetupError, home_dir, read_pid, socket_path
-from tools.settings import DAEMON_START_ENV, HOME_ENV, DaemonSettingError, daemon_start_s
+from tools.daemon_socket import read_pid
+from tools.settings import (
+    DAEMON_START_ENV,
+    HOME_ENV,
+    DaemonSettingError,
+    SocketSetupError,
+    daemon_start_s,
+    home_dir,
+    socket_path,
+)
 from tools.stdio_front import Front
 
 POLL_S: Final = 0.02  # interval between connection attempts while a daemon starts

@@ -23,8 +23,15 @@ from typing import Any, Final
 from tools import daemon_protocol as protocol
 from tools.attach import AttachError, connect, handshake, reach_daemon
 from tools.commands import parser_for
-from tools.daemon_socket import SocketSetupError, read_pid, socket_path
-from tools.settings import DAEMON_IDLE_ENV, HOME_ENV, DaemonSettingError, DaemonSettings
+from tools.daemon_socket import read_pid
+from tools.settings import (
+    DAEMON_IDLE_ENV,
+    HOME_ENV,
+    DaemonSettingError,
+    DaemonSettings,
+    SocketSetupError,
+    socket_path,
+)
 
 STOP_WAIT_S: Final = 20.0
 

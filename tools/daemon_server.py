@@ -37,11 +37,9 @@ from tools import daemon_protocol as protocol
 from tools.daemon_hosts import Hosted, Hosts, IdleClock
 from tools.daemon_socket import (
     DaemonRunningError,
-    SocketSetupError,
     acquire_lock,
     bind,
     claim_socket,
-    home_dir,
     pid_path,
     prepare_folder,
 )
@@ -51,7 +49,9 @@ from tools.settings import (
     SOCKET_ENV,
     DaemonSettingError,
     DaemonSettings,
+    SocketSetupError,
     channel_text,
+    home_dir,
     log_level,
     terse_text,
 )

@@ -5,12 +5,11 @@ Files: ``$MACULA_HOME/daemon/mcp.sock`` (or ``MACULA_MCP_SOCKET``), and beside i
 ``mcp.sock.pid``.
 
 Invariants:
-- light: standard library only (``attach`` resolves the socket without the mesh library;
-  ``home_dir`` mirrors ``macula.config.macula_home``, a unit test keeps them equal);
+- light: standard library only (``attach`` resolves the socket without the mesh library);
+  where the socket is (``home_dir``, ``socket_path``) is a setting: ``tools.settings``;
 - the socket's folder is 0700 (the default one is created or tightened so; a folder named by
   ``MACULA_MCP_SOCKET`` must already be this user's and closed to others, or it is created);
   the socket is 0600;
-- a path too long for ``AF_UNIX`` is a ``SocketSetupError`` naming ``MACULA_MCP_SOCKET``;
 - a socket file is removed only by the holder of the lock, and only when nothing answers a
   connect on it: a live daemon's socket is never removed.
 """
@@ -22,61 +21,15 @@ import fcntl
 import os
 import socket
 import stat
-import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Final
+from typing import IO
 
-from tools.settings import DEFAULT_HOME, HOME_ENV, SOCKET_ENV
-
-SOCKET_DIR: Final = "daemon"
-SOCKET_NAME: Final = "mcp.sock"
-# sun_path holds 108 bytes on Linux, 104 on the BSDs and macOS, NUL included
-MAX_SOCKET_PATH: Final = 107 if sys.platform.startswith("linux") else 103
-
-
-class SocketSetupError(Exception):
-    """The socket cannot be placed or claimed (message names the setting to change)."""
+from tools.settings import HOME_ENV, SOCKET_ENV, SocketSetupError
 
 
 class DaemonRunningError(SocketSetupError):
     """Another live process holds the lock or answers on the socket."""
-
-
-def home_dir(env: Mapping[str, str]) -> Path:
-    raw = env.get(HOME_ENV)
-    if raw is not None and (not raw.strip() or "\x00" in raw):
-        raise SocketSetupError(f"{HOME_ENV} is set but empty or contains NUL: fix or unset it")
-    try:
-        home = Path(raw if raw is not None else DEFAULT_HOME).expanduser().absolute()
-    except RuntimeError as exc:
-        raise SocketSetupError(f"{HOME_ENV}: cannot expand it: {exc}") from None
-    if home.exists() and not home.is_dir():
-        raise SocketSetupError(f"{HOME_ENV}: {home} exists and is not a directory")
-    return home
-
-
-def socket_path(env: Mapping[str, str]) -> Path:
-    """The daemon's socket for this environment, checked to fit ``AF_UNIX``."""
-    raw = env.get(SOCKET_ENV)
-    if raw is not None:
-        if not raw.strip() or "\x00" in raw:
-            raise SocketSetupError(f"{SOCKET_ENV} is set but empty or contains NUL")
-        path = Path(raw).expanduser().absolute()
-    else:
-        path = home_dir(env) / SOCKET_DIR / SOCKET_NAME
-    check_length(path)
-    return path
-
-
-def check_length(path: Path) -> None:
-    size = len(os.fsencode(path))
-    if size > MAX_SOCKET_PATH:
-        raise SocketSetupError(
-            f"the daemon's socket path {path} is {size} bytes, longer than a Unix socket allows "
-            f"here ({MAX_SOCKET_PATH}): set {SOCKET_ENV} to a shorter path, e.g. "
-            f"/tmp/macula-{os.getuid()}/mcp.sock (or use a shorter {HOME_ENV})"
-        )
 
 
 def lock_path(sock: Path) -> Path:

@@ -13,6 +13,10 @@ Invariants:
   imports it where it runs.
 - every bad value is an error whose message starts with the variable at fault: a
   ``DaemonSettingError`` (daemon, attach), else a ``ConfigError``.
+- ``home_dir`` mirrors ``macula.config.macula_home`` on the light path (a unit test keeps
+  them equal); ``socket_path`` is the daemon's socket, ``$MACULA_HOME/daemon/mcp.sock`` or
+  ``MACULA_MCP_SOCKET``, checked to fit ``AF_UNIX`` (too long: a ``SocketSetupError`` naming
+  ``MACULA_MCP_SOCKET``).
 - ``home_port`` is stable for one home's path and spread over ``HOME_PORTS`` (below Linux's
   ephemeral range), so two homes almost never ask for the same port; a taken port is handled
   by the caller (``tools.local_station``: it then listens on a free one and records it).
@@ -21,6 +25,8 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +106,51 @@ def channel_text(env: Mapping[str, str]) -> str:
 
 # -- the daemon ----------------------------------------------------------------------------------
 
+SOCKET_DIR: Final = "daemon"
+SOCKET_NAME: Final = "mcp.sock"
+# sun_path holds 108 bytes on Linux, 104 on the BSDs and macOS, NUL included
+MAX_SOCKET_PATH: Final = 107 if sys.platform.startswith("linux") else 103
+
+
+class SocketSetupError(Exception):
+    """The socket cannot be placed or claimed (message names the setting to change)."""
+
+
+def home_dir(env: Mapping[str, str]) -> Path:
+    raw = env.get(HOME_ENV)
+    if raw is not None and (not raw.strip() or "\x00" in raw):
+        raise SocketSetupError(f"{HOME_ENV} is set but empty or contains NUL: fix or unset it")
+    try:
+        home = Path(raw if raw is not None else DEFAULT_HOME).expanduser().absolute()
+    except RuntimeError as exc:
+        raise SocketSetupError(f"{HOME_ENV}: cannot expand it: {exc}") from None
+    if home.exists() and not home.is_dir():
+        raise SocketSetupError(f"{HOME_ENV}: {home} exists and is not a directory")
+    return home
+
+
+def socket_path(env: Mapping[str, str]) -> Path:
+    """The daemon's socket for this environment, checked to fit ``AF_UNIX``."""
+    raw = env.get(SOCKET_ENV)
+    if raw is not None:
+        if not raw.strip() or "\x00" in raw:
+            raise SocketSetupError(f"{SOCKET_ENV} is set but empty or contains NUL")
+        path = Path(raw).expanduser().absolute()
+    else:
+        path = home_dir(env) / SOCKET_DIR / SOCKET_NAME
+    check_length(path)
+    return path
+
+
+def check_length(path: Path) -> None:
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH:
+        raise SocketSetupError(
+            f"the daemon's socket path {path} is {size} bytes, longer than a Unix socket allows "
+            f"here ({MAX_SOCKET_PATH}): set {SOCKET_ENV} to a shorter path, e.g. "
+            f"/tmp/macula-{os.getuid()}/mcp.sock (or use a shorter {HOME_ENV})"
+        )
+
 
 class DaemonSettingError(ValueError):
     """A daemon setting out of range (message names the variable)."""
@@ -152,7 +203,7 @@ def daemon_start_s(env: Mapping[str, str]) -> float:
 
 @dataclass(frozen=True)
 class DaemonSettings:
-    """The daemon's settings (``home`` and ``socket``: ``tools.daemon_socket``'s)."""
+    """The daemon's settings (``home`` and ``socket``: ``home_dir`` and ``socket_path``)."""
 
     home: Path
     socket: Path
@@ -165,8 +216,6 @@ class DaemonSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DaemonSettings:
-        from tools.daemon_socket import home_dir, socket_path  # it takes its names from here
-
         return cls(
             home=home_dir(env),
             socket=socket_path(env),

@@ -23,8 +23,9 @@ from mcp import Client
 from relay.station import Station
 from support.mcpkit import good, initialize_request, server_params, stop_daemon
 from support.waiting import eventually
-from tools.daemon_socket import acquire_lock, pid_path, read_pid, socket_path
+from tools.daemon_socket import acquire_lock, pid_path, read_pid
 from tools.launch import server_command
+from tools.settings import socket_path
 
 pytestmark = pytest.mark.anyio
 

@@ -12,6 +12,7 @@ import pytest
 
 from macula.backoff import Backoff
 from macula.clock import now_ms
+from macula.config import configured_stations
 from macula.dht import DhtClient, ResolveError
 from macula.errors import CallTimeout, ConfigError, MeshError
 from macula.node import Node
@@ -209,10 +210,10 @@ def test_station_addresses_and_the_environment() -> None:
     assert parse_station("[::1]:4433").host == "::1"
     assert parse_station("localhost").port == 4433
     assert str(parse_station("quic://127.0.0.1:9")) == "127.0.0.1:9"
-    assert len(parse_station_list("127.0.0.1:1, 127.0.0.1:2")) == 2
+    assert len(parse_station_list("127.0.0.1:1, 127.0.0.1:2", source="stations")) == 2
     for bad in ("zz@h:1", f"{'ab' * 31}@h:1", "h:0", "h:99999", "h:x", ":1", "[::1", "a,,b"):
         with pytest.raises(ConfigError, match="MACULA_MESH_STATIONS"):
-            parse_station_list(bad)
+            configured_stations({"MACULA_MESH_STATIONS": bad})
 
 
 def test_node_from_the_environment(tmp_path: Path) -> None:

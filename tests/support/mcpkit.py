@@ -19,8 +19,9 @@ from typing import Any
 from mcp import Client, ClientSession, StdioServerParameters
 from pydantic import BaseModel
 
-from tools.daemon_socket import read_pid, socket_path
+from tools.daemon_socket import read_pid
 from tools.launch import server_command
+from tools.settings import socket_path
 
 
 def server_env(home: Path, endpoint: str, **extra: str) -> dict[str, str]:

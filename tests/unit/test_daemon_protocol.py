@@ -14,9 +14,8 @@ from macula.config import AGENT_ENV, IDENTITY_ENV, identity_path, macula_home
 from tools import daemon_protocol as protocol
 from tools.daemon_hosts import IdleClock, differing
 from tools.daemon_server import session_env
-from tools.daemon_socket import SocketSetupError, home_dir
 from tools.settings import DAEMON_IDLE_ENV as IDLE_ENV
-from tools.settings import DaemonSettingError, DaemonSettings
+from tools.settings import DaemonSettingError, DaemonSettings, SocketSetupError, home_dir
 
 
 def line(**body: object) -> bytes:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools import daemon_socket as ds
+from tools.settings import MAX_SOCKET_PATH, SOCKET_ENV, SocketSetupError, check_length, socket_path
 
 
 @pytest.fixture
@@ -23,35 +24,35 @@ def short_dir() -> Iterator[Path]:
 
 
 def test_the_default_socket_is_in_the_home(tmp_path: Path) -> None:
-    assert ds.socket_path({"MACULA_HOME": "/h"}) == Path("/h/daemon/mcp.sock")
-    assert ds.socket_path({"MACULA_HOME": "/h", ds.SOCKET_ENV: "/s/x.sock"}) == Path("/s/x.sock")
+    assert socket_path({"MACULA_HOME": "/h"}) == Path("/h/daemon/mcp.sock")
+    assert socket_path({"MACULA_HOME": "/h", SOCKET_ENV: "/s/x.sock"}) == Path("/s/x.sock")
 
 
 def test_a_socket_path_too_long_names_the_setting_that_shortens_it() -> None:
     home = "/tmp/" + "h" * 120
-    with pytest.raises(ds.SocketSetupError) as raised:
-        ds.socket_path({"MACULA_HOME": home})
+    with pytest.raises(SocketSetupError) as raised:
+        socket_path({"MACULA_HOME": home})
     message = str(raised.value)
-    assert ds.SOCKET_ENV in message and "longer than a Unix socket allows" in message
-    with pytest.raises(ds.SocketSetupError, match=ds.SOCKET_ENV):
-        ds.socket_path({ds.SOCKET_ENV: "/tmp/" + "s" * 200})
-    with pytest.raises(ds.SocketSetupError, match="empty"):
-        ds.socket_path({ds.SOCKET_ENV: ""})
+    assert SOCKET_ENV in message and "longer than a Unix socket allows" in message
+    with pytest.raises(SocketSetupError, match=SOCKET_ENV):
+        socket_path({SOCKET_ENV: "/tmp/" + "s" * 200})
+    with pytest.raises(SocketSetupError, match="empty"):
+        socket_path({SOCKET_ENV: ""})
 
 
 def test_the_longest_allowed_path_binds(short_dir: Path) -> None:
-    name = "s" * (ds.MAX_SOCKET_PATH - len(str(short_dir)) - 1)
+    name = "s" * (MAX_SOCKET_PATH - len(str(short_dir)) - 1)
     path = short_dir / name
-    ds.check_length(path)
+    check_length(path)
     ds.bind(path).close()
-    with pytest.raises(ds.SocketSetupError):
-        ds.check_length(short_dir / (name + "x"))
+    with pytest.raises(SocketSetupError):
+        check_length(short_dir / (name + "x"))
 
 
 def test_the_default_folder_is_made_private(short_dir: Path) -> None:
     home = short_dir / "home"
     env = {"MACULA_HOME": str(home)}
-    sock = ds.socket_path(env)
+    sock = socket_path(env)
     ds.prepare_folder(sock, env)
     assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
     sock.parent.chmod(0o755)
@@ -63,12 +64,12 @@ def test_a_named_folder_open_to_others_is_refused(short_dir: Path) -> None:
     shared = short_dir / "shared"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    env = {ds.SOCKET_ENV: str(shared / "m.sock")}
-    with pytest.raises(ds.SocketSetupError, match=ds.SOCKET_ENV):
-        ds.prepare_folder(ds.socket_path(env), env)
+    env = {SOCKET_ENV: str(shared / "m.sock")}
+    with pytest.raises(SocketSetupError, match=SOCKET_ENV):
+        ds.prepare_folder(socket_path(env), env)
     assert stat.S_IMODE(shared.stat().st_mode) == 0o777  # not changed behind the user's back
-    fresh = {ds.SOCKET_ENV: str(short_dir / "mine" / "m.sock")}
-    ds.prepare_folder(ds.socket_path(fresh), fresh)
+    fresh = {SOCKET_ENV: str(short_dir / "mine" / "m.sock")}
+    ds.prepare_folder(socket_path(fresh), fresh)
     assert stat.S_IMODE((short_dir / "mine").stat().st_mode) == 0o700
 
 
@@ -117,7 +118,7 @@ def test_something_else_at_the_socket_path_is_not_removed(short_dir: Path) -> No
     sock.write_text("precious")
     lock = ds.acquire_lock(sock)
     try:
-        with pytest.raises(ds.SocketSetupError, match="not a socket"):
+        with pytest.raises(SocketSetupError, match="not a socket"):
             ds.claim_socket(sock)
     finally:
         lock.close()

@@ -40,7 +40,7 @@ def test_first_use_records_then_pins(tmp_path: Path) -> None:
 
 
 def test_a_changed_key_is_refused_saying_how_to_accept_it(tmp_path: Path) -> None:
-    known = KnownStations(tmp_path / "known_stations")
+    known = known_stations_from_env({"MACULA_HOME": str(tmp_path)})  # pins in the variable
     address = parse_station("10.0.0.1:4433")
     known.record(address, KEY_A, KEY_A)
     dialled = known.pin(address)

@@ -19,8 +19,8 @@ from typing import Final
 from tools import daemon_protocol as protocol
 from tools.attach import AttachError, handshake, reach_daemon, start_timeout
 from tools.commands import parser_for
-from tools.daemon_socket import SocketSetupError, home_dir, socket_path
 from tools.http_token import home_token
+from tools.settings import SocketSetupError, home_dir, socket_path
 
 POLL_S: Final = 0.05  # between status requests while the listener binds
 
