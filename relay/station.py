@@ -235,7 +235,7 @@ class Station:
     async def _start(self, stack: contextlib.AsyncExitStack) -> None:
         """Open everything in order, registering each closer on ``stack`` as soon as it opens;
         the QUIC socket is bound early (its port is in the DHT's and the house's records) but
-        read only once every part a frame may reach is open.
+        read only once every part a frame may reach is open and the upkeep runs.
 
         At exit the stack runs them in reverse: drain the connections, stop the links, cancel
         the timers, finish the tasks, close the house services, the DHT, the QUIC server, then
@@ -277,10 +277,10 @@ class Station:
         stack.push_async_callback(self._finish_tasks)
         stack.callback(self._cancel_timers)
         self._links = self._station_links(*build.known_peers_for(config, self.identity))
+        await self._keep_up()
         await self._serve((certificate[0], certificate[1]), sock, stack)
         stack.push_async_callback(self._links.manager.stop)  # after the drain: no redial
         stack.push_async_callback(self._drain)
-        await self._keep_up()
         self._links.manager.start()
         log.info(
             "station %s listening on %s:%d", self.identity.node_id.hex(), config.host, self.port
@@ -317,7 +317,7 @@ class Station:
 
     async def _keep_up(self) -> None:
         """Start the ticker and the refresh of this station's own records (stored once
-        before the start returns, so a client connecting at once resolves them)."""
+        before the socket is read, so a client connecting at once resolves them)."""
         config, builtins = self.config, self._open(self._builtins)
         self._ticker = Ticker(
             self.core,
@@ -329,7 +329,7 @@ class Station:
             sweep_ms=config.policy.realm_sweep_ms,
         )
         own = OwnRecords(
-            self.core.identity,
+            self._open(self.identity),
             (list(dict.fromkeys([*config.advertised_hosts, config.host])), self.port),
             self._open(self._records),
             self._open(self._house),
@@ -337,7 +337,7 @@ class Station:
             interval_s=config.endpoint_refresh_s,
         )
         self.spawn(self._ticker.tick_forever())
-        await own.refresh_once(publish=False)  # resolvable before start returns
+        await own.refresh_once(publish=False)  # resolvable before the first datagram is read
         self.spawn(own.refresh_forever())
 
     @staticmethod

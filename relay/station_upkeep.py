@@ -115,7 +115,7 @@ class OwnRecords:
     async def refresh_once(self, *, publish: bool = True) -> None:
         """Sign this station's records anew and store them in its own record store; with
         ``publish``, put the house advertisements into the DHT too (that may wait on peers).
-        ``Station.start`` runs it once unpublished before it returns, so a client that
+        ``Station.start`` runs it once unpublished before it reads a datagram, so a client that
         connects at once already resolves the house services (without it, a register call
         made right after start found no advertisement: CI, stop 43)."""
         records, dht, identity = self._records, self._dht, self._identity
