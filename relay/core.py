@@ -6,9 +6,8 @@ close that connection, run that built-in). The QUIC shell (``relay.station``) on
 State lives in small tables (``StationSubscriptions``, ``AdvertTable``, ``PendingCalls``,
 ``RouteTable``); helpers it owns apply one part of the protocol each (``CallForwarder``,
 ``StreamRelay``, ``InterestRouter``: ADVERTISE, SUBSCRIBE, PUBLISH). Rules:
-- handshake (§5): the first CONNECT, verified against its ``node_id``, makes its stream the
-  control stream; HELLO ``"true"`` or an in-band refusal (HELLO ``"false"`` + §9 code); the
-  newest connection of a node id wins, the older gets GOODBYE ``replaced_by_newer_handshake``;
+- handshake (§5, ``ConnectHandling``): the first CONNECT, verified against its ``node_id``,
+  makes its stream the control stream; the newest connection of a node id wins;
 - every frame after that is parsed and verified per §4.3 before it touches any state (on a
   connection bound to this station, issue 27: its claimed signer compared with the connection's
   node id instead, ``relay.admission``; verified before it crosses a link), and the
@@ -33,21 +32,16 @@ State lives in small tables (``StationSubscriptions``, ``AdvertTable``, ``Pendin
   EVENT over its link's ``station_event_rate`` pauses that link the same way); a
   connection with more than ``quotas.max_outbound_bytes`` unsent on its control stream
   (``outbound_full``) is a slow consumer: GOODBYE ``slow_consumer``, closed at once;
-- station links (docs/federation.md): a connection this station ``dial``s sends CONNECT with
-  the station bit and waits for a HELLO verified against the node id it dialled (anything
-  else closes it, counted); an accepted CONNECT with the station bit makes a station peer;
-  either way ``LinkHandshake.link_up`` (relay.federation.handshake) emits ``LinkUp`` once and
-  ``forget_peer`` the matching ``LinkDown``; one link per station (the duplicate rule is
-  there); ``station_linked`` runs on every link that comes up; an EVENT is taken from
-  a station peer only, and goes to local clients only (``relay.federation.interest``).
-Handlers live in modules of their own, each a group of functions taking the core (typed as
-``relay.router_state.RouterState``, a Protocol, so none imports this module back):
-``relay.connect_handling`` (CONNECT, HELLO, a link coming up), ``relay.call_handling`` (CALL
-routing, built-ins, this station's own CALLs), ``relay.stream_handling`` (dedicated streams),
-``relay.realm_routing`` (protected realms). One convention: a handler returns its actions
-(a list, often the one a helper made); only ``frames_received`` gathers them. Hooks and data
-from the shell are constructor parameters, never assigned afterwards (tests/unit/
-test_relay_shape.py). Nothing here or below does I/O (pyproject.toml's import contract).
+- station links (docs/federation.md): dialled (``dial``) or accepted, a link comes up in
+  ``LinkHandshake.link_up`` (``LinkUp`` once; ``forget_peer`` the matching ``LinkDown``); an
+  EVENT is taken from a station peer only, and goes to local clients only.
+Its parts are built here over exactly the tables and hooks each needs (none holds the core):
+``ConnectHandling`` (CONNECT, HELLO, dialling, links coming up), ``CallHandling`` (CALLs,
+built-ins, this station's own CALLs), ``StreamHandling`` (dedicated streams), ``RealmRouting``
+(protected realms). A part returns its actions; only ``frames_received`` gathers them, one
+method call per frame. Hooks and data from the shell are constructor parameters, never
+assigned afterwards (tests/unit/test_relay_shape.py); a reload goes through ``reconfigure``.
+Nothing here or below does I/O (pyproject.toml's import contract).
 """
 
 from __future__ import annotations
@@ -57,34 +51,33 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from macula.rate import TokenBucket
-from macula.realm.records import Endorsement
 from macula.wire.errors import FramingError
 from macula.wire.frames import Call, Error, Event, Goodbye, Ping, Result
 from macula.wire.identity import Identity
-from relay import call_handling, connect_handling, realm_routing, stream_handling
 from relay.actions import Action, Close, LinkDown, PauseReading, ResumeReading, Send
 from relay.admission import Admitted, FrameAdmission, Rejected
-from relay.adverts import AdvertTable, ProcedureKey
+from relay.adverts import AdvertTable
 from relay.call_forwarding import CallForwarder
-from relay.call_handling import BUILTINS
+from relay.call_handling import BUILTINS, CallHandling
+from relay.connect_handling import ConnectHandling
 from relay.connection_caps import ConnectionCaps
 from relay.federation.dedup import RelayedEventDedup
 from relay.federation.gossip import AdvertGossip
-from relay.federation.handshake import LinkHandshake, dialled_peer
 from relay.federation.interest import StationInterest
 from relay.interest import DECLARATIONS, InterestRouter, PublishHook
-from relay.logbook import Refusals, clip
+from relay.logbook import clip
 from relay.outcome import Outcome
 from relay.pacing import PublishPacer
-from relay.peers import Peer, PeerState
+from relay.peers import Peer, PeerState, accepted_peer
 from relay.pending import PendingCalls
-from relay.policy import StationPolicy
+from relay.policy import StationPolicy, restart_only_changes
 from relay.realm_admission import ConnectRule
 from relay.realm_links import RealmCalls
+from relay.realm_routing import RealmRouting
 from relay.realms import RealmGate
 from relay.routes import RouteTable
 from relay.station_frames import StationFrames
+from relay.stream_handling import StreamHandling
 from relay.stream_relay import StreamRelay
 from relay.subscriptions import StationSubscriptions
 
@@ -114,7 +107,6 @@ class RouterCore:
         ``station_endorsements``: the RPC forms this station presents on its links
         (relay.realm_links); ``published``: told every PUBLISH accepted (the room history)."""
         self.identity = identity
-        self.services = services
         self.policy = policy
         self.realms = RealmGate() if realms is None else realms
         # peer stations learn what this one protects, and its endorsements
@@ -133,18 +125,26 @@ class RouterCore:
         self.realm_calls = RealmCalls()  # protected realms' CALLs out on links (relay.realm_links)
         self.stats: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()  # what ``drop`` counted (relay.monitor_figures)
-        self.builtins_running: Counter[int] = Counter()  # conn -> built-in/house calls in flight
         self.pacer = PublishPacer()
         self.caps = ConnectionCaps(policy.max_connections, policy.max_connections_per_address)
-        self.stopping = False  # after ``shutdown``: new handshakes are refused, retryably
-        self.dht_port = 0  # this station's DHT UDP port, told to peer stations (0: none)
-        self._open_stream = open_stream
         self.gossip = AdvertGossip(
             self.peers,
             self.adverts,
             self.frames,
             max_station_advertisements=policy.quotas.max_station_advertisements,
         )
+        self._call_parts(open_stream, random_bytes, services)
+        self.interest = self._interest_router(published)
+        self._handling_parts(open_stream)
+
+    def _call_parts(
+        self,
+        open_stream: Callable[[int], int],
+        random_bytes: Callable[[int], bytes],
+        services: frozenset[tuple[bytes, str]],
+    ) -> None:
+        """The parts that route CALLs and relay stream RPC."""
+        policy = self.policy
         self.streams = StreamRelay(
             self.peers,
             self.gossip,
@@ -164,17 +164,21 @@ class RouterCore:
             drop=self.drop,
             count=self.count,
         )
-        self.interest = self._interest_router(published)
-        self.linking = LinkHandshake(
-            identity.node_id,
+        self.call_handling = CallHandling(
+            self.identity.node_id,
             self.peers,
             self.node_conn,
+            self.pending,
             self.frames,
-            self.admission,
-            drop=self.drop,
-            count=self.count,
-            forget=self.forget_peer,
-            linked=self.station_linked,
+            policy=policy,
+            services=services,
+            realms=self.realms,
+            gossip=self.gossip,
+            calls=self.calls,
+            realm_calls=self.realm_calls,
+            stats=self.stats,
+            random_bytes=random_bytes,
+            refusals_of=self.refusals_of,
         )
 
     def _interest_router(self, published: PublishHook | None) -> InterestRouter:
@@ -200,13 +204,102 @@ class RouterCore:
             self.frames,
             quotas=policy.quotas,
             tombstone_ms=policy.advertise_tombstone_ms,
-            station_serves=self._serves_itself,
+            station_serves=self.call_handling.serves_itself,
             drop=self.drop,
             count=self.count,
             gossip=self.gossip,
             published=published,
             federation=federation,
         )
+
+    def _handling_parts(self, open_stream: Callable[[int], int]) -> None:
+        """The parts that handle CONNECT/HELLO, dedicated streams and protected realms."""
+        policy = self.policy
+        self.connect_handling = ConnectHandling(
+            self.identity.node_id,
+            self.peers,
+            self.node_conn,
+            self.frames,
+            self.admission,
+            policy=policy,
+            connect_rule=self.connect_rule,
+            realms=self.realms,
+            interest=self.interest,
+            gossip=self.gossip,
+            stats=self.stats,
+            open_stream=open_stream,
+            remove=self.remove,
+            forget=self.forget_peer,
+            vouch=self.call_handling.vouch,
+            drop=self.drop,
+            count=self.count,
+        )
+        self.stream_handling = StreamHandling(
+            self.peers,
+            self.routes,
+            self.streams,
+            self.call_handling,
+            policy=policy,
+            realms=self.realms,
+            pacer=self.pacer,
+            stats=self.stats,
+            admit=self.admit,
+            refused=self.refused,
+            drop=self.drop,
+            forget=self.forget_peer,
+        )
+        self.realm_routing = RealmRouting(
+            self.peers,
+            self.adverts,
+            self.realms,
+            gossip=self.gossip,
+            interest=self.interest,
+            tombstone_ms=policy.advertise_tombstone_ms,
+            stats=self.stats,
+            drop=self.drop,
+        )
+
+    # --- what the parts own, as the shell and the tests read it ----------------------------
+
+    @property
+    def stopping(self) -> bool:
+        """After ``shutdown``: new handshakes are refused, retryably; nothing is dialled."""
+        return self.connect_handling.stopping
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        self.connect_handling.stopping = value
+
+    @property
+    def services(self) -> frozenset[tuple[bytes, str]]:
+        """(realm, procedure) served by the station itself (house services)."""
+        return self.call_handling.services
+
+    @services.setter
+    def services(self, value: frozenset[tuple[bytes, str]]) -> None:
+        self.call_handling.services = value
+
+    @property
+    def builtins_running(self) -> Counter[int]:
+        """conn -> built-in and house calls in flight (``CallHandling``'s)."""
+        return self.call_handling.builtins_running
+
+    def reconfigure(self, policy: StationPolicy) -> None:
+        """Run under ``policy`` from now on (a reload, relay.reload): the per-connection quotas
+        (every open connection's token buckets take the new rates and keep their tokens, so
+        no client is dropped), the realms' sweep interval, and what admission reads per frame.
+        ``ValueError`` (nothing changed) if it changes what the parts were built with."""
+        fixed = restart_only_changes(self.policy, policy)
+        if fixed:
+            raise ValueError(f"needs a restart, not a reconfigure: {', '.join(fixed)}")
+        quotas = policy.quotas
+        self.policy = self.admission.policy = policy
+        self.connect_handling.policy = self.call_handling.policy = policy
+        self.stream_handling.policy = policy
+        self.interest.set_quotas(quotas)
+        self.realms.sweep_ms = policy.realm_sweep_ms
+        for peer in self.peers.values():  # open connections keep their tokens: none dropped
+            peer.retune(quotas)
 
     # --- entry points ---------------------------------------------------------------------
 
@@ -217,31 +310,17 @@ class RouterCore:
             counter, why = refusal
             self.stats[counter] += 1
             return [Close(conn, why)]
-        quotas = self.policy.quotas
-        self.peers[conn] = Peer(
-            conn=conn,
-            opened_ms=now_ms,
-            publish_bucket=TokenBucket(quotas.publish_rate, quotas.publish_burst, now_ms),
-            call_bucket=TokenBucket(quotas.call_rate, quotas.call_burst, now_ms),
-            refusals=Refusals(now_ms),
-            address=address,
-        )
+        self.peers[conn] = accepted_peer(conn, address, self.policy.quotas, now_ms)
         return []
 
     def dial(self, conn: int, expected_node_id: bytes, now_ms: int, host: str = "") -> list[Action]:
         """A connection this station opened to station ``expected_node_id`` (at ``host``):
         CONNECT with the station bit on a new control stream; the link is up at its HELLO."""
-        if self.stopping:
-            return [Close(conn, "station is shutting down")]
-        control = self._open_stream(conn)
-        quotas = self.policy.quotas
-        self.peers[conn] = dialled_peer(conn, control, expected_node_id, host, quotas, now_ms)
-        self.stats["links_dialled"] += 1
-        return [Send(conn, control, self.frames.connect(self.dht_port, now_ms))]
+        return self.connect_handling.dial(conn, expected_node_id, now_ms, host)
 
     def dht_started(self, port: int) -> None:
         """This station's DHT listens on UDP ``port``: told to peer stations from now on."""
-        self.dht_port = port
+        self.connect_handling.dht_port = port
 
     def is_connected(self, conn: int) -> bool:
         """True once the connection's CONNECT was accepted (and until it drains)."""
@@ -257,9 +336,9 @@ class RouterCore:
             if peer is None or peer.state in _GONE:
                 break
             if peer.state is PeerState.HANDSHAKING:
-                out += connect_handling.handshake(self, peer, stream, frame_map, now_ms)
+                out += self.connect_handling.handshake(peer, stream, frame_map, now_ms)
             elif stream != peer.control:
-                out += stream_handling.dedicated(self, peer, stream, frame_map, now_ms)
+                out += self.stream_handling.dedicated(peer, stream, frame_map, now_ms)
             elif self.pacer.paused(conn):
                 self.pacer.hold(conn, frame_map)  # order is kept
             elif self.pacer.over_rate(peer.publish_bucket, frame_map, now_ms):
@@ -328,10 +407,10 @@ class RouterCore:
         return out + self.forget_peer(peer, now_ms)
 
     def stream_ended(self, conn: int, stream: int, now_ms: int) -> list[Action]:
-        return stream_handling.stream_ended(self, conn, stream, now_ms)
+        return self.stream_handling.stream_ended(conn, stream, now_ms)
 
     def stream_reset(self, conn: int, stream: int, now_ms: int) -> list[Action]:
-        return stream_handling.stream_reset(self, conn, stream, now_ms)
+        return self.stream_handling.stream_reset(conn, stream, now_ms)
 
     def connection_lost(self, conn: int, now_ms: int) -> list[Action]:
         peer = self.remove(conn, now_ms)
@@ -353,7 +432,7 @@ class RouterCore:
         self, conn: int, stream: int, call: Call, outcome: Outcome, now_ms: int
     ) -> list[Action]:
         """Reply to a built-in CALL (or a house service's) with its ``Outcome``."""
-        return call_handling.builtin_done(self, conn, stream, call, outcome, now_ms)
+        return self.call_handling.builtin_done(conn, stream, call, outcome, now_ms)
 
     def tick(self, now_ms: int) -> list[Action]:
         """Timers: handshake timeouts, forwarded-call deadlines, route TTLs, replay cache,
@@ -381,7 +460,7 @@ class RouterCore:
 
     def sweep_realms(self, now_ms: int) -> list[Action]:
         """End expired and revoked memberships; their advertisements in that realm go."""
-        return realm_routing.sweep(self, now_ms)
+        return self.realm_routing.sweep(now_ms)
 
     def shutdown(self, now_ms: int) -> list[Action]:
         self.stopping = True
@@ -402,9 +481,8 @@ class RouterCore:
         frame, body = verdict
         if isinstance(frame, Call):
             control = peer.control or 0
-            return call_handling.call(
-                self, peer, control, frame, now_ms, builtins_only=False, body=body
-            )
+            calls = self.call_handling
+            return calls.call(peer, control, frame, now_ms, builtins_only=False, body=body)
         if isinstance(frame, (Result, Error)):
             if isinstance(frame, Result) and self.realm_calls.refused(
                 self.realms, peer, frame, now_ms
@@ -413,14 +491,14 @@ class RouterCore:
                 return []
             return self.calls.reply(peer, frame, body)
         if isinstance(frame, DECLARATIONS):
-            if realm_routing.realm_refused(self, peer, frame, now_ms):
+            if self.realm_routing.realm_refused(peer, frame, now_ms):
                 return []
             sent = self.interest.handle(peer, frame, now_ms)
-            return realm_routing.members_only(self, frame.realm, sent, now_ms)
+            return self.realm_routing.members_only(frame.realm, sent, now_ms)
         if isinstance(frame, Ping):
             return [Send(peer.conn, peer.control or 0, self.frames.pong(frame.nonce, now_ms))]
         if isinstance(frame, Event):
-            return realm_routing.relayed_event(self, peer, frame, now_ms)
+            return self.realm_routing.relayed_event(peer, frame, now_ms)
         if isinstance(frame, Goodbye):
             self.stats["goodbyes_received"] += 1
         else:
@@ -441,7 +519,7 @@ class RouterCore:
         if verdict.call_id is None:
             return []
         code, detail = verdict.code, verdict.detail
-        return [self.error(peer, stream, verdict.call_id, code, detail, now_ms)]
+        return [self.frames.error(peer.conn, stream, verdict.call_id, code, detail, now_ms)]
 
     # --- federation: this station's own CALLs, links -----------------------------------------
 
@@ -458,19 +536,8 @@ class RouterCore:
         """A CALL signed by this station on the link to station ``node_id``: its call_id, and
         the Send. It settles as one ``StationReplied`` (``ok`` False for an unknown link, the
         link's loss, the deadline passing, or over ``max_station_calls`` in flight)."""
-        return call_handling.call_station(
-            self, node_id, procedure, payload, deadline_ms, now_ms, realm
-        )
-
-    def vouch(
-        self, endorsements: list[Endorsement], now_ms: int, links: list[Peer] | None = None
-    ) -> list[Action]:
-        """Tell ``links`` (default: every link) these members' endorsements (relay.realm_links)."""
-        return call_handling.vouch(self, endorsements, now_ms, links)
-
-    def station_linked(self, peer: Peer, now_ms: int) -> list[Action]:
-        """The one place that runs when a link comes up (relay.connect_handling)."""
-        return connect_handling.station_linked(self, peer, now_ms)
+        calls = self.call_handling
+        return calls.call_station(node_id, procedure, payload, deadline_ms, now_ms, realm)
 
     def linked_stations(self) -> list[bytes]:
         """The node ids of the stations linked now (CONNECTED station peers)."""
@@ -501,17 +568,8 @@ class RouterCore:
 
     # --- replies and drops (for the handler modules too) ---------------------------------------
 
-    def error(
-        self, peer: Peer, stream: int, call_id: bytes, code: int, detail: bytes | None, now_ms: int
-    ) -> Send:
-        return self.frames.error(peer.conn, stream, call_id, code, detail, now_ms)
-
     def goodbye(self, peer: Peer, reason: str, detail: str, now_ms: int) -> Send:
         return self.frames.goodbye(peer.conn, peer.control or 0, reason, detail, now_ms)
-
-    def _serves_itself(self, key: ProcedureKey) -> bool:
-        """A built-in procedure, or a house service this station runs: never advertised."""
-        return key[1] in BUILTINS or key in self.services
 
     def count(self, counter: str, n: int = 1, /) -> None:
         self.stats[counter] += n

@@ -92,6 +92,10 @@ class InterestRouter:
         # every PUBLISH accepted, and whether its present publisher_sig was verified here
         self._published = published
 
+    def set_quotas(self, quotas: Quotas) -> None:
+        """Per-connection quotas from now on (``RouterCore.reconfigure``); what is held stays."""
+        self._quotas = quotas
+
     def handle(self, peer: Peer, frame: Declaration, now_ms: int) -> list[Action]:
         """Apply one verified declaration from ``peer``; the EVENTs a PUBLISH sends."""
         if isinstance(frame, Publish):

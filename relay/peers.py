@@ -17,6 +17,7 @@ from enum import Enum, auto
 from macula.rate import TokenBucket
 from macula.wire.frames import CAP_STATION
 from relay.logbook import Refusals
+from relay.policy import Quotas
 
 
 class PeerState(Enum):
@@ -54,3 +55,21 @@ class Peer:
     @property
     def is_station(self) -> bool:
         return bool(self.capabilities & CAP_STATION)
+
+    def retune(self, quotas: Quotas) -> None:
+        """Take the rates of ``quotas`` (a reload); the buckets keep their tokens."""
+        self.publish_bucket.rate = quotas.publish_rate
+        self.publish_bucket.burst = quotas.publish_burst
+        self.call_bucket.rate, self.call_bucket.burst = quotas.call_rate, quotas.call_burst
+
+
+def accepted_peer(conn: int, address: str, quotas: Quotas, now_ms: int) -> Peer:
+    """The peer entry of a connection from ``address``, before its CONNECT."""
+    return Peer(
+        conn=conn,
+        opened_ms=now_ms,
+        publish_bucket=TokenBucket(quotas.publish_rate, quotas.publish_burst, now_ms),
+        call_bucket=TokenBucket(quotas.call_rate, quotas.call_burst, now_ms),
+        refusals=Refusals(now_ms),
+        address=address,
+    )

@@ -5,7 +5,7 @@ Pure data and arithmetic; time is always an argument.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import StrEnum
 
 
@@ -104,6 +104,42 @@ class StationPolicy:
     max_presented_endorsements: int = 16
     # revocations remembered (the soonest to expire is forgotten first past this)
     max_realm_revocations: int = 100_000
+
+
+# what a running station may change (``RouterCore.reconfigure``, relay.reload): the quotas read
+# per frame, and the realms' sweep interval; everything else is read once, as the station starts
+LIVE_QUOTAS = frozenset(
+    {
+        "max_subscriptions",
+        "max_advertisements",
+        "max_pending_calls",
+        "max_streams",
+        "publish_rate",
+        "publish_burst",
+        "call_rate",
+        "call_burst",
+        "max_outbound_bytes",
+        "max_station_pending_calls",
+        "max_station_streams",
+        "max_station_subscriptions",
+    }
+)
+LIVE_POLICY = frozenset({"quotas", "realm_sweep_ms"})
+
+
+def restart_only_changes(old: StationPolicy, new: StationPolicy) -> list[str]:
+    """The fields ``new`` changes that a running station cannot take (``quotas.<name>`` for a
+    quota), in declaration order: only a restart applies them."""
+    changed = [
+        f.name
+        for f in fields(StationPolicy)
+        if f.name not in LIVE_POLICY and getattr(old, f.name) != getattr(new, f.name)
+    ]
+    return changed + [
+        f"quotas.{f.name}"
+        for f in fields(Quotas)
+        if f.name not in LIVE_QUOTAS and getattr(old.quotas, f.name) != getattr(new.quotas, f.name)
+    ]
 
 
 class ReplayWindow:

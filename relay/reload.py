@@ -47,23 +47,17 @@ def changed(old: argparse.Namespace, new: argparse.Namespace) -> dict[str, tuple
 
 
 def _apply_quotas(station: Station, new: argparse.Namespace) -> None:
-    core = station.core
+    """The new quotas and sweep interval, through the core (``RouterCore.reconfigure``)."""
+    policy = station.core.policy
     quotas = dataclasses.replace(
-        core.policy.quotas,
+        policy.quotas,
         **{name: getattr(new, name) for name in QUOTA_KEYS},
         publish_burst=new.publish_rate * 2,
         call_burst=new.call_rate * 2,
     )
-    policy = dataclasses.replace(core.policy, quotas=quotas, realm_sweep_ms=new.realm_sweep_ms)
-    core.policy = station.config.policy = policy
-    core.interest._quotas = quotas  # read per SUBSCRIBE/ADVERTISE
-    core.realms.sweep_ms = new.realm_sweep_ms
-    for peer in core.peers.values():  # open connections keep their tokens, at the new rate
-        peer.publish_bucket.rate, peer.publish_bucket.burst = (
-            quotas.publish_rate,
-            quotas.publish_burst,
-        )
-        peer.call_bucket.rate, peer.call_bucket.burst = quotas.call_rate, quotas.call_burst
+    policy = dataclasses.replace(policy, quotas=quotas, realm_sweep_ms=new.realm_sweep_ms)
+    station.core.reconfigure(policy)
+    station.config.policy = policy
 
 
 def reload(station: Station, old: argparse.Namespace, new: argparse.Namespace) -> list[str]:

@@ -71,7 +71,7 @@ class LinkHandshake:
         self._drop = drop
         self._count = count
         self._forget = forget  # the core's ``forget_peer``
-        self._linked = linked  # the core's ``station_linked``
+        self._linked = linked  # ``ConnectHandling.station_linked``
 
     def hello(
         self, peer: Peer, stream: int, frame_map: dict[str, Any], now_ms: int
