@@ -25,6 +25,13 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from macula.services.refusals import (
+    FOREIGN_SIGNER,
+    MALFORMED_FRAME,
+    NAME_TOO_LONG,
+    UNKNOWN_FRAME_TYPES,
+    UNVERIFIED_FRAME,
+)
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import ProtocolError
 from macula.wire.frames import (
@@ -91,8 +98,8 @@ def _foreign_signer(frame: Frame) -> Rejected:
     why = f"{frame.FRAME_TYPE}: claims another signer than this bound connection"
     if isinstance(frame, Call):
         detail = b"signer is not this connection"
-        return Rejected("foreign_signer", why, frame.call_id, ErrorCode.SIGNATURE_INVALID, detail)
-    return Rejected("foreign_signer", why)
+        return Rejected(FOREIGN_SIGNER, why, frame.call_id, ErrorCode.SIGNATURE_INVALID, detail)
+    return Rejected(FOREIGN_SIGNER, why)
 
 
 class LinkReplayWindow:
@@ -170,7 +177,7 @@ class FrameAdmission:
         try:
             frame = parse_frame(frame_map)
         except UnknownFrameType:
-            return Rejected("unknown_frame_types")
+            return Rejected(UNKNOWN_FRAME_TYPES)
         except ProtocolError as exc:
             call_id = frame_map.get("call_id")
             if (
@@ -179,14 +186,14 @@ class FrameAdmission:
                 and len(call_id) == 16
             ):
                 detail = f"bad_request: {exc.detail}".encode()
-                return Rejected("malformed_frame", exc.detail, call_id, detail=detail)
-            return Rejected("malformed_frame", exc.detail)
+                return Rejected(MALFORMED_FRAME, exc.detail, call_id, detail=detail)
+            return Rejected(MALFORMED_FRAME, exc.detail)
         if self.name_too_long(frame):
             why = f"{frame.FRAME_TYPE}: name longer than {self.policy.max_name_bytes} bytes"
             if isinstance(frame, Call):
                 code, detail = ErrorCode.UNKNOWN_ERROR, b"bad_request: name too long"
-                return Rejected("name_too_long", why, frame.call_id, code, detail)
-            return Rejected("name_too_long", why)
+                return Rejected(NAME_TOO_LONG, why, frame.call_id, code, detail)
+            return Rejected(NAME_TOO_LONG, why)
         signer = frame.expected_signer() or node_id
         body, signable = _received_signable(frame, frame_map)
         if bound and signer != node_id:
@@ -204,8 +211,8 @@ class FrameAdmission:
         why = f"{frame.FRAME_TYPE}: {problem}"
         if isinstance(frame, Call):
             code = ErrorCode.SIGNATURE_INVALID
-            return Rejected("unverified_frame", why, frame.call_id, code, problem.encode())
-        return Rejected("unverified_frame", why)
+            return Rejected(UNVERIFIED_FRAME, why, frame.call_id, code, problem.encode())
+        return Rejected(UNVERIFIED_FRAME, why)
 
     def name_too_long(self, frame: Frame) -> bool:
         """A topic or procedure name above ``max_name_bytes`` of UTF-8."""

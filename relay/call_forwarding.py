@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from macula.services.refusals import UNEXPECTED_REPLY, UNVERIFIED_FRAME
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Call, Error, Result
 from relay.actions import Action, Send, StationReplied
@@ -64,7 +65,7 @@ class CallForwarder:
             code = ErrorCode.UNKNOWN_ERROR
             return [self._frames.error(peer.conn, stream, call.call_id, code, detail, now_ms)]
         if provider.is_station and not crossing_verified(peer, call, body):
-            self._drop(peer, "unverified_frame", "call: signature does not verify")
+            self._drop(peer, UNVERIFIED_FRAME, "call: signature does not verify")
             code, detail = ErrorCode.SIGNATURE_INVALID, b"signature does not verify"
             return [self._frames.error(peer.conn, stream, call.call_id, code, detail, now_ms)]
         slot_end = now_ms + self._forward_slot_ms
@@ -117,11 +118,11 @@ class CallForwarder:
             or pending.provider_conn != peer.conn
             or (responder != pending.provider_node and not pending.via_link)
         ):
-            self._drop(peer, "unexpected_reply", "reply to a call not forwarded to this connection")
+            self._drop(peer, UNEXPECTED_REPLY, "reply to a call not forwarded to this connection")
             return []
         caller = self._peers.get(pending.caller_conn)
         if caller is not None and caller.is_station and not crossing_verified(peer, reply, body):
-            self._drop(peer, "unverified_frame", f"{reply.FRAME_TYPE}: signature does not verify")
+            self._drop(peer, UNVERIFIED_FRAME, f"{reply.FRAME_TYPE}: signature does not verify")
             return []  # the call stays pending: a good reply, or its deadline, ends it
         self.pending.pop(reply.call_id)
         if pending.caller_conn == ORIGIN:

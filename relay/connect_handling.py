@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from macula.realm.records import Endorsement
+from macula.services.refusals import DROPPED_BEFORE_CONNECT
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import ProtocolError
 from macula.wire.frames import CAP_STATION, Connect, parse_frame
@@ -134,8 +135,8 @@ class ConnectHandling:
             peer.state = PeerState.DRAINING
             return [Close(peer.conn, "data on a second stream before CONNECT")]
         if frame_map.get("frame_type") != "connect":
-            self._stats["dropped_before_connect"] += 1
-            peer.refusals.count("dropped_before_connect", "frame before CONNECT")
+            self._stats[DROPPED_BEFORE_CONNECT] += 1
+            peer.refusals.count(DROPPED_BEFORE_CONNECT, "frame before CONNECT")
             return []
         try:
             connect = parse_frame(frame_map)

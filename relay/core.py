@@ -51,6 +51,12 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from macula.services.refusals import (
+    EVENTS_SLOWED,
+    MISPLACED_FRAME,
+    PUBLISH_SLOWED,
+    REALM_RESULT_UNVOUCHED,
+)
 from macula.wire.errors import FramingError
 from macula.wire.frames import Call, Error, Event, Goodbye, Ping, Result
 from macula.wire.identity import Identity
@@ -344,13 +350,13 @@ class RouterCore:
             elif self.pacer.over_rate(peer.publish_bucket, frame_map, now_ms):
                 self.pacer.hold(conn, frame_map)
                 self.stats["publishers_paused"] += 1
-                peer.refusals.count("publish_slowed", "over the publish rate: paused")
+                peer.refusals.count(PUBLISH_SLOWED, "over the publish rate: paused")
                 until_ms = self.pacer.refilled_at(peer.publish_bucket, now_ms)
                 out.append(PauseReading(conn, stream, until_ms))
             elif link := self.interest.federation.events_over_rate(peer, frame_map, now_ms):
                 self.pacer.hold(conn, frame_map)  # a link's EVENTs: paused, not dropped
                 self.stats["links_paused"] += 1
-                peer.refusals.count("events_slowed", "over the link's EVENT rate: paused")
+                peer.refusals.count(EVENTS_SLOWED, "over the link's EVENT rate: paused")
                 out.append(PauseReading(conn, stream, self.pacer.refilled_at(link, now_ms)))
             else:
                 out += self._control(peer, frame_map, now_ms)
@@ -487,7 +493,7 @@ class RouterCore:
             if isinstance(frame, Result) and self.realm_calls.refused(
                 self.realms, peer, frame, now_ms
             ):  # a protected realm's CALL answered over a link by a non-member
-                self.drop(peer, "realm_result_unvouched", "answered by a non-member")
+                self.drop(peer, REALM_RESULT_UNVOUCHED, "answered by a non-member")
                 return []
             return self.calls.reply(peer, frame, body)
         if isinstance(frame, DECLARATIONS):
@@ -502,7 +508,7 @@ class RouterCore:
         if isinstance(frame, Goodbye):
             self.stats["goodbyes_received"] += 1
         else:
-            self.drop(peer, "misplaced_frame", f"{frame.FRAME_TYPE} on the control stream")
+            self.drop(peer, MISPLACED_FRAME, f"{frame.FRAME_TYPE} on the control stream")
         return []
 
     def admit(self, peer: Peer, frame_map: dict[str, Any], now_ms: int) -> Admitted | Rejected:

@@ -27,6 +27,23 @@ from collections.abc import Callable
 from typing import Protocol
 
 from macula.services.house import HOUSE_PROCEDURES
+from macula.services.refusals import (
+    ADVERTISE_QUOTA,
+    ADVERTISE_TAKEN,
+    ADVERTISE_TOMBSTONED,
+    BAD_PUBLISHER_SIG,
+    BUILTIN_ADVERTISE,
+    FOREIGN_ADVERTISE,
+    FOREIGN_PUBLISH,
+    FOREIGN_SUBSCRIBE,
+    FOREIGN_UNADVERTISE,
+    FOREIGN_UNSUBSCRIBE,
+    NO_GOSSIP,
+    PUBLISH_RATE_LIMITED,
+    RESERVED_ADVERTISE,
+    SUBSCRIPTION_QUOTA,
+    UNKNOWN_UNADVERTISE,
+)
 from macula.wire.frames import (
     CAP_STATION,
     Advertise,
@@ -126,31 +143,31 @@ class InterestRouter:
     def _advertise(self, peer: Peer, frame: Advertise, now_ms: int) -> list[Action]:
         key = (frame.realm, frame.procedure)
         if frame.advertiser != peer.node_id:
-            self._drop(peer, "foreign_advertise", "advertiser is not this connection")
+            self._drop(peer, FOREIGN_ADVERTISE, "advertiser is not this connection")
             return []
         if self._station_serves(key):
-            self._drop(peer, "builtin_advertise", f"{frame.procedure} is the station's")
+            self._drop(peer, BUILTIN_ADVERTISE, f"{frame.procedure} is the station's")
             return []
         if frame.procedure in HOUSE_PROCEDURES:  # reserved in every realm, issue 11
-            self._drop(peer, "reserved_advertise", f"{frame.procedure} is a house service")
+            self._drop(peer, RESERVED_ADVERTISE, f"{frame.procedure} is a house service")
             return []
         if peer.is_station:  # gossip: kept apart, a local client wins (relay.federation.gossip)
-            refused = self.gossip.station_advertised(peer, key) if self.gossip else "no_gossip"
+            refused = self.gossip.station_advertised(peer, key) if self.gossip else NO_GOSSIP
             if refused is not None:
                 self._drop(peer, refused, "station advertisement quota reached")
             return []
         current = self._adverts.get(key)
         if current is not None and current.node_id != peer.node_id and current.conn in self._peers:
-            self._drop(peer, "advertise_taken", f"{frame.procedure} is served by another node")
+            self._drop(peer, ADVERTISE_TAKEN, f"{frame.procedure} is served by another node")
             return []
         released_by = self._adverts.released_by(key, now_ms)
         if released_by is not None and released_by != peer.node_id:
-            self._drop(peer, "advertise_tombstoned", f"{frame.procedure} was just released")
+            self._drop(peer, ADVERTISE_TOMBSTONED, f"{frame.procedure} was just released")
             return []
         if self._adverts.held_by(peer.conn, key):
             return []  # already so: nothing changes, nothing to tell the links
         if self._adverts.count_for(peer.conn) >= self._quotas.max_advertisements:
-            self._drop(peer, "advertise_quota", "advertisement quota reached")
+            self._drop(peer, ADVERTISE_QUOTA, "advertisement quota reached")
             return []
         self._adverts.put(key, peer.node_id, peer.conn)
         self._count("advertisements")
@@ -160,13 +177,13 @@ class InterestRouter:
         key = (frame.realm, frame.procedure)
         if peer.is_station:
             if frame.advertiser != peer.node_id or self.gossip is None:
-                self._drop(peer, "foreign_unadvertise", "only the owner may unadvertise")
+                self._drop(peer, FOREIGN_UNADVERTISE, "only the owner may unadvertise")
             elif not self.gossip.station_unadvertised(peer, key):
-                self._drop(peer, "unknown_unadvertise", "this station did not advertise it")
+                self._drop(peer, UNKNOWN_UNADVERTISE, "this station did not advertise it")
             return []
         current = self._adverts.get(key)
         if frame.advertiser != peer.node_id or current is None or current.node_id != peer.node_id:
-            self._drop(peer, "foreign_unadvertise", "only the owner may unadvertise")
+            self._drop(peer, FOREIGN_UNADVERTISE, "only the owner may unadvertise")
             return []
         self._adverts.remove(key, now_ms + self._tombstone_ms)
         return self.gossip.local_removed(key, now_ms) if self.gossip is not None else []
@@ -175,7 +192,7 @@ class InterestRouter:
 
     def _subscribe(self, peer: Peer, frame: Subscribe, now_ms: int) -> list[Action]:
         if frame.subscriber != peer.node_id:
-            self._drop(peer, "foreign_subscribe", "subscriber is not this connection")
+            self._drop(peer, FOREIGN_SUBSCRIBE, "subscriber is not this connection")
             return []
         key = (frame.realm, frame.topic.encode())
         if self._subscriptions.has(peer.node_id, key):
@@ -183,7 +200,7 @@ class InterestRouter:
         quotas = self._quotas
         limit = quotas.max_station_subscriptions if peer.is_station else quotas.max_subscriptions
         if self._subscriptions.count_for(peer.node_id) >= limit:
-            self._drop(peer, "subscription_quota", "subscription quota reached")
+            self._drop(peer, SUBSCRIPTION_QUOTA, "subscription quota reached")
             return []
         self._subscriptions.add(peer.node_id, key)
         if peer.is_station:
@@ -192,7 +209,7 @@ class InterestRouter:
 
     def _unsubscribe(self, peer: Peer, frame: Unsubscribe, now_ms: int) -> list[Action]:
         if frame.subscriber != peer.node_id:
-            self._drop(peer, "foreign_unsubscribe", "subscriber is not this connection")
+            self._drop(peer, FOREIGN_UNSUBSCRIBE, "subscriber is not this connection")
             return []
         key = (frame.realm, frame.topic.encode())
         if not self._subscriptions.has(peer.node_id, key):
@@ -222,14 +239,14 @@ class InterestRouter:
 
     def _publish(self, peer: Peer, frame: Publish, now_ms: int) -> list[Action]:
         if frame.publisher != peer.node_id:
-            self._drop(peer, "foreign_publish", "publisher is not this connection")
+            self._drop(peer, FOREIGN_PUBLISH, "publisher is not this connection")
             return []
         sig = frame.publisher_sig
         if sig is not None and len(sig) != SIGNATURE_BYTES:  # can never verify: no crypto
-            self._drop(peer, "bad_publisher_sig", "publisher_sig is not 64 bytes")
+            self._drop(peer, BAD_PUBLISHER_SIG, "publisher_sig is not 64 bytes")
             return []
         if not peer.publish_bucket.take(now_ms):
-            self._drop(peer, "publish_rate_limited", "publish rate above quota")
+            self._drop(peer, PUBLISH_RATE_LIMITED, "publish rate above quota")
             return []
         subscribers = self._subscriptions.subscribers((frame.realm, frame.topic.encode()))
         data = self._frames.event(frame, now_ms) if subscribers else b""  # once, for all
@@ -261,7 +278,7 @@ class InterestRouter:
         # vouches for it further: before relaying it to a peer station (docs/performance.md §2)
         sig_checked = to_stations > 0 and sig is not None
         if sig_checked and not publisher_sig_valid(frame):
-            self._drop(peer, "bad_publisher_sig", "publisher_sig does not verify")
+            self._drop(peer, BAD_PUBLISHER_SIG, "publisher_sig does not verify")
             return []
         self._count("publishes")
         if self._published is not None:

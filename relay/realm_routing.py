@@ -19,6 +19,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from macula.services.refusals import (
+    EVENT_FROM_CLIENT,
+    REALM_EVENT_UNSIGNED,
+    REALM_PUBLISHER_UNVOUCHED,
+    REALM_REFUSED,
+)
 from macula.wire.frames import Advertise, Event, Frame, Publish, Subscribe
 from relay.actions import Action, Send
 from relay.adverts import AdvertTable
@@ -60,7 +66,7 @@ class RealmRouting:
             return False
         if self._realms.allows(peer.conn, peer.is_station, frame.realm, now_ms):
             return False
-        self._drop(peer, "realm_refused", f"{frame.FRAME_TYPE} in a protected realm")
+        self._drop(peer, REALM_REFUSED, f"{frame.FRAME_TYPE} in a protected realm")
         return True
 
     def members_only(self, realm: bytes, actions: list[Action], now_ms: int) -> list[Action]:
@@ -83,15 +89,15 @@ class RealmRouting:
     def relayed_event(self, peer: Peer, frame: Event, now_ms: int) -> list[Action]:
         """An EVENT on ``peer``'s control stream: from a linked station only."""
         if not (peer.is_station and peer.linked):
-            self._drop(peer, "event_from_client", "EVENT from a peer without the station bit")
+            self._drop(peer, EVENT_FROM_CLIENT, "EVENT from a peer without the station bit")
             return []
         if self.realm_refused(peer, frame, now_ms):
             return []
         if unsigned_in_protected_realm(self._realms, frame):
-            self._drop(peer, "realm_event_unsigned", "protected realm EVENT without sig")
+            self._drop(peer, REALM_EVENT_UNSIGNED, "protected realm EVENT without sig")
             return []
         if unvouched(self._realms, peer, frame.realm, frame.publisher, now_ms):
-            self._drop(peer, "realm_publisher_unvouched", "publisher not vouched for")
+            self._drop(peer, REALM_PUBLISHER_UNVOUCHED, "publisher not vouched for")
             return []
         relayed = self._interest.relayed_event(peer, frame, now_ms)
         return self.members_only(frame.realm, relayed, now_ms)

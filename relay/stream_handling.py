@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from macula.services.refusals import MISPLACED_FRAME, REALM_REFUSED, STREAM_QUOTA
 from macula.wire.frames import Call, StreamOpen
 from relay.actions import Action, Close, EndStream
 from relay.admission import Admitted, Rejected
@@ -89,7 +90,7 @@ class StreamHandling:
         frame = verdict.frame
         if isinstance(frame, Call):
             return self._call_handling.call(peer, stream, frame, now_ms, builtins_only=True)
-        self._drop(peer, "misplaced_frame", f"{frame.FRAME_TYPE} on a content stream")
+        self._drop(peer, MISPLACED_FRAME, f"{frame.FRAME_TYPE} on a content stream")
         return []
 
     def _new_stream(
@@ -100,7 +101,7 @@ class StreamHandling:
         quotas = self.policy.quotas
         limit = quotas.max_station_streams if peer.is_station else quotas.max_streams
         if len(peer.content_streams) + self._routes.count_for(peer.conn) >= limit:
-            self._drop(peer, "stream_quota", "dedicated stream quota reached")
+            self._drop(peer, STREAM_QUOTA, "dedicated stream quota reached")
             msg = b"too many streams on this connection"
             return self._streams.refuse(peer, stream, frame_map, b"quota_exceeded", msg, now_ms)
         kind = frame_map.get("frame_type")
@@ -124,7 +125,7 @@ class StreamHandling:
             not realms.allows(peer.conn, peer.is_station, opened.realm, now_ms)
             or (peer.is_station and unvouched(realms, peer, opened.realm, opened.caller, now_ms))
         ):  # stream RPC in a protected realm: members only, as CALL
-            self._drop(peer, "realm_refused", "stream_open in a protected realm")
+            self._drop(peer, REALM_REFUSED, "stream_open in a protected realm")
             msg = b"not a member of this protected realm"
             code = b"target_realm_refused"
             return self._streams.refuse(peer, stream, frame_map, code, msg, now_ms)

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from macula.services.refusals import BAD_STREAM_FRAME, FOREIGN_STREAM_OPEN, UNVERIFIED_FRAME
 from macula.wire.frames import Frame, StreamData, StreamEnd, StreamError, StreamOpen, StreamReply
 from relay.actions import Action, EndStream, Send
 from relay.bound_claims import crossing_verified
@@ -66,7 +67,7 @@ class StreamRelay:
             frame.caller != peer.node_id and not peer.is_station
         ):
             if frame is not None:
-                self._drop(peer, "foreign_stream_open", "caller is not this connection")
+                self._drop(peer, FOREIGN_STREAM_OPEN, "caller is not this connection")
             peer.ignored_streams.add(stream)
             return [EndStream(peer.conn, stream)]
         key = (frame.realm, frame.procedure)
@@ -75,7 +76,7 @@ class StreamRelay:
             msg = b"procedure not advertised"
             return self.refuse(peer, stream, frame_map, b"unknown_next_peer", msg, now_ms)
         if provider.is_station and not crossing_verified(peer, frame):
-            self._drop(peer, "unverified_frame", "stream_open: signature does not verify")
+            self._drop(peer, UNVERIFIED_FRAME, "stream_open: signature does not verify")
             msg = b"signature does not verify"
             return self.refuse(peer, stream, frame_map, b"signature_invalid", msg, now_ms)
         try:
@@ -104,22 +105,22 @@ class StreamRelay:
         if not isinstance(frame, (StreamData, StreamEnd, StreamError, StreamReply)) or (
             signer is not None and signer != leg.node_id and not leg.via_link
         ):
-            self._drop(peer, "bad_stream_frame", f"{frame.FRAME_TYPE} not accepted on a route")
+            self._drop(peer, BAD_STREAM_FRAME, f"{frame.FRAME_TYPE} not accepted on a route")
             return []
         if getattr(frame, "stream_id", None) != route.stream_id:
-            self._drop(peer, "bad_stream_frame", "stream_id does not match the route")
+            self._drop(peer, BAD_STREAM_FRAME, "stream_id does not match the route")
             return []
         if leg.via_link and signer is None:
             # written by the far station itself: only its STREAM_ERROR passes, signed by us
             if not isinstance(frame, StreamError):
-                self._drop(peer, "bad_stream_frame", f"unsigned {frame.FRAME_TYPE} from a link")
+                self._drop(peer, BAD_STREAM_FRAME, f"unsigned {frame.FRAME_TYPE} from a link")
                 return []
             error = self._frames.stream_error(
                 other.conn, other.stream, None, frame.code, frame.message, now_ms, route.stream_id
             )
             return [error, *self.teardown(route, now_ms)]
         if other.via_link and not crossing_verified(peer, frame):
-            self._drop(peer, "unverified_frame", f"{frame.FRAME_TYPE}: signature does not verify")
+            self._drop(peer, UNVERIFIED_FRAME, f"{frame.FRAME_TYPE}: signature does not verify")
             return []
         out: list[Action] = [Send(other.conn, other.stream, self._frames.relayed(frame))]
         if route.after_frame(leg, frame):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from macula.services.refusals import STATION_ADVERTISE_QUOTA
 from macula.wire.frames import Advertise, Unadvertise
 from relay.actions import Action, Send
 from relay.adverts import AdvertTable, ProcedureKey
@@ -129,7 +130,7 @@ class AdvertGossip:
         if self.remote.held_by(peer.conn, key):
             return None
         if self.remote.count_for(peer.conn) >= self._max_station_advertisements:
-            return "station_advertise_quota"
+            return STATION_ADVERTISE_QUOTA
         self.remote.put(key, peer.conn, peer.node_id)
         return None
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from macula.rate import TokenBucket
+from macula.services.refusals import DROPPED_BEFORE_HELLO, LINK_HELLO_INVALID, LINKS_REFUSED
 from macula.wire.errors import ProtocolError
 from macula.wire.frames import CAP_STATION, Hello, parse_frame
 from relay.actions import Action, Close, LinkUp, Send
@@ -80,7 +81,7 @@ class LinkHandshake:
         if stream != peer.control:
             return self._failed(peer, "data on another stream before HELLO")
         if frame_map.get("frame_type") != "hello":
-            self._drop(peer, "dropped_before_hello", "frame before HELLO")
+            self._drop(peer, DROPPED_BEFORE_HELLO, "frame before HELLO")
             return []
         try:
             hello = parse_frame(frame_map)
@@ -97,7 +98,7 @@ class LinkHandshake:
             return self._failed(peer, "HELLO is replayed or its clock is skewed")
         if not hello.accepted:
             why = f"link refused by the station (code {hello.refusal_code})"
-            return self._failed(peer, why, counter="links_refused")
+            return self._failed(peer, why, counter=LINKS_REFUSED)
         if not hello.capabilities & CAP_STATION:
             return self._failed(peer, "peer is not a station")
         peer.node_id = expected
@@ -106,7 +107,7 @@ class LinkHandshake:
         peer.state = PeerState.CONNECTED
         return self.link_up(peer, now_ms)
 
-    def _failed(self, peer: Peer, why: str, counter: str = "link_hello_invalid") -> list[Action]:
+    def _failed(self, peer: Peer, why: str, counter: str = LINK_HELLO_INVALID) -> list[Action]:
         who = peer.expected_node_id.hex()[:16]
         log.info("conn %d: link to %s failed: %s", peer.conn, who, clip(why))
         self._drop(peer, counter, why)

@@ -28,6 +28,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from macula.rate import TokenBucket
+from macula.services.refusals import (
+    BAD_RELAYED_PUBLISHER_SIG,
+    DUPLICATE_RELAYED_EVENT,
+    FORGED_ATTESTATION,
+    UNSIGNED_RELAYED_EVENT,
+    UNWANTED_RELAYED_EVENT,
+)
 from macula.wire.frames import Event, publisher_sig_valid
 from relay.actions import Action, Send
 from relay.federation.dedup import RelayedEventDedup
@@ -160,11 +167,11 @@ class StationInterest:
         key = (event.realm, event.topic.encode())
         targets = list(self._client_subscribers(key))
         if not targets:  # before the verify: an unwanted EVENT costs no Ed25519
-            self._drop(peer, "unwanted_relayed_event", "EVENT for a topic no client here follows")
+            self._drop(peer, UNWANTED_RELAYED_EVENT, "EVENT for a topic no client here follows")
             return []
         signed = event.publisher_sig is not None
         if signed and not publisher_sig_valid(event):  # before dedup: only verified keys kept
-            self._drop(peer, "bad_relayed_publisher_sig", "relayed publisher_sig does not verify")
+            self._drop(peer, BAD_RELAYED_PUBLISHER_SIG, "relayed publisher_sig does not verify")
             return []
         if signed:
             first = self.dedup.first_sighting((event.realm, event.publisher, event.seq), now_ms)
@@ -172,7 +179,7 @@ class StationInterest:
             vouched = (event.realm, peer.node_id + event.publisher, event.seq)
             first = self.attested_dedup.first_sighting(vouched, now_ms)
         if not first:
-            self._drop(peer, "duplicate_relayed_event", "EVENT already delivered (dedup)")
+            self._drop(peer, DUPLICATE_RELAYED_EVENT, "EVENT already delivered (dedup)")
             return []
         data = self._frames.relayed_event(event, now_ms, None if signed else peer.node_id)
         self._count("relayed_events_received")
@@ -188,9 +195,9 @@ class StationInterest:
     def _refusal(self, peer: Peer, event: Event) -> tuple[str, str] | None:
         """Why an EVENT from linked station ``peer`` is refused before any other work."""
         if event.attested_by is not None and event.attested_by != peer.node_id:
-            return "forged_attestation", "EVENT claims another station's attestation"
+            return FORGED_ATTESTATION, "EVENT claims another station's attestation"
         if event.publisher_sig is None and not self.crosses_unsigned(event.realm):
-            return "unsigned_relayed_event", "EVENT of a protected realm without publisher_sig"
+            return UNSIGNED_RELAYED_EVENT, "EVENT of a protected realm without publisher_sig"
         return None
 
     def _client_subscribers(self, key: TopicKey) -> Iterable[Peer]:

@@ -35,6 +35,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from macula.services.refusals import (
+    MESH_BAD_ENDPOINT,
+    MESH_BAD_LIST,
+    MESH_BAD_RECORD,
+    MESH_LIST_TOO_LONG,
+    MESH_NOT_ENDPOINT,
+    MESH_REFUSED_PREFIX,
+)
 from macula.wire.errors import WireError
 from macula.wire.record_keys import station_endpoint_key
 from macula.wire.records import Record, RecordType, is_newer
@@ -125,10 +133,10 @@ class MeshRoster:
     def _items(self, payload: object, refused: list[str]) -> list[Any] | None:
         items = payload.get("records") if isinstance(payload, dict) else None
         if not isinstance(items, list):
-            self._refuse("mesh_bad_list", refused)
+            self._refuse(MESH_BAD_LIST, refused)
             return None
         if len(items) > self.max_records:
-            self._refuse("mesh_list_too_long", refused)
+            self._refuse(MESH_LIST_TOO_LONG, refused)
             return None
         self.stats["mesh_lists"] += 1
         return items
@@ -141,23 +149,23 @@ class MeshRoster:
         try:
             record = Record.from_wire(item)
         except WireError:
-            self._refuse("mesh_bad_record", refused)
+            self._refuse(MESH_BAD_RECORD, refused)
             return None
         if record.type != RecordType.STATION_ENDPOINT:
-            self._refuse("mesh_not_endpoint", refused)
+            self._refuse(MESH_NOT_ENDPOINT, refused)
             return None
         try:
             dkey = dht_id(station_endpoint_key(record.key))
             check_record(record, dkey, now_ms, self.limits, verified=self.verified)
         except DhtRefused as exc:
-            self._refuse(f"mesh_refused_{exc.reason}", refused)
+            self._refuse(f"{MESH_REFUSED_PREFIX}{exc.reason}", refused)
             return None
         except (WireError, ValueError):
-            self._refuse("mesh_bad_record", refused)
+            self._refuse(MESH_BAD_RECORD, refused)
             return None
         address = endpoint_address(record)
         if address is None:
-            self._refuse("mesh_bad_endpoint", refused)
+            self._refuse(MESH_BAD_ENDPOINT, refused)
             return None
         return record, address
 

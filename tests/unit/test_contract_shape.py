@@ -20,41 +20,10 @@ REFUSAL_NAMES = frozenset(
     value for key, value in vars(refusals).items() if key.isupper() and isinstance(value, str)
 )
 
-# Known exception, to remove: the relay core modules (helper B's in issue 38) still write these
-# refusal names as literals. Switch each to its ``macula.services.refusals`` constant and delete
-# its entry here. Keyed by file name, so the entries survive the modules' move into packages
-# (the two ``interest.py``, relay's and relay/federation's, share one entry).
-RELAY_CORE_LITERALS: dict[str, frozenset[str]] = {
-    "admission.py": frozenset(
-        {"foreign_signer", "malformed_frame", "name_too_long", "unknown_frame_types"}
-        | {"unverified_frame"}
-    ),
-    "call_forwarding.py": frozenset({"unexpected_reply", "unverified_frame"}),
-    "connect_handling.py": frozenset({"dropped_before_connect"}),
-    "core.py": frozenset(
-        {"events_slowed", "misplaced_frame", "publish_slowed", "realm_result_unvouched"}
-    ),
-    "gossip.py": frozenset({"station_advertise_quota"}),
-    "handshake.py": frozenset({"dropped_before_hello", "link_hello_invalid", "links_refused"}),
-    "interest.py": frozenset(
-        {"advertise_quota", "advertise_taken", "advertise_tombstoned", "bad_publisher_sig"}
-        | {"builtin_advertise", "foreign_advertise", "foreign_publish", "foreign_subscribe"}
-        | {"foreign_unadvertise", "foreign_unsubscribe", "no_gossip", "publish_rate_limited"}
-        | {"reserved_advertise", "subscription_quota", "unknown_unadvertise"}
-        | {"bad_relayed_publisher_sig", "duplicate_relayed_event", "forged_attestation"}
-        | {"unsigned_relayed_event", "unwanted_relayed_event"}
-    ),
-    "mesh_roster.py": frozenset(
-        {"mesh_bad_endpoint", "mesh_bad_list", "mesh_bad_record", "mesh_list_too_long"}
-        | {"mesh_not_endpoint", "mesh_refused_"}
-    ),
-    "realm_routing.py": frozenset(
-        {"event_from_client", "realm_event_unsigned", "realm_publisher_unvouched"}
-        | {"realm_refused"}
-    ),
-    "stream_handling.py": frozenset({"misplaced_frame", "realm_refused", "stream_quota"}),
-    "stream_relay.py": frozenset({"bad_stream_frame", "foreign_stream_open", "unverified_frame"}),
-}
+# Known exception, to remove: none left (the relay core's modules take every refusal name from
+# ``macula.services.refusals`` since issue 38). Keyed by file name, so an entry would survive a
+# module's move into a package.
+RELAY_CORE_LITERALS: dict[str, frozenset[str]] = {}
 
 # The same word naming another counter, not a station's refusal: not this rule's concern.
 HOMONYMS: frozenset[tuple[str, str]] = frozenset(
