@@ -27,7 +27,7 @@ from macula.services.house import (
     MEMORY_ADD,
     MEMORY_QUERY,
 )
-from macula.services.limits import DEFAULT_AGENTS_LIST
+from macula.services.limits import DEFAULT_AGENTS_LIST, DEFAULT_TOP_K
 from macula.wire.identity import Identity
 
 DIRECTORY_TTL_S = 20 * 60
@@ -107,7 +107,7 @@ class HouseClient:
         result = await self.call(MEMORY_ADD, payload)
         return dict(result) | {"realm": (await self.realm_of(MEMORY_ADD)).hex()}
 
-    async def recall(self, query_text: str, top_k: int = 10) -> dict[str, Any]:
+    async def recall(self, query_text: str, top_k: int = DEFAULT_TOP_K) -> dict[str, Any]:
         result = await self.call(MEMORY_QUERY, {"query_text": query_text, "top_k": top_k})
         hits = []
         for hit in result.get("hits", []) if isinstance(result, dict) else []:

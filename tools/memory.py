@@ -11,6 +11,7 @@ from mcp_types import CallToolResult
 from pydantic import Field
 
 from macula.errors import MaculaError
+from macula.services.limits import DEFAULT_TOP_K, MAX_TOP_K
 from tools.context import Descriptions, hints, register_tools, runtime_of
 from tools.directory_reader import ReadLimits, read_directory, resolve_root
 from tools.results import InvalidArgument, bad_argument
@@ -67,7 +68,7 @@ async def mesh_remember(
 async def mesh_recall(
     ctx: Context,
     query_text: Annotated[str, Field(max_length=STATION_QUERY_BYTES)],
-    top_k: Annotated[int, Field(ge=1, le=100)] = 10,
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = DEFAULT_TOP_K,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     if not query_text.strip():
