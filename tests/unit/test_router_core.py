@@ -36,7 +36,7 @@ from macula.wire.frames import (
 from macula.wire.identity import Identity, puzzle_valid
 from relay.actions import Action, Close, EndStream, PauseReading, ResumeReading, RunBuiltin, Send
 from relay.outcome import Outcome
-from relay.policy import PuzzleMode, Quotas, StationPolicy
+from relay.policy import PuzzleMode, Quotas, StationPolicy, restart_only_changes
 from support.routerkit import (
     ALICE,
     BOB,
@@ -794,6 +794,81 @@ def test_stream_quota_answers_stream_error_quota_exceeded() -> None:
     third = alice.new_stream()
     actions = alice.send(alice.stream_open("feed", "bidi", fresh_id()), stream=third)
     assert len(sent(actions, provider.conn)) == 1
+
+
+def test_reconfigure_applies_new_quotas_to_the_open_connections() -> None:
+    """A reload (relay.reload) goes through ``reconfigure``: the quotas read per frame change
+    for connections already open, whose token buckets keep their tokens at the new rate."""
+    station = quota_station(
+        max_subscriptions=1,
+        max_advertisements=1,
+        max_pending_calls=1,
+        max_streams=1,
+        call_rate=1.0,
+        call_burst=1.0,
+    )
+    provider, alice, bob = station.join(PROVIDER), station.join(ALICE), station.join(BOB)
+    for name in ("one", "two"):
+        provider.send(provider.advertise(name))  # "two": over the advertisement quota
+    for topic in ("a", "b"):
+        bob.send(bob.subscribe(topic))  # "b": over the subscription quota
+    assert alice.send(alice.publish("b")) == []
+    assert len(sent_to(alice.send(alice.call("one")), provider)) == 1  # its one call token
+    first = alice.new_stream()
+    alice.send(alice.stream_open("one", "bidi", fresh_id()), stream=first)
+    policy = station.core.policy
+    quotas = dataclasses.replace(
+        policy.quotas,
+        max_subscriptions=2,
+        max_advertisements=2,
+        max_pending_calls=2,
+        max_streams=2,
+        call_rate=1_000.0,
+        call_burst=1_000.0,
+    )
+    station.core.reconfigure(dataclasses.replace(policy, quotas=quotas, realm_sweep_ms=5_000))
+    assert (station.core.policy.quotas, station.core.realms.sweep_ms) == (quotas, 5_000)
+    bob.send(bob.subscribe("b"))
+    assert len(sent_to(alice.send(alice.publish("b")), bob)) == 1
+    provider.send(provider.advertise("two"))
+    # the bucket kept its (spent) token: nothing more this millisecond, one the next
+    refused = station_error(alice.send(alice.call("two")), alice)
+    assert refused.code == ErrorCode.UPSTREAM_CONGESTION
+    later = NOW + 1
+    call = alice.call("two", now=later)
+    assert len(sent_to(alice.send(call, now=later), provider)) == 1  # a second call in flight
+    second = alice.new_stream()
+    actions = alice.send(alice.stream_open("one", "bidi", fresh_id()), stream=second)
+    assert len(sent(actions, provider.conn)) == 1  # a second stream
+
+
+def test_reconfigure_refuses_what_needs_a_restart_and_changes_nothing() -> None:
+    station = quota_station(max_subscriptions=1)
+    before = station.core.policy
+    quotas = dataclasses.replace(before.quotas, max_subscriptions=5, station_event_rate=1.0)
+    wanted = dataclasses.replace(before, quotas=quotas, drain_ms=1, realm_sweep_ms=5)
+    with pytest.raises(ValueError, match=r"restart.*: drain_ms, quotas\.station_event_rate$"):
+        station.core.reconfigure(wanted)
+    assert station.core.policy is before
+    assert station.core.realms.sweep_ms != 5
+    alice, bob = station.join(ALICE), station.join(BOB)
+    for topic in ("a", "b"):
+        bob.send(bob.subscribe(topic))
+    assert alice.send(alice.publish("b")) == []  # still one subscription each
+
+
+def test_restart_only_changes_names_each_field_once_in_order() -> None:
+    old = StationPolicy()
+    assert restart_only_changes(old, old) == []
+    live = dataclasses.replace(old.quotas, publish_rate=1.0, max_streams=3)
+    assert restart_only_changes(old, dataclasses.replace(old, quotas=live, realm_sweep_ms=1)) == []
+    quotas = dataclasses.replace(old.quotas, max_station_advertisements=1)
+    new = dataclasses.replace(old, max_connections=3, quotas=quotas, quic_retry=False)
+    assert restart_only_changes(old, new) == [
+        "max_connections",
+        "quic_retry",
+        "quotas.max_station_advertisements",
+    ]
 
 
 def test_publish_over_the_rate_pauses_the_control_stream_instead_of_dropping() -> None:
