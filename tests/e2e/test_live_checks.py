@@ -8,11 +8,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from support.paths import SCRIPTS
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ from mcp import Client, StdioServerParameters
 
 from relay.house.services import HouseConfig
 from relay.station import Station, StationConfig
+from support.paths import REPO
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio
-REPO = Path(__file__).resolve().parents[2]
 
 
 def params(home: Path, station: Station) -> StdioServerParameters:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak_station.py"
+from support.paths import SCRIPTS
+
+SCRIPT = SCRIPTS / "soak_station.py"
 
 
 # slow: a soak; scripts/soak_station.py is the long one, the hostile integration tests stay in the

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import cast
 
@@ -21,7 +19,7 @@ from macula.wire.records import RecordType, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_storage import dht_id
 from relay.station import Station
-from support.dhtkit import note
+from support.dhtkit import dht_nodes, note
 from support.identities import new_identity
 from support.meshkit import station_config
 from support.waiting import eventually
@@ -32,29 +30,8 @@ LOOPBACK = "127.0.0.1"
 FAST = DhtConfig(rpc_timeout_s=0.5)
 
 
-@asynccontextmanager
-async def mesh(n: int, config: DhtConfig = FAST) -> AsyncIterator[list[StationDht]]:
-    """``n`` DHT nodes, each bootstrapped from the first one's address only."""
-    nodes: list[StationDht] = []
-    try:
-        for i in range(n):
-            dht = StationDht(new_identity(), quic_port=5000 + i, hosts=[LOOPBACK], config=config)
-            nodes.append(dht)
-            await dht.start(LOOPBACK, 0)
-        for a in nodes:  # linked with each other, as the QUIC link layer would tell them
-            for b in nodes:
-                if a is not b:
-                    a.link_up(b.identity.node_id, LOOPBACK, b.port)
-        for dht in nodes[1:]:
-            await dht.bootstrap([(LOOPBACK, nodes[0].port)])
-        yield nodes
-    finally:
-        for dht in nodes:
-            await dht.stop()
-
-
 async def test_a_record_put_through_one_station_is_found_through_another() -> None:
-    async with mesh(4) as nodes:
+    async with dht_nodes(4, FAST) as nodes:
         alice = new_identity()
         rec = note(alice)
         assert await nodes[1].put(rec) == 4  # k = 20 > 4: every station holds it
@@ -65,7 +42,7 @@ async def test_a_record_put_through_one_station_is_found_through_another() -> No
 
 
 async def test_a_record_is_still_found_after_the_station_that_took_the_put_stops() -> None:
-    async with mesh(4) as nodes:
+    async with dht_nodes(4, FAST) as nodes:
         rec = note(new_identity())
         await nodes[1].put(rec)
         await nodes[1].stop()
@@ -75,7 +52,7 @@ async def test_a_record_is_still_found_after_the_station_that_took_the_put_stops
 
 
 async def test_find_merges_the_newest_record_of_every_signer_from_several_stations() -> None:
-    async with mesh(3) as nodes:
+    async with dht_nodes(3, FAST) as nodes:
         content = bytes(34)
         signers = [new_identity() for _ in range(3)]
         records = []
@@ -98,7 +75,7 @@ async def test_find_merges_the_newest_record_of_every_signer_from_several_statio
 
 async def test_stations_lists_every_live_station_and_forgets_a_dead_one() -> None:
     config = DhtConfig(rpc_timeout_s=0.5, own_period_s=0.2, own_ttl_ms=1_500)
-    async with mesh(5, config) as nodes:
+    async with dht_nodes(5, config) as nodes:
 
         async def lists(wanted: set[bytes]) -> bool:
             return {a.node_id for a in await nodes[4].stations()} == wanted
@@ -119,7 +96,7 @@ async def test_stations_lists_every_live_station_and_forgets_a_dead_one() -> Non
 
 
 async def test_bootstrap_from_one_address_learns_the_mesh() -> None:
-    async with mesh(4) as nodes:
+    async with dht_nodes(4, FAST) as nodes:
         late = StationDht(new_identity(), quic_port=1, hosts=[LOOPBACK], config=FAST)
         await late.start(LOOPBACK, 0)
         try:
@@ -134,7 +111,7 @@ async def test_bootstrap_from_one_address_learns_the_mesh() -> None:
 
 async def test_replication_re_stores_held_records_on_the_closest_stations() -> None:
     config = DhtConfig(rpc_timeout_s=0.5, replicate_period_s=0.2)
-    async with mesh(3, config) as nodes:
+    async with dht_nodes(3, config) as nodes:
         rec = note(new_identity())
         dkey = dht_id(rec.storage_key())
         assert nodes[0].storage.accept(dkey, rec, now_ms())  # held by one station only
@@ -145,7 +122,7 @@ async def test_replication_re_stores_held_records_on_the_closest_stations() -> N
 
 async def test_own_records_are_republished_on_their_period() -> None:
     config = DhtConfig(rpc_timeout_s=0.5, own_period_s=0.1)
-    async with mesh(2, config) as nodes:
+    async with dht_nodes(2, config) as nodes:
         key = station_endpoint_key(nodes[0].identity.node_id)
         first = (await nodes[1].find(key))[0]
 
@@ -172,7 +149,7 @@ async def test_expired_records_are_reaped() -> None:
 
 
 async def test_garbage_from_the_network_is_counted_and_the_node_keeps_working() -> None:
-    async with mesh(2) as nodes:
+    async with dht_nodes(2, FAST) as nodes:
         target = nodes[0]
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
@@ -229,7 +206,7 @@ async def test_malformed_replies_count_as_no_reply_and_drop_the_peer() -> None:
         [[b"short", LOOPBACK, 1]],
         "nonsense",
     ]
-    async with mesh(1) as nodes:
+    async with dht_nodes(1, FAST) as nodes:
         dht = nodes[0]
         for answer in answers:
             transport, _ = await loop.create_datagram_endpoint(

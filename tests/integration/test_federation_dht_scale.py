@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ from macula.wire.identity import Identity
 from macula.wire.records import Record, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_storage import dht_id
+from support.dhtkit import dht_nodes
 from support.identities import new_identity
 from support.waiting import eventually
 
@@ -38,30 +37,6 @@ def note(who: Identity, subject: bytes) -> Record:
         version=record_version(now, os.urandom(10)),
         subject_id=subject,
     )
-
-
-@asynccontextmanager
-async def mesh(
-    n: int, config: DhtConfig = FAST, clock: Callable[[], int] = now_ms
-) -> AsyncIterator[list[StationDht]]:
-    nodes: list[StationDht] = []
-    try:
-        for i in range(n):
-            dht = StationDht(
-                new_identity(), quic_port=6000 + i, hosts=[LOOPBACK], config=config, clock=clock
-            )
-            nodes.append(dht)
-            await dht.start(LOOPBACK, 0)
-        for a in nodes:  # linked with each other, as the QUIC link layer would tell them
-            for b in nodes:
-                if a is not b:
-                    a.link_up(b.identity.node_id, LOOPBACK, b.port)
-        for dht in nodes[1:]:
-            await dht.bootstrap([(LOOPBACK, nodes[0].port)])
-        yield nodes
-    finally:
-        for dht in nodes:
-            await dht.stop()
 
 
 def count_stores(dht: StationDht) -> list[Any]:
@@ -94,11 +69,11 @@ def dead_port() -> int:
 
 async def test_a_station_seen_again_gets_no_records_pushed_a_new_one_a_bounded_push() -> None:
     config = DhtConfig(rpc_timeout_s=0.3, welcome_max_values=3)
-    async with mesh(1, config) as (holder,):
+    async with dht_nodes(1, config) as (holder,):
         for i in range(10):  # ten digests, held here alone
             rec = note(new_identity(), bytes([i]))
             assert holder.storage.accept(dht_id(rec.storage_key()), rec, now_ms())
-        async with mesh(1, config) as (newcomer,):
+        async with dht_nodes(1, config) as (newcomer,):
             await quiet(holder)
             sent = count_stores(holder)
             protocol = holder._server.protocol
@@ -124,7 +99,7 @@ async def test_a_station_seen_again_gets_no_records_pushed_a_new_one_a_bounded_p
 
 async def test_no_push_at_all_when_welcome_max_values_is_zero() -> None:
     config = DhtConfig(rpc_timeout_s=0.3, welcome_max_values=0)
-    async with mesh(1, config) as (holder,):
+    async with dht_nodes(1, config) as (holder,):
         rec = note(new_identity(), b"s")
         assert holder.storage.accept(dht_id(rec.storage_key()), rec, now_ms())
         await quiet(holder)
@@ -137,7 +112,7 @@ async def test_no_push_at_all_when_welcome_max_values_is_zero() -> None:
 
 async def test_one_unanswered_request_does_not_evict_three_in_a_row_do() -> None:
     config = DhtConfig(rpc_timeout_s=0.2, evict_after_timeouts=3)
-    async with mesh(1, config) as (dht,):
+    async with dht_nodes(1, config) as (dht,):
         await quiet(dht)
         protocol = dht._server.protocol
         silent = KadNode(os.urandom(20), LOOPBACK, dead_port())
@@ -153,7 +128,7 @@ async def test_one_unanswered_request_does_not_evict_three_in_a_row_do() -> None
 
 async def test_an_answer_resets_the_count_of_unanswered_requests() -> None:
     config = DhtConfig(rpc_timeout_s=0.2, evict_after_timeouts=2)
-    async with mesh(2, config) as (a, b):
+    async with dht_nodes(2, config) as (a, b):
         await quiet(a)
         protocol = a._server.protocol
         (node,) = [n for bucket in protocol.router.buckets for n in bucket.get_nodes()]
@@ -179,7 +154,7 @@ async def test_stations_looks_up_only_new_or_ageing_endpoints() -> None:
     def clock() -> int:
         return now_ms() + offset[0]
 
-    async with mesh(4, FAST, clock) as nodes:
+    async with dht_nodes(4, FAST, clock) as nodes:
         everyone = {d.identity.node_id for d in nodes}
         reader = nodes[3]
         await eventually(
@@ -211,7 +186,7 @@ async def test_stations_looks_up_only_new_or_ageing_endpoints() -> None:
 
 async def test_stations_forgets_a_station_no_longer_in_the_station_set() -> None:
     config = DhtConfig(rpc_timeout_s=0.3, own_period_s=0.2, own_ttl_ms=1_500)
-    async with mesh(3, config) as nodes:
+    async with dht_nodes(3, config) as nodes:
         everyone = {d.identity.node_id for d in nodes}
         await eventually(lambda: listed_all(nodes[2], everyone))
         await nodes[1].stop()
@@ -225,7 +200,7 @@ async def test_stations_forgets_a_station_no_longer_in_the_station_set() -> None
 
 
 async def test_a_bootstrap_through_a_station_in_the_routing_table_is_skipped() -> None:
-    async with mesh(3) as nodes:
+    async with dht_nodes(3, FAST) as nodes:
         late = nodes[2]
         sent = count_stores(late)
         await late.bootstrap([(LOOPBACK, nodes[0].port)])
@@ -253,7 +228,7 @@ def test_the_new_settings_are_checked() -> None:
 
 async def test_joins_through_new_links_in_a_burst_share_one_put_of_own_records() -> None:
     config = DhtConfig(rpc_timeout_s=0.3, rejoin_publish_delay_s=1.0)
-    async with mesh(3, config) as nodes:
+    async with dht_nodes(3, config) as nodes:
         late = nodes[2]
         puts = 0
         publish = late.publish_own

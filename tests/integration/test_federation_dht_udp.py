@@ -23,7 +23,7 @@ from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.federation.dht import DhtConfig, StationDht
 from relay.federation.dht_guard import GuardLimits
 from relay.federation.dht_storage import DhtLimits, dht_id, encode_value
-from support.dhtkit import note
+from support.dhtkit import dht_nodes, note
 from support.identities import new_identity
 from support.meshkit import start_mesh
 from support.waiting import eventually
@@ -92,27 +92,6 @@ async def stranger() -> AsyncIterator[Stranger]:
         transport.close()
 
 
-@asynccontextmanager
-async def stations(n: int, config: DhtConfig = FAST) -> AsyncIterator[list[StationDht]]:
-    """``n`` DHT nodes, all linked with each other (as the QUIC link layer would tell them)."""
-    nodes: list[StationDht] = []
-    try:
-        for i in range(n):
-            dht = StationDht(new_identity(), quic_port=7000 + i, hosts=[LOOPBACK], config=config)
-            nodes.append(dht)
-            await dht.start(LOOPBACK, 0)
-        for a in nodes:
-            for b in nodes:
-                if a is not b:
-                    a.link_up(b.identity.node_id, LOOPBACK, b.port)
-        for dht in nodes[1:]:
-            await dht.bootstrap([(LOOPBACK, nodes[0].port)])
-        yield nodes
-    finally:
-        for dht in nodes:
-            await dht.stop()
-
-
 async def settled(dht: StationDht, who: Stranger) -> None:
     """Everything the station sent ``who`` so far has arrived: a last ping's reply (the
     station answers in order) after the pushes it scheduled have started."""
@@ -121,7 +100,7 @@ async def settled(dht: StationDht, who: Stranger) -> None:
 
 
 async def test_an_unproven_source_gets_at_most_three_times_the_bytes_it_sent() -> None:
-    async with stations(3) as nodes:
+    async with dht_nodes(3, FAST) as nodes:
         target = nodes[0]
         signers = [new_identity() for _ in range(60)]
         heavy = announcement(signers[0]).storage_key()
@@ -130,7 +109,7 @@ async def test_an_unproven_source_gets_at_most_three_times_the_bytes_it_sent() -
             assert target.storage.accept(dkey, announcement(who), now_ms())
         flooder = new_identity()
         for i in range(40):  # and many digests a newcomer would be welcomed with
-            rec = note(flooder, bytes([i]))
+            rec = note(flooder, subject=bytes([i]))
             assert target.storage.accept(dht_id(rec.storage_key()), rec, now_ms())
         value = encode_value([note(new_identity())])
         async with stranger() as s:
@@ -151,7 +130,7 @@ async def test_an_unproven_source_gets_at_most_three_times_the_bytes_it_sent() -
 
 
 async def test_a_source_that_echoes_its_token_gets_the_records() -> None:
-    async with stations(1) as (target,):
+    async with dht_nodes(1, FAST) as (target,):
         rec = note(new_identity())
         dkey = dht_id(rec.storage_key())
         assert target.storage.accept(dkey, rec, now_ms())
@@ -167,7 +146,7 @@ async def test_a_source_that_echoes_its_token_gets_the_records() -> None:
 
 
 async def test_a_store_from_a_source_not_linked_is_refused() -> None:
-    async with stations(1) as (target,):
+    async with dht_nodes(1, FAST) as (target,):
         rec = note(new_identity())
         dkey = dht_id(rec.storage_key())
         async with stranger() as s:
@@ -185,13 +164,13 @@ async def test_a_store_from_a_source_not_linked_is_refused() -> None:
 
 async def test_a_udp_store_flood_leaves_an_honest_record_held() -> None:
     config = DhtConfig(rpc_timeout_s=0.5, limits=DhtLimits(records_total=100))
-    async with stations(1, config) as (target,):
+    async with dht_nodes(1, config) as (target,):
         async with stranger() as s:
             me = os.urandom(20)
             token = cast(dict[str, Any], await s.ask(target.port, "token", me))["token"]
             flooder = new_identity()
             for i in range(150):  # bare STOREs, with and without the token it was given
-                rec = note(flooder, i.to_bytes(2, "big"))
+                rec = note(flooder, subject=i.to_bytes(2, "big"))
                 value = encode_value([rec])
                 s.send(target.port, "store", me, dht_id(rec.storage_key()), value)
                 s.send(target.port, "store", me, dht_id(rec.storage_key()), value, token)
@@ -199,7 +178,7 @@ async def test_a_udp_store_flood_leaves_an_honest_record_held() -> None:
         assert target.stats["dht_challenged"] == 150
         assert target.stats["dht_refused_unlinked"] == 150
         assert target.storage.rows <= 2  # its own records only
-        honest = note(new_identity(), b"honest")
+        honest = note(new_identity(), subject=b"honest")
         assert await target.put(honest) == 1
         assert target.storage.records(dht_id(honest.storage_key()), now_ms()) == [honest]
 
@@ -207,15 +186,15 @@ async def test_a_udp_store_flood_leaves_an_honest_record_held() -> None:
 async def test_a_linked_station_flooding_holds_its_share_and_an_honest_record_stays() -> None:
     limits = DhtLimits(records_total=60, records_per_source=30)
     config = DhtConfig(rpc_timeout_s=0.5, limits=limits)
-    async with stations(3, config) as (target, flooder, other):
-        honest = note(new_identity(), b"honest")
+    async with dht_nodes(3, config) as (target, flooder, other):
+        honest = note(new_identity(), subject=b"honest")
         assert await other.put(honest) == 3  # held at the target for the other station
         protocol = flooder._server.protocol
         (peer,) = [
             n for b in protocol.router.buckets for n in b.get_nodes() if n.port == target.port
         ]
         flooding = new_identity()
-        flood = [note(flooding, i.to_bytes(2, "big")) for i in range(150)]
+        flood = [note(flooding, subject=i.to_bytes(2, "big")) for i in range(150)]
         taken = await asyncio.gather(
             *(protocol.call_store(peer, dht_id(r.storage_key()), encode_value([r])) for r in flood)
         )
@@ -225,7 +204,7 @@ async def test_a_linked_station_flooding_holds_its_share_and_an_honest_record_st
         assert target.storage.records(dkey, now_ms()) == [honest]
         author = new_identity()
         for i in range(40):  # the station's own puts fill the shelf: the flooder makes room
-            mine = note(author, bytes([i]))
+            mine = note(author, subject=bytes([i]))
             await target.put(mine)
             assert target.storage.records(dht_id(mine.storage_key()), now_ms()) == [mine]
         assert target.storage.records(dkey, now_ms()) == [honest]
@@ -234,7 +213,7 @@ async def test_a_linked_station_flooding_holds_its_share_and_an_honest_record_st
 
 async def test_many_records_under_one_key_come_in_pages_each_one_small_datagram() -> None:
     config = DhtConfig(rpc_timeout_s=0.5, limits=DhtLimits(max_reply_bytes=2_000))
-    async with stations(2, config) as (holder, reader):
+    async with dht_nodes(2, config) as (holder, reader):
         signers = [new_identity() for _ in range(40)]
         records = [announcement(who) for who in signers]
         dkey = dht_id(records[0].storage_key())
@@ -264,7 +243,7 @@ async def test_many_records_under_one_key_come_in_pages_each_one_small_datagram(
 
 
 async def test_a_linked_station_storing_garbage_is_counted() -> None:
-    async with stations(2) as (target, linked):
+    async with dht_nodes(2, FAST) as (target, linked):
         protocol = linked._server.protocol
         (peer,) = [n for b in protocol.router.buckets for n in b.get_nodes()]
         assert await protocol.call_store(peer, os.urandom(20), b"\xff") == (True, 0)
@@ -292,7 +271,7 @@ async def test_a_linked_station_whose_link_named_no_port_is_bound_by_its_endpoin
 
 
 async def test_an_endpoint_record_binds_no_station_that_is_not_linked() -> None:
-    async with stations(1) as (target,), stranger() as s:
+    async with dht_nodes(1, FAST) as (target,), stranger() as s:
         assert s.transport is not None
         port = s.transport.get_extra_info("sockname")[1]
         who, now = new_identity(), now_ms()
@@ -318,7 +297,7 @@ async def test_an_endpoint_record_binds_no_station_that_is_not_linked() -> None:
 
 async def test_a_linked_station_stores_new_records_within_its_budget_resent_ones_are_free() -> None:
     config = DhtConfig(rpc_timeout_s=0.5, guard=GuardLimits(records_per_source_window=12))
-    async with stations(2, config) as (target, linked):
+    async with dht_nodes(2, config) as (target, linked):
         protocol = linked._server.protocol
         (peer,) = [n for b in protocol.router.buckets for n in b.get_nodes()]
         rec = note(new_identity())
@@ -326,7 +305,7 @@ async def test_a_linked_station_stores_new_records_within_its_budget_resent_ones
         for _ in range(20):  # re-sent unchanged (as replication does): no budget spent
             assert await protocol.call_store(peer, dht_id(rec.storage_key()), value) == (True, 1)
         author = new_identity()
-        flood = [note(author, i.to_bytes(2, "big")) for i in range(30)]
+        flood = [note(author, subject=i.to_bytes(2, "big")) for i in range(30)]
         taken = [
             await protocol.call_store(peer, dht_id(r.storage_key()), encode_value([r]))
             for r in flood

@@ -16,11 +16,11 @@ import pytest
 
 from macula.wire.codes import ErrorCode
 from macula.wire.content import raw_mcid
-from macula.wire.frames import CAP_STATION, Advertise, Call, Connect, Result
+from macula.wire.frames import Advertise, Call, Result
 from macula.wire.identity import Identity, realm_tag
 from relay.federation.mesh_roster import MESH_PROCEDURE
 from relay.station import Station
-from support.rawclient import RawClient, raw_client, stamp
+from support.rawclient import RawClient, link_in, raw_client, stamp
 
 pytestmark = pytest.mark.anyio
 
@@ -30,17 +30,8 @@ ZERO_REALM = bytes(32)
 
 async def as_station(raw: RawClient) -> None:
     """CONNECT with the station bit: the station now holds ``raw`` as a linked station."""
-    raw.control = raw.new_stream()
-    connect = Connect(
-        **stamp(),
-        capabilities=CAP_STATION,
-        node_id=raw.node_id,
-        station_id=raw.node_id,
-        puzzle_evidence=raw.identity.puzzle_evidence,
-    )
-    raw.send(connect)
-    hello = await raw.expect(lambda r: r.frame_type == "hello")
-    assert hello.frame["accepted"] == "true"
+    hello = await link_in(raw)
+    assert hello["accepted"] == "true"
 
 
 def not_introduction(received: Any) -> bool:

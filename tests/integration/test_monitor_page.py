@@ -12,20 +12,10 @@ import pytest
 from macula.agent.petnames import petname
 from macula.node import Node
 from relay.station import Station
+from support.consolekit import ARGS, CHROMIUM
 from support.identities import new_identity
 from support.monitorkit import monitor_on
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} absent (apt chromium)"),

@@ -37,6 +37,7 @@ from relay.station import Station
 from relay.tls import ensure_certificate
 from support.identities import new_identity
 from support.meshkit import REALM, station_config
+from support.paths import REPO
 from support.rawclient import raw_client, stamp
 from support.waiting import eventually
 
@@ -244,7 +245,7 @@ BOUND_TESTS = [
 @pytest.mark.skipif(ON_QH3, reason="this run is on qh3 already")
 @pytest.mark.skipif(find_spec("qh3") is None, reason="qh3 is not installed (macula-mesh[fast])")
 def test_the_bounds_hold_on_qh3_too() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:randomly", *BOUND_TESTS],
         cwd=root,

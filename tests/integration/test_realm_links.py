@@ -22,14 +22,14 @@ import pytest
 
 from macula.keyfile import load_or_create_identity
 from macula.wire.codes import ErrorCode
-from macula.wire.frames import CAP_STATION, Connect, Event, Result, publication_signable
+from macula.wire.frames import Event, Result, publication_signable
 from macula.wire.identity import Identity
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record
 from relay.realms import ProtectedRealm
 from relay.station import Station, StationConfig
 from support.meshkit import linked, station_config, target
-from support.rawclient import RawClient, now_ms, raw_client, stamp
+from support.rawclient import RawClient, link_in, now_ms, raw_client, stamp
 from support.realmkit import (
     PRIVATE,
     REALM_NAME,
@@ -165,21 +165,10 @@ async def test_a_station_of_another_key_cannot_answer_a_members_call(
         assert reply["frame_type"] == "result" and reply["payload"] == "from b", reply
 
 
-async def link_in(raw: RawClient, *endorsements: Record) -> dict[str, Any]:
+async def link_in_realm(raw: RawClient, *endorsements: Record) -> dict[str, Any]:
     """CONNECT with the station bit, claiming R (CONNECT ``realms``): the HELLO."""
-    raw.control = raw.new_stream()
-    connect = Connect(
-        **stamp(),
-        capabilities=CAP_STATION,
-        node_id=raw.node_id,
-        station_id=raw.node_id,
-        puzzle_evidence=raw.identity.puzzle_evidence,
-        realms=[PRIVATE],
-        endorsements=[e.to_rpc() for e in endorsements],
-    )
-    raw.send(connect)
-    hello = await raw.expect(lambda r: r.frame_type == "hello")
-    return hello.frame
+    signed = [e.to_rpc() for e in endorsements]
+    return await link_in(raw, realms=[PRIVATE], endorsements=signed)
 
 
 def relayed_event(sender: Identity, publisher: Identity, seq: int, payload: Any) -> Event:
@@ -207,7 +196,7 @@ async def test_a_client_claiming_to_be_a_station_of_the_realm_gets_and_injects_n
         await joined(member, AUTHORITY)
         subscribe(member, NEWS)
         await member.flush()
-        hello = await link_in(fake)
+        hello = await link_in_realm(fake)
         assert hello.get("accepted") == "true"  # in open admission: a station without a realm
         subscribe(fake, NEWS)
         advertise(fake, ECHO)
@@ -291,7 +280,7 @@ async def test_an_endorsed_station_cannot_pass_off_its_own_keys_as_members(
         subscribe(member, NEWS)
         advertise(member, ECHO)
         await member.flush()
-        hello = await link_in(rogue, station_endorsement(AUTHORITY, rogue.node_id))
+        hello = await link_in_realm(rogue, station_endorsement(AUTHORITY, rogue.node_id))
         assert hello.get("accepted") == "true"
         conn = a.core.node_conn[rogue.node_id]
         assert a.core.realms.endorsed_realms(conn, now_ms()) == {PRIVATE}
@@ -352,7 +341,7 @@ async def test_an_endorsed_station_answers_a_members_call_only_as_a_vouched_memb
         raw_client(a, handshake=False) as rogue,
     ):
         await joined(member, AUTHORITY)
-        hello = await link_in(rogue, station_endorsement(AUTHORITY, rogue.node_id))
+        hello = await link_in_realm(rogue, station_endorsement(AUTHORITY, rogue.node_id))
         assert hello.get("accepted") == "true"
         advertise(rogue, ECHO)  # as a station gossips: advertiser = the station
         await rogue.flush()

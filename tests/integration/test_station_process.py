@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from macula.stations import parse_station
+from support.paths import REPO
 from tools.local_station import presented_key
 from tools.station_process import StationProcessError, relay_environment, station_process
 
@@ -66,7 +67,7 @@ def test_relay_environment_names_relay_without_importing_it(tmp_path: Path) -> N
 
 
 def test_no_tools_module_loads_relay() -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = REPO
     names = sorted(
         ".".join(p.relative_to(root).with_suffix("").parts)
         for p in (root / "tools").glob("*.py")

@@ -22,6 +22,7 @@ from macula.node import Node
 from macula.quic_backend import ENV as QUIC_ENV
 from support.identities import new_identity
 from support.meshkit import REALM
+from support.paths import SCRIPTS
 from support.processkit import station_process
 
 pytestmark = pytest.mark.anyio
@@ -52,7 +53,7 @@ async def test_a_node_is_back_by_the_reset_of_its_restarted_station(tmp_path: Pa
 
 def test_the_restart_bench_runs_and_tells_how_the_node_learned() -> None:
     """``scripts/bench.py restart`` end to end on one restart (figures are its own business)."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "bench.py"
+    script = SCRIPTS / "bench.py"
     env = {k: v for k, v in os.environ.items() if k != QUIC_ENV}
     done = subprocess.run(
         [sys.executable, str(script), "restart", "--runs", "1", "--nodes", "1", "--settle", "0.3"],

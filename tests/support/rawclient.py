@@ -258,8 +258,9 @@ async def raw_client(
         yield client
 
 
-async def link_in(raw: RawClient) -> dict[str, Any]:
-    """CONNECT with the station bit: the HELLO (accepted or not)."""
+async def link_in(raw: RawClient, **fields: Any) -> dict[str, Any]:
+    """CONNECT with the station bit (and ``fields``, e.g. ``realms``): the HELLO (accepted or
+    not)."""
     raw.control = raw.new_stream()
     connect = Connect(
         **stamp(),
@@ -267,6 +268,7 @@ async def link_in(raw: RawClient) -> dict[str, Any]:
         node_id=raw.node_id,
         station_id=raw.node_id,
         puzzle_evidence=raw.identity.puzzle_evidence,
+        **fields,
     )
     raw.send(connect)
     hello = await raw.expect(lambda r: r.frame_type == "hello")

@@ -38,11 +38,10 @@ from macula.store import (
 )
 from macula.store import base as store_base
 from macula.store.base import SqliteStore
-from support.paths import file_mode
+from support.paths import REPO, file_mode
 from support.running import run
 
 T = TypeVar("T")
-REPO = Path(__file__).resolve().parents[2]
 NOW = 1_767_225_600_000
 ALICE = bytes(range(1, 33))
 BOB = bytes(range(33, 65))

@@ -7,10 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from support.paths import SCRIPTS
+
 sys.path.insert(0, str(SCRIPTS))
 
-import bench_attach  # noqa: E402
+import bench_attach
 
 ECHO_ID = (
     "import json, sys\n"

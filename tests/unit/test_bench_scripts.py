@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from support.paths import SCRIPTS
+
 sys.path.insert(0, str(SCRIPTS))
 
-import bench  # noqa: E402
-import bench_goals  # noqa: E402
-from bench_common import Figure  # noqa: E402
+import bench
+import bench_goals
+from bench_common import Figure
 
 FIGURES = (
     "pub/sub 1:1",

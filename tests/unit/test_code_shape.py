@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from support.paths import REPO as ROOT
 from tools.server import build_server
 
-ROOT = Path(__file__).resolve().parents[2]
 TOOLS_DIR = ROOT / "tools"
 PACKAGES = (ROOT / "macula", TOOLS_DIR)
 MAX_MODULE_LINES = 600

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +30,9 @@ from macula.wire.content import (
     verify_block,
 )
 from macula.wire.errors import ContentInvalid, LocalProtocolError, ProtocolError
+from support.vectorkit import load_vectors
 
-VECTORS = json.loads((Path(__file__).parent.parent / "vectors" / "content.json").read_text())
+VECTORS = load_vectors("content")
 CREATED = 1767225600  # the vectors' fixed `created`
 
 # Inputs the vectors describe in words instead of hex.

@@ -30,6 +30,7 @@ from relay.house.memory import (
     query_terms,
 )
 from relay.outcome import Outcome
+from support.paths import SCRIPTS
 from support.running import run
 
 T = TypeVar("T")
@@ -592,7 +593,7 @@ def test_token_buckets_wait_exactly_and_forget_refilled_buckets_first() -> None:
 
 
 def test_memory_quality_script_prints_its_figures() -> None:
-    script = Path(__file__).resolve().parents[2] / "scripts" / "memory-quality.py"
+    script = SCRIPTS / "memory-quality.py"
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=60, check=False
     )

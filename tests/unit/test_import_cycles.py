@@ -14,7 +14,8 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import REPO as ROOT
+
 PACKAGES = ("macula", "relay", "tools")
 
 # Cycles still there, each as its sorted set of modules, with the reason it stays.

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from support.paths import REPO
 from support.vectorkit import VECTORS
 
-REPO = Path(__file__).resolve().parents[2]
 SHARED_VECTORS = REPO.parent / "shared" / "vectors"
 VECTOR_FILES = ("cbor.json", "frames.json", "identity.json", "content.json", "records.json")
 

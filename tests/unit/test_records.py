@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,10 +41,9 @@ from macula.wire.records import (
     record_version,
     validate_payload,
 )
+from support.vectorkit import load_vectors
 
-VECTORS: dict[str, Any] = json.loads(
-    (Path(__file__).parent.parent / "vectors" / "records.json").read_text()
-)
+VECTORS: dict[str, Any] = load_vectors("records")
 PA = VECTORS["procedure_advertisement"]
 SE = VECTORS["station_endpoint"]
 SE_VERSION = bytes.fromhex("019b76daa80070438000000000000043")  # the envelope's "v"

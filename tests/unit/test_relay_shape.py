@@ -10,11 +10,11 @@ after it is built: its hooks are constructor parameters.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.paths import REPO as ROOT
+
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 CORE_MODULES = (

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "sim_federation.py"
+from support.paths import SCRIPTS
+
+SCRIPT = SCRIPTS / "sim_federation.py"
 SMALL = ["--stations", "4", "--clients", "4", "--events", "5", "--lookups", "5"]
 FAST = ["--discover-interval", "1", "--idle-window", "0.5", "--deadline", "40"]
 
