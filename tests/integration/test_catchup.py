@@ -15,28 +15,10 @@ from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
 from relay.station import Station
 from support.identities import new_identity
-from support.meshkit import HELD_OFF, member, station_config
+from support.meshkit import HELD_OFF, conversation, crash, member, station_config
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
-
-
-async def crash(agent: Agent) -> None:
-    """Leave as a killed process would: no goodbye, no participant_left."""
-
-    async def no_goodbye() -> dict[str, object]:
-        return {}
-
-    agent.goodbye = no_goodbye  # type: ignore[method-assign]
-
-
-async def conversation(alice: Agent, bob: Agent) -> str:
-    """alice opens a room, bob joins it, alice has heard him join; the room topic."""
-    opened = await alice.rooms.open("catch-up test")
-    await bob.rooms.join(opened.room_topic)
-    joined = await alice.rooms.wait(opened.room_topic, 5, after_ms=0, kinds={"participant_joined"})
-    assert joined is not None
-    return opened.room_topic
 
 
 async def caught_up(agent: Agent, runs: int) -> None:
@@ -69,10 +51,10 @@ async def test_an_agent_restarted_with_its_home_catches_up_and_sees_expired_gaps
         member(station, new_identity(), tmp_path / "alice") as alice,
     ):
         async with member(station, bob_id, bob_home) as bob:
-            room = await conversation(alice, bob)
+            room = await conversation(alice, bob, "catch-up test")
             await caught_up(bob, 2)  # at hello, then on joining: room_opened came that way
             assert await texts_from(bob, room, alice) == ["catch-up test"]
-            await crash(bob)
+            crash(bob)
         for n in range(1, 7):
             await alice.rooms.say(room, "remark_made", f"m{n}")
         await alice.node.flush()
@@ -101,7 +83,7 @@ async def test_after_a_reconnect_the_inbox_holds_every_message_exactly_once(
         member(station, new_identity(), tmp_path / "alice") as alice,
         member(station, new_identity(), tmp_path / "bob", HELD_OFF) as bob,
     ):
-        room = await conversation(alice, bob)
+        room = await conversation(alice, bob, "catch-up test")
         await caught_up(bob, 1)
         await alice.rooms.say(room, "remark_made", "before")
         await eventually(lambda: texts_from(bob, room, alice))
@@ -150,10 +132,10 @@ async def test_what_say_returned_for_survives_a_station_stopped_at_once(tmp_path
         member(station, alice_id, alice_home) as alice,
         member(station, bob_id, bob_home) as bob,
     ):
-        room = await conversation(alice, bob)
+        room = await conversation(alice, bob, "catch-up test")
         await caught_up(bob, 2)
-        await crash(bob)
-        await crash(alice)
+        crash(bob)
+        crash(alice)
         for n in range(3):
             await alice.rooms.say(room, "remark_made", f"last words {n}")
         await station.stop()  # at once: what say returned for must already be there

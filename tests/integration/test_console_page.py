@@ -10,7 +10,6 @@ Skipped, saying why, when /usr/bin/chromium is absent (``.ci/run`` installs it w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,11 +18,9 @@ from typing import Any
 import pytest
 
 from macula.clock import now_ms
-from macula.node import Node
-from macula.realm.authority import Realm
-from macula.realm.service import JoinService
 from relay.station import Station
 from support.consolekit import ARGS, CHROMIUM, Agent, Home, agent, console
+from support.joinkit import join_service
 from support.waiting import eventually
 
 pytestmark = [
@@ -45,23 +42,6 @@ async def browser() -> AsyncIterator[Any]:
             yield launched
         finally:
             await launched.close()
-
-
-@contextlib.asynccontextmanager
-async def join_service(station: Station, home: Path) -> AsyncIterator[Realm]:
-    """The realm ``REALM`` of ``home``, its join service on ``station`` (``macula-realm serve``)."""
-    realm = Realm(home, REALM)
-    realm.create(difficulty=0)
-    async with Node(realm.authority, [station.endpoint]) as node:
-        service = JoinService(realm, node, publish_every_s=0.05)
-        await service.start()
-        stop = asyncio.Event()
-        running = asyncio.create_task(service.run(stop))
-        try:
-            yield realm
-        finally:
-            stop.set()
-            await running
 
 
 async def meet(alice: Agent, bob: Agent) -> None:
@@ -164,7 +144,7 @@ async def test_a_realm_join_is_approved_from_the_page(
     home = Home(tmp_path / "home")  # the console's home holds the realm's authority key
     elsewhere = Home(tmp_path / "elsewhere")  # the joiner's, not hosted by this console
     async with (
-        join_service(station, home.home) as realm,
+        join_service(station, home.home, REALM) as service,
         agent(elsewhere, station, "dana") as dana,
         console(home) as served,
     ):
@@ -176,7 +156,7 @@ async def test_a_realm_join_is_approved_from_the_page(
 
         joined = await dana.call("mesh_join_realm", realm=REALM, wait_seconds=20)
         assert joined["status"] == "approved", joined
-        status, member = realm.status_of(bytes.fromhex(dana.node_id), now_ms())
+        status, member = service.realm.status_of(bytes.fromhex(dana.node_id), now_ms())
         assert status == "approved" and member is not None
         await page.wait_for_selector("#join-list li[data-join]", state="detached")
 

@@ -3,7 +3,6 @@ RealmJoiner, approve/deny/revoke through the realm's state file, records through
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,7 +14,6 @@ import pytest
 from macula.backoff import Backoff
 from macula.clock import now_ms
 from macula.node import Node
-from macula.realm.authority import Realm
 from macula.realm.join import ReplayCache, build_request
 from macula.realm.joiner import JoinError, RealmJoiner, Ticket
 from macula.realm.membership import MembershipStore, memberships_path
@@ -26,32 +24,16 @@ from macula.realm.records import (
     join_procedure,
     read_member_record,
 )
-from macula.realm.service import JoinService
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from relay.station import Station
 from support.identities import new_identity
+from support.joinkit import join_service
 from support.meshkit import station_config
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 NAME = "org.example.crew"
-
-
-@asynccontextmanager
-async def serving(station: Station, home: Path) -> AsyncIterator[JoinService]:
-    realm = Realm(home, NAME)
-    realm.create(difficulty=0)
-    async with Node(realm.authority, [station.endpoint]) as node:
-        service = JoinService(realm, node, publish_every_s=0.05)
-        await service.start()
-        stop = asyncio.Event()
-        loop = asyncio.create_task(service.run(stop))
-        try:
-            yield service
-        finally:
-            stop.set()
-            await loop
 
 
 @asynccontextmanager
@@ -64,7 +46,7 @@ async def member(station: Station, home: Path) -> AsyncIterator[tuple[Node, Real
 
 async def test_join_approve_store_list_then_revoke(station: Station, tmp_path: Path) -> None:
     async with (
-        serving(station, tmp_path / "owner") as service,
+        join_service(station, tmp_path / "owner", NAME) as service,
         member(station, tmp_path / "member") as (node, joiner),
     ):
         ticket = await joiner.start(NAME)
@@ -113,7 +95,7 @@ async def test_join_approve_store_list_then_revoke(station: Station, tmp_path: P
 
 async def test_deny(station: Station, tmp_path: Path) -> None:
     async with (
-        serving(station, tmp_path / "owner") as service,
+        join_service(station, tmp_path / "owner", NAME) as service,
         member(station, tmp_path / "member") as (_, joiner),
     ):
         ticket = await joiner.start(NAME)
@@ -125,7 +107,7 @@ async def test_deny(station: Station, tmp_path: Path) -> None:
 
 async def test_replayed_and_foreign_requests_are_refused(station: Station, tmp_path: Path) -> None:
     async with (
-        serving(station, tmp_path / "owner") as service,
+        join_service(station, tmp_path / "owner", NAME) as service,
         member(station, tmp_path / "member") as (node, _),
         member(station, tmp_path / "mallory") as (mallory, _),
     ):
@@ -146,7 +128,7 @@ async def test_replayed_and_foreign_requests_are_refused(station: Station, tmp_p
 
 async def test_a_pinned_authority_refuses_another_one(station: Station, tmp_path: Path) -> None:
     async with (
-        serving(station, tmp_path / "owner"),
+        join_service(station, tmp_path / "owner", NAME),
         member(station, tmp_path / "member") as (_, joiner),
     ):
         with pytest.raises(JoinError) as excinfo:

@@ -17,28 +17,11 @@ from macula.agent.rooms import EnvelopeHeard
 from macula.store.room_outbox import OutboxBounds, OutboxFullError
 from relay.station import Station
 from support.identities import new_identity
-from support.meshkit import HELD_OFF, member, station_config
+from support.meshkit import HELD_OFF, conversation, crash, member, station_config
 from support.processkit import free_udp_port
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
-
-
-def crash(agent: Agent) -> None:
-    """Leave as a killed process would: no goodbye, no participant_left."""
-
-    async def no_goodbye(**_: object) -> dict[str, object]:
-        return {}
-
-    agent.goodbye = no_goodbye  # type: ignore[method-assign]
-
-
-async def conversation(alice: Agent, bob: Agent) -> str:
-    opened = await alice.rooms.open("outbox test")
-    await bob.rooms.join(opened.room_topic)
-    joined = await alice.rooms.wait(opened.room_topic, 5, after_ms=0, kinds={"participant_joined"})
-    assert joined is not None
-    return opened.room_topic
 
 
 def heard_from(bob: Agent, alice: Agent, room: str) -> list[str]:
@@ -79,7 +62,7 @@ async def test_says_while_the_station_is_down_go_out_once_in_order(tmp_path: Pat
         async with Station(config) as first:
             alice = await agents.enter_async_context(member(first, new_identity(), tmp_path / "a"))
             bob = await agents.enter_async_context(member(first, new_identity(), tmp_path / "b"))
-            room = await conversation(alice, bob)
+            room = await conversation(alice, bob, "outbox test")
             heard = heard_from(bob, alice, room)
             assert (await alice.rooms.say(room, "remark_made", "before")).delivered == 1
             await eventually(lambda: heard == ["before"])
@@ -150,7 +133,7 @@ async def test_a_full_outbox_refuses_clearly_and_records_nothing(
         member(station, new_identity(), tmp_path / "alice", HELD_OFF) as alice,
         member(station, new_identity(), tmp_path / "bob") as bob,
     ):
-        room = await conversation(alice, bob)
+        room = await conversation(alice, bob, "outbox test")
         heard = heard_from(bob, alice, room)
         outbox = outbox_of(alice)
         outbox.bounds = OutboxBounds(max_messages=2, max_bytes=1_000_000)
@@ -179,7 +162,7 @@ async def test_a_restarted_agent_sends_what_its_last_run_queued(
     alice_id, home = new_identity(), tmp_path / "alice"
     async with member(station, new_identity(), tmp_path / "bob") as bob:
         async with member(station, alice_id, home, HELD_OFF) as alice:
-            room = await conversation(alice, bob)
+            room = await conversation(alice, bob, "outbox test")
             heard = heard_from(bob, alice, room)
             await disconnect(alice)
             said = [await alice.rooms.say(room, "remark_made", f"queued {n}") for n in range(2)]
@@ -208,7 +191,7 @@ async def test_a_shutdown_in_the_dark_keeps_the_queue_for_the_next_run(
     alice_id, home = new_identity(), tmp_path / "alice"
     async with member(station, new_identity(), tmp_path / "bob") as bob:
         async with member(station, alice_id, home, HELD_OFF) as alice:
-            room = await conversation(alice, bob)
+            room = await conversation(alice, bob, "outbox test")
             heard = heard_from(bob, alice, room)
             await disconnect(alice)
             await alice.rooms.say(room, "remark_made", "said before the shutdown")
@@ -225,7 +208,10 @@ async def test_leaving_sends_what_is_queued_first_or_reports_it_dropped(
         member(station, new_identity(), tmp_path / "alice", HELD_OFF) as alice,
         member(station, new_identity(), tmp_path / "bob") as bob,
     ):
-        kept, lost = await conversation(alice, bob), await conversation(alice, bob)
+        kept, lost = (
+            await conversation(alice, bob, "outbox test"),
+            await conversation(alice, bob, "outbox test"),
+        )
         heard = heard_from(bob, alice, kept)
         await disconnect(alice)
         await alice.rooms.say(kept, "remark_made", "last words")

@@ -163,3 +163,21 @@ async def start_mesh(stack: AsyncExitStack, tmp_path: Path) -> tuple[Station, St
         message="B and C did not link through what the DHT told them",
     )
     return a, b, c
+
+
+def crash(agent: Agent) -> None:
+    """Leave as a killed process would: no goodbye, no participant_left."""
+
+    async def no_goodbye(**_: object) -> dict[str, object]:
+        return {}
+
+    agent.goodbye = no_goodbye  # type: ignore[method-assign]
+
+
+async def conversation(alice: Agent, bob: Agent, purpose: str) -> str:
+    """alice opens a room for ``purpose``, bob joins it, alice has heard him join; its topic."""
+    opened = await alice.rooms.open(purpose)
+    await bob.rooms.join(opened.room_topic)
+    joined = await alice.rooms.wait(opened.room_topic, 5, after_ms=0, kinds={"participant_joined"})
+    assert joined is not None
+    return opened.room_topic
