@@ -26,8 +26,10 @@ CORE_MODULES = (
     "relay/federation/content_hops.py",
     "relay/realm_files.py",
 )
-# where a RouterCore is built and kept: the station's shell and the tests' in-memory mesh
+# where a RouterCore is built and kept: the station's shell and the tests' in-memory mesh; and
+# where it is reloaded (``RouterCore.reconfigure``, never an assignment into the core)
 CORE_HOLDERS = (
+    "relay/reload.py",
     "relay/station.py",
     "relay/station_build.py",
     "relay/cli.py",
