@@ -15,8 +15,8 @@ import pytest
 
 import macula.config
 import tools.settings
+from support.paths import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("macula", "relay", "tools")
 HOMES = frozenset({Path("macula/config.py"), Path("tools/settings.py")})
 MARK = "MACULA_"
