@@ -1,6 +1,7 @@
 """The one wall clock of macula, and the shape of an injected one.
 
-Sans-I/O code (``macula.client_core``, ``relay.core``) never reads the clock: it takes ``now_ms``
+Sans-I/O code (``macula.client.core``, ``relay.core.router``) never reads the clock: it takes
+``now_ms``
 as an argument. The I/O shells read it here, so a test can replace an ``MsClock`` with a stepped
 one. (``MsClock`` reads milliseconds of the wall clock; a ``clock`` in seconds, such as
 ``Node(clock=time.monotonic)``, is a ``Callable[[], float]``.)

@@ -15,7 +15,7 @@ Invariants:
   (``known_stations_from_env``; ``macula.known_stations``), for ``Node.from_env`` and
   ``macula-mcp`` alike.
 - ``MACULA_MESH_STATIONS`` is read here (``configured_stations``): every entry is checked and a
-  bad one is named; the order is the failover order (``macula.station_choice``).
+  bad one is named; the order is the failover order (``macula.client.station_choice``).
 - The readers (``text_setting``, ``flag_setting``, ``positive_int_setting``,
   ``choice_setting``, ``path_setting``) give a typed value or raise a ``ConfigError``.
 - Every error is a ``ConfigError`` whose message starts with the variable at fault.
@@ -31,11 +31,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, TypeVar
 
+from macula.client.station_choice import station_list
 from macula.errors import ConfigError
 from macula.keyfile import KeyFileError, load_or_create_identity
 from macula.known_stations import FILE_NAME as KNOWN_STATIONS_FILE
 from macula.known_stations import KnownStations
-from macula.station_choice import station_list
 from macula.stations import StationAddress, parse_station_list
 from macula.wire.identity import Identity
 
@@ -47,8 +47,8 @@ IDENTITY_ENV: Final = "MACULA_MCP_IDENTITY"
 AGENT_ENV: Final = "MACULA_MCP_AGENT"
 SESSION_ENV: Final = "CLAUDE_CODE_SESSION_ID"
 STATIONS_ENV: Final = "MACULA_MESH_STATIONS"
-LOOP_ENV: Final = "MACULA_LOOP"  # the event loop (macula.event_loop)
-QUIC_ENV: Final = "MACULA_QUIC"  # the QUIC library (macula.quic_backend)
+LOOP_ENV: Final = "MACULA_LOOP"  # the event loop (macula.quic.event_loop)
+QUIC_ENV: Final = "MACULA_QUIC"  # the QUIC library (macula.quic.backend)
 # the agent's stores and settings (macula.store, macula.agent)
 ROSTER_DB_ENV: Final = "MACULA_MCP_ROSTER_DB"
 TRANSCRIPT_DB_ENV: Final = "MACULA_MCP_LOBBY_TRANSCRIPT_DB"

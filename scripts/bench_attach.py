@@ -32,7 +32,7 @@ from typing import Any
 import bench_common
 from mcp import Client, StdioServerParameters
 
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from tools.launch import server_command
 
 

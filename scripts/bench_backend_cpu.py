@@ -26,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_common
 from bench_station import REALM, bench_station_config
 
-from macula import event_loop, quic_backend
-from macula.node import Node
+from macula.node.node import Node
+from macula.quic import backend as quic_backend
+from macula.quic import event_loop
 from macula.wire.identity import Identity
-from relay.station import Station
+from relay.station.station import Station
 
 MIB = 1024 * 1024
 

@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_common
 
-from macula.client_core import CoreState
-from macula.node import Node
-from macula.serving import IncomingCall
-from macula.session import Session
+from macula.client.core import CoreState
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
+from macula.node.session import Session
 from macula.stations import parse_station
 from macula.wire import verified
 from macula.wire.frames import Call, Publish, Result, new_frame_id
@@ -159,7 +159,7 @@ async def client_publish(n: int) -> dict[str, float]:
 
 
 async def client_deliver(n: int) -> dict[str, float]:
-    from relay.station_frames import StationFrames  # the station's EVENT signing, reused
+    from relay.core.frames import StationFrames  # the station's EVENT signing, reused
 
     node, session = _offline_node()
     publisher = _seeded(2)
@@ -270,8 +270,8 @@ async def client_serve(n: int) -> dict[str, float]:
 @contextlib.asynccontextmanager
 async def _station() -> AsyncIterator[str]:
     # imported here: the client-only workloads stay light under valgrind
-    from relay.policy import Quotas, StationPolicy
-    from relay.station import Station, StationConfig
+    from relay.core.policy import Quotas, StationPolicy
+    from relay.station.station import Station, StationConfig
 
     lifted = Quotas(publish_rate=1e9, publish_burst=1e9, call_rate=1e9, call_burst=1e9)
     with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_common import child_process, parser, process_cpu_seconds
 
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.identity import Identity
 
 MIB = 1024 * 1024

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 
 from macula.agent.agent import Agent, AgentSettings
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
 from macula.errors import MaculaError
-from macula.node import Node
+from macula.node.node import Node
 from macula.store.base import StorePaths
 from macula.wire.identity import Identity
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 
 
 class _Back(asyncio.DatagramProtocol):

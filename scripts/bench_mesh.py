@@ -33,11 +33,11 @@ from pathlib import Path
 import bench_common
 
 from macula.errors import MeshError
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.identity import Identity, realm_tag
-from relay.federation.dht import DhtConfig
+from relay.federation.dht.station import DhtConfig
 from relay.federation.links import LinkTarget
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 
 LINK_DEADLINE_S = 60.0
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ async def relay_process(data_dir: Path, *peers: str) -> AsyncIterator[str]:
     for peer in peers:
         arguments += ["--peer", peer]
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relay.cli", *arguments, cwd=REPO,
+        sys.executable, "-m", "relay.ops.cli", *arguments, cwd=REPO,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:

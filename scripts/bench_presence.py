@@ -42,8 +42,8 @@ from bench_common import SCRIPT, child_process, percentile, process_cpu_seconds
 
 from macula.agent.presence import HELLO_TOPIC, Profile, hello_payload
 from macula.errors import MaculaError
-from macula.node import DEFAULT_PROBE_INTERVAL_S, Node
-from macula.subscriptions import Subscription
+from macula.node.node import DEFAULT_PROBE_INTERVAL_S, Node
+from macula.node.subscriptions import Subscription
 from macula.wire.identity import ZERO_REALM, Identity
 
 CONNECT_AT_ONCE = 4  # connections a worker opens at a time

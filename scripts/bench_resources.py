@@ -37,10 +37,10 @@ from bench_common import (
     serve_until_stdin_closes,
 )
 
-from macula.node import Node
-from macula.transport import CONNECTION_WINDOW, LOOPBACK_DATAGRAM_SIZE, STREAM_WINDOW
+from macula.node.node import Node
+from macula.quic.transport import CONNECTION_WINDOW, LOOPBACK_DATAGRAM_SIZE, STREAM_WINDOW
 from macula.wire.identity import Identity
-from relay.tls import ensure_certificate
+from relay.station.tls import ensure_certificate
 
 RAW_ALPN = "bench-raw"
 CONNECT_WIDTH = 16  # idle connections being set up at once

@@ -44,15 +44,17 @@ from pathlib import Path
 
 import bench_common
 
-from macula.node import Node
-from macula.station_choice import DEFAULT_SETTLE_S
+from macula.client.station_choice import DEFAULT_SETTLE_S
+from macula.node.node import Node
 from macula.wire.identity import Identity
 
 REALM = bytes(32)
 TOPIC = "bench.restart"
 BACK_DEADLINE_S = 60.0
 # a station process that imports everything, then waits for a line on stdin before it serves
-WAIT_THEN_SERVE = "import sys, relay.cli; sys.stdin.readline(); relay.cli.main(sys.argv[1:])"
+WAIT_THEN_SERVE = (
+    "import sys, relay.ops.cli; sys.stdin.readline(); relay.ops.cli.main(sys.argv[1:])"
+)
 
 
 @dataclass(frozen=True)

@@ -71,13 +71,14 @@ from bench_common import (
     show,
 )
 
-from macula import event_loop, quic_backend
-from macula.node import Node
-from macula.serving import IncomingCall
-from macula.subscriptions import Subscription
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
+from macula.node.subscriptions import Subscription
+from macula.quic import backend as quic_backend
+from macula.quic import event_loop
 from macula.wire.identity import Identity, realm_tag
-from relay.policy import Quotas, StationPolicy
-from relay.station import Station, StationConfig
+from relay.core.policy import Quotas, StationPolicy
+from relay.station.station import Station, StationConfig
 
 REALM = realm_tag("org.example.bench")
 LIFTED = Quotas(publish_rate=1e9, publish_burst=1e9, call_rate=1e9, call_burst=1e9)
@@ -449,7 +450,7 @@ async def relay_workers(count: int) -> AsyncIterator[str]:
     lifted += ["--max-connections-per-address", str(MAX_CONNECTIONS)]
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
         process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "relay.cli", "--port", "0", "--data-dir", tmp),
+            *(sys.executable, "-m", "relay.ops.cli", "--port", "0", "--data-dir", tmp),
             *("--workers", str(count), "--log-level", "warning", *lifted),
             stdout=asyncio.subprocess.PIPE,
         )

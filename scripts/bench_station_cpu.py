@@ -23,8 +23,8 @@ from typing import Any
 
 from macula.wire.frames import Advertise, Call, Connect, Result, new_frame_id
 from macula.wire.identity import Identity, puzzle_evidence
-from relay.core import RouterCore
-from relay.policy import Quotas, StationPolicy
+from relay.core.policy import Quotas, StationPolicy
+from relay.core.router import RouterCore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common

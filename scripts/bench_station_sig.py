@@ -21,8 +21,8 @@ from macula.wire import cbor
 from macula.wire.frames import CAP_STATION, Connect, Publish, Subscribe, new_frame_id
 from macula.wire.framing import FrameDecoder, frame_bytes
 from macula.wire.identity import Identity, puzzle_evidence, realm_tag
-from relay.core import RouterCore
-from relay.policy import Quotas, StationPolicy
+from relay.core.policy import Quotas, StationPolicy
+from relay.core.router import RouterCore
 
 REALM = realm_tag("bench.station-sig")
 TOPIC = "bench.topic"

@@ -1,5 +1,5 @@
 """How fast the agent hears that the mesh is not usable, and how fast it works again (issue 41;
-``tools/runtime_gate.py``, docs/errors-reach-the-agent.md).
+``tools/server/runtime_gate.py``, docs/errors-reach-the-agent.md).
 
 Real ``macula-mcp`` subprocesses driven by the official SDK client: ``initialize``, the first and
 second ``mesh_hello`` with stations that cannot be reached (``127.0.0.1:1``) or named wrong

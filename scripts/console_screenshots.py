@@ -24,14 +24,14 @@ from typing import Any
 
 from macula.clock import now_ms
 from macula.realm.authority import Realm
-from relay.monitor import Monitor
-from relay.monitor_figures import Lifecycle
-from relay.station import Station, StationConfig
-from tools.console import actions
-from tools.console.person_key import person_identity
-from tools.daemon_http import bind, build_app, serve
-from tools.http_token import home_token
-from tools.runtime import Runtime, open_runtime
+from relay.monitor.figures import Lifecycle
+from relay.monitor.port import Monitor
+from relay.station.station import Station, StationConfig
+from tools.daemon.console import actions
+from tools.daemon.console.person_key import person_identity
+from tools.daemon.http.home_token import home_token
+from tools.daemon.http.listener import bind, build_app, serve
+from tools.server.runtime import Runtime, open_runtime
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync"]

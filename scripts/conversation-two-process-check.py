@@ -169,10 +169,10 @@ def final(
 async def _child(station: str, home: Path) -> None:
     sys.path.insert(0, str(REPO))
     from macula.agent.agent import Agent, AgentSettings
-    from macula.backoff import Backoff
+    from macula.client.backoff import Backoff
     from macula.errors import MaculaError
     from macula.keyfile import load_or_create_identity
-    from macula.node import Node
+    from macula.node.node import Node
     from macula.store.transcript import TranscriptMessage
 
     home.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tools.server import build_server
+from tools.server.server import build_server
 
 
 async def dump(terse: bool) -> str:

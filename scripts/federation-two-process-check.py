@@ -57,7 +57,7 @@ class StationProcess:
         self.name = name
         self.log = workdir / f"{name}.log"
         self.port = free_udp_port()
-        command = [sys.executable, "-m", "relay.cli", "--port", str(self.port),
+        command = [sys.executable, "-m", "relay.ops.cli", "--port", str(self.port),
                    "--dht-port", "0", "--data-dir", str(workdir / name),
                    "--log-level", "info", *(["--peer", peer] if peer else [])]  # fmt: skip
         with self.log.open("w") as log:
@@ -247,9 +247,9 @@ async def _child(station: str, home: Path) -> None:
     from macula.agent.agent import Agent, AgentSettings
     from macula.errors import MaculaError, MeshError
     from macula.keyfile import load_or_create_identity
-    from macula.node import Node
-    from macula.serving import IncomingCall
-    from macula.subscriptions import Subscription
+    from macula.node.node import Node
+    from macula.node.serving import IncomingCall
+    from macula.node.subscriptions import Subscription
     from macula.wire.identity import realm_tag
 
     realm = realm_tag(CHECK_REALM)

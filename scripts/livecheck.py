@@ -68,7 +68,7 @@ class LocalStation:
         self.endpoint = ""
 
     def start(self, timeout: float = 20.0) -> str:
-        command = [sys.executable, "-m", "relay.cli", "--port", str(self.port),
+        command = [sys.executable, "-m", "relay.ops.cli", "--port", str(self.port),
                    "--data-dir", str(self.data_dir), "--log-level", "warning"]  # fmt: skip
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
@@ -317,9 +317,9 @@ def plain(value: Any) -> Any:
 async def _child(station: str, key: Path) -> None:
     from macula.errors import MaculaError, MeshError
     from macula.keyfile import load_or_create_identity
-    from macula.node import Node
-    from macula.serving import IncomingCall
-    from macula.subscriptions import Subscription
+    from macula.node.node import Node
+    from macula.node.serving import IncomingCall
+    from macula.node.subscriptions import Subscription
     from macula.wire.identity import realm_tag
 
     realm = realm_tag(CHECK_REALM)

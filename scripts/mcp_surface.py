@@ -17,7 +17,7 @@ from pathlib import Path
 from mcp import Client, StdioServerParameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from tools.launch import server_command
 
 

@@ -167,7 +167,7 @@ async def _child(station: str, home: Path) -> None:
     sys.path.insert(0, str(REPO))
     from macula.errors import MaculaError
     from macula.keyfile import load_or_create_identity
-    from macula.node import Node
+    from macula.node.node import Node
     from macula.realm.join import build_request
     from macula.realm.joiner import RealmJoiner, Ticket
     from macula.realm.membership import MembershipStore, memberships_path

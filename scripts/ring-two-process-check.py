@@ -112,7 +112,7 @@ async def _child(station: str, home: Path, policy: str) -> None:
     from macula.agent.proof import build_ring, make_proof, ring_endpoint
     from macula.errors import MaculaError
     from macula.keyfile import load_or_create_identity
-    from macula.node import Node
+    from macula.node.node import Node
     from macula.wire.identity import ZERO_REALM
 
     home.mkdir(parents=True, exist_ok=True)

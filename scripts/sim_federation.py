@@ -46,12 +46,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from macula.clock import now_ms
-from macula.node import Node
-from macula.subscriptions import Subscription
+from macula.node.node import Node
+from macula.node.subscriptions import Subscription
 from macula.wire.identity import Identity, realm_tag
 from macula.wire.records import Record, new_record, record_version
 from relay.federation.links import LinkTarget
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 
 REALM = realm_tag("org.macula.sim")
 TOPIC = "sim.events"

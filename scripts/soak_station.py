@@ -43,13 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from macula.agent.petnames import petname
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
 from macula.clock import now_ms
 from macula.errors import MaculaError
-from macula.house_client import HouseClient
-from macula.node import Node
+from macula.node.node import Node
+from macula.quic.transport import FrameProtocol, client_configuration, dial
+from macula.services.house_client import HouseClient
 from macula.stations import parse_station
-from macula.transport import FrameProtocol, client_configuration, dial
 from macula.wire.errors import FramingError
 from macula.wire.frames import Advertise, Connect, Publish, Subscribe, new_frame_id
 from macula.wire.identity import Identity, realm_tag
@@ -67,10 +67,10 @@ def station_child(data_dir: str) -> None:
     import logging
 
     from macula.logformat import KeyValueFormatter
-    from relay.cli import build_parser, config_from_args
-    from relay.monitor import Monitor
-    from relay.monitor_figures import Lifecycle
-    from relay.station import Station
+    from relay.monitor.figures import Lifecycle
+    from relay.monitor.port import Monitor
+    from relay.ops.cli import build_parser, config_from_args
+    from relay.station.station import Station
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KeyValueFormatter())
@@ -403,7 +403,7 @@ async def directory_stuffing(endpoint: str, deadline: float, counts: Counter[str
 
 SLOW_CONSUMER = """
 import asyncio, os, sys
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.identity import Identity, realm_tag
 async def main():
     async with Node(Identity.generate(os.urandom), [sys.argv[1]]) as node:

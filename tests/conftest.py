@@ -46,7 +46,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_report_header() -> str:
-    from macula import event_loop, quic_backend
+    from macula.quic import backend as quic_backend
+    from macula.quic import event_loop
 
     quic = quic_backend.describe()
     loop = event_loop.loop_name()

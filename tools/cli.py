@@ -1,5 +1,5 @@
 """``macula-mcp``: the MCP server over stdio, plus ``mcp-config``, ``doctor``, ``demo``, and
-the commands of other modules (``register``/``uninstall`` in tools/register.py, ``station``,
+the commands of other modules (``register``/``uninstall`` in tools/harness/register.py, ``station``,
 ``daemon``, ``console``, ``http-token``); ``tools.commands`` says what each does.
 
 stdout carries MCP protocol only; every log line goes to stderr. Closing stdin ends the session
@@ -18,8 +18,8 @@ from typing import Any, NoReturn
 
 from macula.config import STATIONS_ENV
 from macula.errors import MaculaError
-from macula.event_loop import run as run_loop
 from macula.logformat import KeyValueFormatter
+from macula.quic.event_loop import run as run_loop
 from macula.stations import StationAddress
 from tools.commands import parser_for, top_parser
 from tools.launch import server_command
@@ -34,12 +34,12 @@ def _logging(level: str = "WARNING") -> None:
 
 
 def serve() -> None:
-    from tools import stdio_front
+    from tools.stdio import front as stdio_front
 
     front = stdio_front.running() or stdio_front.start(os.environ)  # answers the opening now
-    from tools.fronted_stdio import serve_behind
-    from tools.runtime_gate import startup_problem
-    from tools.server import build_server
+    from tools.server.runtime_gate import startup_problem
+    from tools.server.server import build_server
+    from tools.stdio.fronted import serve_behind
 
     _logging()
     problem = startup_problem(os.environ)  # said on stderr, answered by every tool, exit 2
@@ -105,7 +105,7 @@ async def _doctor() -> list[Check]:
         results.append(("MCP round trip", None, "not tried: no configured station is reachable"))
     else:
         results.append(await _round_trip(env, command))
-    from tools.register import registration_checks
+    from tools.harness.register import registration_checks
 
     results.extend(registration_checks(env, sys.platform))
     return results
@@ -129,7 +129,7 @@ async def _station_check(env: dict[str, str], station: StationAddress) -> Check:
     """Reachable, and presenting the key it is pinned to (the default station: this home's;
     another's there is a warning: this home then uses its own local station)."""
     from macula.config import known_stations_from_env
-    from tools.local_station import (
+    from tools.local_station.station import (
         ForeignStationError,
         own_default_station,
         own_station_keys,
@@ -188,12 +188,12 @@ def _run_serve(argv: Sequence[str]) -> None:
 
 
 def _run_mcp_config(argv: Sequence[str]) -> None:
-    from tools.http_cli import main as http_cli
-    from tools.http_cli import mcp_config_parser
+    from tools.daemon.http.cli import main as http_cli
+    from tools.daemon.http.cli import mcp_config_parser
 
     parser = mcp_config_parser()
     args = parser.parse_args(list(argv))
-    if args.http:  # the daemon's /mcp (tools.http_register)
+    if args.http:  # the daemon's /mcp (tools.harness.http_register)
         raise SystemExit(http_cli(["mcp-config", *argv]))
     if args.agent is not None or args.port is not None:
         parser.error("--agent and --port go with --http")
@@ -214,7 +214,7 @@ def _run_demo(argv: Sequence[str]) -> None:
 
 def _run_register(name: str) -> Callable[[Sequence[str]], None]:
     def run_it(argv: Sequence[str]) -> None:
-        from tools.register import run
+        from tools.harness.register import run
 
         raise SystemExit(run(name, argv))
 
@@ -222,25 +222,27 @@ def _run_register(name: str) -> Callable[[Sequence[str]], None]:
 
 
 def _run_http_token(argv: Sequence[str]) -> None:
-    from tools.http_cli import main as http_cli  # the daemon's /mcp (tools.http_register)
+    from tools.daemon.http.cli import (
+        main as http_cli,  # the daemon's /mcp (tools.harness.http_register)
+    )
 
     raise SystemExit(http_cli(["http-token", *argv]))
 
 
 def _run_station(argv: Sequence[str]) -> None:
-    from tools.station_command import main as station
+    from tools.local_station.command import main as station
 
     station(argv)
 
 
 def _run_daemon(argv: Sequence[str]) -> None:
-    from tools.daemon import main as daemon
+    from tools.daemon.command import main as daemon
 
     daemon(argv)
 
 
 def _run_console(argv: Sequence[str]) -> None:
-    from tools.console.command import main as console
+    from tools.daemon.console.command import main as console
 
     console(argv)
 
@@ -248,7 +250,7 @@ def _run_console(argv: Sequence[str]) -> None:
 def _run_attach(argv: Sequence[str]) -> None:  # (the entry point dispatches it earlier, unimported)
     if list(argv) in (["-h"], ["--help"]):
         parser_for("attach").parse_args(["--help"])
-    from tools.attach import main as attach
+    from tools.daemon.attach import main as attach
 
     attach(argv)
 

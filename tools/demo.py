@@ -28,7 +28,7 @@ from mcp import Client, StdioServerParameters
 
 from macula.config import AGENT_ENV, CONTACT_POLICY_ENV, HOME_ENV, OPERATOR_NAME_ENV, STATIONS_ENV
 from tools.launch import server_command
-from tools.station_process import StationProcessError, station_process
+from tools.local_station.process import StationProcessError, station_process
 
 T = TypeVar("T")
 POLL_S = 0.1  # between two looks at another agent's state

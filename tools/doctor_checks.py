@@ -23,10 +23,10 @@ from macula.config import (
 from macula.errors import ConfigError
 from macula.stations import StationAddress, parse_station
 from tools.launch import server_command
-from tools.local_station import DEFAULT_STATION, local_station_status
-from tools.runtime_gate import unresolved as no_station_resolves
+from tools.local_station.station import DEFAULT_STATION, local_station_status
+from tools.server.runtime_gate import unresolved as no_station_resolves
 from tools.settings import home_port, local_station_settings
-from tools.stdio_front import CARD_FILE, UNSUPPORTED_PROTOCOL_VERSION, channel_on
+from tools.stdio.front import CARD_FILE, UNSUPPORTED_PROTOCOL_VERSION, channel_on
 
 Check = tuple[str, bool | None, str]
 FIRST_ANSWER_GOAL_S = 1.0  # Claude Code's probe budget is about 2 s
@@ -77,7 +77,7 @@ def settings_checks(env: Mapping[str, str]) -> list[Check]:
     """Every ``MACULA_*`` setting the server reads, checked as it checks them at start-up: a
     bad one FAILs naming the variable (the server would answer every tool with it), and so
     does a contact policy that is not one (the server then refuses every ring: closed)."""
-    from tools.runtime import preflight, startup_warnings
+    from tools.server.runtime import preflight, startup_warnings
 
     checks: list[Check] = []
     without_stations = {k: v for k, v in env.items() if k != STATIONS_ENV}  # configuration's

@@ -1,6 +1,6 @@
 """The ``macula-mcp`` entry point: ``attach`` and ``daemon`` are dispatched before anything heavy
 is imported (attach must start in a few tens of milliseconds); the rest goes to ``tools.cli``.
-The server itself starts its stdio front first (``tools.stdio_front``), so the harness's
+The server itself starts its stdio front first (``tools.stdio.front``), so the harness's
 opening request is answered while the SDK is still being imported."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 def main() -> None:
     if sys.argv[1:] in ([], ["serve"]):  # the MCP server: read stdin before anything heavy
-        from tools import stdio_front
+        from tools.stdio import front as stdio_front
 
         stdio_front.start(os.environ)
     from macula.errors import ConfigError
@@ -29,12 +29,12 @@ def _dispatch() -> None:
 
         parser_for("attach").parse_args(["--help"])
     if sys.argv[1:2] == ["attach"]:
-        from tools.attach import main as attach
+        from tools.daemon.attach import main as attach
 
         attach(sys.argv[2:])
         return
     if sys.argv[1:2] == ["daemon"]:  # status and stop stay fast too
-        from tools.daemon import main as daemon
+        from tools.daemon.command import main as daemon
 
         daemon(sys.argv[2:])
         return

@@ -19,7 +19,7 @@ Invariants:
   ``MACULA_MCP_SOCKET``).
 - ``home_port`` is stable for one home's path and spread over ``HOME_PORTS`` (below Linux's
   ephemeral range), so two homes almost never ask for the same port; a taken port is handled
-  by the caller (``tools.local_station``: it then listens on a free one and records it).
+  by the caller (``tools.local_station.station``: it then listens on a free one and records it).
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ STATIONS_ENV: Final = "MACULA_MESH_STATIONS"
 # the server's shape and log
 TERSE_TOOLS_ENV: Final = "MACULA_MCP_TERSE_TOOLS"  # 1: terse tool descriptions
 LOG_LEVEL_ENV: Final = "MACULA_MCP_LOG_LEVEL"
-# pushes into the session (tools.channel)
+# pushes into the session (tools.server.channel)
 CHANNEL_ENV: Final = "MACULA_MCP_CHANNEL"
 CHANNEL_PER_MIN_ENV: Final = "MACULA_MCP_CHANNEL_PER_MIN"
 CHANNEL_BURST_ENV: Final = "MACULA_MCP_CHANNEL_BURST"
 CHANNEL_MAX_CHARS_ENV: Final = "MACULA_MCP_CHANNEL_MAX_CHARS"
 CHANNEL_QUEUE_ENV: Final = "MACULA_MCP_CHANNEL_QUEUE"
-# the daemon sessions attach to (tools.daemon*, tools.attach)
+# the daemon sessions attach to (tools.daemon.command*, tools.daemon.attach)
 SOCKET_ENV: Final = "MACULA_MCP_SOCKET"
 DAEMON_PREFIX: Final = "MACULA_MCP_DAEMON_"
 HTTP_PREFIX: Final = "MACULA_MCP_HTTP_"
@@ -58,13 +58,13 @@ DAEMON_LOG_BYTES_ENV: Final = "MACULA_MCP_DAEMON_LOG_BYTES"
 DAEMON_LOG_FILES_ENV: Final = "MACULA_MCP_DAEMON_LOG_FILES"
 HTTP_PORT_ENV: Final = "MACULA_MCP_HTTP_PORT"  # the console and /mcp; 0 or unset: a free port
 HTTP_MAX_SESSIONS_ENV: Final = "MACULA_MCP_HTTP_MAX_SESSIONS"  # /mcp sessions open at once
-# the local station macula-mcp starts when none is configured (tools.local_station)
+# the local station macula-mcp starts when none is configured (tools.local_station.station)
 LOCAL_STATION_PORT_ENV: Final = "MACULA_MCP_LOCAL_STATION_PORT"
 LOCAL_STATION_TIMEOUT_ENV: Final = "MACULA_MCP_LOCAL_STATION_TIMEOUT_S"
 LOCAL_STATION_LOG_BYTES_ENV: Final = "MACULA_MCP_LOCAL_STATION_LOG_BYTES"
 LOCAL_STATION_IDLE_ENV: Final = "MACULA_MCP_LOCAL_STATION_IDLE_S"
 LOCAL_STATION_CHECK_ENV: Final = "MACULA_MCP_LOCAL_STATION_CHECK_S"  # tests shorten it
-# set (never read) for each run of a served command (tools.serve_gate)
+# set (never read) for each run of a served command (tools.groups.serve_gate)
 CALLER_ENV: Final = "MACULA_CALLER"
 PROCEDURE_ENV: Final = "MACULA_PROCEDURE"
 REALM_ENV: Final = "MACULA_REALM"
@@ -287,7 +287,7 @@ def local_station_settings(env: Mapping[str, str]) -> LocalStationSettings:
 
 @dataclass(frozen=True)
 class ChannelSettings:
-    """What ``tools.channel`` pushes into a session, and how often."""
+    """What ``tools.server.channel`` pushes into a session, and how often."""
 
     enabled: int = 1
     per_minute: float = 6.0

@@ -34,6 +34,7 @@ from macula.agent.room_outbox import RoomOutbox
 from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
 from macula.agent.task_messages import TaskLimits
 from macula.agent.tasks import Tasks
+from macula.client.station_choice import StationInfo
 from macula.clock import MsClock, now_ms
 from macula.config import (
     CONTACT_POLICY_ENV,
@@ -52,9 +53,8 @@ from macula.config import (
     text_setting,
 )
 from macula.errors import ConfigError, MaculaError
-from macula.house_client import DIRECTORY_RENEW_S, HouseClient
-from macula.node import Node
-from macula.station_choice import StationInfo
+from macula.node.node import Node
+from macula.services.house_client import DIRECTORY_RENEW_S, HouseClient
 from macula.store import rings as ring_store
 from macula.store import transcript as transcript_store
 from macula.store.base import DAY_MS, Bounds, StorePaths, paths_from_env

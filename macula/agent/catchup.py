@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from macula.agent.envelope import LOBBY_TOPIC
 from macula.errors import MaculaError
+from macula.node.subscriptions import Delivery
 from macula.services.house import HISTORY_FETCH
 from macula.services.limits import DEFAULT_HISTORY_PAGE
-from macula.subscriptions import Delivery
 from macula.wire.frames import publication_signable
 from macula.wire.identity import ZERO_REALM, verify
 
@@ -48,7 +48,8 @@ DEFAULT_MAX_PAGES: Final = 50
 
 
 class HistorySource(Protocol):
-    """Where history comes from: a house-service caller (``macula.house_client.HouseClient``)."""
+    """Where history comes from: a house-service caller
+    (``macula.services.house_client.HouseClient``)."""
 
     async def call(self, procedure: str, payload: Any) -> Any: ...
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from macula.errors import MaculaError
-from macula.node import Node
+from macula.node.node import Node
+from macula.node.subscriptions import Delivery, Subscription
 from macula.services.limits import MAX_AGENT_TEXT_CHARS
 from macula.store.roster import HelloFields, RosterEntry, RosterStore
-from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM
 
 log = logging.getLogger("macula.agent.presence")

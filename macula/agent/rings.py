@@ -58,8 +58,8 @@ from macula.agent.proof import (
 from macula.agent.room_keys import ROOM_KEY_CALL
 from macula.agent.rooms import Rooms
 from macula.errors import CallTimeout, MaculaError, MeshError
-from macula.node import Node
-from macula.serving import IncomingCall
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
 from macula.store.rings import Ring, RingStore
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import ZERO_REALM

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from macula.errors import BrokenError, CallTimeout, ClosedError
-from macula.node import Node
+from macula.node.node import Node
 from macula.store.room_outbox import (
     OutboxBounds,
     OutboxEntry,

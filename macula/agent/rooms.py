@@ -71,11 +71,11 @@ from macula.agent.room_outbox import RoomOutbox, Sent
 from macula.agent.room_waits import RoomError as RoomError  # re-exported: raised by both
 from macula.agent.room_waits import TranscriptWaits, UnreadBatch, answer_index
 from macula.errors import MaculaError
-from macula.house_client import HouseClient
-from macula.node import Node
+from macula.node.node import Node
+from macula.node.subscriptions import Delivery, Subscription
+from macula.services.house_client import HouseClient
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 from macula.store.unread import Fit
-from macula.subscriptions import Delivery, Subscription
 from macula.wire.identity import ZERO_REALM
 
 # a second catch-up this long after a reconnect: what peers published around our own

@@ -31,7 +31,7 @@ from macula.agent.task_messages import (
     verify_message,
 )
 from macula.errors import MaculaError
-from macula.node import Node
+from macula.node.node import Node
 from macula.store.tasks import OutboxEntry, TaskError, TaskStore
 from macula.wire.identity import ZERO_REALM
 

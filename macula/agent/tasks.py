@@ -50,8 +50,8 @@ from macula.agent.task_messages import (
     verify_message,
 )
 from macula.agent.task_outbox import Refusal, TaskOutbox
-from macula.node import Node
-from macula.serving import CallRefused, IncomingCall
+from macula.node.node import Node
+from macula.node.serving import CallRefused, IncomingCall
 from macula.store.task_values import TaskValue, value_of
 from macula.store.tasks import (
     OPEN_STATES,

@@ -33,7 +33,7 @@ from macula.config import DEFAULT_HOME, HOME_ENV, macula_home
 from macula.errors import ConfigError, MaculaError
 from macula.help_format import HelpFormatter
 from macula.keyfile import KeyFileError
-from macula.node import Node
+from macula.node.node import Node
 from macula.private_file import write_private
 from macula.realm.authority import (
     DEFAULT_MAX_PENDING,

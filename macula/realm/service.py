@@ -26,7 +26,8 @@ from typing import Any, Final
 
 from macula.clock import MsClock, now_ms
 from macula.errors import MaculaError
-from macula.node import Node
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
 from macula.realm.authority import Realm, RealmError
 from macula.realm.codes import display
 from macula.realm.join import (
@@ -38,7 +39,6 @@ from macula.realm.join import (
     check_request,
 )
 from macula.realm.records import join_procedure
-from macula.serving import IncomingCall
 from macula.wire.identity import ZERO_REALM
 
 log = logging.getLogger("macula.realm.service")

@@ -3,7 +3,7 @@
 A station counts each such refusal on the connection under one of these names, and answers a
 ``_relay.ping`` with the counters (``Node.flush``, ``Node.refusals``). The station's router
 (``relay/``) counts under them, ``Node`` reports them to library callers, and the MCP layer
-(``tools.realm_access``) turns a rise into a tool error named after the reason.
+(``tools.groups.realm_access``) turns a rise into a tool error named after the reason.
 
 Invariants:
 - one constant per reason, its value the name on the wire (``_relay.ping``'s ``refused`` map);

@@ -1,7 +1,7 @@
 """Where a station of the mesh listens, as its own signed records say (FEDERATION.md).
 
 Pure data: built from a verified station_endpoint record (0x12) by ``endpoint_address``
-(``relay.federation.dht``'s discovery, ``relay.federation.mesh_roster``'s lists).
+(``relay.federation.dht.station``'s discovery, ``relay.federation.mesh_roster``'s lists).
 """
 
 from __future__ import annotations

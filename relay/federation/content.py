@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
-from relay.actions import StationReplied
+from relay.core.actions import StationReplied
 from relay.federation.content_hops import HOPS_REMAINING
 
 # (procedure, arguments) -> the RESULT payloads of the linked stations asked

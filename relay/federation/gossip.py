@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 from macula.services.refusals import STATION_ADVERTISE_QUOTA
 from macula.wire.frames import Advertise, Unadvertise
-from relay.actions import Action, Send
-from relay.adverts import AdvertTable, ProcedureKey
-from relay.peers import Peer, PeerState
-from relay.station_frames import StationFrames
+from relay.core.actions import Action, Send
+from relay.core.adverts import AdvertTable, ProcedureKey
+from relay.core.frames import StationFrames
+from relay.core.peers import Peer, PeerState
 
 
 class StationAdverts:

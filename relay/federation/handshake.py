@@ -21,12 +21,12 @@ from macula.rate import TokenBucket
 from macula.services.refusals import DROPPED_BEFORE_HELLO, LINK_HELLO_INVALID, LINKS_REFUSED
 from macula.wire.errors import ProtocolError
 from macula.wire.frames import CAP_STATION, Hello, parse_frame
-from relay.actions import Action, Close, LinkUp, Send
-from relay.admission import FrameAdmission
-from relay.logbook import Refusals, clip
-from relay.peers import Peer, PeerState
-from relay.policy import Quotas
-from relay.station_frames import StationFrames, dht_port_of
+from relay.core.actions import Action, Close, LinkUp, Send
+from relay.core.admission import FrameAdmission
+from relay.core.frames import StationFrames, dht_port_of
+from relay.core.logbook import Refusals, clip
+from relay.core.peers import Peer, PeerState
+from relay.core.policy import Quotas
 
 log = logging.getLogger("macula.relay")
 

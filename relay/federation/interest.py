@@ -16,7 +16,7 @@ delivered once per dedup window: signed ones by (realm, publisher, seq), atteste
 events can shadow a signed event or another station's. Every refusal is a counted drop on the
 link it came from. A link's EVENTs take
 tokens from its own bucket (``station_event_rate``, station-sized): ``events_over_rate`` tells
-the core to pause that link's control stream (backpressure, ``relay.pacing``) when it is empty,
+the core to pause that link's control stream (backpressure, ``relay.core.pacing``) when it is empty,
 so a flooding peer is slowed and its frames wait in QUIC's window, not in this station; the
 buckets are only those of current connections.
 """
@@ -36,11 +36,11 @@ from macula.services.refusals import (
     UNWANTED_RELAYED_EVENT,
 )
 from macula.wire.frames import Event, publisher_sig_valid
-from relay.actions import Action, Send
+from relay.core.actions import Action, Send
+from relay.core.frames import StationFrames
+from relay.core.peers import Peer, PeerState
+from relay.core.subscriptions import StationSubscriptions, TopicKey
 from relay.federation.dedup import RelayedEventDedup
-from relay.peers import Peer, PeerState
-from relay.station_frames import StationFrames
-from relay.subscriptions import StationSubscriptions, TopicKey
 
 BATCH = 256  # SUBSCRIBE frames per Send when a link comes up
 

@@ -11,7 +11,7 @@ station it joined (``more`` 0: nothing is answered), so the stations already in 
 of the newcomer at once (and dial it unless its own dial linked them first); later links of
 the newcomer are not passed on (the stations it joined through told everyone already: one
 burst per join, not one per link). The shell
-(``relay.station_mesh``) makes the calls and dials what is learned.
+(``relay.station.mesh``) makes the calls and dials what is learned.
 
 Invariants (DESIGN.md §3a: a station's endpoint counts only from that station's own key):
 - every record taken is a station_endpoint (0x12) checked as the DHT checks one (signature,
@@ -47,7 +47,7 @@ from macula.wire.errors import WireError
 from macula.wire.record_keys import station_endpoint_key
 from macula.wire.records import Record, RecordType, is_newer
 from relay.federation.addresses import StationAddress, endpoint_address
-from relay.federation.dht_storage import (
+from relay.federation.dht.storage import (
     DhtLimits,
     DhtRefused,
     VerifiedRecords,
@@ -64,7 +64,7 @@ __all__ = [
     "mesh_payload",
 ]
 
-MESH_PROCEDURE: Final = "_mesh.stations"  # station to station only (relay.call_handling)
+MESH_PROCEDURE: Final = "_mesh.stations"  # station to station only (relay.core.calls)
 MAX_MESH_RECORDS: Final = 64  # records in one list (the default --max-links)
 
 

@@ -2,10 +2,12 @@
 
 Invariants:
 - ``handle`` never raises (cancellation aside): every call ends in an ``Outcome``, through
-  ``relay.outcome.answer``. Refusals are 0x0F ``<reason>: <text>`` with reason ``bad_request``,
+  ``relay.builtins.outcome.answer``. Refusals are 0x0F ``<reason>: <text>`` with reason
+  ``bad_request``,
   ``unauthorized``, ``directory_full`` or ``unknown_procedure``, and 0x0A ``puzzle_required``;
   anything else is a bug or a disk error, logged with its traceback and answered 0x02.
-- Arguments are validated completely (``relay.arguments``) before any state is touched. A null
+- Arguments are validated completely (``relay.builtins.arguments``) before any state is touched. A
+null
   argument, and a null optional key, count as absent; extra keys are ignored. Results carry no
   booleans.
 - Registration needs an identity that meets the S/Kademlia puzzle (``puzzle_valid``) at
@@ -20,7 +22,8 @@ Invariants:
   deletes expired rows (indexed by expiry, at most the table) and ``prune`` on demand. A new
   node beyond ``max_agents`` live entries is refused ``directory_full``; a renewal always
   passes.
-- A registration may carry ``listing_proof`` (``macula.directory_listing``): the agent's proof
+- A registration may carry ``listing_proof`` (``macula.services.directory_listing``): the agent's
+proof
   bound to this station (``station_id``), the ttl and the entry. It must verify (within
   ``PROOF_SKEW_MS``) or the registration is refused ``unauthorized``; it is stored and listed
   with the row, so that other stations can check the row when this one relays it. Without it
@@ -40,7 +43,7 @@ from typing import Final
 from macula.agent.envelope import is_node_hex
 from macula.agent.petnames import petname
 from macula.agent.proof import verify_proof
-from macula.directory_listing import listing_procedure
+from macula.services.directory_listing import listing_procedure
 from macula.services.house import AGENTS_LIST, AGENTS_REGISTER, AGENTS_REMOVE
 from macula.services.limits import DEFAULT_AGENTS_LIST, MAX_AGENT_TEXT_CHARS, MAX_AGENTS_LIST
 from macula.store.base import (
@@ -55,7 +58,7 @@ from macula.store.base import (
 )
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, puzzle_valid
-from relay.arguments import (
+from relay.builtins.arguments import (
     Args,
     bad_request,
     caller_id,
@@ -68,7 +71,7 @@ from relay.arguments import (
     required,
     text,
 )
-from relay.outcome import Outcome, Refused, answer
+from relay.builtins.outcome import Outcome, Refused, answer
 
 __all__ = [
     "MAX_AGENTS",
@@ -316,7 +319,7 @@ def _agent_entry(value: object) -> AgentEntry:
 
 
 def entry_fields(entry: AgentEntry) -> dict[str, object]:
-    """The entry as a listing proof's digest sees it (``macula.directory_listing``)."""
+    """The entry as a listing proof's digest sees it (``macula.services.directory_listing``)."""
     return {
         "node_id": entry.node_id.hex(),
         "petname": entry.petname,

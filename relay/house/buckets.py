@@ -1,4 +1,4 @@
-"""Per-identity rate limits for the house services: one ``relay.policy.TokenBucket`` per key.
+"""Per-identity rate limits for the house services: one ``relay.core.policy.TokenBucket`` per key.
 
 Invariants:
 - At most ``max_tracked`` buckets are held. A new key beyond that forgets buckets that have
@@ -16,7 +16,7 @@ from typing import Final
 
 from macula.rate import TokenBucket
 from macula.wire.codes import ErrorCode
-from relay.outcome import Refused
+from relay.builtins.outcome import Refused
 
 __all__ = ["FORGET_SCAN", "MAX_TRACKED_KEYS", "TokenBuckets"]
 

@@ -26,7 +26,7 @@ Invariants:
   and a mark that goes is added to its topic's ``forgotten`` count (reported to a reader whose
   ``after_id`` is below the highest id forgotten, with that id, ``forgotten_through_id``).
 - ``handle`` never raises (cancellation aside): refusals are 0x0F ``bad_request``, 0x08
-  ``rate_limited`` (per caller), via ``relay.outcome.answer``. Results carry no booleans.
+  ``rate_limited`` (per caller), via ``relay.builtins.outcome.answer``. Results carry no booleans.
 - No clock inside: ``now_ms`` is an argument.
 """
 
@@ -50,9 +50,9 @@ from macula.wire.codes import ErrorCode
 from macula.wire.errors import ProtocolError
 from macula.wire.frames import Publish, publisher_sig_valid
 from macula.wire.identity import ZERO_REALM
-from relay.arguments import arguments, caller_id, handler_for, integer, required, text
+from relay.builtins.arguments import arguments, caller_id, handler_for, integer, required, text
+from relay.builtins.outcome import Outcome, Refused, answer
 from relay.house.buckets import TokenBuckets
-from relay.outcome import Outcome, Refused, answer
 
 __all__ = [
     "DEFAULT_FETCH_RATE",

@@ -2,10 +2,11 @@
 
 Invariants:
 - ``MemoryService.handle`` never raises (cancellation aside): every call ends in an ``Outcome``.
-  Refusals are raised inside as ``Refused`` and converted by ``relay.outcome.answer`` only;
+  Refusals are raised inside as ``Refused`` and converted by ``relay.builtins.outcome.answer`` only;
   anything else is a bug or a disk error, logged with its traceback and answered 0x02 with no
   detail.
-- Arguments are validated completely (``relay.arguments``), and the content chunked, before any
+- Arguments are validated completely (``relay.builtins.arguments``), and the content chunked, before
+any
   state is touched (the rate-limit buckets included). Malformed arguments are 0x0F
   ``bad_request: <what>``; oversize text is 0x0D ``payload_too_large``; a depositor over its
   rate is 0x08 ``rate_limited``; over its chunk cap, 0x0F ``quota_exceeded``. A deposit that
@@ -21,12 +22,13 @@ Invariants:
   ``BEGIN IMMEDIATE`` transaction, the chunk cap and the global byte cap checked inside it; a
   deposit that yields no chunk therefore empties its document. A deposit that does not grow
   what is held (chunks for the per-depositor cap, bytes for the global one) always passes.
-  ``content_hash`` (``macula.house_client``, the one clients verify recalls with) is the hex
+  ``content_hash`` (``macula.services.house_client``, the one clients verify recalls with) is the
+  hex
   SHA-256 of the chunk's UTF-8 text; ``document_id`` defaults to the hex SHA-256 of the whole
   content.
 - ``usage`` holds the total chunks and stored bytes (UTF-8 of text + source_label + topics
   JSON, per chunk), kept by triggers on ``chunks``: the cap check never scans the table.
-- Each depositor has one ``relay.policy.TokenBucket`` for deposits, each caller another for
+- Each depositor has one ``relay.core.policy.TokenBucket`` for deposits, each caller another for
   queries (``relay.house.buckets.TokenBuckets``, bounded in memory).
 - User text never reaches FTS5 ``MATCH`` raw: the query is cut into words, each word quoted, the
   quoted words OR-ed. Results carry ints, floats, text and lists: never booleans.
@@ -46,8 +48,8 @@ from typing import Final
 
 import aiosqlite
 
-from macula.house_client import content_hash
 from macula.services.house import MEMORY_ADD, MEMORY_QUERY
+from macula.services.house_client import content_hash
 from macula.services.limits import (
     DEFAULT_TOP_K,
     MAX_DOCUMENT_ID_CHARS,
@@ -60,7 +62,7 @@ from macula.services.limits import (
 )
 from macula.store.base import Migration, Row, SqliteStore, check_node_id, execute, fetchall
 from macula.wire.codes import ErrorCode
-from relay.arguments import (
+from relay.builtins.arguments import (
     Args,
     arguments,
     bad_request,
@@ -72,8 +74,8 @@ from relay.arguments import (
     text,
     too_large,
 )
+from relay.builtins.outcome import Outcome, Refused, answer
 from relay.house.buckets import TokenBuckets
-from relay.outcome import Outcome, Refused, answer
 
 __all__ = [
     "DEFAULT_DEPOSIT_RATE",
@@ -443,7 +445,7 @@ def _hit(row: Row) -> MemoryHit:
     )
 
 
-# --- argument checks (the shared ones are relay.arguments) ------------------------------------
+# --- argument checks (the shared ones are relay.builtins.arguments) -------------------------------
 
 
 def _nonblank_text(args: Args, name: str, max_chars: int) -> str | None:

@@ -11,7 +11,8 @@ Invariants:
 - A linked station's answer is untrusted: at most ``min(limit, per_station)`` of its entries
   are looked at, each rebuilt from the known fields after the checks a registration passes
   (node id, its petname, text sizes, offers), and counted only with the agent's own
-  ``listing_proof`` (``macula.directory_listing``) bound to *that* station, that entry and a
+  ``listing_proof`` (``macula.services.directory_listing``) bound to *that* station, that entry and
+  a
   ttl: so a station relays only its own agents' rows, unchanged. The row is dated by the
   proof (``registered_ms`` = its timestamp, never later than now; ``expires_ms`` = timestamp
   + ttl); a proof dated over ``FUTURE_SKEW_MS`` ahead, or expired, drops the row. Anything
@@ -39,18 +40,18 @@ from typing import Any, Final
 from macula.agent.envelope import is_node_hex
 from macula.agent.petnames import petname
 from macula.agent.proof import verify_proof
-from macula.directory_listing import listing_procedure, parse_listing_ttl
+from macula.services.directory_listing import listing_procedure, parse_listing_ttl
 from macula.services.house import AGENTS_LIST
 from macula.services.limits import DEFAULT_AGENTS_LIST, MAX_AGENT_TEXT_CHARS, MAX_AGENTS_LIST
-from relay.actions import StationReplied
-from relay.arguments import is_text
+from relay.builtins.arguments import is_text
+from relay.builtins.outcome import Outcome
+from relay.core.actions import StationReplied
 from relay.house.agents import (
     MAX_OFFERS,
     MAX_TTL_S,
     MIN_TTL_S,
 )
 from relay.house.stations import StationEntry, StationInfo
-from relay.outcome import Outcome
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -206,7 +207,7 @@ def linked_entry(
     value: object, station: bytes, now_ms: int, verified: VerifiedProofs | None = None
 ) -> tuple[_Relayed | None, str]:
     """A row ``station`` relays, rebuilt from its known fields and dated by what the agent
-    signed for ``station`` (``macula.directory_listing``); else None and the stats counter
+    signed for ``station`` (``macula.services.directory_listing``); else None and the stats counter
     saying why (``linked_agents_invalid``, ``_unsigned``, ``_forged``, ``_future``,
     ``_expired``)."""
     entry = _entry_fields(value)

@@ -37,6 +37,7 @@ from macula.wire.codes import ErrorCode
 from macula.wire.frames import Publish
 from macula.wire.identity import DEFAULT_PUZZLE_DIFFICULTY, Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
+from relay.builtins.outcome import Outcome
 from relay.federation.links import StationLike
 from relay.house.agents import MAX_AGENTS, AgentDirectory, AgentDirectoryStore
 from relay.house.history import HistoryBounds, HistoryService, HistoryStore
@@ -57,7 +58,6 @@ from relay.house.mesh import (
     station_entry,
 )
 from relay.house.stations import StationDirectory, StationEntry, StationInfo
-from relay.outcome import Outcome
 
 Handler = Callable[[str, object, bytes, int], Awaitable[Outcome]]
 
@@ -206,7 +206,7 @@ class HouseServices:
 
     def note_publish(self, frame: Publish, now_ms: int, sig_checked: bool = False) -> None:
         """The station's publish hook: a PUBLISH it accepted, for the room history
-        (``sig_checked``: relay.interest verified its publisher_sig; else history does)."""
+        (``sig_checked``: relay.core.interest verified its publisher_sig; else history does)."""
         if self.history is not None:
             self.history.note(frame, now_ms, sig_checked=sig_checked)
 

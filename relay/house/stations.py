@@ -2,9 +2,11 @@
 
 Invariants:
 - ``handle`` never raises (cancellation aside): every call ends in an ``Outcome``, through
-  ``relay.outcome.answer``. Refusals are 0x0F ``<reason>: <text>`` with reason ``bad_request`` or
+  ``relay.builtins.outcome.answer``. Refusals are 0x0F ``<reason>: <text>`` with reason
+  ``bad_request`` or
   ``unknown_procedure``; anything else is a bug, logged with its traceback and answered 0x02.
-- Arguments are validated completely (``relay.arguments``) before anything is listed. A null
+- Arguments are validated completely (``relay.builtins.arguments``) before anything is listed. A
+null
   argument, and a null optional key, count as absent; extra keys are ignored. Results carry no
   booleans.
 - This station is always listed first; at most ``MAX_KNOWN_STATIONS`` others are learned
@@ -30,8 +32,15 @@ from typing import Final
 from macula.services.house import LIST_STATIONS
 from macula.services.limits import MAX_PLACE_CHARS
 from macula.store.base import check_node_id
-from relay.arguments import handler_for, integer, is_text, number, optional_map, optional_text
-from relay.outcome import Outcome, answer
+from relay.builtins.arguments import (
+    handler_for,
+    integer,
+    is_text,
+    number,
+    optional_map,
+    optional_text,
+)
+from relay.builtins.outcome import Outcome, answer
 
 __all__ = [
     "MAX_KNOWN_STATIONS",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 
 
 @pytest.fixture

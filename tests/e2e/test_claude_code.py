@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from relay.station import Station
+from relay.station.station import Station
 from support.mcpkit import cli, stop_daemon_for_good
-from tools import local_station
 from tools.launch import server_command
+from tools.local_station import station as local_station
 from tools.settings import HTTP_MAX_SESSIONS_ENV
 
 CLAUDE = shutil.which("claude")
@@ -95,7 +95,7 @@ def station_on_default_port(data_dir: Path) -> Iterator[subprocess.Popen[bytes] 
     data_dir.mkdir(parents=True, mode=0o700)
     endpoint = data_dir / "station.endpoint"
     child = subprocess.Popen(
-        [sys.executable, "-m", "relay.cli", "--port", str(DEFAULT_PORT), "--data-dir",
+        [sys.executable, "-m", "relay.ops.cli", "--port", str(DEFAULT_PORT), "--data-dir",
          str(data_dir), "--endpoint-file", str(endpoint)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip

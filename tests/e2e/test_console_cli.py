@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.mcpkit import cli, good, server_params, stop_daemon, stop_daemon_for_good
-from tools.http_token import port_path
+from tools.daemon.http.home_token import port_path
 from tools.launch import server_command
 
 pytestmark = pytest.mark.anyio

@@ -20,7 +20,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from tools.launch import server_command
-from tools.local_station import local_station_status, stop_local_station
+from tools.local_station.station import local_station_status, stop_local_station
 from tools.settings import LOCAL_STATION_PORT_ENV as PORT_ENV
 
 pytestmark = pytest.mark.anyio

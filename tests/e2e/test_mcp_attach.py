@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.mcpkit import good, initialize_request, server_params, stop_daemon
 from support.waiting import eventually
-from tools.daemon_socket import acquire_lock, pid_path, read_pid
+from tools.daemon.unix_socket import acquire_lock, pid_path, read_pid
 from tools.launch import server_command
 from tools.settings import socket_path
 
@@ -194,8 +194,8 @@ async def test_attach_failures_are_one_line_and_never_touch_a_live_daemon(
         sock = socket_path(env)
         pid = read_pid(sock)
         other_version = (
-            "import tools.daemon_protocol as p; p.VERSION = '0.0.1+daemon0'; "
-            "from tools.attach import main; main([])"
+            "import tools.daemon.protocol as p; p.VERSION = '0.0.1+daemon0'; "
+            "from tools.daemon.attach import main; main([])"
         )
         done = await asyncio.to_thread(run_attach, env, [sys.executable, "-c", other_version])
         assert done.returncode == 1

@@ -19,11 +19,11 @@ import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.extension import NotificationBinding
 
-from relay.station import Station
+from relay.station.station import Station
 from support.mcpkit import Pushed, good, server_env, server_params, stop_daemon
 from support.waiting import eventually
-from tools.channel import CAPABILITY, METHOD
 from tools.launch import server_command
+from tools.server.channel import CAPABILITY, METHOD
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from support.mcpkit import cli as run
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from relay.station import Station
+from relay.station.station import Station
 from support.mcpkit import initialize_request, server_env, stop_daemon
 from tools.launch import server_command
 

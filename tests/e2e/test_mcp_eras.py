@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.mcpkit import server_env, server_params, stop_daemon
 from tools.launch import server_command
-from tools.stdio_front import CARD_FILE, seed_answers
+from tools.stdio.front import CARD_FILE, seed_answers
 
 pytestmark = pytest.mark.anyio
 CHANNEL = "claude/channel"

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.mcpkit import bad, good, server_params, stop_daemon_for_good
 from support.processkit import StationProcess, free_udp_port
 from support.waiting import eventually
@@ -179,8 +179,8 @@ async def test_attach_to_a_daemon_of_another_version_serves_the_error(
 ) -> None:
     env = dict(os.environ, MACULA_HOME=str(home), MACULA_MESH_STATIONS=station.endpoint)
     other_version = (
-        "import tools.daemon_protocol as p; p.VERSION = '0.0.1+daemon0'; "
-        "from tools.attach import main; main([])"
+        "import tools.daemon.protocol as p; p.VERSION = '0.0.1+daemon0'; "
+        "from tools.daemon.attach import main; main([])"
     )
     try:
         async with Client(server_params(env, [*server_command(), "attach"])) as ada:

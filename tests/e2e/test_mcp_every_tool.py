@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from support.mcpkit import Tools, server_env, server_params
 from support.waiting import eventually
 

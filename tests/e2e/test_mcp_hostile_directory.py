@@ -13,7 +13,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.mcpkit import Tools, server_env, server_params
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.httpkit import ACCEPT, INIT, Raw, http_client, served
 from support.waiting import eventually
 

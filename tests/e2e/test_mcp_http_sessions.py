@@ -16,11 +16,11 @@ from mcp.client.extension import NotificationBinding
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.streamable_http import GET_STREAM_KEY
 
-from relay.station import Station
+from relay.station.station import Station
 from support.httpkit import ACCEPT, INIT, Raw, Served, client, events, http_client, served
 from support.mcpkit import Pushed, good
 from support.waiting import eventually
-from tools.channel import METHOD
+from tools.server.channel import METHOD
 
 pytestmark = pytest.mark.anyio
 

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.httpkit import Served, client, served
 from support.mcpkit import bad, good
 from support.waiting import eventually
-from tools.channel import CAPABILITY
-from tools.server import build_server
+from tools.server.channel import CAPABILITY
+from tools.server.server import build_server
 
 pytestmark = pytest.mark.anyio
 

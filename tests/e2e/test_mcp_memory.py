@@ -10,7 +10,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from relay.house.services import HouseConfig
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from support.paths import REPO
 from tools.launch import server_command
 

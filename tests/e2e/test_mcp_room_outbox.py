@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 
 from macula.agent.room_outbox import MAX_QUEUED_MESSAGES
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from support.mcpkit import bad, good, server_env, server_params
 from support.processkit import free_udp_port
 

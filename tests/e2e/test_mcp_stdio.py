@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from support.mcpkit import initialize_request, server_env, server_params
 from tools.launch import server_command
 

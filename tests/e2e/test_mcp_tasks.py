@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from support.mcpkit import StrictTools, kill, killable_server, server_env
 
 pytestmark = pytest.mark.anyio

@@ -34,7 +34,7 @@ from mcp import Client, StdioServerParameters
 from mcp_types import ImageContent
 
 from macula.wire.identity import realm_tag
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from support.processkit import free_udp_port
 from support.waiting import eventually
 from tools.launch import server_command
@@ -103,7 +103,7 @@ async def mcp(home: Path, station: str, **settings: str) -> AsyncIterator[Client
 @contextmanager
 def relay(data_dir: Path, *flags: str) -> Iterator[str]:
     """``macula-relay`` in its own process; its endpoint (the line it prints when ready)."""
-    command = [sys.executable, "-m", "relay.cli", "--port", str(free_udp_port())]
+    command = [sys.executable, "-m", "relay.ops.cli", "--port", str(free_udp_port())]
     command += ["--data-dir", str(data_dir), "--log-level", "warning", *flags]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:

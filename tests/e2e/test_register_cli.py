@@ -13,7 +13,7 @@ import pytest
 
 from support.mcpkit import cli
 from support.registerkit import EXISTING, MALFORMED
-from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES
+from tools.harness.harnesses import BY_NAME, ENTRY_NAME, HARNESSES
 
 PLATFORM = "darwin" if sys.platform == "darwin" else "linux"
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from relay.station import Station
+from relay.station.station import Station
 from support.registerkit import EXISTING
-from tools.harnesses import BY_NAME, ENTRY_NAME
+from tools.harness.harnesses import BY_NAME, ENTRY_NAME
+from tools.harness.register import run as register_cli
 from tools.launch import server_command
-from tools.register import run as register_cli
 
 PLATFORM = "darwin" if sys.platform == "darwin" else "linux"
 CODEX = shutil.which("codex")

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.identity import Identity, realm_tag
 
 pytestmark = pytest.mark.anyio
 REALM = realm_tag("org.example.service")
-RELAY = [sys.executable, "-m", "relay.cli"]
+RELAY = [sys.executable, "-m", "relay.ops.cli"]
 PEER = "ab" * 32 + "@127.0.0.1:4999"
 
 

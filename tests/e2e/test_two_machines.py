@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from mcp import Client, StdioServerParameters
 
-from macula.quic_backend import ENV as QUIC_ENV
+from macula.quic.backend import ENV as QUIC_ENV
 from support.mcpkit import good, stop_daemon_for_good
 from support.processkit import free_udp_port
 from support.waiting import eventually
-from tools.station_process import relay_environment
+from tools.local_station.process import relay_environment
 
 pytestmark = pytest.mark.anyio
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.identity import Identity
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import station_config, three_stations
 

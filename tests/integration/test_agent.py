@@ -13,9 +13,9 @@ from macula.agent.envelope import LOBBY_TOPIC, build_envelope, new_message_id
 from macula.agent.petnames import petname
 from macula.agent.proof import build_ring, make_proof, ring_endpoint
 from macula.agent.rings import RATE_WINDOW_MS
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.identity import ZERO_REALM
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import agent_in
 from support.waiting import eventually

@@ -15,10 +15,10 @@ import pytest
 from macula.agent.agent import Agent
 from macula.agent.task_messages import TaskLimits, sign_message, task_endpoint
 from macula.errors import MeshError
-from macula.node import Node
+from macula.node.node import Node
 from macula.store.tasks import TaskError
 from macula.wire.identity import ZERO_REALM, Identity
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import settings
 from support.waiting import eventually

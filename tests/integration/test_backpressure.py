@@ -15,19 +15,20 @@ from typing import Any
 import pytest
 from mcp import Client
 
-import tools.server
-from macula import quic_backend
-from macula.node import Node
-from macula.transport import ALPN, FrameProtocol, client_configuration, dial
+import tools.server.server
+from macula.node.node import Node
+from macula.quic import backend as quic_backend
+from macula.quic.transport import ALPN, FrameProtocol, client_configuration, dial
 from macula.wire import cbor
 from macula.wire.framing import frame_bytes
-from relay.policy import Quotas, StationPolicy
-from relay.station import Station
-from relay.tls import ensure_certificate
+from relay.core.policy import Quotas, StationPolicy
+from relay.station.station import Station
+from relay.station.tls import ensure_certificate
 from support.identities import new_identity
 from support.meshkit import REALM, station_config
 from support.waiting import eventually
-from tools import pubsub, surface
+from tools.groups import pubsub
+from tools.server import surface
 
 pytestmark = pytest.mark.anyio
 
@@ -61,7 +62,7 @@ class Collect:
 @asynccontextmanager
 async def quic_pair(tmp_path: Path) -> AsyncIterator[tuple[FrameProtocol, list[FrameProtocol]]]:
     """A bare QUIC server and a client dialled to it, both with a 64 KiB stream window."""
-    from macula.quic_backend import QuicConfiguration, serve
+    from macula.quic.backend import QuicConfiguration, serve
 
     identity = new_identity()
     cert, key = ensure_certificate(tmp_path, identity, ["127.0.0.1", "localhost"])
@@ -245,14 +246,14 @@ async def test_subscription_quota_refusals_reach_the_client_through_flush(
 async def test_mesh_watch_reports_missed_and_gaps_and_status_the_station_refusals(
     station: Station, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tools.server, "GROUPS", (pubsub, surface))
+    monkeypatch.setattr(tools.server.server, "GROUPS", (pubsub, surface))
     home = tmp_path / "agent"
     env = {
         "MACULA_HOME": str(home),
         "MACULA_MESH_STATIONS": station.endpoint,
         "MACULA_MCP_IDENTITY": str(home / "id.key"),
     }
-    app = tools.server.build_server(env)
+    app = tools.server.server.build_server(env)
     async with Client(app) as client, Node(new_identity(), [station.endpoint]) as publisher:
         watch = asyncio.ensure_future(
             client.call_tool("mesh_watch", {"topic": "news", "duration_seconds": 10, "count": 1})

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from macula.node import Node
-from macula.serving import IncomingCall
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Connect, Publish
 from macula.wire.identity import DOMAIN_FRAME, verify
-from relay.peers import Peer
-from relay.station import Station
+from relay.core.peers import Peer
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, station_config
 from support.rawclient import raw_client, stamp

@@ -13,7 +13,7 @@ import pytest
 from macula.agent.agent import Agent
 from relay.house.history import HistoryBounds
 from relay.house.services import HouseConfig
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import HELD_OFF, conversation, crash, member, station_config
 from support.waiting import eventually

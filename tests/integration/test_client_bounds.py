@@ -12,9 +12,9 @@ from collections.abc import Callable
 import pytest
 
 from macula.errors import MeshError
-from macula.node import Node
-from macula.serving import IncomingCall
-from macula.session import StreamChannel
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
+from macula.node.session import StreamChannel
 from macula.wire.codes import ErrorCode
 from support.meshkit import REALM
 from support.waiting import eventually

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from macula.errors import MeshError
-from macula.node import Node
+from macula.node.node import Node
 
 pytestmark = pytest.mark.anyio
 REALM = bytes(32)

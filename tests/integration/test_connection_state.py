@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 from aioquic.tls import Group
 
-from macula import quic_backend
-from macula.node import Node
-from macula.quic_backend import ACTIVE_CONNECTION_ID_LIMIT, _skip_padding
-from relay.station import Station
+from macula.node.node import Node
+from macula.quic import backend as quic_backend
+from macula.quic.backend import ACTIVE_CONNECTION_ID_LIMIT, _skip_padding
+from relay.station.station import Station
 from support.meshkit import REALM
 
 pytestmark = [
@@ -19,7 +19,7 @@ pytestmark = [
     pytest.mark.skipif(
         quic_backend.BACKEND == "qh3",
         reason=(
-            "aioquic's handshake trims; on qh3 those helpers of macula.quic_backend do nothing"
+            "aioquic's handshake trims; on qh3 those helpers of macula.quic.backend do nothing"
         ),
     ),
 ]

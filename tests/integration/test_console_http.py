@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.consolekit import Home, console, http
-from tools.daemon_http import COOKIE
+from tools.daemon.http.listener import COOKIE
 
 pytestmark = pytest.mark.anyio
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from macula.clock import now_ms
-from relay.station import Station
+from relay.station.station import Station
 from support.consolekit import ARGS, CHROMIUM, Agent, Home, agent, console
 from support.joinkit import join_service
 from support.waiting import eventually

@@ -18,18 +18,18 @@ from typing import Any
 import pytest
 
 from macula.agent.agent import Agent
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
+from macula.client.station_choice import StationInfo
 from macula.errors import CallTimeout, ConfigError, MaculaError, MeshError
 from macula.known_stations import KnownStations
-from macula.node import Node
-from macula.station_choice import StationInfo
-from macula.subscriptions import Subscription
-from relay.station import Station
+from macula.node.node import Node
+from macula.node.subscriptions import Subscription
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, agent_in, settings, station_config
 from support.processkit import free_udp_port
 from support.waiting import eventually
-from tools.runtime import preflight
+from tools.server.runtime import preflight
 
 pytestmark = pytest.mark.anyio
 FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)
@@ -105,7 +105,7 @@ async def test_a_node_fails_over_replays_its_intent_and_is_reachable_within_5_s(
 async def station_process(data_dir: Path) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
     """A ``macula-relay`` of its own process (so it can die without a word): its endpoint."""
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "relay.cli", "--port", "0", "--data-dir", str(data_dir)),
+        *(sys.executable, "-m", "relay.ops.cli", "--port", "0", "--data-dir", str(data_dir)),
         *("--log-level", "warning"),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
@@ -212,7 +212,7 @@ def test_a_bad_entry_in_mesh_stations_is_named(tmp_path: Path) -> None:
 async def test_a_key_mismatch_on_the_next_station_is_refused_and_the_node_goes_on(
     tmp_path: Path, pinning: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="macula.node")
+    caplog.set_level(logging.INFO, logger="macula.node.node")
     impostor = new_identity().node_id.hex()
     async with stations(tmp_path, 3) as (a, b, c):
         known = KnownStations(tmp_path / "home" / "known_stations")
@@ -314,7 +314,7 @@ async def test_after_a_move_the_agents_of_the_new_station_see_it_present(tmp_pat
 async def test_a_station_refusing_handshakes_while_draining_is_passed_over(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="macula.node")
+    caplog.set_level(logging.INFO, logger="macula.node.node")
     async with stations(tmp_path, 2) as (a, b):
         a.core.stopping = True  # as between its GOODBYEs and its close: new clients refused
         async with Node(new_identity(), [a.endpoint, b.endpoint], backoff=FAST) as node:

@@ -19,14 +19,14 @@ from macula.agent.agent import Agent
 from macula.agent.petnames import petname
 from macula.agent.presence import HELLO_TOPIC
 from macula.agent.proof import ring_endpoint
-from macula.house_client import HouseClient
-from macula.node import Node
+from macula.node.node import Node
 from macula.services.house import AGENTS_LIST, HOUSE_REALM
+from macula.services.house_client import HouseClient
 from macula.services.limits import MAX_AGENTS_LIST
 from macula.wire.identity import ZERO_REALM
+from relay.builtins.outcome import Outcome
 from relay.house.mesh import DEFAULT_PER_STATION
-from relay.outcome import Outcome
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import agent_in, hex_of
 from support.waiting import eventually

@@ -13,12 +13,12 @@ import umsgpack
 from kademlia.node import Node as KadNode
 
 from macula.clock import now_ms
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.record_keys import station_endpoint_key
 from macula.wire.records import RecordType, new_record, record_version
-from relay.federation.dht import DhtConfig, StationDht
-from relay.federation.dht_storage import dht_id
-from relay.station import Station
+from relay.federation.dht.station import DhtConfig, StationDht
+from relay.federation.dht.storage import dht_id
+from relay.station.station import Station
 from support.dhtkit import dht_nodes, note
 from support.identities import new_identity
 from support.meshkit import station_config

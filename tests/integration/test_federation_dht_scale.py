@@ -15,8 +15,8 @@ from kademlia.node import Node as KadNode
 from macula.clock import now_ms
 from macula.wire.identity import Identity
 from macula.wire.records import Record, new_record, record_version
-from relay.federation.dht import DhtConfig, StationDht
-from relay.federation.dht_storage import dht_id
+from relay.federation.dht.station import DhtConfig, StationDht
+from relay.federation.dht.storage import dht_id
 from support.dhtkit import dht_nodes
 from support.identities import new_identity
 from support.waiting import eventually

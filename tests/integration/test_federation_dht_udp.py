@@ -16,13 +16,13 @@ import pytest
 import umsgpack
 
 from macula.clock import now_ms
-from macula.transport import ALPN
+from macula.quic.transport import ALPN
 from macula.wire.identity import Identity
 from macula.wire.record_keys import station_endpoint_key
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.federation.dht import DhtConfig, StationDht
-from relay.federation.dht_guard import GuardLimits
-from relay.federation.dht_storage import DhtLimits, dht_id, encode_value
+from relay.federation.dht.guard import GuardLimits
+from relay.federation.dht.station import DhtConfig, StationDht
+from relay.federation.dht.storage import DhtLimits, dht_id, encode_value
 from support.dhtkit import dht_nodes, note
 from support.identities import new_identity
 from support.meshkit import start_mesh

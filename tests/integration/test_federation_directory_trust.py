@@ -19,8 +19,8 @@ import pytest
 from macula.agent.agent import Agent
 from macula.agent.petnames import petname
 from macula.services.house import AGENTS_LIST, HOUSE_REALM
-from relay.outcome import Outcome
-from relay.station import Station
+from relay.builtins.outcome import Outcome
+from relay.station.station import Station
 from support.meshkit import agent_in, hex_of
 from support.waiting import eventually
 

@@ -21,13 +21,13 @@ import pytest
 
 from macula.clock import now_ms
 from macula.errors import MeshError
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, new_record, record_version
 from relay.federation.links import LinkTarget
 from relay.federation.mesh_roster import MAX_MESH_RECORDS, MESH_PROCEDURE, mesh_payload
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 from support.identities import new_identity
 from support.meshkit import REALM, linked, station_config, target
 from support.waiting import eventually

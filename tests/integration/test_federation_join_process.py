@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from macula.errors import MeshError
-from macula.node import Node
+from macula.node.node import Node
 from support.identities import new_identity
 from support.meshkit import REALM
 from support.waiting import eventually
-from tools.station_process import relay_command, relay_environment
+from tools.local_station.process import relay_command, relay_environment
 
 pytestmark = pytest.mark.anyio
 

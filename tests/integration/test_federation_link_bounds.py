@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from macula.node import Node
-from macula.serving import IncomingCall
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Call, Event, publication_signable
 from macula.wire.identity import Identity
-from relay.policy import Quotas, StationPolicy
-from relay.station import Station
+from relay.core.policy import Quotas, StationPolicy
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, station_config
 from support.rawclient import link_in, raw_client, stamp

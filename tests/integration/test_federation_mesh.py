@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
 from macula.clock import now_ms
 from macula.errors import CallTimeout, MeshError
-from macula.node import Node
-from macula.serving import IncomingCall
-from macula.session import StreamChannel
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
+from macula.node.session import StreamChannel
 from macula.wire.records import new_record, record_version
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import (
     REALM,

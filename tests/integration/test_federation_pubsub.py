@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from macula.node import Node
+from macula.node.node import Node
 from relay.federation.links import LinkTarget
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, fast, interest_at, linked, station_config, target
 from support.waiting import eventually

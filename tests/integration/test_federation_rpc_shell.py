@@ -19,7 +19,7 @@ from macula.wire.content import raw_mcid
 from macula.wire.frames import Advertise, Call, Result
 from macula.wire.identity import Identity, realm_tag
 from relay.federation.mesh_roster import MESH_PROCEDURE
-from relay.station import Station
+from relay.station.station import Station
 from support.rawclient import RawClient, link_in, raw_client, stamp
 
 pytestmark = pytest.mark.anyio

@@ -19,18 +19,19 @@ from typing import Any
 import pytest
 from mcp import Client
 
-import tools.server
+import tools.server.server
 from macula.agent.presence import HELLO_TOPIC
-from macula.node import Node
-from macula.subscriptions import Subscription
+from macula.node.node import Node
+from macula.node.subscriptions import Subscription
 from macula.wire.frames import Event, Publish
 from macula.wire.identity import ZERO_REALM
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, agent_in, interest_at, three_stations
 from support.rawclient import RawClient, link_in, raw_client, stamp
 from support.waiting import eventually
-from tools import pubsub, surface
+from tools.groups import pubsub
+from tools.server import surface
 
 pytestmark = pytest.mark.anyio
 
@@ -177,14 +178,14 @@ async def test_mesh_watch_on_b_shows_who_vouches_for_an_unsigned_event_from_a(
     mesh: Mesh, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b, _ = mesh
-    monkeypatch.setattr(tools.server, "GROUPS", (pubsub, surface))
+    monkeypatch.setattr(tools.server.server, "GROUPS", (pubsub, surface))
     home = tmp_path / "agent"
     env = {
         "MACULA_HOME": str(home),
         "MACULA_MESH_STATIONS": b.endpoint,
         "MACULA_MCP_IDENTITY": str(home / "id.key"),
     }
-    app = tools.server.build_server(env)
+    app = tools.server.server.build_server(env)
     async with Client(app) as client, raw_client(a) as publisher:
         watch = asyncio.ensure_future(
             client.call_tool("mesh_watch", {"topic": "news", "duration_seconds": 10, "count": 1})

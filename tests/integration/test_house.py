@@ -13,14 +13,14 @@ import pytest
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
 from macula.errors import MaculaError, MeshError
-from macula.house_client import HouseClient
-from macula.node import Node
+from macula.node.node import Node
 from macula.services.house import AGENTS_REGISTER, HOUSE_REALM
+from macula.services.house_client import HouseClient
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import storage_key_for_procedure
 from macula.wire.records import RecordType
 from relay.house.services import HouseConfig
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import agent_in, station_config
 from support.waiting import eventually

@@ -1,4 +1,4 @@
-"""The local station as its own process (real ``python -m relay.cli`` subprocesses on
+"""The local station as its own process (real ``python -m relay.ops.cli`` subprocesses on
 loopback port 0, real files under a temporary MACULA_HOME): started once, reused, recovered
 after a crash, a port in use, a start that fails or is too slow, a station that stopped
 answering. Every test stops what it started (the fixture kills leftovers on failure)."""
@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from macula.known_stations import station_node_id
-from tools import local_station, settings
-from tools.local_station import (
+from tools import settings
+from tools.local_station import station as local_station
+from tools.local_station.station import (
     LocalStationError,
     StationFiles,
     default_station,
@@ -194,7 +195,7 @@ async def test_our_station_not_answering_is_reported_not_replaced(
 
 def relay(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "relay.cli", "--port", "0", *args],
+        [sys.executable, "-m", "relay.ops.cli", "--port", "0", *args],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 

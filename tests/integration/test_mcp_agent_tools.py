@@ -14,7 +14,7 @@ from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import PetnameError, petname
 from macula.agent.rings import Rings
 from macula.agent.rooms import Rooms
-from relay.station import Station
+from relay.station.station import Station
 from support.agentkit import build_app, call, mcp_agent, meet, refused
 from support.waiting import entered, eventually
 
@@ -334,7 +334,7 @@ async def test_bad_arguments_are_listed_and_idempotency(station: Station, tmp_pa
     async with mcp_agent(station, tmp_path, "alice") as alice:
         me = (await call(alice, "mesh_hello"))["node_id"]
         # a value outside its schema (type, range, length) is refused at the argument boundary
-        # (tools.tool_arguments) before a tool's own checks run: only those problems are listed
+        # (tools.server.arguments) before a tool's own checks run: only those problems are listed
         cases: list[tuple[str, dict[str, Any], str, int]] = [
             ("mesh_hello", {"operator_name": "x" * 281, "model": "y" * 281}, "invalid_argument", 2),
             ("mesh_agents", {"limit": 0, "offset": -1}, "invalid_argument", 2),

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from relay.station import Station
+from relay.station.station import Station
 from support.agentkit import ERROR_KEYS, Agent, agent
-from tools.server import build_server
+from tools.server.server import build_server
 
 pytestmark = pytest.mark.anyio
 

@@ -18,15 +18,15 @@ import pytest
 from mcp import Client
 from mcp_types import CallToolResult
 
-import tools.server
+import tools.server.server
 from macula.agent.contact_policy import trust
 from macula.keyfile import save_identity
 from macula.wire.content import raw_mcid
-from relay.station import Station
+from relay.station.station import Station
 from support.agentkit import DOUBLE, python
 from support.identities import new_identity
 from support.waiting import eventually
-from tools import content, dht, rpc
+from tools.groups import content, dht, rpc
 
 pytestmark = pytest.mark.anyio
 
@@ -87,7 +87,7 @@ class Agent:
 def agent(
     station: Station, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[[str], Any]:
-    monkeypatch.setattr(tools.server, "GROUPS", GROUPS)
+    monkeypatch.setattr(tools.server.server, "GROUPS", GROUPS)
 
     @asynccontextmanager
     async def start(name: str) -> AsyncIterator[Agent]:
@@ -99,7 +99,7 @@ def agent(
             "MACULA_MESH_STATIONS": station.endpoint,
             "MACULA_MCP_IDENTITY": str(home / "id.key"),
         }
-        async with Client(tools.server.build_server(env)) as client:
+        async with Client(tools.server.server.build_server(env)) as client:
             yield Agent(client, identity.node_id.hex())
 
     return start
@@ -138,8 +138,8 @@ def gone(pid: int) -> bool:
 async def test_every_tool_declares_hints_and_a_shorter_terse_description(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tools.server, "GROUPS", GROUPS)
-    app = tools.server.build_server({"MACULA_HOME": "/nonexistent"})
+    monkeypatch.setattr(tools.server.server, "GROUPS", GROUPS)
+    app = tools.server.server.build_server({"MACULA_HOME": "/nonexistent"})
     listed = {tool.name: tool for tool in await app.list_tools()}
     assert set(listed) == TOOLS
     for name, tool in listed.items():

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from mcp import Client
 
-import tools.server
+import tools.server.server
 from macula.keyfile import save_identity
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
-from tools import pubsub, rpc
+from tools.groups import pubsub, rpc
 
 pytestmark = pytest.mark.anyio
 
@@ -31,7 +31,7 @@ def nested(depth: int) -> Any:
 async def client(
     station: Station, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Client]:
-    monkeypatch.setattr(tools.server, "GROUPS", (rpc, pubsub))
+    monkeypatch.setattr(tools.server.server, "GROUPS", (rpc, pubsub))
     identity = new_identity()
     save_identity(tmp_path / "id.key", identity)
     env = {
@@ -39,7 +39,7 @@ async def client(
         "MACULA_MESH_STATIONS": station.endpoint,
         "MACULA_MCP_IDENTITY": str(tmp_path / "id.key"),
     }
-    async with Client(tools.server.build_server(env)) as connected:
+    async with Client(tools.server.server.build_server(env)) as connected:
         yield connected
 
 

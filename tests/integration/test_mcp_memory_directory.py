@@ -11,12 +11,12 @@ import anyio
 import pytest
 from mcp import Client
 
-import tools.memory
-import tools.server
+import tools.groups.memory
+import tools.server.server
 from macula.keyfile import save_identity
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
-from tools import directory_reader, memory
+from tools.groups import directory_reader, memory
 
 pytestmark = pytest.mark.anyio
 
@@ -38,8 +38,8 @@ async def test_other_calls_are_answered_while_a_large_tree_is_read(
         assert release.wait(20), "the other call was never answered"
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tools.memory, "read_directory", gated)
-    monkeypatch.setattr(tools.server, "GROUPS", (memory,))
+    monkeypatch.setattr(tools.groups.memory, "read_directory", gated)
+    monkeypatch.setattr(tools.server.server, "GROUPS", (memory,))
     save_identity(tmp_path / "id.key", new_identity())
     env = {
         "MACULA_HOME": str(tmp_path),
@@ -47,7 +47,7 @@ async def test_other_calls_are_answered_while_a_large_tree_is_read(
         "MACULA_MCP_IDENTITY": str(tmp_path / "id.key"),
     }
     reports: list[dict[str, Any]] = []
-    async with Client(tools.server.build_server(env)) as client:
+    async with Client(tools.server.server.build_server(env)) as client:
 
         async def remember() -> None:
             result = await client.call_tool("mesh_remember_directory", {"directory": str(tree)})

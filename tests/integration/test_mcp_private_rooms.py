@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from macula.node import Node
-from macula.subscriptions import Delivery
+from macula.node.node import Node
+from macula.node.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
-from relay.station import Station
+from relay.station.station import Station
 from support.agentkit import call, mcp_agent, meet, refused
 from support.identities import new_identity
 from support.waiting import eventually

@@ -20,15 +20,15 @@ from macula.keyfile import save_identity
 from macula.realm.membership import MembershipStore, memberships_path
 from macula.realm.records import check_endorsement
 from macula.wire.identity import Identity
-from relay.realms import ProtectedRealm
-from relay.station import Station
+from relay.realms.gate import ProtectedRealm
+from relay.station.station import Station
 from support.agentkit import DOUBLE, build_app, call, refused
 from support.identities import new_identity
 from support.meshkit import station_config
 from support.rawclient import now_ms
 from support.realmkit import PRIVATE, REALM_NAME, endorse
 from support.waiting import eventually
-from tools import presence, pubsub, rings, rooms, rpc
+from tools.groups import presence, pubsub, rings, rooms, rpc
 
 pytestmark = pytest.mark.anyio
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from relay.station import Station
+from relay.station.station import Station
 from support.agentkit import ERROR_KEYS, agent
-from tools.tool_schema import LIMIT_SAID_ONCE
+from tools.server.schema import LIMIT_SAID_ONCE
 
 pytestmark = pytest.mark.anyio
 

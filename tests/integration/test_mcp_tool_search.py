@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tools.server import INSTRUCTIONS, build_server
-from tools.tool_search import ALWAYS_LOAD_KEY, ALWAYS_LOADED
+from tools.server.server import INSTRUCTIONS, build_server
+from tools.server.tool_search import ALWAYS_LOAD_KEY, ALWAYS_LOADED
 
 pytestmark = pytest.mark.anyio
 

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 from mcp_types import ListToolsResult, Tool
 
-from tools.context import hints
-from tools.server import INSTRUCTIONS, build_server
-from tools.tool_schema import SHARED, TERSE_KEPT, compact
+from tools.server.context import hints
+from tools.server.schema import SHARED, TERSE_KEPT, compact
+from tools.server.server import INSTRUCTIONS, build_server
 
 pytestmark = pytest.mark.anyio
 
 # bytes of JSON, as scripts/mcp_surface.py measures them; 30,000 until the five kept-loaded
-# tools carried their `_meta` (~190 bytes, tools/tool_search.py) and every integer its range;
+# tools carried their `_meta` (~190 bytes, tools/server/tool_search.py) and every integer its range;
 # 30,250 / 20,000 until every text parameter carried its maxLength (~95 of them, ~1.5 KB;
-# tools/text_limits.py), the "<= 280 chars" they replace dropped from the descriptions;
+# tools/groups/text_limits.py), the "<= 280 chars" they replace dropped from the descriptions;
 # 31,750 / 21,000 until mesh_ring gained wait_answer_seconds and mesh_read_inbox named
 # from_person (the console's person mark): 31,900 / 21,033 measured then
 # until stop 35 the figure was json.dumps of the parsed tools (", " and ": " between items:

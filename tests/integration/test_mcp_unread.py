@@ -10,7 +10,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.agentkit import call, mcp_agent, meet, refused
 from support.waiting import eventually
 

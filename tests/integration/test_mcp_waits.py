@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from relay.station import Station
+from relay.station.station import Station
 from support.agentkit import call, mcp_agent, meet
 from support.waiting import eventually
 

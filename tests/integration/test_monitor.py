@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from macula.node import Node
-from relay.policy import Quotas, StationPolicy
-from relay.station import Station
+from macula.node.node import Node
+from relay.core.policy import Quotas, StationPolicy
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, echo, fast, station_config, target
 from support.monitorkit import exchange, get, get_json, monitor_on, split

@@ -10,9 +10,9 @@ from contextlib import AsyncExitStack
 import pytest
 
 from macula.agent.petnames import petname
-from macula.house_client import HouseClient
-from macula.node import Node
-from relay.station import Station
+from macula.node.node import Node
+from macula.services.house_client import HouseClient
+from relay.station.station import Station
 from support.identities import new_identity
 from support.monitorkit import get, get_json, monitor_on
 

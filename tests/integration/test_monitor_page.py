@@ -10,8 +10,8 @@ import os
 import pytest
 
 from macula.agent.petnames import petname
-from macula.node import Node
-from relay.station import Station
+from macula.node.node import Node
+from relay.station.station import Station
 from support.consolekit import ARGS, CHROMIUM
 from support.identities import new_identity
 from support.monitorkit import monitor_on

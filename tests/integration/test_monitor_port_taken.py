@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from macula.errors import ConfigError
-from relay.monitor_http import MonitorServer, Response
+from relay.monitor.http import MonitorServer, Response
 
 pytestmark = pytest.mark.anyio
 

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
 from macula.clock import now_ms
 from macula.config import configured_stations
-from macula.dht import DhtClient, ResolveError
 from macula.errors import CallTimeout, ConfigError, MeshError
-from macula.node import Node
-from macula.serving import CallRefused, IncomingCall
-from macula.session import StreamChannel
+from macula.node.node import Node
+from macula.node.serving import CallRefused, IncomingCall
+from macula.node.session import StreamChannel
+from macula.node.subscriptions import Subscription
+from macula.services.dht import DhtClient, ResolveError
 from macula.stations import StationAddress, parse_station, parse_station_list
-from macula.subscriptions import Subscription
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, station_config
 from support.processkit import free_udp_port

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from macula.node import Node
-from macula.node_stats import Refusal
+from macula.node.node import Node
+from macula.node.stats import Refusal
 from macula.services.refusals import ADVERTISE_TAKEN, MEANING, REALM_REFUSED
 from macula.wire.identity import Identity, realm_tag
-from relay.policy import StationPolicy
-from relay.realms import ProtectedRealm
-from relay.station import Station
-from relay.station_config import StationConfig
+from relay.core.policy import StationPolicy
+from relay.realms.gate import ProtectedRealm
+from relay.station.config import StationConfig
+from relay.station.station import Station
 from support.meshkit import echo
 
 pytestmark = pytest.mark.anyio

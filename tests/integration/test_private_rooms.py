@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from macula.agent.room_keys import RoomKeyError
-from macula.node import Node
-from macula.subscriptions import Delivery
+from macula.node.node import Node
+from macula.node.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import agent_in
 from support.waiting import eventually

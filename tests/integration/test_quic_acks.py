@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from macula import quic_backend
-from macula.quic_acks import ACK_DELAY_S, MAX_ACK_DELAY_S
-from macula.quic_backend import set_ack_delay
-from macula.transport import FrameProtocol
+from macula.quic import backend as quic_backend
+from macula.quic.acks import ACK_DELAY_S, MAX_ACK_DELAY_S
+from macula.quic.backend import set_ack_delay
+from macula.quic.transport import FrameProtocol
 from support.quickit import SERVER_ADDR, Pair, Sink, encode_frame, pair
 from support.waiting import eventually
 

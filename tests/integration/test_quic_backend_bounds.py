@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 
-from macula import quic_backend
-from macula.transport import ALPN, STREAM_WINDOW, FrameProtocol, client_configuration, dial
+from macula.quic import backend as quic_backend
+from macula.quic.transport import ALPN, STREAM_WINDOW, FrameProtocol, client_configuration, dial
 from macula.wire import cbor
 from macula.wire.errors import FramingError
 from macula.wire.frames import Publish
 from macula.wire.framing import frame_bytes
-from relay.policy import Quotas, StationPolicy
-from relay.station import Station
-from relay.tls import ensure_certificate
+from relay.core.policy import Quotas, StationPolicy
+from relay.station.station import Station
+from relay.station.tls import ensure_certificate
 from support.identities import new_identity
 from support.meshkit import REALM, station_config
 from support.paths import REPO

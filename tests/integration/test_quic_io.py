@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from macula.datagram_reader import DrainingProtocol, bound_socket
-from macula.transport import (
+from macula.quic.datagrams import DrainingProtocol, bound_socket
+from macula.quic.transport import (
     DATAGRAM_SIZE,
     LOOPBACK_DATAGRAM_SIZE,
     FrameProtocol,
@@ -24,7 +24,7 @@ from macula.transport import (
     dial,
     with_datagram_size,
 )
-from relay.station import Station
+from relay.station.station import Station
 from support.quickit import CLIENT_ADDR, SERVER_ADDR, Pair, encode_frame, pair
 from support.waiting import eventually
 

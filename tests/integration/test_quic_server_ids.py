@@ -1,6 +1,6 @@
 """The station's QUIC server over real QUIC on loopback: while nodes are connected, its
 connection-id map and the map's reverse index agree; once they leave, both are empty (each
-ending removed its own ids, ``relay.quic_server``)."""
+ending removed its own ids, ``relay.station.quic_server``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from macula.node import Node
-from relay.quic_server import ProtocolsByCid
-from relay.station import Station
+from macula.node.node import Node
+from relay.station.quic_server import ProtocolsByCid
+from relay.station.station import Station
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -17,9 +17,9 @@ from macula.wire.codes import ErrorCode
 from macula.wire.frames import Connect
 from macula.wire.identity import Identity
 from macula.wire.records import Record
-from relay.realm_admission import AdmissionMode
-from relay.realms import ProtectedRealm
-from relay.station import Station, StationConfig
+from relay.realms.admission import AdmissionMode
+from relay.realms.gate import ProtectedRealm
+from relay.station.station import Station, StationConfig
 from support.meshkit import station_config
 from support.rawclient import RawClient, raw_client, stamp
 from support.realmkit import PRIVATE, REALM_NAME, endorse, is_event, publish, refused, subscribe

@@ -18,8 +18,8 @@ import pytest
 from macula.keyfile import load_or_create_identity
 from macula.wire.identity import Identity
 from relay.federation.links import LinkTarget
-from relay.realms import ProtectedRealm
-from relay.station import Station, StationConfig
+from relay.realms.gate import ProtectedRealm
+from relay.station.station import Station, StationConfig
 from support.meshkit import linked, station_config, target
 from support.rawclient import now_ms, raw_client
 from support.realmkit import PRIVATE, REALM_NAME, endorse, is_event, present, publish, subscribe

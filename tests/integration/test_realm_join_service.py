@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
 from macula.clock import now_ms
-from macula.node import Node
+from macula.node.node import Node
 from macula.realm.join import ReplayCache, build_request
 from macula.realm.joiner import JoinError, RealmJoiner, Ticket
 from macula.realm.membership import MembershipStore, memberships_path
@@ -26,7 +26,7 @@ from macula.realm.records import (
 )
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.joinkit import join_service
 from support.meshkit import station_config

@@ -26,8 +26,8 @@ from macula.wire.frames import Event, Result, publication_signable
 from macula.wire.identity import Identity
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record
-from relay.realms import ProtectedRealm
-from relay.station import Station, StationConfig
+from relay.realms.gate import ProtectedRealm
+from relay.station.station import Station, StationConfig
 from support.meshkit import linked, station_config, target
 from support.rawclient import RawClient, link_in, now_ms, raw_client, stamp
 from support.realmkit import (

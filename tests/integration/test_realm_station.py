@@ -18,9 +18,9 @@ from macula.wire.frames import StreamOpen
 from macula.wire.identity import Identity
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import RecordType
-from relay.policy import StationPolicy
-from relay.realms import ProtectedRealm
-from relay.station import Station
+from relay.core.policy import StationPolicy
+from relay.realms.gate import ProtectedRealm
+from relay.station.station import Station
 from support.meshkit import REALM, station_config
 from support.rawclient import now_ms, raw_client, stamp
 from support.realmkit import (

@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-import macula.transport as transport
-from macula.quic_backend import QuicConnection
-from macula.transport import FrameProtocol, client_configuration, dial
+import macula.quic.transport as transport
+from macula.quic.backend import QuicConnection
+from macula.quic.transport import FrameProtocol, client_configuration, dial
 from support.processkit import free_udp_port
 
 pytestmark = pytest.mark.anyio

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from macula.backoff import Backoff
-from macula.node import Node
+from macula.client.backoff import Backoff
+from macula.node.node import Node
 from support.identities import new_identity
 from support.meshkit import REALM
 from support.processkit import StationProcess, station_process

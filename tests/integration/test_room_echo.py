@@ -9,9 +9,9 @@ import pytest
 
 from macula.agent.agent import Agent
 from macula.agent.rooms import OWN_ECHOES
-from macula.subscriptions import Delivery
+from macula.node.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
-from relay.station import Station
+from relay.station.station import Station
 from support.meshkit import agent_in
 from support.waiting import eventually
 

@@ -15,7 +15,7 @@ from macula.agent.envelope import TALK_KINDS
 from macula.agent.room_outbox import RoomOutbox
 from macula.agent.rooms import EnvelopeHeard
 from macula.store.room_outbox import OutboxBounds, OutboxFullError
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import HELD_OFF, conversation, crash, member, station_config
 from support.processkit import free_udp_port

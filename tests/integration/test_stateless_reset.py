@@ -1,4 +1,4 @@
-"""Stateless resets over real QUIC on loopback (RFC 9000 §10.3, ``macula.quic_resets``).
+"""Stateless resets over real QUIC on loopback (RFC 9000 §10.3, ``macula.quic.resets``).
 
 A station answers a short-header packet for a connection id it does not know with a reset
 carrying the token derived from its key and that id (none for a tiny packet, at most its rate
@@ -16,17 +16,17 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from macula.node import Node
-from macula.quic_backend import STATELESS_RESETS
-from macula.quic_resets import (
+from macula.node.node import Node
+from macula.quic.backend import STATELESS_RESETS
+from macula.quic.resets import (
     RESET_MIN_SIZE,
     TOKEN_SIZE,
     ResetLimiter,
     StatelessResets,
     is_reset,
 )
-from relay.quic_server import ProtocolsByCid
-from relay.station import Station
+from relay.station.quic_server import ProtocolsByCid
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM
 from support.waiting import eventually

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from macula.errors import BrokenError, ClosedError, HandshakeError, MeshError
-from macula.node import Node
-from macula.serving import IncomingCall
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
 from macula.stations import StationAddress
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import OTHER_REALM, REALM
 from support.waiting import eventually
@@ -33,7 +33,7 @@ async def test_handshake_pins_the_station_key(
 
 
 async def test_unreachable_station_is_a_clear_error() -> None:
-    from macula.backoff import Backoff
+    from macula.client.backoff import Backoff
 
     node = Node(
         new_identity(),

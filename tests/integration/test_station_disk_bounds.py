@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from macula.dht import DhtClient, ResolveError
 from macula.errors import MeshError
-from macula.node import Node
+from macula.node.node import Node
+from macula.services.dht import DhtClient, ResolveError
 from macula.wire.codes import ErrorCode
 from macula.wire.content import raw_mcid
 from macula.wire.identity import ZERO_REALM
 from macula.wire.records import RecordType, new_record, record_version
-from relay.station import Station
-from relay.store import StoreLimits
+from relay.station.station import Station
+from relay.stores.records import StoreLimits
 from support.identities import new_identity
 from support.meshkit import station_config
 from support.rawclient import now_ms

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from macula.node import Node
-from macula.serving import IncomingCall
-from macula.session import StreamChannel
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
+from macula.node.session import StreamChannel
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.content import raw_mcid
@@ -43,7 +43,7 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import ZERO_REALM, Identity
-from relay.station import Station
+from relay.station.station import Station
 from support.hostilekit import (
     ECHO,
     MINUTE_MS,

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from macula.node import Node
+from macula.node.node import Node
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Subscribe
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import Identity
-from relay.policy import StationPolicy
-from relay.station import Station
+from relay.core.policy import StationPolicy
+from relay.station.station import Station
 from support.hostilekit import call_frame, honest_pair, ping_works
 from support.identities import new_identity
 from support.meshkit import REALM, station_config

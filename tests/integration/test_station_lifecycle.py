@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-import relay.station as station_module
+import relay.station.station as station_module
 from macula.store.base import StoreError
-from relay.policy import StationPolicy
-from relay.station import Station
+from relay.core.policy import StationPolicy
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import station_config
 from support.rawclient import raw_client

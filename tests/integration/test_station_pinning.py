@@ -8,19 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
 from macula.config import known_stations_from_env
 from macula.errors import HandshakeError
 from macula.known_stations import KnownStationsError, station_node_id
-from macula.node import Node
+from macula.node.node import Node
 from macula.stations import parse_station
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import station_config
-from tools import local_station, settings
+from tools import settings
 from tools.cli import _station_check
-from tools.local_station import ForeignStationError
-from tools.runtime import open_runtime
+from tools.local_station import station as local_station
+from tools.local_station.station import ForeignStationError
+from tools.server.runtime import open_runtime
 
 pytestmark = pytest.mark.anyio
 FAST = Backoff(initial_s=0.05, max_s=0.2, jitter=0.1)

@@ -1,5 +1,5 @@
-"""``tools.station_process``: a station started through its entry point (a real
-``python -m relay.cli`` subprocess on loopback port 0), reached over QUIC, stopped on leaving;
+"""``tools.local_station.process``: a station started through its entry point (a real
+``python -m relay.ops.cli`` subprocess on loopback port 0), reached over QUIC, stopped on leaving;
 one that cannot start says why. And no module of ``tools`` loads ``relay`` into its process."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from macula.stations import parse_station
 from support.paths import REPO
-from tools.local_station import presented_key
-from tools.station_process import StationProcessError, relay_environment, station_process
+from tools.local_station.process import StationProcessError, relay_environment, station_process
+from tools.local_station.station import presented_key
 
 pytestmark = pytest.mark.anyio
 
@@ -51,10 +51,10 @@ async def test_a_station_that_cannot_start_says_why(tmp_path: Path) -> None:
 def test_relay_environment_names_relay_without_importing_it(tmp_path: Path) -> None:
     script = (
         "import os, sys; from pathlib import Path\n"
-        "from tools.station_process import relay_environment\n"
+        "from tools.local_station.process import relay_environment\n"
         "env = relay_environment({'PYTHONPATH': 'elsewhere'})\n"
         "first, *rest = env['PYTHONPATH'].split(os.pathsep)\n"
-        "assert (Path(first) / 'relay' / 'cli.py').is_file(), first\n"
+        "assert (Path(first) / 'relay' / 'ops' / 'cli.py').is_file(), first\n"
         "assert rest == ['elsewhere'], rest\n"
         "print(int('relay' in sys.modules))\n"
     )

@@ -1,6 +1,6 @@
 """A station process SIGKILLed and started again on the same key, port and data dir: its node
 learns from the restarted station's stateless reset that its connection is gone, and is back
-at once, its subscription replayed (``macula.quic_resets``; issue 37).
+at once, its subscription replayed (``macula.quic.resets``; issue 37).
 
 The node's probe is set far apart, so the only news the node can get is the reset: no ping
 meets the dead port (an ICMP "port unreachable" would tell it too, and is the other path,
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from macula.node import Node
-from macula.quic_backend import ENV as QUIC_ENV
+from macula.node.node import Node
+from macula.quic.backend import ENV as QUIC_ENV
 from support.identities import new_identity
 from support.meshkit import REALM
 from support.paths import SCRIPTS

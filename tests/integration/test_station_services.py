@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from macula.errors import MeshError
-from macula.node import Node
-from macula.serving import IncomingCall
-from macula.session import Session, StreamChannel
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
+from macula.node.session import Session, StreamChannel
 from macula.wire.codes import ErrorCode
 from macula.wire.content import CODEC_MANIFEST, Manifest, raw_mcid
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import station_endpoint_key, storage_key_for_procedure
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, station_config
 from support.rawclient import now_ms

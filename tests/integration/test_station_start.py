@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from relay import station_build
-from relay.station import Station
+from relay.station import build as station_build
+from relay.station.station import Station
 from support.meshkit import station_config
 from support.rawclient import raw_client
 from support.waiting import eventually

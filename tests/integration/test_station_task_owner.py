@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from relay.federation.links import LinkTarget
-from relay.station import Station
+from relay.station.station import Station
 from support.meshkit import station_config
 from support.monitorkit import monitor_on
 from support.waiting import eventually

@@ -13,15 +13,15 @@ import pytest
 
 from macula.agent.proof import build_ring_answer, ring_endpoint
 from macula.clock import now_ms
-from macula.dht import ResolveError
 from macula.errors import MaculaError, MeshError
-from macula.node import Node
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
+from macula.services.dht import ResolveError
 from macula.services.house import HOUSE_REALM, MEMORY_ADD, MEMORY_QUERY
-from macula.serving import IncomingCall
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from macula.wire.records import Record, RecordType, new_record, record_version
 from relay.house.services import HouseConfig
-from relay.station import Station
+from relay.station.station import Station
 from support.identities import new_identity
 from support.meshkit import REALM, agent_in, station_config
 from support.waiting import eventually

@@ -1,4 +1,4 @@
-"""``relay.worker_supervisor.Supervisor`` over real child processes (tiny Python workers that
+"""``relay.workers.supervisor.Supervisor`` over real child processes (tiny Python workers that
 print their line, then do what the test asks): the endpoint is announced once every worker
 is up, a crashed worker is started again, SIGHUP is passed on, a worker that fails before
 the station is up ends the start with its exit code, one that ends by itself stops it."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.sdnotify import Notifier
-from relay.worker_supervisor import Supervisor
+from relay.ops.sdnotify import Notifier
+from relay.workers.supervisor import Supervisor
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
 from macula.errors import CallTimeout, MeshError
-from macula.node import Node
+from macula.node.node import Node
 from macula.stations import parse_station
 from support.identities import new_identity
 from support.meshkit import REALM

@@ -17,12 +17,12 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 from mcp_types import CallToolResult
 
-from relay.station import Station
-from tools import presence, pubsub, rings, rooms
-from tools.context import Descriptions
-from tools.runtime import Runtime, open_runtime
-from tools.server import build_server
-from tools.tool_schema import MeshServer
+from relay.station.station import Station
+from tools.groups import presence, pubsub, rings, rooms
+from tools.server.context import Descriptions
+from tools.server.runtime import Runtime, open_runtime
+from tools.server.schema import MeshServer
+from tools.server.server import build_server
 
 from .waiting import eventually
 
@@ -32,7 +32,8 @@ GROUPS = (pubsub, presence, rooms, rings)
 def build_app(
     env: dict[str, str], *, terse: bool = False, groups: tuple[ModuleType, ...] = GROUPS
 ) -> tuple[MCPServer, Descriptions]:
-    """A server like ``tools.server.build_server``, with ``groups`` (the pub/sub and agent ones)."""
+    """A server like ``tools.server.server.build_server``, with ``groups`` (the pub/sub and agent
+    ones)."""
     describe = Descriptions(terse=terse)
 
     @contextlib.asynccontextmanager
@@ -118,7 +119,7 @@ DOUBLE = python(
 )
 
 
-# --- the whole server (tools.server), in either protocol era -----------------------------------
+# --- the whole server (tools.server.server), in either protocol era -------------------------------
 
 ERROR_KEYS = {"code", "detail", "retryable", "next_action"}
 

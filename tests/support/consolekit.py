@@ -17,11 +17,11 @@ from typing import Any
 
 from mcp import Client
 
-from relay.station import Station
-from tools.daemon_http import Guarded, bind, build_app, serve
-from tools.http_token import home_token, port_path
-from tools.runtime import Runtime, open_runtime
-from tools.server import build_server
+from relay.station.station import Station
+from tools.daemon.http.home_token import home_token, port_path
+from tools.daemon.http.listener import Guarded, bind, build_app, serve
+from tools.server.runtime import Runtime, open_runtime
+from tools.server.server import build_server
 
 from .waiting import eventually
 
@@ -40,7 +40,8 @@ ARGS = [
 
 @dataclass
 class Home:
-    """What the console reads (``tools.console.snapshot.ConsoleSource``): one home's runtimes."""
+    """What the console reads (``tools.daemon.console.snapshot.ConsoleSource``): one home's
+    runtimes."""
 
     home: Path
     hosted: list[Runtime] = field(default_factory=list)

@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 from macula.clock import now_ms
 from macula.wire.identity import Identity
 from macula.wire.records import Record, new_record, record_version
-from relay.federation.dht import DhtConfig, StationDht
-from relay.federation.dht_storage import dht_id, dht_storage_key
+from relay.federation.dht.station import DhtConfig, StationDht
+from relay.federation.dht.storage import dht_id, dht_storage_key
 
 from .identities import new_identity
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from macula.node import Node
-from macula.serving import IncomingCall
-from macula.subscriptions import Subscription
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
+from macula.node.subscriptions import Subscription
 from macula.wire.frames import Call, Publish
 from macula.wire.identity import ZERO_REALM
 

@@ -11,8 +11,8 @@ from macula.services.house import HISTORY_FETCH
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import Publish, new_frame_id
 from macula.wire.identity import ZERO_REALM, Identity
+from relay.builtins.outcome import Outcome
 from relay.house.history import HistoryService
-from relay.outcome import Outcome
 
 T = TypeVar("T")
 BAD = ErrorCode.UNKNOWN_ERROR

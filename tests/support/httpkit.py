@@ -1,5 +1,5 @@
 """MCP over Streamable HTTP as the daemon serves it, in the test process: the daemon's ``Hosts``
-(real runtimes on a real station), ``tools.mcp_http`` mounted at ``/mcp`` in a Starlette app
+(real runtimes on a real station), ``tools.daemon.http.mcp`` mounted at ``/mcp`` in a Starlette app
 (``Route("/mcp", endpoint=app)``, as the daemon's HTTP listener mounts it), served by uvicorn on
 127.0.0.1 port 0; clients are the official SDK's (``mcp.client.streamable_http``) with a bearer.
 
@@ -24,10 +24,10 @@ from mcp.client.streamable_http import streamable_http_client
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from tools.daemon_hosts import Hosts, IdleClock
-from tools.http_token import home_token
-from tools.mcp_http import McpHttp, mcp_http_app
-from tools.mcp_http_tokens import agent_token
+from tools.daemon.hosts import Hosts, IdleClock
+from tools.daemon.http.home_token import home_token
+from tools.daemon.http.mcp import McpHttp, mcp_http_app
+from tools.daemon.http.tokens import agent_token
 
 from .waiting import eventually
 

@@ -8,10 +8,10 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from macula.node import Node
+from macula.node.node import Node
 from macula.realm.authority import Realm
 from macula.realm.service import JoinService
-from relay.station import Station
+from relay.station.station import Station
 
 
 @contextlib.asynccontextmanager

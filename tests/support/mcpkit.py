@@ -19,7 +19,7 @@ from typing import Any
 from mcp import Client, ClientSession, StdioServerParameters
 from pydantic import BaseModel
 
-from tools.daemon_socket import read_pid
+from tools.daemon.unix_socket import read_pid
 from tools.launch import server_command
 from tools.settings import socket_path
 

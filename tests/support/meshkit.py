@@ -11,15 +11,15 @@ from pathlib import Path
 
 from macula.agent.agent import Agent, AgentSettings
 from macula.agent.presence import Profile
-from macula.backoff import Backoff
-from macula.node import Node
-from macula.serving import IncomingCall
+from macula.client.backoff import Backoff
+from macula.node.node import Node
+from macula.node.serving import IncomingCall
 from macula.store.base import StorePaths
 from macula.wire.identity import Identity, realm_tag
-from relay.federation.dht import DhtConfig
+from relay.core.policy import StationPolicy
+from relay.federation.dht.station import DhtConfig
 from relay.federation.links import LinkTarget
-from relay.policy import StationPolicy
-from relay.station import Station, StationConfig
+from relay.station.station import Station, StationConfig
 
 from .identities import new_identity
 from .waiting import eventually

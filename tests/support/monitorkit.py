@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from relay.monitor import Monitor
-from relay.monitor_figures import Lifecycle
-from relay.station import Station
+from relay.monitor.figures import Lifecycle
+from relay.monitor.port import Monitor
+from relay.station.station import Station
 
 
 @asynccontextmanager

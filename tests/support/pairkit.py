@@ -6,15 +6,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from macula.client_core import ClientCore, CoreState
-from macula.client_events import CallSettled, Established, Output, Transmit
-from macula.intent import EventDedup, Intent
+from macula.client.core import ClientCore, CoreState
+from macula.client.events import CallSettled, Established, Output, Transmit
+from macula.client.intent import EventDedup, Intent
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, realm_tag
-from relay.actions import Close, EndStream, RunBuiltin, Send
-from relay.core import RouterCore
-from relay.outcome import Outcome
-from relay.policy import StationPolicy
+from relay.builtins.outcome import Outcome
+from relay.core.actions import Close, EndStream, RunBuiltin, Send
+from relay.core.policy import StationPolicy
+from relay.core.router import RouterCore
 
 from .identities import hardened
 from .stationmesh import Client as End

@@ -17,8 +17,8 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from macula.quic_backend import ENV as QUIC_ENV
-from tools.station_process import relay_environment
+from macula.quic.backend import ENV as QUIC_ENV
+from tools.local_station.process import relay_environment
 
 
 def free_udp_port() -> int:
@@ -39,7 +39,15 @@ class StationProcess:
     async def start(self) -> str:
         """Start it; its endpoint (``node_id@127.0.0.1:port``) once it listens."""
         self.process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "relay.cli", "--host", "127.0.0.1", "--port", str(self.port)),
+            *(
+                sys.executable,
+                "-m",
+                "relay.ops.cli",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ),
             *("--dht-port", "0", "--data-dir", str(self.data_dir), "--log-level", "warning"),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from macula.quic_backend import QuicConfiguration, QuicConnection, QuicServer
-from macula.transport import (
+from macula.quic.backend import QuicConfiguration, QuicConnection, QuicServer
+from macula.quic.transport import (
     ALPN,
     FrameProtocol,
     client_configuration,
@@ -19,7 +19,7 @@ from macula.transport import (
 from macula.wire import cbor
 from macula.wire.errors import FramingError
 from macula.wire.framing import frame_bytes
-from relay.tls import ensure_certificate
+from relay.station.tls import ensure_certificate
 
 from .identities import new_identity
 

@@ -17,14 +17,14 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from macula.quic_backend import events
-from macula.transport import FrameProtocol, client_configuration, dial
+from macula.quic.backend import events
+from macula.quic.transport import FrameProtocol, client_configuration, dial
 from macula.wire import cbor
 from macula.wire.errors import FramingError
 from macula.wire.frames import CAP_STATION, Call, Connect, Frame, new_frame_id
 from macula.wire.framing import frame_bytes
 from macula.wire.identity import DOMAIN_FRAME, ZERO_REALM, Identity
-from relay.station import Station
+from relay.station.station import Station
 
 FrameMap = dict[str, Any]
 
@@ -59,7 +59,7 @@ class Received:
 
 
 class RawClient:
-    """One QUIC connection driven by hand; implements ``macula.transport.FrameSink``."""
+    """One QUIC connection driven by hand; implements ``macula.quic.transport.FrameSink``."""
 
     def __init__(self, protocol: FrameProtocol, identity: Identity) -> None:
         self.protocol = protocol

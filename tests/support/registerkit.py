@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.harnesses import Harness
-from tools.register import Options
+from tools.harness.harnesses import Harness
+from tools.harness.register import Options
 
 # Realistic content: other servers, comments where the format has them, unusual indentation.
 EXISTING: dict[str, str] = {

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 from macula.agent.envelope import build_envelope, new_message_id
 from macula.agent.rooms import Rooms
-from macula.node import Node
+from macula.node.node import Node
 from macula.store.transcript import TranscriptStore
 from macula.wire.identity import Identity
 

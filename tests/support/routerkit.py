@@ -31,9 +31,9 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, puzzle_evidence, realm_tag
-from relay.actions import Action, Close, EndStream, Send
-from relay.core import RouterCore
-from relay.policy import StationPolicy
+from relay.core.actions import Action, Close, EndStream, Send
+from relay.core.policy import StationPolicy
+from relay.core.router import RouterCore
 
 from .identities import hardened
 

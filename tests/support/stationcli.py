@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.cli import build_parser, config_from_args
+from relay.ops.cli import build_parser, config_from_args
 
 
 def cli_config(*argv: str) -> object:

@@ -20,13 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from macula.client_core import ClientCore, CoreState
-from macula.client_events import CallSettled, Established, Output, Transmit
-from macula.intent import EventDedup, Intent
+from macula.client.core import ClientCore, CoreState
+from macula.client.events import CallSettled, Established, Output, Transmit
+from macula.client.intent import EventDedup, Intent
 from macula.wire.frames import CAP_STATION, Connect, new_frame_id
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity
-from relay.actions import (
+from relay.builtins.outcome import Outcome
+from relay.core.actions import (
     Action,
     Close,
     EndStream,
@@ -36,10 +37,9 @@ from relay.actions import (
     Send,
     StationReplied,
 )
-from relay.core import RouterCore
-from relay.interest import PublishHook
-from relay.outcome import Outcome
-from relay.policy import StationPolicy
+from relay.core.interest import PublishHook
+from relay.core.policy import StationPolicy
+from relay.core.router import RouterCore
 
 NOW = 1_767_225_600_000
 _Carried = Send | EndStream | Close | PauseReading | ResumeReading  # what names a connection

@@ -69,7 +69,7 @@ async def worker_station(
     """``macula-relay --workers count`` on 127.0.0.1, any free port, a monitor per worker;
     yields once it printed its endpoint; SIGTERM on leaving (then the exit code is asserted 0)."""
     process = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "relay.cli", "--port", "0", "--data-dir", str(data_dir)),
+        *(sys.executable, "-m", "relay.ops.cli", "--port", "0", "--data-dir", str(data_dir)),
         *("--workers", str(count), "--monitor", "127.0.0.1:0", *extra),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

@@ -13,7 +13,7 @@ import pytest
 from macula.agent import agent as agent_module
 from macula.agent.agent import Agent, AgentSettings
 from macula.agent.presence import Presence, Profile
-from macula.node import Node
+from macula.node.node import Node
 from macula.store.base import SqliteStore, StoreError, paths_from_env
 from macula.store.roster import RosterStore
 from macula.wire.identity import Identity

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 from typing import cast
 
 from macula.agent.presence import GOODBYE_TOPIC, HELLO_TOPIC, Presence, Profile, hello_payload
-from macula.node import Node
+from macula.node.node import Node
+from macula.node.subscriptions import Delivery
 from macula.store.roster import RosterStore
-from macula.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM, Identity
 
 NOW = 1_767_225_600_000

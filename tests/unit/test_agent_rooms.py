@@ -12,9 +12,9 @@ import pytest
 
 from macula.agent.envelope import build_envelope, new_message_id, new_room_topic
 from macula.agent.rooms import Rooms
-from macula.node import Node
+from macula.node.node import Node
+from macula.node.subscriptions import Delivery
 from macula.store.transcript import TranscriptMessage, TranscriptStore
-from macula.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM, Identity
 
 NOW_MS = 1_700_000_000_000

@@ -250,11 +250,11 @@ def test_bench_client_path_prints_cpu_per_operation() -> None:
 def test_bench_profile_sums_self_time_by_area(tmp_path: Path) -> None:
     stacks = tmp_path / "stacks.txt"
     stacks.write_text(
-        "main;macula/node.py:publish;relay/core.py:route 3\nmain;aioquic/x.py:send 1\n"
+        "main;macula/node/node.py:publish;relay/core/router.py:route 3\nmain;aioquic/x.py:send 1\n"
     )
     out = ran("profile", str(stacks), "--top", "2", quick=False)
     assert "4 busy samples (0 waiting left out)" in out, out
-    assert " 75.0%  relay/core.py:route" in out, out
+    assert " 75.0%  relay/core/router.py:route" in out, out
 
 
 @pytest.mark.slow

@@ -17,8 +17,8 @@ import os
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import CAP_STATION, Call, Connect, Event, Hello, Result
 from macula.wire.identity import Identity
-from relay.actions import Send
-from relay.core import RouterCore
+from relay.core.actions import Send
+from relay.core.router import RouterCore
 from support.identities import hardened
 from support.routerkit import (
     ALICE,

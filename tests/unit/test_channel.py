@@ -1,4 +1,4 @@
-"""``tools.channel``: settings, the gate, rendering, and the hub's judging, rate and delivery
+"""``tools.server.channel``: settings, the gate, rendering, and the hub's judging, rate and delivery
 (over a stand-in agent: its policy, its transcript and its node id are all the hub reads)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from macula.agent.rings import RingEvent
 from macula.agent.rooms import EnvelopeHeard
 from macula.errors import ConfigError
 from macula.wire.identity import Identity
-from tools.channel import (
+from tools.server.channel import (
     CAPABILITY,
     Candidate,
     ChannelHub,
@@ -29,7 +29,7 @@ from tools.channel import (
     one_line,
     render,
 )
-from tools.server import build_server
+from tools.server.server import build_server
 
 ME = bytes([1]) * 32
 MATE = bytes([2]) * 32
@@ -374,8 +374,8 @@ def test_the_capability_is_declared_unless_the_channel_is_off() -> None:
 
 
 def test_the_channel_switch_is_per_session_in_the_daemon_and_its_limits_per_agent() -> None:
-    from tools.daemon_hosts import differing
-    from tools.daemon_server import _shape
+    from tools.daemon.hosts import differing
+    from tools.daemon.server import _shape
 
     base = {"MACULA_MCP_AGENT": "ada"}
     assert differing(base, base | {"MACULA_MCP_CHANNEL": "0"}) == []

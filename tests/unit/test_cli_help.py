@@ -106,7 +106,7 @@ def test_a_flag_a_command_does_not_take_is_refused_naming_it(
 
 
 def test_relay_help_groups_every_flag_with_help_and_its_default() -> None:
-    from relay.cli_options import build_parser
+    from relay.ops.options import build_parser
 
     parser = build_parser()
     text = helped(lambda: parser.parse_args(["--help"]))
@@ -136,8 +136,8 @@ def _help_flags(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def test_relay_help_and_print_config_name_the_same_options(tmp_path: Path) -> None:
-    from relay.cli import main
-    from relay.cli_options import build_parser
+    from relay.ops.cli import main
+    from relay.ops.options import build_parser
 
     out = io.StringIO()
     with redirect_stdout(out):

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from macula.client_core import ClientCore
-from macula.client_events import EventArrived, HandshakeFailed, Transmit
+from macula.client.core import ClientCore
+from macula.client.events import EventArrived, HandshakeFailed, Transmit
 from macula.wire.frames import Hello, new_frame_id
 from macula.wire.framing import FrameDecoder
 from support.pairkit import ALICE, BOB, REALM, STATION, Link, established

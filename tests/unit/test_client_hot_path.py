@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from macula.client_core import CoreState
+from macula.client.core import CoreState
+from macula.client.publishing import signed_publish
 from macula.errors import CallTimeout, MeshError
-from macula.node import Node
-from macula.publishing import signed_publish
-from macula.serving import CallRefused, IncomingCall
-from macula.session import Session
+from macula.node.node import Node
+from macula.node.serving import CallRefused, IncomingCall
+from macula.node.session import Session
 from macula.stations import parse_station
 from macula.wire import frames
 from macula.wire.errors import LocalProtocolError

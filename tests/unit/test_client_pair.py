@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from macula.client_core import ClientCore, CoreState
-from macula.client_events import (
+from macula.client.core import ClientCore, CoreState
+from macula.client.events import (
     CallArrived,
     CallSettled,
     ChannelData,
@@ -25,12 +25,12 @@ from macula.client_events import (
     EventArrived,
     HandshakeFailed,
 )
+from macula.client.intent import EventDedup, Intent
 from macula.errors import BrokenError, CallTimeout, ClosedError, HandshakeError, MeshError
-from macula.intent import EventDedup, Intent
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.frames import Event, Result, new_frame_id
-from relay.policy import PuzzleMode
+from relay.core.policy import PuzzleMode
 from support.pairkit import (
     ALICE,
     BOB,

@@ -8,10 +8,10 @@ import pytest
 
 from macula.config import identity_from_env, identity_path, macula_home, mesh_stations_from_env
 from macula.errors import ConfigError
-from macula.node import Node
+from macula.node.node import Node
 from macula.store.base import paths_from_env
-from relay.cli import build_parser, config_from_args
-from tools.runtime import preflight
+from relay.ops.cli import build_parser, config_from_args
+from tools.server.runtime import preflight
 
 
 def test_macula_home_is_resolved_and_validated(

@@ -1,4 +1,4 @@
-"""relay.config_file: keys derived from every flag, typed like the command line, errors with
+"""relay.ops.config_file: keys derived from every flag, typed like the command line, errors with
 lines, precedence, the printed configuration taken back unchanged."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from relay import config_file
-from relay.cli import build_parser, config_from_args
+from relay.ops import config_file
+from relay.ops.cli import build_parser, config_from_args
 
 PEER = "ab" * 32 + "@127.0.0.1:4999"
 REALM = "org.example.team=" + "cd" * 32

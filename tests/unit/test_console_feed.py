@@ -1,4 +1,5 @@
-"""The console's live feed (``tools.console.feed``): a snapshot at once, a changed one as soon
+"""The console's live feed (``tools.daemon.console.feed``): a snapshot at once, a changed one as
+soon
 as the bell rings, an unchanged one never again, a keep-alive comment after a quiet spell, and
 the end of the stream when the console closes. Time is an argument: nothing here sleeps."""
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tools.console.feed import KEEPALIVE_S, ChangeBell, events
+from tools.daemon.console.feed import KEEPALIVE_S, ChangeBell, events
 
 pytestmark = pytest.mark.anyio
 

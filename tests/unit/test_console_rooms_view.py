@@ -1,11 +1,11 @@
-"""The console's room list (``tools.console.rooms_view``): a room two hosted agents are in is
+"""The console's room list (``tools.daemon.console.rooms_view``): a room two hosted agents are in is
 one entry naming both, its messages each once, its participants those who have not left."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tools.console.rooms_view import known_names, merged_rooms
+from tools.daemon.console.rooms_view import known_names, merged_rooms
 
 TOPIC = "agents.room." + "a" * 32
 

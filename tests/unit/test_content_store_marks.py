@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from macula.wire.content import digest
-from relay.content_store import ContentStore
-from relay.store_limits import QuotaExceeded, StoreLimits
+from relay.stores.content import ContentStore
+from relay.stores.limits import QuotaExceeded, StoreLimits
 
 
 def usage(path: Path) -> list[tuple[int, bytes, int, int]]:

@@ -1,4 +1,5 @@
-"""The console's guard (``tools.daemon_http.guard``, pure): loopback Host only, same Origin,
+"""The console's guard (``tools.daemon.http.listener.guard``, pure): loopback Host only, same
+Origin,
 a token in the URL traded for a cookie (and taken out of the URL), 401 otherwise; and the
 ``MACULA_MCP_HTTP_PORT`` setting."""
 
@@ -8,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tools.daemon_http import COOKIE, Verdict, cookie_value, guard
-from tools.daemon_http import _refuse as refuse_console
-from tools.mcp_http import _refuse as refuse_mcp
+from tools.daemon.http.listener import COOKIE, Verdict, cookie_value, guard
+from tools.daemon.http.listener import _refuse as refuse_console
+from tools.daemon.http.mcp import _refuse as refuse_mcp
 from tools.settings import DaemonSettingError, DaemonSettings
 
 TOKEN = "A" * 43

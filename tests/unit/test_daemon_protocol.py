@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from macula.config import AGENT_ENV, IDENTITY_ENV, identity_path, macula_home
-from tools import daemon_protocol as protocol
-from tools.daemon_hosts import IdleClock, differing
-from tools.daemon_server import session_env
+from tools.daemon import protocol
+from tools.daemon.hosts import IdleClock, differing
+from tools.daemon.server import session_env
 from tools.settings import DAEMON_IDLE_ENV as IDLE_ENV
 from tools.settings import DaemonSettingError, DaemonSettings, SocketSetupError, home_dir
 
@@ -141,7 +141,7 @@ def test_settings_that_shape_a_runtime_must_agree_but_session_ones_may_differ() 
 
 def test_attach_and_the_daemon_cli_import_neither_the_sdk_nor_the_mesh_library() -> None:
     code = (
-        "import sys, tools.entry, tools.attach, tools.daemon;"
+        "import sys, tools.entry, tools.daemon.attach, tools.daemon.command;"
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
         "('mcp', 'mcp_types', 'macula', 'relay', 'aioquic', 'asyncio', 'pydantic', 'nacl')"
         " and m not in ('macula', 'macula.help_format')];"  # the --help layout: argparse only

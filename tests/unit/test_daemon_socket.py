@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import daemon_socket as ds
+from tools.daemon import unix_socket as ds
 from tools.settings import MAX_SOCKET_PATH, SOCKET_ENV, SocketSetupError, check_length, socket_path
 
 
@@ -142,7 +142,7 @@ def test_the_lock_admits_one_daemon_and_frees_on_close(short_dir: Path) -> None:
 def test_attach_forwards_both_ways_and_stdin_closing_detaches() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from tools.attach import forward
+    from tools.daemon.attach import forward
 
     ours, daemon = socket.socketpair()
     daemon.settimeout(10)
@@ -165,7 +165,7 @@ def test_attach_forwards_both_ways_and_stdin_closing_detaches() -> None:
 
 
 def test_attach_reports_the_daemon_closing_first() -> None:
-    from tools.attach import forward
+    from tools.daemon.attach import forward
 
     ours, daemon = socket.socketpair()
     stdin_r, stdin_w = os.pipe()  # the harness keeps stdin open

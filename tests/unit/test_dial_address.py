@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from macula.transport import _resolved
+from macula.quic.transport import _resolved
 
 
 def test_an_ipv4_literal_is_not_resolved(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,5 @@
-"""tools.directory_reader: what mesh_remember_directory may read of a local tree (issue 26)."""
+"""tools.groups.directory_reader: what mesh_remember_directory may read of a local tree (issue
+26)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tools import directory_reader
-from tools.directory_reader import DirectoryRead, ReadLimits, read_directory, resolve_root
-from tools.results import InvalidArgument
+from tools.groups import directory_reader
+from tools.groups.directory_reader import DirectoryRead, ReadLimits, read_directory, resolve_root
+from tools.server.results import InvalidArgument
 
 TEXT = (".md", ".txt")
 DEFAULT = ReadLimits()

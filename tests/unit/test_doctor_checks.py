@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tools.doctor_checks import _judge, first_answer_check, local_station_check
-from tools.local_station import StationFiles
+from tools.local_station.station import StationFiles
 from tools.settings import home_port
 
 DECLINED = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32022, "message": "x"}}

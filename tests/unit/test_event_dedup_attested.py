@@ -1,4 +1,5 @@
-"""The client's EVENT dedup (macula.intent.EventDedup) and station-attested events (issue 22):
+"""The client's EVENT dedup (macula.client.intent.EventDedup) and station-attested events (issue
+22):
 an unsigned event a linked station vouches for never shadows the publisher's signed one, nor
 another station's; the same event twice is still one."""
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from macula.intent import EventDedup
+from macula.client.intent import EventDedup
 from macula.wire.frames import Event, new_frame_id
 
 REALM = bytes([3]) * 32

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.cli import build_parser, config_from_args
+from relay.ops.cli import build_parser, config_from_args
 from support.stationcli import cli_config
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from macula.wire.codes import ErrorCode
 from macula.wire.content import Manifest, raw_mcid
 from macula.wire.identity import Identity
-from relay.actions import StationReplied
-from relay.builtins import Builtins
+from relay.builtins.procedures import Builtins
+from relay.core.actions import StationReplied
 from relay.federation.content import AskPeers, peer_asker
 from relay.federation.content_hops import HOPS_REMAINING, hops_refusal
-from relay.store import ContentStore, RecordStore
-from relay.store_limits import StoreLimits
+from relay.stores.limits import StoreLimits
+from relay.stores.records import ContentStore, RecordStore
 
 NOW_MS = 1_767_225_600_000
 STATION = Identity(bytes(range(100, 132)))

@@ -8,10 +8,10 @@ import pytest
 from macula.wire import cbor
 from macula.wire.identity import Identity
 from macula.wire.records import Record, new_record, record_version
-from relay.federation.dht import DhtConfig
-from relay.federation.dht_checks import is_challenge, parse_request
-from relay.federation.dht_guard import DhtGuard, GuardLimits
-from relay.federation.dht_storage import LOCAL, DhtLimits, RecordShelf, dht_id
+from relay.federation.dht.checks import is_challenge, parse_request
+from relay.federation.dht.guard import DhtGuard, GuardLimits
+from relay.federation.dht.station import DhtConfig
+from relay.federation.dht.storage import LOCAL, DhtLimits, RecordShelf, dht_id
 
 NOW = 1_767_225_600_000
 SECRET = bytes(range(32))

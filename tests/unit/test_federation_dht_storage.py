@@ -12,7 +12,7 @@ from macula.wire import cbor
 from macula.wire.identity import ZERO_REALM, Identity
 from macula.wire.record_keys import realm_stations_key, station_endpoint_key
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.federation.dht_storage import (
+from relay.federation.dht.storage import (
     DhtLimits,
     DhtRefused,
     RecordShelf,

@@ -10,7 +10,7 @@ import pytest
 from macula.wire import cbor
 from macula.wire.identity import Identity
 from macula.wire.records import Record, new_record, record_version
-from relay.federation.dht_storage import (
+from relay.federation.dht.storage import (
     DhtLimits,
     DhtRefused,
     RecordShelf,

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from relay.cli import build_parser, config_from_args
 from relay.federation.links import LinkFailed, LinkManager, LinkTarget, parse_peer
+from relay.ops.cli import build_parser, config_from_args
 from support.waiting import eventually
 
 ME = bytes([1]) * 32

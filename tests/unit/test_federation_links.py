@@ -30,11 +30,11 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, realm_tag
-from relay.actions import Action, Close, LinkDown, LinkUp, Send
-from relay.core import RouterCore
+from relay.core.actions import Action, Close, LinkDown, LinkUp, Send
+from relay.core.frames import DELIVERED_VIA_RELAYED, dht_port_of
+from relay.core.policy import Quotas, StationPolicy
+from relay.core.router import RouterCore
 from relay.federation.dedup import RelayedEventDedup
-from relay.policy import Quotas, StationPolicy
-from relay.station_frames import DELIVERED_VIA_RELAYED, dht_port_of
 from support.identities import hardened
 
 NOW = 1_767_225_600_000

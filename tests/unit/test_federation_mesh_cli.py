@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from relay.federation.dht_storage import DhtLimits
-from relay.policy import StationPolicy
+from relay.core.policy import StationPolicy
+from relay.federation.dht.storage import DhtLimits
 from support.stationcli import cli_config
 
 

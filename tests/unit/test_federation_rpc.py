@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from macula.client_events import (
+from macula.client.events import (
     CallArrived,
     CallSettled,
     ChannelData,
@@ -23,9 +23,9 @@ from macula.wire.codes import ErrorCode
 from macula.wire.frames import Call, Result, StreamOpen, Unadvertise, new_frame_id
 from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, realm_tag
-from relay.actions import Action, Send, StationReplied
-from relay.outcome import Outcome
-from relay.policy import Quotas
+from relay.builtins.outcome import Outcome
+from relay.core.actions import Action, Send, StationReplied
+from relay.core.policy import Quotas
 from support.identities import hardened
 from support.stationmesh import Client, Mesh, MeshStation
 

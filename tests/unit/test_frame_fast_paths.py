@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from macula.publishing import signed_publish
+from macula.client.publishing import signed_publish
 from macula.wire import cbor, frames
 from macula.wire.errors import LocalProtocolError, ProtocolError
 from macula.wire.framing import FrameDecoder

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools import handshake_seed
 from tools.settings import CHANNEL_ENV
-from tools.stdio_front import (
+from tools.stdio import handshake_seed
+from tools.stdio.front import (
     HANDSHAKE_VERSIONS,
     SEED_FILE,
     HandshakeCard,
@@ -21,7 +21,8 @@ from tools.stdio_front import (
 def test_the_shipped_seed_is_what_this_code_answers() -> None:
     shipped = json.loads(SEED_FILE.read_text(encoding="utf-8"))
     assert shipped == handshake_seed.seed(), (
-        "tools/handshake_seed.json is stale: run `uv run python -m tools.handshake_seed`"
+        "tools/stdio/handshake_seed.json is stale: "
+        "run `uv run python -m tools.stdio.handshake_seed`"
     )
 
 

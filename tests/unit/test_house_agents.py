@@ -16,17 +16,17 @@ import pytest
 
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
-from macula.directory_listing import listing_procedure
+from macula.services.directory_listing import listing_procedure
 from macula.services.house import AGENTS_LIST, AGENTS_REGISTER, AGENTS_REMOVE, LIST_STATIONS
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
+from relay.builtins.outcome import Outcome
 from relay.house.agents import (
     AgentDirectory,
     AgentDirectoryStore,
     key_holder_procedure,
 )
-from relay.outcome import Outcome
 from support.housekit import assert_no_booleans, ok, refused
 from support.running import run
 

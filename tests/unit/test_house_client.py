@@ -7,9 +7,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from macula.dht import DhtClient
-from macula.house_client import HouseClient
+from macula.services.dht import DhtClient
 from macula.services.house import MEMORY_ADD
+from macula.services.house_client import HouseClient
 from macula.wire.identity import Identity
 from support.running import run
 

@@ -16,9 +16,9 @@ from macula.services.house import HISTORY_FETCH
 from macula.wire.codes import ErrorCode
 from macula.wire.frames import publication_signable
 from macula.wire.identity import verify
-from relay.cli import build_parser, config_from_args
 from relay.house import history as history_module
 from relay.house.history import HistoryBounds, HistoryService, HistoryStore, keepable
+from relay.ops.cli import build_parser, config_from_args
 from support.housekit import ALICE, BOB, NOW, ROOM, assert_no_booleans, fetch, ok, publish, refused
 from support.running import run
 from support.storekit import hold

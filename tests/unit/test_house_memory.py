@@ -20,6 +20,7 @@ import pytest
 
 from macula.services.house import MEMORY_ADD, MEMORY_QUERY
 from macula.wire.codes import ErrorCode
+from relay.builtins.outcome import Outcome
 from relay.house.buckets import TokenBuckets
 from relay.house.memory import (
     MAX_CHUNK_CHARS,
@@ -29,7 +30,6 @@ from relay.house.memory import (
     chunk_text,
     query_terms,
 )
-from relay.outcome import Outcome
 from support.paths import SCRIPTS
 from support.running import run
 

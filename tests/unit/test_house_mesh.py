@@ -17,10 +17,11 @@ import pytest
 import relay.house.mesh as mesh_module
 from macula.agent.petnames import petname
 from macula.agent.proof import make_proof
-from macula.directory_listing import listing_procedure
+from macula.services.directory_listing import listing_procedure
 from macula.services.house import AGENTS_LIST, AGENTS_REGISTER, LIST_STATIONS
 from macula.wire.identity import Identity
-from relay.actions import StationReplied
+from relay.builtins.outcome import Outcome
+from relay.core.actions import StationReplied
 from relay.federation.addresses import StationAddress
 from relay.house.agents import key_holder_procedure
 from relay.house.mesh import (
@@ -38,7 +39,6 @@ from relay.house.stations import (
     StationEntry,
     StationInfo,
 )
-from relay.outcome import Outcome
 from support.housekit import assert_no_booleans, ok, refused
 from support.running import run
 

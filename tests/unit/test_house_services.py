@@ -13,10 +13,10 @@ from macula.services.house import AGENTS_REGISTER, MEMORY_ADD, MEMORY_QUERY
 from macula.store.base import StoreError
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
-from relay.cli import build_parser, config_from_args
+from relay.builtins.outcome import Outcome
 from relay.house.agents import key_holder_procedure
 from relay.house.services import HouseConfig, HouseServices
-from relay.outcome import Outcome
+from relay.ops.cli import build_parser, config_from_args
 from support.housekit import ok, refused
 from support.running import run
 

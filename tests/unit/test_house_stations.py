@@ -16,6 +16,7 @@ from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.identity import Identity
 from macula.wire.records import RecordType, validate_payload
+from relay.builtins.outcome import Outcome
 from relay.house.stations import (
     MAX_KNOWN_STATIONS,
     StationDirectory,
@@ -23,7 +24,6 @@ from relay.house.stations import (
     StationInfo,
     haversine_km,
 )
-from relay.outcome import Outcome
 from support.housekit import assert_no_booleans, ok, refused
 from support.running import run
 

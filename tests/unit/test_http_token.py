@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.http_token import TokenFileError, home_token, matches, token_path
+from tools.daemon.http.home_token import TokenFileError, home_token, matches, token_path
 
 
 def test_made_once_private_and_stable(tmp_path: Path) -> None:

@@ -24,11 +24,11 @@ from macula.store.transcript import TranscriptStore
 from macula.wire.identity import Identity
 from support.roomkit import ME, NOW_MS, rooms_of
 from support.roomkit import said as said_at
-from tools.inbox_views import inbox_page, text_part
-from tools.paging import PageBudget, parse_cursor, size
-from tools.results import MAX_RESULT_BYTES, InvalidArgument, bounded, plain
-from tools.runtime import Runtime
-from tools.wait_views import unread_view, wait_fit
+from tools.groups.inbox_views import inbox_page, text_part
+from tools.groups.paging import PageBudget, parse_cursor, size
+from tools.groups.wait_views import unread_view, wait_fit
+from tools.server.results import MAX_RESULT_BYTES, InvalidArgument, bounded, plain
+from tools.server.runtime import Runtime
 
 SENDERS = [Identity(bytes([8 + i]) * 32) for i in range(3)]
 MAX_SAY_BYTES = 16 * 1024

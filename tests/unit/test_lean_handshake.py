@@ -13,17 +13,17 @@ from aioquic._buffer import Buffer
 from aioquic.quic.logger import QuicLogger
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from macula import quic_backend
-from macula.quic_backend import (
+from macula.quic import backend as quic_backend
+from macula.quic.backend import (
     ACTIVE_CONNECTION_ID_LIMIT,
     QuicConfiguration,
     QuicConnection,
     events,
     lean_handshake,
 )
-from macula.transport import ALPN, ClientConnection, client_configuration
+from macula.quic.transport import ALPN, ClientConnection, client_configuration
 from macula.wire.identity import Identity
-from relay.tls import build_certificate
+from relay.station.tls import build_certificate
 
 pytestmark = pytest.mark.skipif(quic_backend.BACKEND != "aioquic", reason="aioquic internals")
 

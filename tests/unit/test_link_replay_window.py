@@ -1,4 +1,4 @@
-"""The replay window of a station link: per-signer floors, bounded memory (relay.admission)."""
+"""The replay window of a station link: per-signer floors, bounded memory (relay.core.admission)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from relay.admission import LinkReplayWindow
-from relay.policy import ReplayWindow
+from relay.core.admission import LinkReplayWindow
+from relay.core.policy import ReplayWindow
 
 
 def signers(n: int) -> list[bytes]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from macula.errors import ConfigError
-from tools import local_station
-from tools.local_station import (
+from tools.local_station import station as local_station
+from tools.local_station.station import (
     LocalStationError,
     StationFiles,
     local_station_status,
@@ -133,7 +133,7 @@ def test_a_process_on_our_data_dir_counts_as_running(files: StationFiles) -> Non
             sys.executable,
             "-c",
             "import time; print(1, flush=True); time.sleep(60)",
-            "relay.cli",
+            "relay.ops.cli",
             "--data-dir",
             str(files.data_dir),
         ],
@@ -161,7 +161,7 @@ def test_a_station_that_ignores_sigterm_is_reported_not_killed(files: StationFil
         "print(1, flush=True); time.sleep(60)"
     )
     stubborn = subprocess.Popen(
-        [sys.executable, "-c", code, "relay.cli", "--data-dir", str(files.data_dir)],
+        [sys.executable, "-c", code, "relay.ops.cli", "--data-dir", str(files.data_dir)],
         stdout=subprocess.PIPE,
     )
     try:

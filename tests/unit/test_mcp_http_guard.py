@@ -8,8 +8,8 @@ import pytest
 from mcp.server.streamable_http import EventMessage
 from mcp_types import JSONRPCNotification
 
-from tools.mcp_http_events import BoundedEventStore
-from tools.mcp_http_guard import bearer_token, host_allowed, origin_allowed, refusal
+from tools.daemon.http.events import BoundedEventStore
+from tools.daemon.http.guard import bearer_token, host_allowed, origin_allowed, refusal
 
 pytestmark = pytest.mark.anyio
 

@@ -1,10 +1,10 @@
-"""relay.monitor_http's request parsing (pure): strict, bounded."""
+"""relay.monitor.http's request parsing (pure): strict, bounded."""
 
 from __future__ import annotations
 
 import pytest
 
-from relay.monitor_http import (
+from relay.monitor.http import (
     BadRequest,
     Response,
     check_headers,

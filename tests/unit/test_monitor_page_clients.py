@@ -1,11 +1,11 @@
-"""The status page's client table (``relay.monitor_page``), pure: one page of rows however many
+"""The status page's client table (``relay.monitor.page``), pure: one page of rows however many
 clients there are, links to the pages around it, every value escaped."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from relay.monitor_page import CLIENTS_PER_PAGE, render
+from relay.monitor.page import CLIENTS_PER_PAGE, render
 
 STATUS: dict[str, Any] = {
     "node_id": "ab" * 32,

@@ -2,9 +2,9 @@
 
 Declared once: in the tool function's signature (``Field(max_length=..., ge=..., le=...)``, or a
 ``TaskBound`` for the task limits the environment sets), and every bound ``tools/list`` shows
-is exactly one declared there (``tools.tool_schema`` adds none of its own; it drops one only
+is exactly one declared there (``tools.server.schema`` adds none of its own; it drops one only
 where the server instructions state it once). Checked once: by the argument boundary
-(``tools.tool_arguments``) before the body runs; no tool body compares a parameter with its
+(``tools.server.arguments``) before the body runs; no tool body compares a parameter with its
 own declared bound again. The body scan is syntactic: it finds ``len(p) > N``, ``p < L``,
 ``L <= p <= U``, ``p in (0, 1)``, ``type(p) is int`` and a call handed ``p`` with its upper
 bound (``check_text("p", p, N)``), against a bound ``p`` declares; a check on bytes
@@ -25,11 +25,11 @@ import pytest
 from pydantic.fields import FieldInfo
 
 from macula.agent.task_messages import TaskLimits
-from tools import content, dht, memory, presence, pubsub, realms, rings, rooms, rpc, tasks
-from tools.server import build_server
-from tools.text_limits import TaskBound, task_limits
-from tools.tool_arguments import takes_text
-from tools.tool_schema import LIMIT_SAID_ONCE
+from tools.groups import content, dht, memory, presence, pubsub, realms, rings, rooms, rpc, tasks
+from tools.groups.text_limits import TaskBound, task_limits
+from tools.server.arguments import takes_text
+from tools.server.schema import LIMIT_SAID_ONCE
+from tools.server.server import build_server
 
 GROUPS = (rooms, tasks, memory, content, rpc, pubsub, presence, rings, realms, dht)
 ENV = {"MACULA_HOME": "/nonexistent", "MACULA_MCP_TASKS_MAX_TITLE_CHARS": "50"}

@@ -17,12 +17,13 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from macula import event_loop, quic_backend
 from macula.errors import ConfigError
-from macula.event_loop import EventLoopError, loop_factory, loop_name
-from macula.quic_backend import QuicBackendError, chosen, peer_certificate, unsent_bytes
+from macula.quic import backend as quic_backend
+from macula.quic import event_loop
+from macula.quic.backend import QuicBackendError, chosen, peer_certificate, unsent_bytes
+from macula.quic.event_loop import EventLoopError, loop_factory, loop_name
 from macula.wire.identity import Identity
-from relay.tls import build_certificate
+from relay.station.tls import build_certificate
 
 HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
@@ -50,7 +51,7 @@ def test_an_unknown_quic_choice_is_a_config_error_naming_the_setting(value: str)
 
 def _import_backend(env_value: str, hide: str | None) -> subprocess.CompletedProcess[str]:
     hiding = f"sys.modules[{hide!r}] = None;" if hide else ""
-    code = f"import sys; {hiding} import macula.quic_backend as b; print(b.BACKEND)"
+    code = f"import sys; {hiding} import macula.quic.backend as b; print(b.BACKEND)"
     return subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -1,4 +1,4 @@
-"""``macula.quic_resets``: stateless reset tokens derived from the station's key, the reset
+"""``macula.quic.resets``: stateless reset tokens derived from the station's key, the reset
 packet (RFC 9000 §10.3), its detection, the rate limit; and ``StationChoice.restarted``, the
 redial a reset earns."""
 
@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from macula.backoff import Backoff
-from macula.quic_backend import (
+from macula.client.backoff import Backoff
+from macula.client.station_choice import StationChoice
+from macula.quic.backend import (
     STATELESS_RESETS,
     QuicConfiguration,
     QuicConnection,
     derive_reset_tokens,
 )
-from macula.quic_resets import (
+from macula.quic.resets import (
     FIXED_BIT,
     RESET_MIN_SIZE,
     SHORT_TRIGGER,
@@ -29,9 +30,8 @@ from macula.quic_resets import (
     reset_token,
     unknown_cid,
 )
-from macula.station_choice import StationChoice
 from macula.wire.identity import Identity
-from relay.tls import ensure_certificate
+from relay.station.tls import ensure_certificate
 
 SEED_A = bytes(range(32))
 SEED_B = bytes(range(1, 33))

@@ -1,4 +1,5 @@
-"""``relay.quic_server.ProtocolsByCid``: the connection-id map of the station's QUIC server keeps
+"""``relay.station.quic_server.ProtocolsByCid``: the connection-id map of the station's QUIC server
+keeps
 its reverse index through every write the library makes, and a connection's ending removes
 exactly the ids that still name it (issue 27: no scan of every connection's ids)."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from relay.quic_server import ProtocolsByCid, StationQuicServer
+from relay.station.quic_server import ProtocolsByCid, StationQuicServer
 
 
 class Protocol:

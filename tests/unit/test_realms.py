@@ -1,4 +1,4 @@
-"""relay.realms and relay.realm_admission, pure (issue 13): the ``--realm`` flag, endorsement
+"""relay.realms.gate and relay.realms.admission, pure (issue 13): the ``--realm`` flag, endorsement
 and revocation checks, the gate's memberships under a driven clock, the allowlist file, and
 the ``macula-relay`` flags."""
 
@@ -15,9 +15,8 @@ from macula.wire.frames import CAP_STATION, Connect, new_frame_id
 from macula.wire.identity import Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.realm_admission import AdmissionMode, AllowlistError, ConnectRule, parse_allowlist
-from relay.realm_files import Allowlist
-from relay.realms import (
+from relay.realms.admission import AdmissionMode, AllowlistError, ConnectRule, parse_allowlist
+from relay.realms.gate import (
     EndorsementRefused,
     ProtectedRealm,
     RealmGate,
@@ -26,6 +25,7 @@ from relay.realms import (
     record_storage_key,
     revocation_of,
 )
+from relay.station.realm_files import Allowlist
 from support.stationcli import cli_config
 
 NOW = 1_800_000_000_000

@@ -1,4 +1,4 @@
-"""``Refusals`` (``macula.node_stats``): what a ``Node`` learns from the station's refusal
+"""``Refusals`` (``macula.node.stats``): what a ``Node`` learns from the station's refusal
 counters (issue 38): totals that only grow, across connections whose counters restart at 0,
 each rise told once; an answer from a connection no longer current is returned, not kept."""
 
@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from macula.node_stats import NodeStats, Refusal, Refusals
+from macula.node.stats import NodeStats, Refusal, Refusals
 from macula.services.refusals import ADVERTISE_TAKEN, PUBLISH_RATE_LIMITED, SUBSCRIPTION_QUOTA
 
 
@@ -70,7 +70,7 @@ def test_a_listener_that_raises_is_logged_and_the_others_still_hear(
 
     refusals.on_refusal(broken)
     refusals.on_refusal(heard.append)
-    with caplog.at_level(logging.ERROR, logger="macula.node"):
+    with caplog.at_level(logging.ERROR, logger="macula.node.node"):
         refusals.learned(ping(advertise_taken=1))
     assert heard == [Refusal(ADVERTISE_TAKEN, 1)]
     assert "refusal listener failed" in caplog.text

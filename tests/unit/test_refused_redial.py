@@ -1,4 +1,5 @@
-"""``macula.station_choice`` and ``macula.backoff``: a station refused by ICMP "port unreachable"
+"""``macula.client.station_choice`` and ``macula.client.backoff``: a station refused by ICMP "port
+unreachable"
 (its host up, its process down: restarting) is redialled every 0.25-0.5 s for at most 120 s,
 instead of the doubling backoff; failover to the other stations of the list still comes first."""
 
@@ -6,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
+from macula.client.station_choice import StationChoice
 from macula.errors import ConfigError
-from macula.station_choice import StationChoice
 
 # no jitter: the middle of each range (backoff 1, 2, 4, 8 s; a redial 0.375 s)
 STEADY = Backoff(initial_s=1.0, factor=2.0, max_s=8.0, jitter=0.2, uniform=lambda a, b: (a + b) / 2)

@@ -28,10 +28,10 @@ from support.registerkit import (
     place,
     text_of,
 )
-from tools import json_text
-from tools.config_formats import ConfigParseError
-from tools.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
-from tools.register import (
+from tools.harness import json_text
+from tools.harness.config_formats import ConfigParseError
+from tools.harness.harnesses import BY_NAME, ENTRY_NAME, HARNESSES, Harness
+from tools.harness.register import (
     ChangedMeanwhile,
     Options,
     backups,

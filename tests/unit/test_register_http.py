@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from support.registerkit import EXISTING, environment, place, text_of
-from tools import http_cli
-from tools.harnesses import BY_NAME, ENTRY_NAME
-from tools.http_register import HTTP_HARNESSES, HttpTarget, http_target
-from tools.http_token import home_token, port_path
-from tools.mcp_http_tokens import TokenBook, agent_token, agent_token_path
-from tools.register import Options, register_one, run, uninstall_one
+from tools.daemon.http import cli as http_cli
+from tools.daemon.http.home_token import home_token, port_path
+from tools.daemon.http.tokens import TokenBook, agent_token, agent_token_path
+from tools.harness.harnesses import BY_NAME, ENTRY_NAME
+from tools.harness.http_register import HTTP_HARNESSES, HttpTarget, http_target
+from tools.harness.register import Options, register_one, run, uninstall_one
 
 TOKEN = "A" * 43
 TARGET = HttpTarget("http://127.0.0.1:4242/mcp", TOKEN)
@@ -172,7 +172,7 @@ def test_the_cli_sends_http_forms_to_http_cli(
 
 
 def test_doctor_reads_an_http_entry_as_one_and_never_shows_its_token(tmp_path: Path) -> None:
-    from tools.register import registration_checks
+    from tools.harness.register import registration_checks
 
     opts = http_options(tmp_path)
     place(BY_NAME["vscode"], opts, None)

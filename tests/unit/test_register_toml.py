@@ -13,9 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.registerkit import EXISTING, MACULA, everything_beside, options, place, text_of
-from tools.config_formats import ConfigParseError, TomlFormat
-from tools.harnesses import BY_NAME, ENTRY_NAME
-from tools.register import Options, backups, register_one, registration_checks, uninstall_one
+from tools.harness.config_formats import ConfigParseError, TomlFormat
+from tools.harness.harnesses import BY_NAME, ENTRY_NAME
+from tools.harness.register import (
+    Options,
+    backups,
+    register_one,
+    registration_checks,
+    uninstall_one,
+)
 
 CODEX = BY_NAME["codex"]
 TOML = TomlFormat(("mcp_servers",))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.adverts import Advertisement, AdvertTable
+from relay.core.adverts import Advertisement, AdvertTable
 
 ALICE, BOB = b"a" * 32, b"b" * 32
 ECHO, TIME = (b"r" * 32, "echo"), (b"r" * 32, "time")

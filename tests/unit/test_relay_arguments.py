@@ -1,4 +1,5 @@
-"""The one argument parser (relay.arguments) and the one Refused -> Outcome boundary (answer)."""
+"""The one argument parser (relay.builtins.arguments) and the one Refused -> Outcome boundary
+(answer)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import pytest
 
 from macula.wire.codes import ErrorCode
-from relay.arguments import (
+from relay.builtins.arguments import (
     arguments,
     bytes_arg,
     caller_id,
@@ -21,7 +22,7 @@ from relay.arguments import (
     required,
     text,
 )
-from relay.outcome import Outcome, Refused, answer
+from relay.builtins.outcome import Outcome, Refused, answer
 
 LOG = logging.getLogger("macula.relay.test")
 

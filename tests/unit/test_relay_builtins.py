@@ -23,13 +23,13 @@ from macula.wire.codes import ErrorCode
 from macula.wire.content import Manifest, Mcid, assemble, digest, plan_put, raw_mcid, verify_block
 from macula.wire.identity import Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.builtins import (
+from relay.builtins.procedures import (
     BUILTIN_PROCEDURES,
     MAX_BLOCK_BYTES,
     Builtins,
     Outcome,
 )
-from relay.store import ContentStore, RecordStore, StoreError
+from relay.stores.records import ContentStore, RecordStore, StoreError
 from support.running import run
 from support.vectorkit import load_vectors, typed
 

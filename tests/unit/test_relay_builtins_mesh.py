@@ -8,9 +8,9 @@ from pathlib import Path
 
 from macula.wire.identity import Identity
 from macula.wire.records import Record, RecordType, new_record, record_version
-from relay.builtins import Builtins
-from relay.outcome import Outcome
-from relay.store import ContentStore, RecordStore
+from relay.builtins.outcome import Outcome
+from relay.builtins.procedures import Builtins
+from relay.stores.records import ContentStore, RecordStore
 
 NOW = 1_767_225_600_000
 STATION = Identity(bytes(range(100, 132)))

@@ -1,4 +1,4 @@
-"""The rule a local station ends itself by (``relay.lifetime``): its watched folder gone, or no
+"""The rule a local station ends itself by (``relay.ops.lifetime``): its watched folder gone, or no
 connection for its idle budget. Time is an argument; the watcher runs on a fake clock."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from relay.cli import build_parser
-from relay.lifetime import LifetimeRule, exists, watch
+from relay.ops.cli import build_parser
+from relay.ops.lifetime import LifetimeRule, exists, watch
 
 
 def test_a_gone_folder_ends_the_station_whatever_its_connections(tmp_path: Path) -> None:

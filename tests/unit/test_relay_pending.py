@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.pending import Pending, PendingCalls
+from relay.core.pending import Pending, PendingCalls
 
 PROVIDER = b"p" * 32
 

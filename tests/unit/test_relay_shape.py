@@ -1,7 +1,8 @@
 """The router core's shape (issue 23): small modules, short functions, hooks through the
 constructor.
 
-``relay/core.py`` and the modules split out of it stay under ``MAX_MODULE_LINES`` lines and no
+``relay/core/router.py`` and the modules split out of it stay under ``MAX_MODULE_LINES`` lines and
+no
 function in them has more than ``MAX_FUNCTION_LINES`` lines of its own (a nested function's
 lines are its own, not its parent's). Nothing assigns into a ``RouterCore`` (or a part of one)
 after it is built: its hooks are constructor parameters.
@@ -18,21 +19,21 @@ from support.paths import REPO as ROOT
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 CORE_MODULES = (
-    "relay/core.py",
-    "relay/call_handling.py",
-    "relay/connect_handling.py",
-    "relay/stream_handling.py",
-    "relay/realm_routing.py",
+    "relay/core/router.py",
+    "relay/core/calls.py",
+    "relay/core/connects.py",
+    "relay/core/streams.py",
+    "relay/realms/routing.py",
     "relay/federation/content_hops.py",
-    "relay/realm_files.py",
+    "relay/station/realm_files.py",
 )
 # where a RouterCore is built and kept: the station's shell and the tests' in-memory mesh; and
 # where it is reloaded (``RouterCore.reconfigure``, never an assignment into the core)
 CORE_HOLDERS = (
-    "relay/reload.py",
-    "relay/station.py",
-    "relay/station_build.py",
-    "relay/cli.py",
+    "relay/ops/reload.py",
+    "relay/station/station.py",
+    "relay/station/build.py",
+    "relay/ops/cli.py",
     "tests/support/stationmesh.py",
 )
 CORE_NAMES = frozenset({"_core", "core", "router"})
@@ -124,17 +125,17 @@ def test_nothing_assigns_into_a_built_core(path: str) -> None:
 
 # the station's shell and its command line (issue 23): small, short functions, no fixed sleeps
 SHELL_MODULES = (
-    "relay/station.py",
-    "relay/station_build.py",
-    "relay/station_links.py",
-    "relay/station_upkeep.py",
-    "relay/station_waits.py",
-    "relay/station_mesh.py",
-    "relay/station_group.py",
-    "relay/station_drain.py",
-    "relay/builtin_calls.py",
-    "relay/cli.py",
-    "relay/cli_options.py",
+    "relay/station/station.py",
+    "relay/station/build.py",
+    "relay/station/links.py",
+    "relay/station/upkeep.py",
+    "relay/station/waits.py",
+    "relay/station/mesh.py",
+    "relay/station/group.py",
+    "relay/station/drain.py",
+    "relay/builtins/calls.py",
+    "relay/ops/cli.py",
+    "relay/ops/options.py",
 )
 
 
@@ -146,26 +147,26 @@ def test_shell_modules_are_small(path: str) -> None:
 
 
 def test_the_station_shell_neither_sleeps_nor_reaches_into_quic() -> None:
-    source = (ROOT / "relay/station.py").read_text("utf-8")
-    drain = (ROOT / "relay/station_drain.py").read_text("utf-8")
+    source = (ROOT / "relay/station/station.py").read_text("utf-8")
+    drain = (ROOT / "relay/station/drain.py").read_text("utf-8")
     assert (
         "sleep(" not in source + drain
     )  # draining waits on a condition, the ticker lives elsewhere
     assert "._quic" not in source  # the transport's public methods only
-    # which procedure is answered how is relay.builtin_calls' business, not the shell's
+    # which procedure is answered how is relay.builtins.calls' business, not the shell's
     assert "_realm.present" not in source and "_relay.ping" not in source
 
 
 def described_or_handed(source: str) -> list[str]:
-    """A ``Protocol`` class, an import of ``relay.station`` (the ``Station`` itself), or a
+    """A ``Protocol`` class, an import of ``relay.station.station`` (the ``Station`` itself), or a
     name ``Station`` used: what describes the station to one of its own parts (issue 38)."""
     found: list[str] = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef):
             bases = [ast.unparse(base) for base in node.bases]
             found += [f"class {node.name}({b})" for b in bases if b.endswith("Protocol")]
-        elif isinstance(node, ast.ImportFrom) and node.module == "relay.station":
-            found.append(f"from relay.station import {node.names[0].name}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "relay.station.station":
+            found.append(f"from relay.station.station import {node.names[0].name}")
         elif isinstance(node, ast.Name) and node.id in ("Station", "StationParts"):
             found.append(node.id)
     return found
@@ -174,9 +175,9 @@ def described_or_handed(source: str) -> list[str]:
 def test_described_or_handed_sees_each_shape() -> None:
     assert described_or_handed("class Shell(Protocol):\n    x: int\n") != []
     assert described_or_handed("class Shell(typing.Protocol):\n    x: int\n") != []
-    assert described_or_handed("from relay.station import Station\n") != []
+    assert described_or_handed("from relay.station.station import Station\n") != []
     assert described_or_handed("def f(s: 'x') -> None:\n    Station(s)\n") != []
-    assert described_or_handed("from relay.station_config import StationConfig\n") == []
+    assert described_or_handed("from relay.station.config import StationConfig\n") == []
 
 
 @pytest.mark.parametrize("path", [m for m in SHELL_MODULES if m.startswith("relay/station_")])

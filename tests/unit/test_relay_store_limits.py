@@ -26,11 +26,11 @@ from macula.wire.records import (
     new_record,
     record_version,
 )
-from relay.builtins import Builtins, Outcome
-from relay.cli import build_parser, config_from_args
-from relay.content_store import ContentStore
-from relay.store import RecordStore, StoreLimits
-from relay.store_limits import MIB, QuotaExceeded
+from relay.builtins.procedures import Builtins, Outcome
+from relay.ops.cli import build_parser, config_from_args
+from relay.stores.content import ContentStore
+from relay.stores.limits import MIB, QuotaExceeded
+from relay.stores.records import RecordStore, StoreLimits
 
 NOW = 1767225600000
 STATION = Identity(bytes(range(100, 132)))
@@ -462,8 +462,8 @@ def test_manifests_count_against_the_content_cap(tmp_path: Path) -> None:
 
 
 def test_version_1_files_migrate_with_their_rows_counted(tmp_path: Path) -> None:
-    from relay.content_store import _CONTENT_V1
-    from relay.store import _RECORDS_V1
+    from relay.stores.content import _CONTENT_V1
+    from relay.stores.records import _RECORDS_V1
 
     one = advert(ALICE, "a.one_v1")
     rpc_body = cbor.encode(one.to_rpc())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relay.subscriptions import StationSubscriptions
+from relay.core.subscriptions import StationSubscriptions
 
 ALICE, BOB = b"a" * 32, b"b" * 32
 NEWS, SPORT = (b"r" * 32, b"news"), (b"r" * 32, b"sport")

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from macula.logformat import JsonFormatter, KeyValueFormatter
-from relay import cli
-from relay.cli_options import build_parser
 from relay.federation.links import LinkManager, LinkTarget
-from relay.worker_supervisor import RESTART_MAX_S, restart_delay, worker_environment
-from relay.workers import (
+from relay.ops import cli
+from relay.ops.options import build_parser
+from relay.workers.balancer import (
     MAX_WORKERS,
     WorkerLabel,
     WorkerRole,
@@ -30,6 +29,7 @@ from relay.workers import (
     worker_count,
     worker_log_file,
 )
+from relay.workers.supervisor import RESTART_MAX_S, restart_delay, worker_environment
 
 ME = bytes([7]) * 32
 

@@ -14,7 +14,7 @@ import pytest
 
 from macula.agent.room_outbox import RETRY_INITIAL_MS, RETRY_MAX_MS, RoomOutbox
 from macula.errors import BrokenError, CallTimeout
-from macula.node import Node
+from macula.node.node import Node
 from macula.store import StoreError
 from macula.store.room_outbox import (
     OutboxBounds,

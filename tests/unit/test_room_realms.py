@@ -19,9 +19,9 @@ from macula.agent.catchup import _event_ok
 from macula.agent.envelope import build_envelope, new_message_id, new_room_topic
 from macula.agent.proof import build_ring, validate_ring
 from macula.agent.rooms import RoomError, Rooms
-from macula.node import Node
+from macula.node.node import Node
+from macula.node.subscriptions import Delivery
 from macula.store.transcript import TranscriptStore
-from macula.subscriptions import Delivery
 from macula.wire.frames import Publish, new_frame_id
 from macula.wire.identity import ZERO_REALM, Identity, realm_tag
 from relay.house.history import keepable

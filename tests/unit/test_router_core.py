@@ -34,9 +34,17 @@ from macula.wire.frames import (
     StreamOpen,
 )
 from macula.wire.identity import Identity, puzzle_valid
-from relay.actions import Action, Close, EndStream, PauseReading, ResumeReading, RunBuiltin, Send
-from relay.outcome import Outcome
-from relay.policy import PuzzleMode, Quotas, StationPolicy, restart_only_changes
+from relay.builtins.outcome import Outcome
+from relay.core.actions import (
+    Action,
+    Close,
+    EndStream,
+    PauseReading,
+    ResumeReading,
+    RunBuiltin,
+    Send,
+)
+from relay.core.policy import PuzzleMode, Quotas, StationPolicy, restart_only_changes
 from support.routerkit import (
     ALICE,
     BOB,
@@ -797,7 +805,7 @@ def test_stream_quota_answers_stream_error_quota_exceeded() -> None:
 
 
 def test_reconfigure_applies_new_quotas_to_the_open_connections() -> None:
-    """A reload (relay.reload) goes through ``reconfigure``: the quotas read per frame change
+    """A reload (relay.ops.reload) goes through ``reconfigure``: the quotas read per frame change
     for connections already open, whose token buckets keep their tokens at the new rate."""
     station = quota_station(
         max_subscriptions=1,

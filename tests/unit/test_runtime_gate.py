@@ -1,5 +1,5 @@
 """The runtime gate's problems: what a bad setting, an unreachable station or a host name that
-resolves nowhere become, and what is said at start-up (``tools.runtime_gate``)."""
+resolves nowhere become, and what is said at start-up (``tools.server.runtime_gate``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from macula.errors import BrokenError, ConfigError
 from macula.stations import parse_station
-from tools.runtime_gate import problem_of, startup_problem, unresolved
+from tools.server.runtime_gate import problem_of, startup_problem, unresolved
 
 
 def test_a_bad_setting_is_a_configuration_problem_naming_the_variable() -> None:
@@ -56,7 +56,7 @@ async def test_the_gate_answers_the_problem_then_opens_when_a_call_wakes_it() ->
     from collections.abc import AsyncIterator
     from typing import Any
 
-    from tools.runtime_gate import Problem, RuntimeGate
+    from tools.server.runtime_gate import Problem, RuntimeGate
 
     state = {"up": 0, "attempts": 0}
     opened = object()
@@ -80,7 +80,7 @@ async def test_the_gate_answers_the_problem_then_opens_when_a_call_wakes_it() ->
 
 @pytest.mark.anyio
 async def test_a_gate_without_an_opener_only_ever_answers_its_problem() -> None:
-    from tools.runtime_gate import Problem, RuntimeGate
+    from tools.server.runtime_gate import Problem, RuntimeGate
 
     problem = Problem("daemon_unavailable", "another version", "stop it", retryable=1)
     async with RuntimeGate(None, problem=problem) as gate:

@@ -1,4 +1,4 @@
-"""relay.sdnotify: addresses, the watchdog interval, datagrams on a real AF_UNIX socket."""
+"""relay.ops.sdnotify: addresses, the watchdog interval, datagrams on a real AF_UNIX socket."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 import socket
 from pathlib import Path
 
-from relay.sdnotify import Notifier, socket_address, watchdog_interval_s
+from relay.ops.sdnotify import Notifier, socket_address, watchdog_interval_s
 
 
 def test_an_at_sign_is_an_abstract_socket() -> None:

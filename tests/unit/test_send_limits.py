@@ -1,4 +1,4 @@
-"""macula.send_limits: the client's copy of the station's control-frame budgets is exact."""
+"""macula.client.send_limits: the client's copy of the station's control-frame budgets is exact."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from macula.client.send_limits import check_control_frame, value_depth
 from macula.errors import MeshError
-from macula.send_limits import check_control_frame, value_depth
 from macula.wire import cbor
 from macula.wire.framing import FrameDecoder, frame_bytes
 

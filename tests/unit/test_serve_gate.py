@@ -1,11 +1,12 @@
-"""``tools.serve_gate``: the environment, allowlist and per-caller rate of a served command."""
+"""``tools.groups.serve_gate``: the environment, allowlist and per-caller rate of a served
+command."""
 
 from __future__ import annotations
 
 import pytest
 
 from macula.agent.contact_policy import Mode, PolicyState
-from tools.serve_gate import CallerBuckets, ServeGate, command_env
+from tools.groups.serve_gate import CallerBuckets, ServeGate, command_env
 
 ALICE = bytes([1]) * 32
 BOB = bytes([2]) * 32

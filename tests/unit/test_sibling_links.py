@@ -1,4 +1,4 @@
-"""``relay.sibling_links.until_lost``: the probe of a link between two workers, over a fake
+"""``relay.station.sibling_links.until_lost``: the probe of a link between two workers, over a fake
 connection (byte counters the test moves, pings it answers or not)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from macula.transport import FrameProtocol
-from relay.sibling_links import until_lost
+from macula.quic.transport import FrameProtocol
+from relay.station.sibling_links import until_lost
 
 
 class FakeLink:

@@ -20,10 +20,10 @@ from typing import Any
 import nacl.bindings
 import pytest
 
-from macula.client_events import EventArrived, Transmit
+from macula.client.events import EventArrived, Transmit
 from macula.wire.frames import Event, Publish, new_frame_id
 from macula.wire.identity import Identity, realm_tag
-from relay.core import RouterCore
+from relay.core.router import RouterCore
 from support.identities import hardened
 from support.stationmesh import Client, Mesh, MeshStation
 

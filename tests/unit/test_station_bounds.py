@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from macula.quic_backend import QuicConfiguration, QuicConnection, events
-from macula.transport import MAX_CLOSE_REASON_BYTES, FrameProtocol, StreamLimits
+from macula.quic.backend import QuicConfiguration, QuicConnection, events
+from macula.quic.transport import MAX_CLOSE_REASON_BYTES, FrameProtocol, StreamLimits
 from macula.wire import cbor
 from macula.wire.codes import ErrorCode
 from macula.wire.errors import FramingError
 from macula.wire.frames import Event
 from macula.wire.framing import frame_bytes
-from relay.cli import build_parser, config_from_args
-from relay.logbook import MAX_LOGGED_CHARS, clip
-from relay.policy import StationPolicy
+from relay.core.logbook import MAX_LOGGED_CHARS, clip
+from relay.core.policy import StationPolicy
+from relay.ops.cli import build_parser, config_from_args
 from support.routerkit import (
     ALICE,
     BOB,

@@ -1,12 +1,13 @@
-"""``macula.station_choice``: round robin failover, backoff only after a whole round failed."""
+"""``macula.client.station_choice``: round robin failover, backoff only after a whole round
+failed."""
 
 from __future__ import annotations
 
 import pytest
 
-from macula.backoff import Backoff
+from macula.client.backoff import Backoff
+from macula.client.station_choice import StationChoice, StationInfo, station_list
 from macula.errors import ConfigError, MaculaError
-from macula.station_choice import StationChoice, StationInfo, station_list
 from macula.stations import StationAddress
 
 # no jitter: the factor drawn is always the middle of the range

@@ -28,11 +28,11 @@ from macula.wire.framing import FrameDecoder
 from macula.wire.identity import Identity, realm_tag
 from macula.wire.record_keys import member_endorsement_key
 from macula.wire.records import Record
-from relay.cli import build_parser, config_from_args
-from relay.realm_files import load_station_endorsement
-from relay.realm_links import own_station_endorsements
-from relay.realms import ProtectedRealm, RealmGate
-from relay.station_frames import StationFrames
+from relay.core.frames import StationFrames
+from relay.ops.cli import build_parser, config_from_args
+from relay.realms.gate import ProtectedRealm, RealmGate
+from relay.realms.links import own_station_endorsements
+from relay.station.realm_files import load_station_endorsement
 
 NOW = 1_800_000_000_000
 DAY = 86_400_000
@@ -263,7 +263,7 @@ def test_macula_relay_refuses_to_start_with_an_endorsement_of_another_station(
     record = load_record(station_record())  # for STATION, not for this data dir's key
     path = tmp_path / "x.endorsement"
     path.write_bytes(cbor.encode(record.to_rpc()))
-    command = [sys.executable, "-m", "relay.cli", "--port", "0", "--dht-port", "0"]
+    command = [sys.executable, "-m", "relay.ops.cli", "--port", "0", "--dht-port", "0"]
     command += ["--data-dir", str(tmp_path / "s"), "--realm", f"{NAME}={AUTHORITY.node_id.hex()}"]
     done = subprocess.run(
         [*command, "--realm-endorsement", str(path)],

@@ -35,10 +35,10 @@ from macula.wire.frames import (
 )
 from macula.wire.framing import FrameDecoder, frame_bytes, unsigned_body
 from macula.wire.identity import Identity, puzzle_evidence, realm_tag
-from relay.actions import Send
-from relay.core import RouterCore
-from relay.policy import StationPolicy
-from relay.station_frames import StationFrames
+from relay.core.actions import Send
+from relay.core.frames import StationFrames
+from relay.core.policy import StationPolicy
+from relay.core.router import RouterCore
 
 REALM = realm_tag("test.station-hot-path")
 T0 = 1_767_225_600_000
@@ -148,7 +148,7 @@ def test_a_canonical_call_and_result_are_relayed_as_received(
     def no_encoding(*args: Any, **kw: Any) -> bytes:
         raise AssertionError("re-encoded a frame the station only relays")
 
-    monkeypatch.setattr("relay.station_frames.cbor.encode", no_encoding)
+    monkeypatch.setattr("relay.core.frames.cbor.encode", no_encoding)
     forwarded = only_send(station.send(CALLER, call_wire, T0 + 1))
     assert (forwarded.conn, forwarded.data) == (station.conns[PROVIDER.node_id], call_wire)
     back = only_send(station.send(PROVIDER, result_wire, T0 + 2))

@@ -14,7 +14,7 @@ import pytest
 
 from macula.config import configured_stations
 from macula.known_stations import station_node_id
-from tools.station_init import plan
+from tools.local_station.public_init import plan
 
 
 def test_the_key_is_made_once_and_the_line_pins_it(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_bad_arguments_are_refused_naming_them(
 def test_the_command_prints_the_three_steps_and_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tools.station_command import main
+    from tools.local_station.command import main
 
     monkeypatch.setenv("MACULA_HOME", str(tmp_path))
     out = io.StringIO()

@@ -12,7 +12,7 @@ import mcp_types
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from tools.settings import CHANNEL_ENV
-from tools.stdio_front import (
+from tools.stdio.front import (
     CARD_FILE,
     HANDSHAKE_VERSIONS,
     UNSUPPORTED_PROTOCOL_VERSION,

@@ -1,4 +1,4 @@
-"""tools.stdio_guard: the depth scan and the id it answers with, without parsing the line."""
+"""tools.stdio.guard: the depth scan and the id it answers with, without parsing the line."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tools.stdio_guard import MAX_REQUEST_DEPTH, refusal, too_deep, top_level_id
+from tools.stdio.guard import MAX_REQUEST_DEPTH, refusal, too_deep, top_level_id
 
 
 def nested(depth: int) -> str:

@@ -18,7 +18,7 @@ import pytest
 
 from macula.agent.agent import Agent, AgentSettings
 from macula.errors import ConfigError
-from macula.node import Node
+from macula.node.node import Node
 from macula.store import Bounds, RingStore, TranscriptStore
 from macula.store.base import DAY_MS
 from macula.store.rings import DEFAULT_BOUNDS as RINGS_DEFAULT

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from macula.subscriptions import Delivery, LocalSubscriptions, Subscription
+from macula.node.subscriptions import Delivery, LocalSubscriptions, Subscription
 
 pytestmark = pytest.mark.anyio
 REALM = b"\x01" * 32

@@ -1,6 +1,6 @@
 """Every text parameter of every MCP tool is listed with its ``maxLength`` (or, for the three
 shared ones, stated once in the instructions), every integer with its range (declared in the
-tool's signature, named in ``tools.text_limits``), and the limits are the ones enforced: the
+tool's signature, named in ``tools.groups.text_limits``), and the limits are the ones enforced: the
 station's own (relay/house) and the task limits the environment sets."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import asyncio
 from typing import Any, get_args
 
 from macula.services import limits
-from tools import text_limits
-from tools.server import INSTRUCTIONS, build_server
-from tools.tool_schema import LIMIT_SAID_ONCE
-from tools.tool_schema import SHARED as SHARED_RULES
+from tools.groups import text_limits
+from tools.server.schema import LIMIT_SAID_ONCE
+from tools.server.schema import SHARED as SHARED_RULES
+from tools.server.server import INSTRUCTIONS, build_server
 
 
 def listed(env: dict[str, str]) -> dict[str, dict[str, Any]]:

@@ -11,8 +11,8 @@ from pydantic import Field
 
 from macula.agent.task_messages import TaskLimits
 from macula.store.task_values import TaskValue
-from tools.text_limits import TaskBound
-from tools.tool_arguments import LiteralArguments, adopt, problems, takes_text, task_bounds
+from tools.groups.text_limits import TaskBound
+from tools.server.arguments import LiteralArguments, adopt, problems, takes_text, task_bounds
 
 
 @pytest.mark.parametrize(

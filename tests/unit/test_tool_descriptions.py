@@ -1,4 +1,4 @@
-"""Tool descriptions are data (``tools/descriptions/<group>.toml``): each registered tool has
+"""Tool descriptions are data (``tools/groups/descriptions/<group>.toml``): each registered tool has
 exactly one full and one terse text there, in its own group's file, and no file describes a
 tool that does not exist. (What the texts must say: tests/integration/
 test_mcp_tools_list_budget.py.)"""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import tomllib
 from importlib import resources
 
-from tools.context import description_files
-from tools.server import build_server
+from tools.server.context import description_files
+from tools.server.server import build_server
 
 
 def test_every_tool_is_described_once_in_its_groups_file_and_nothing_else_is() -> None:
@@ -17,7 +17,7 @@ def test_every_tool_is_described_once_in_its_groups_file_and_nothing_else_is() -
     tools = {tool.name: tool for tool in app._tool_manager.list_tools()}
     texts = description_files()
     assert texts.keys() == tools.keys()
-    folder = resources.files("tools").joinpath("descriptions")
+    folder = resources.files("tools.groups").joinpath("descriptions")
     for name, tool in tools.items():
         group = tool.fn.__module__.rsplit(".", 1)[-1]
         table = tomllib.loads(folder.joinpath(f"{group}.toml").read_text(encoding="utf-8"))

@@ -14,9 +14,17 @@ import pytest
 from macula.config import identity_path
 from macula.errors import CallTimeout, ConfigError, MeshError
 from macula.wire.identity import Identity
-from tools.receipts import ReceiptStore, args_digest
-from tools.results import MAX_RESULT_BYTES, InvalidArgument, bounded, fail, from_error, ok, plain
-from tools.runtime import Runtime, agent_settings, check_key, run_tool
+from tools.server.receipts import ReceiptStore, args_digest
+from tools.server.results import (
+    MAX_RESULT_BYTES,
+    InvalidArgument,
+    bounded,
+    fail,
+    from_error,
+    ok,
+    plain,
+)
+from tools.server.runtime import Runtime, agent_settings, check_key, run_tool
 
 
 def test_identity_choice_follows_the_environment(tmp_path: Path) -> None:

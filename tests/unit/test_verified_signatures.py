@@ -10,7 +10,7 @@ from typing import Any
 import nacl.bindings
 import pytest
 
-from macula.client_events import EventArrived
+from macula.client.events import EventArrived
 from macula.wire.identity import DOMAIN_EVENT_PUB, Identity
 from macula.wire.verified import VerifiedSignatures
 from support.pairkit import ALICE, BOB, CAROL, REALM, Link, established

@@ -1,0 +1,1 @@
+"""The stations' Kademlia DHT: the node, its protocol, storage and checks."""

@@ -1,0 +1,1 @@
+"""The station's monitoring port: HTTP, the status page, figures, metrics."""

@@ -1,0 +1,1 @@
+"""The station's SQLite stores: DHT records and content, and their limits."""

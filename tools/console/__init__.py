@@ -1,2 +1,0 @@
-"""The person's console: a page the daemon serves on loopback (``tools.daemon_http``) showing
-what its agents see and letting the person answer, write and decide (issue 24)."""

@@ -1,0 +1,2 @@
+"""The daemon's loopback HTTP listener: MCP over Streamable HTTP, its tokens and guard, and the
+console behind it."""

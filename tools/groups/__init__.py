@@ -1,0 +1,1 @@
+"""The ten MCP tool groups, their arguments, views, pages and bounds."""

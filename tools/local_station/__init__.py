@@ -1,0 +1,1 @@
+"""This home's local station: its process, settings and commands."""

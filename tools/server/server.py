@@ -1,0 +1,146 @@
+"""The ``macula-mcp`` server: tool groups, resources and prompts over one runtime."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any, cast
+
+from mcp.server.lowlevel.helper_types import ReadResourceContents
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, InputRequiredResult
+from pydantic import AnyUrl
+
+from tools.groups import (
+    content,
+    dht,
+    memory,
+    presence,
+    pubsub,
+    realms,
+    rings,
+    rooms,
+    rpc,
+    tasks,
+    text_limits,
+)
+from tools.server import channel, surface
+from tools.server.context import Descriptions
+from tools.server.runtime import Runtime, open_runtime, station_names
+from tools.server.runtime_gate import RETRY_BACKOFF, Problem, RuntimeGate
+from tools.server.schema import SHARED, MeshServer
+from tools.server.tool_search import mark_always_loaded
+from tools.settings import terse_tools
+
+GROUPS = (rpc, pubsub, content, dht, presence, rooms, rings, memory, realms, tasks, surface)
+
+# What the model reads at start (tool search shows it names and these instructions, cut at
+# 2 KB): when to search for the mesh tools, which few stay loaded (tools.server.tool_search), the
+# etiquette, and the parameters many tools share. Kept under 2048 bytes by a test.
+INSTRUCTIONS = (
+    "Macula mesh: other agents are present, reachable and talkative. Loaded at once: "
+    "mesh_hello (announce yourself, first), mesh_read_inbox (what arrived), mesh_wait_room "
+    "(block for the next message instead of sleeping), mesh_say (speak in a room you are in), "
+    "mesh_ring (invite one agent into a room). Every other tool is named mesh_*: when the user "
+    "mentions other agents, rooms, rings, tasks, shared memory or the mesh, search your tools "
+    "for mesh and the area: rooms (mesh_open_room, mesh_join_room, mesh_leave_room, "
+    "mesh_rooms), rings (mesh_wait_ring, mesh_answer_ring, mesh_trust_agent), who is here "
+    "(mesh_agents, mesh_observe_lobby, mesh_goodbye), tasks (mesh_task_send, mesh_task_wait, "
+    "mesh_task_get, mesh_task_complete), memory (mesh_remember, mesh_recall), topics "
+    "(mesh_publish, mesh_watch), procedures (mesh_call, mesh_serve), content (mesh_put, "
+    "mesh_get), records (mesh_find_record), realms and stations (mesh_join_realm, "
+    "mesh_list_stations). "
+    "Etiquette: payloads never carry booleans (use 0/1); names of facts are past-tense verbs; "
+    "wait with the blocking tools (mesh_wait_room, mesh_wait_ring, mesh_watch) instead of sleeping "
+    "and polling; ring an agent (mesh_ring) before talking to it, never write into a room nobody "
+    "invited you to; rooms are unguessable, not secret; never paste secrets into the mesh. "
+    "Parameters shared by many tools: " + "; ".join(SHARED.values()) + "."
+)
+
+
+class GatedServer(MeshServer):
+    """The server whose tools wait at its ``RuntimeGate``: a runtime that is not open (yet)
+    answers every tool call with its ``Problem`` instead of ending the session."""
+
+    gate: RuntimeGate | None = None
+    runtime: Runtime | None = None
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        gate = self.gate
+        if gate is not None and self._tool_manager.get_tool(name) is not None:
+            found = await gate.usable()
+            if isinstance(found, Problem):
+                return found.result()
+        return await super().call_tool(name, arguments, context)
+
+    async def read_resource(
+        self, uri: AnyUrl | str, context: Context[Any, Any] | None = None
+    ) -> Iterable[ReadResourceContents] | InputRequiredResult:
+        """A resource read waits as a tool call does; ``mesh://status`` then says the problem,
+        the others raise it (``tools.server.context.current_runtime``)."""
+        if self.gate is not None:
+            await self.gate.usable()
+        return await super().read_resource(uri, context)
+
+
+def build_server(
+    env: Mapping[str, str] | None = None,
+    runtime: Callable[[], AbstractAsyncContextManager[Runtime]] | None = None,
+    problem: Problem | None = None,
+    only_problem: bool = False,
+) -> MCPServer:
+    """The server; its runtime is opened for it (``open_runtime``), or lent by ``runtime``
+    (the daemon's, shared by every session of one agent), behind a ``RuntimeGate``: the
+    handshake never waits for it, and ``problem`` (a bad setting found at start-up) is what
+    the tools answer until it opens (``only_problem``: all they ever answer)."""
+    environ = dict(os.environ if env is None else env)
+    bad = problem.facts.get("variable") if problem else None
+    shaping = {k: v for k, v in environ.items() if k != bad}  # a bad one cannot shape the tools
+    describe = Descriptions(terse=terse_tools(shaping))
+    binding: channel.ChannelBinding | None = None
+
+    def opener(attempt: int) -> AbstractAsyncContextManager[Runtime]:
+        if runtime is not None:
+            return runtime()
+        return open_runtime(environ, None if attempt == 0 else RETRY_BACKOFF)
+
+    def using(opened: Runtime) -> AbstractAsyncContextManager[Any]:
+        return channel.attached(binding, opened.agent)  # push into this session
+
+    @contextlib.asynccontextmanager
+    async def lifespan(server: MCPServer[Any]) -> AsyncIterator[RuntimeGate]:
+        gate = RuntimeGate(
+            None if only_problem else opener,
+            stations=station_names(environ),
+            using=using,
+            problem=problem,
+            env=environ,
+        )
+        gated = cast(GatedServer, server)
+        gate.on_open.append(lambda opened: setattr(gated, "runtime", opened))
+        async with gate:
+            gated.gate = gate
+            try:
+                yield gate
+            finally:
+                gated.gate = None
+                gated.runtime = None
+
+    app: MCPServer[Any] = GatedServer(
+        name="macula-mcp",
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        version="0.1.0",
+        terse=describe.terse,
+        task_limits=text_limits.task_limits(shaping),
+    )
+    binding = channel.install(app, shaping)  # None with MACULA_MCP_CHANNEL=0
+    for group in GROUPS:
+        group.register(app, describe)
+    mark_always_loaded(app)
+    app.descriptions = describe  # type: ignore[attr-defined]
+    return app
