@@ -2,7 +2,7 @@
 
 Invariants:
 - ``decode_fast`` accepts a subset of what ``cbor._Decoder`` accepts and, for what it accepts,
-  returns an equal value of the same types (``tests/unit/test_cbor_fast.py`` checks this
+  returns an equal value of the same types (``tests/unit/macula/wire/test_cbor_fast.py`` checks this
   differentially); on anything else -- malformed input, a rejected construct, or merely an
   uncommon one (half/single floats, major 7 other than ``null`` and binary64, nesting past the
   limit) -- it raises ``Fallback`` and the caller re-runs the full decoder from the start, which

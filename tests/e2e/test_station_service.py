@@ -45,7 +45,8 @@ def test_flags_override_the_file_and_print_config_shows_it(tmp_path: Path) -> No
     assert effective["call-rate"] == 11.0 and effective["no-memory"] is True  # from the file
     assert effective["peer"] == [PEER] and effective["log-level"] == "warning"
     assert effective["max-subscriptions"] == 4096  # the default
-    # the round trip and a repeated flag replacing the list: tests/unit/test_config_file.py
+    # the round trip and a repeated flag replacing the list:
+    # tests/unit/relay/ops/test_config_file.py
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,8 @@ SHARED = {
 }
 
 # parameters whose length limit their ``SHARED`` rule states once: no ``maxLength`` in each of
-# the 23 and 10 schemas that have them (tests/unit/test_text_limits.py holds rule and limit equal)
+# the 23 and 10 schemas that have them (tests/unit/tools/server/test_text_limits.py holds rule and
+# limit equal)
 LIMIT_SAID_ONCE: Mapping[str, int] = {
     "idempotency_key": text_limits.MAX_IDEMPOTENCY_KEY,
     "realm": text_limits.REALM_CHARS,

@@ -9,7 +9,8 @@ capabilities, server info and instructions, then the per-version sieve) from the
 ``build_server``, no runtime opened.
 
 Invariants: the file is made only by ``python -m tools.stdio.handshake_seed`` (never by hand);
-``tests/unit/test_handshake_seed.py`` fails when it differs from what the code answers now, and
+``tests/unit/tools/stdio/test_handshake_seed.py`` fails when it differs from what the code answers
+now, and
 ``tests/e2e/test_mcp_eras.py`` checks it equals what a real server process says; the front uses
 it only when the installed ``mcp`` is the version it was made with, and a backend reply that
 differs from it is relearned (the front's usual stale-card rule).
