@@ -29,9 +29,9 @@ from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import petname, resolve
 from macula.agent.presence import DEFAULT_INTERVAL_S, Presence, Profile
 from macula.agent.rings import Rings
-from macula.agent.room_keys import RoomKeys
-from macula.agent.room_outbox import RoomOutbox
-from macula.agent.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
+from macula.agent.room.keys import RoomKeys
+from macula.agent.room.outbox import RoomOutbox
+from macula.agent.room.rooms import DEFAULT_MAX_ROOMS, Rooms, RoomThread
 from macula.agent.task_messages import TaskLimits
 from macula.agent.tasks import Tasks
 from macula.client.station_choice import StationInfo

@@ -60,7 +60,7 @@ class Identified(Protocol):
 
 
 class CatchUpRooms(Protocol):
-    """What catch-up uses of the rooms it fills (``macula.agent.rooms.Rooms``): typed here, so
+    """What catch-up uses of the rooms it fills (``macula.agent.room.rooms.Rooms``): typed here, so
     this module does not import the one that imports it."""
 
     @property

@@ -7,7 +7,7 @@ Invariants:
 - ``validate`` never raises and lists *every* problem it finds, each as ``"<field>: <why>"``;
   ``build_envelope`` only ever returns an envelope ``validate`` accepts.
 - ``answer_given`` and ``result_reported`` carry ``in_reply_to``; talk kinds carry non-blank text.
-- Private rooms (``macula.agent.room_crypto``): a sealed envelope carries ``cipher`` and an
+- Private rooms (``macula.agent.room.crypto``): a sealed envelope carries ``cipher`` and an
   empty ``text`` and none of the other optional fields (they travel inside the box); the kind
   rules apply to the opened envelope. A ``key_distributed`` envelope carries ``room_key`` and
   nothing else optional. Only the shapes are checked here; the cryptography is room_crypto's.

@@ -55,8 +55,8 @@ from macula.agent.proof import (
     validate_ring,
     validate_ring_answer,
 )
-from macula.agent.room_keys import ROOM_KEY_CALL
-from macula.agent.rooms import Rooms
+from macula.agent.room.keys import ROOM_KEY_CALL
+from macula.agent.room.rooms import Rooms
 from macula.errors import CallTimeout, MaculaError, MeshError
 from macula.node.node import Node
 from macula.node.serving import IncomingCall

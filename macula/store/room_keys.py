@@ -30,7 +30,7 @@ from typing import Final, Literal
 
 import aiosqlite
 
-from macula.agent.room_crypto import RoomKey
+from macula.agent.room.crypto import RoomKey
 from macula.store.base import DAY_MS, Bounds, Migration, SqliteStore, execute, fetchall
 
 DEFAULT_BOUNDS: Final = Bounds(max_rows=1_000, max_age_ms=30 * DAY_MS)

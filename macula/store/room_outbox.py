@@ -1,5 +1,5 @@
 """The room outbox: room messages said while the connection was down, kept until published
-(``macula.agent.room_outbox`` delivers them). Its own file beside the transcript
+(``macula.agent.room.outbox`` delivers them). Its own file beside the transcript
 (``<name>.room_outbox.sqlite3``), so a SIGKILL of the process loses nothing queued.
 
 Invariants:

@@ -13,7 +13,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from macula.agent.room_outbox import MAX_QUEUED_MESSAGES
+from macula.agent.room.outbox import MAX_QUEUED_MESSAGES
 from relay.station.station import Station, StationConfig
 from support.mcpkit import bad, good, server_env, server_params
 from support.processkit import free_udp_port

@@ -13,7 +13,7 @@ import pytest
 from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import PetnameError, petname
 from macula.agent.rings import Rings
-from macula.agent.rooms import Rooms
+from macula.agent.room.rooms import Rooms
 from relay.station.station import Station
 from support.agentkit import build_app, call, mcp_agent, meet, refused
 from support.waiting import entered, eventually

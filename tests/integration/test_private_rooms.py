@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from macula.agent.room_keys import RoomKeyError
+from macula.agent.room.keys import RoomKeyError
 from macula.node.node import Node
 from macula.node.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from macula.agent.agent import Agent
-from macula.agent.rooms import OWN_ECHOES
+from macula.agent.room.rooms import OWN_ECHOES
 from macula.node.subscriptions import Delivery
 from macula.wire.identity import ZERO_REALM
 from relay.station.station import Station

@@ -12,8 +12,8 @@ import pytest
 
 from macula.agent.agent import Agent
 from macula.agent.envelope import TALK_KINDS
-from macula.agent.room_outbox import RoomOutbox
-from macula.agent.rooms import EnvelopeHeard
+from macula.agent.room.outbox import RoomOutbox
+from macula.agent.room.rooms import EnvelopeHeard
 from macula.store.room_outbox import OutboxBounds, OutboxFullError
 from relay.station.station import Station
 from support.identities import new_identity

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from macula.agent.envelope import build_envelope, new_message_id
-from macula.agent.rooms import Rooms
+from macula.agent.room.rooms import Rooms
 from macula.node.node import Node
 from macula.store.transcript import TranscriptStore
 from macula.wire.identity import Identity

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 
 from macula.agent.envelope import build_envelope, new_message_id, new_room_topic
-from macula.agent.rooms import Rooms
+from macula.agent.room.rooms import Rooms
 from macula.node.node import Node
 from macula.node.subscriptions import Delivery
 from macula.store.transcript import TranscriptMessage, TranscriptStore

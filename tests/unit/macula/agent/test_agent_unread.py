@@ -14,7 +14,7 @@ import pytest
 
 from macula.agent.catchup import CatchUp
 from macula.agent.envelope import LOBBY_TOPIC, new_room_topic
-from macula.agent.rooms import RoomError, Rooms
+from macula.agent.room.rooms import RoomError, Rooms
 from macula.node.node import Node
 from macula.store.transcript import TranscriptMessage, TranscriptStore
 from macula.wire.frames import publication_signable

@@ -19,7 +19,7 @@ import nacl.signing
 import pytest
 
 from macula.agent.envelope import KEY_KIND, build_envelope, validate
-from macula.agent.room_crypto import (
+from macula.agent.room.crypto import (
     RoomCryptoError,
     RoomKey,
     build_key_envelope,
@@ -34,7 +34,7 @@ from macula.agent.room_crypto import (
     x25519_private,
     x25519_public,
 )
-from macula.agent.room_keys import RoomKeyError, RoomKeys
+from macula.agent.room.keys import RoomKeyError, RoomKeys
 from macula.store.room_keys import RoomKeyStore
 from macula.wire.identity import Identity
 from support.running import run

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from macula.agent.envelope import new_room_topic
-from macula.agent.room_waits import answer_index
-from macula.agent.rooms import Rooms
+from macula.agent.room.rooms import Rooms
+from macula.agent.room.waits import answer_index
 from macula.node.node import Node
 from macula.store.transcript import TranscriptStore
 from support.roomkit import BOB, CAROL, ME, NOW_MS, envelope, said

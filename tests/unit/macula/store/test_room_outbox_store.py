@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from macula.agent.room_outbox import RETRY_INITIAL_MS, RETRY_MAX_MS, RoomOutbox
+from macula.agent.room.outbox import RETRY_INITIAL_MS, RETRY_MAX_MS, RoomOutbox
 from macula.errors import BrokenError, CallTimeout
 from macula.node.node import Node
 from macula.store import StoreError

@@ -18,7 +18,7 @@ import pytest
 from macula.agent.catchup import _event_ok
 from macula.agent.envelope import build_envelope, new_message_id, new_room_topic
 from macula.agent.proof import build_ring, validate_ring
-from macula.agent.rooms import RoomError, Rooms
+from macula.agent.room.rooms import RoomError, Rooms
 from macula.node.node import Node
 from macula.node.subscriptions import Delivery
 from macula.store.transcript import TranscriptStore

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from macula.agent.envelope import LOBBY_TOPIC, new_room_topic
-from macula.agent.rooms import Rooms
+from macula.agent.room.rooms import Rooms
 from macula.store.transcript import TranscriptStore
 from macula.wire.identity import Identity
 from support.roomkit import ME, NOW_MS, rooms_of

@@ -15,7 +15,7 @@ from macula.agent.contact_policy import Mode, PolicyState
 from macula.agent.person import endorse, person_ref
 from macula.agent.petnames import petname
 from macula.agent.rings import RingEvent
-from macula.agent.rooms import EnvelopeHeard
+from macula.agent.room.rooms import EnvelopeHeard
 from macula.errors import ConfigError
 from macula.wire.identity import Identity
 from tools.server.channel import (

@@ -50,7 +50,7 @@ from macula.store.room_outbox import (
     RoomOutboxStore,
 )
 
-log = logging.getLogger("macula.agent.rooms")
+log = logging.getLogger("macula.agent.room.rooms")
 
 MAX_QUEUED_MESSAGES: Final = 100  # per agent
 MAX_QUEUED_BYTES: Final = 1024 * 1024  # per agent, of payloads (a message is <= 16 KiB text)

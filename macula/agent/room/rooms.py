@@ -15,13 +15,13 @@ Invariants:
   ``refs[0]`` names the room), at most ``max_rooms``; what it drops is counted;
 - operations return typed results (the dataclasses below, or the store's rows); how a model
   sees them (dict keys, petnames, 0/1) is the tools' business;
-- private rooms (``keys``, see ``macula.agent.room_keys``): what we publish there is sealed,
+- private rooms (``keys``, see ``macula.agent.room.keys``): what we publish there is sealed,
   what we hear there is opened before it is recorded (the transcript holds plaintext only);
   a private room is never announced on central;
 - waiting never polls the station: it waits on the local transcript, which the taps fill
-  (``macula.agent.room_waits``: every new message bumps ``_generation`` under ``_changed``);
+  (``macula.agent.room.waits``: every new message bumps ``_generation`` under ``_changed``);
 - unread marks (``wait_unread_all``, ``inbox``): every unread message from someone else is
-  returned at once (``macula.agent.room_waits``: oldest first, capped), else the first ones
+  returned at once (``macula.agent.room.waits``: oldest first, capped), else the first ones
   recorded; what is returned is marked read, and a message marked read by one waiter is never
   returned to another; ``say`` with a wait returns everything after ours once one answers it;
 - catch-up (``macula.agent.catchup``) runs at start, after every reconnect and on joining a
@@ -34,7 +34,7 @@ Invariants:
   the copy is dropped before anything else (counted ``own_echoes``) when its ``message_id`` is
   one of the last ``OWN_ECHOES`` we published in that room (from our own node id only).
 - ``say`` while the connection is down queues the message (``outbox``, set by the agent:
-  ``macula.agent.room_outbox``): recorded at once, published later with the same message_id.
+  ``macula.agent.room.outbox``): recorded at once, published later with the same message_id.
 """
 
 from __future__ import annotations
@@ -62,14 +62,14 @@ from macula.agent.envelope import (
     new_room_topic,
     validate,
 )
-from macula.agent.room_inbox import HELP_KINDS as HELP_KINDS  # re-exported
-from macula.agent.room_inbox import RoomInbox as RoomInbox
-from macula.agent.room_inbox import RoomsInbox as RoomsInbox  # re-exported
-from macula.agent.room_inbox import RoomThread as RoomThread  # re-exported
-from macula.agent.room_keys import Heard, RoomKeys
-from macula.agent.room_outbox import RoomOutbox, Sent
-from macula.agent.room_waits import RoomError as RoomError  # re-exported: raised by both
-from macula.agent.room_waits import TranscriptWaits, UnreadBatch, answer_index
+from macula.agent.room.inbox import HELP_KINDS as HELP_KINDS  # re-exported
+from macula.agent.room.inbox import RoomInbox as RoomInbox
+from macula.agent.room.inbox import RoomsInbox as RoomsInbox  # re-exported
+from macula.agent.room.inbox import RoomThread as RoomThread  # re-exported
+from macula.agent.room.keys import Heard, RoomKeys
+from macula.agent.room.outbox import RoomOutbox, Sent
+from macula.agent.room.waits import RoomError as RoomError  # re-exported: raised by both
+from macula.agent.room.waits import TranscriptWaits, UnreadBatch, answer_index
 from macula.errors import MaculaError
 from macula.node.node import Node
 from macula.node.subscriptions import Delivery, Subscription
@@ -82,7 +82,7 @@ from macula.wire.identity import ZERO_REALM
 # reconnect, before the station had our replayed SUBSCRIBE (seen: 2 in 18 loaded runs of
 # test_room_outbox), is in its history by then
 RECHECK_AFTER_RECONNECT_S = 2.0
-log = logging.getLogger("macula.agent.rooms")
+log = logging.getLogger("macula.agent.room.rooms")
 
 DEFAULT_MAX_ROOMS = 20
 OWN_ECHOES = 256  # our last published message ids whose echo is dropped unread

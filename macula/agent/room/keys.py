@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from macula.agent.envelope import KEY_KIND, SEALABLE, validate
-from macula.agent.room_crypto import (
+from macula.agent.room.crypto import (
     KEY_BYTES,
     NONCE_BYTES,
     SALT_BYTES,
