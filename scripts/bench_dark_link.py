@@ -1,5 +1,5 @@
 """What ``mesh_say`` does over a link that goes dark (issue 37; the room outbox,
-``macula/agent/room_outbox.py``).
+``macula/agent/room/outbox.py``).
 
 One station in this process on loopback; bob on it directly; alice dialling it through a UDP
 forwarder that drops every datagram both ways for ``--dark`` seconds (a WAN link gone dark:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from macula.agent.envelope import LOBBY_TOPIC
-from macula.agent.room_inbox import envelope_of
+from macula.agent.room.inbox import envelope_of
 from macula.errors import MaculaError
 from macula.store.transcript import TranscriptMessage
 from tools.groups.agent_views import label, message_view, ring_view, with_petname

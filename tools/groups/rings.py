@@ -20,7 +20,7 @@ from macula.agent.envelope import MAX_PURPOSE_CHARS, is_id, is_room_topic
 from macula.agent.petnames import petname
 from macula.agent.proof import MAX_REASON_CHARS
 from macula.agent.rings import RingEvent, RingPlaced, Rings
-from macula.agent.rooms import RoomError
+from macula.agent.room.rooms import RoomError
 from macula.config import CONTACT_POLICY_ENV
 from macula.wire.identity import ZERO_REALM
 from tools.groups.agent_arguments import invalid, resolve_peers, run_agent_tool

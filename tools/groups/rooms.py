@@ -40,7 +40,7 @@ from macula.agent.envelope import (
     validate,
 )
 from macula.agent.petnames import petname
-from macula.agent.rooms import HELP_KINDS, RoomError, Rooms
+from macula.agent.room.rooms import HELP_KINDS, RoomError, Rooms
 from macula.errors import MaculaError
 from macula.store.room_outbox import OutboxFullError
 from macula.wire.identity import ZERO_REALM

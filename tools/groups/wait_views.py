@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from macula.agent.room_waits import UnreadBatch
-from macula.agent.rooms import Said
+from macula.agent.room.rooms import Said
+from macula.agent.room.waits import UnreadBatch
 from macula.store.transcript import TranscriptMessage
 from tools.groups.agent_views import message_view
 from tools.groups.inbox_views import read_on

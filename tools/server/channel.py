@@ -51,7 +51,7 @@ from macula.agent.envelope import LOBBY_TOPIC, TALK_KINDS
 from macula.agent.person import from_person
 from macula.agent.petnames import petname
 from macula.agent.rings import RingEvent
-from macula.agent.rooms import EnvelopeHeard
+from macula.agent.room.rooms import EnvelopeHeard
 from macula.rate import TokenBucket
 from tools.settings import ChannelSettings
 
