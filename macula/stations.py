@@ -6,6 +6,7 @@ against ``node_id`` (PROTOCOL.md §1.2, §5.5).
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from macula.errors import ConfigError
@@ -66,3 +67,16 @@ def parse_station_list(text: str, *, source: str) -> list[StationAddress]:
     if any(not entry for entry in entries):
         raise ConfigError(f"{source}: empty entry in {text!r}")
     return [parse_station(entry, source=source) for entry in entries]
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address, bracketed or not (a name that resolves elsewhere is
+    not): the one test behind the station's retry choice, the monitor's and the workers' and
+    the daemon's loopback-only checks."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False

@@ -17,15 +17,14 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from macula.rate import TokenBucket
 from macula.services.refusals import DROPPED_BEFORE_HELLO, LINK_HELLO_INVALID, LINKS_REFUSED
 from macula.wire.errors import ProtocolError
 from macula.wire.frames import CAP_STATION, Hello, parse_frame
 from relay.core.actions import Action, Close, LinkUp, Send
 from relay.core.admission import FrameAdmission
 from relay.core.frames import StationFrames, dht_port_of
-from relay.core.logbook import Refusals, clip
-from relay.core.peers import Peer, PeerState
+from relay.core.logbook import clip
+from relay.core.peers import Peer, PeerState, accepted_peer
 from relay.core.policy import Quotas
 
 log = logging.getLogger("macula.relay")
@@ -37,17 +36,14 @@ def dialled_peer(
     conn: int, control: int, expected: bytes, host: str, quotas: Quotas, now_ms: int
 ) -> Peer:
     """The peer entry of a connection this station dialled, before its HELLO."""
-    return Peer(
-        conn=conn,
-        opened_ms=now_ms,
-        publish_bucket=TokenBucket(quotas.publish_rate, quotas.publish_burst, now_ms),
-        call_bucket=TokenBucket(quotas.call_rate, quotas.call_burst, now_ms),
-        refusals=Refusals(now_ms),
-        control=control,
-        dialled=True,
-        expected_node_id=expected,
-        link_host=host,
+    peer = accepted_peer(conn, "", quotas, now_ms)
+    peer.control, peer.dialled, peer.expected_node_id, peer.link_host = (
+        control,
+        True,
+        expected,
+        host,
     )
+    return peer
 
 
 class LinkHandshake:

@@ -9,7 +9,6 @@ It has no authentication: it binds loopback unless the operator says ``--monitor
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from typing import Any
 
@@ -34,15 +33,6 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdecimal() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{text!r} is not HOST:PORT (port 0..65535)")
     return host.strip("[]"), int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _json(document: Any, status_code: int = 200) -> Response:

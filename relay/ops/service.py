@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from macula.stations import is_loopback_host
 from relay.monitor.figures import Lifecycle
-from relay.monitor.port import Monitor, is_loopback, parse_address
+from relay.monitor.port import Monitor, parse_address
 from relay.ops.config_file import ConfigFileError
 from relay.ops.reload import reload
 from relay.ops.sdnotify import Notifier
@@ -82,7 +83,11 @@ def add_flags(
 
 
 def check(args: argparse.Namespace) -> None:
-    if args.monitor is not None and not is_loopback(args.monitor[0]) and not args.monitor_public:
+    if (
+        args.monitor is not None
+        and not is_loopback_host(args.monitor[0])
+        and not args.monitor_public
+    ):
         raise SystemExit(
             f"macula-relay: --monitor {args.monitor[0]} is not loopback; the monitor has no"
             " authentication, add --monitor-public to serve it there anyway"

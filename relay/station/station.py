@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import socket
 from collections.abc import Callable, Coroutine
@@ -39,6 +38,7 @@ from macula.clock import now_ms
 from macula.quic.backend import QuicConnection, QuicServer, lean_handshake
 from macula.quic.resets import StatelessResets
 from macula.quic.transport import FrameProtocol, StreamLimits
+from macula.stations import is_loopback_host
 from macula.wire.errors import FramingError
 from macula.wire.frames import Publish
 from macula.wire.identity import Identity
@@ -199,7 +199,7 @@ class Station:
     @property
     def retry(self) -> bool:
         """QUIC address validation (Retry): on unless turned off or bound to loopback."""
-        return self.config.policy.quic_retry and not _is_loopback(self.config.host)
+        return self.config.policy.quic_retry and not is_loopback_host(self.config.host)
 
     @property
     def endpoint(self) -> str:
@@ -519,12 +519,3 @@ class Station:
         self._timers.later(
             action.after_ms / 1000, lambda: connection.close_connection(action.reason)
         )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import json
 import logging
 import os
@@ -35,16 +34,6 @@ from relay.station.config import StationConfig
 MAX_WORKERS = 2  # see the module's docstring: one link per node id in the federation
 # what a worker copies from the station's data dir: its key and its certificate
 SHARED_FILES = ("station.key", "station-cert.pem", "station-key.pem")
-
-
-def is_loopback_host(host: str) -> bool:
-    """``localhost`` or a loopback address (a name that resolves elsewhere is not)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def default_count(host: str, cores: int | None) -> int:

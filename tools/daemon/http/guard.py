@@ -12,23 +12,14 @@ Invariants:
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Mapping
 from typing import Final
 from urllib.parse import urlsplit
 
+from macula.stations import is_loopback_host
+
 REALM: Final = 'Bearer realm="macula"'
-
-
-def _loopback_name(host: str) -> bool:
-    name = host.strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def host_allowed(host: str | None) -> bool:
@@ -40,7 +31,7 @@ def host_allowed(host: str | None) -> bool:
         name, _ = parts.hostname, parts.port  # .port raises on a bad port
     except ValueError:
         return False
-    return name is not None and _loopback_name(name)
+    return name is not None and is_loopback_host(name)
 
 
 def origin_allowed(origin: str | None) -> bool:
@@ -52,7 +43,7 @@ def origin_allowed(origin: str | None) -> bool:
         name, _ = parts.hostname, parts.port
     except ValueError:
         return False
-    return parts.scheme in ("http", "https") and name is not None and _loopback_name(name)
+    return parts.scheme in ("http", "https") and name is not None and is_loopback_host(name)
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
