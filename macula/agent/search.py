@@ -27,7 +27,15 @@ from macula.store.search import MessageHit, TaskHit, Window, query_terms
 from macula.store.tasks import TaskStore
 from macula.store.transcript import TranscriptStore
 
-__all__ = ["MAX_OFFSET", "SOURCES", "SearchError", "SearchPage", "SearchRequest", "search"]
+__all__ = [
+    "MAX_OFFSET",
+    "SOURCES",
+    "SearchError",
+    "SearchPage",
+    "SearchRequest",
+    "Source",
+    "search",
+]
 
 Source = Literal["rooms", "lobby", "inbox", "tasks"]
 SOURCES: Final[tuple[Source, ...]] = ("rooms", "lobby", "inbox", "tasks")
