@@ -8,14 +8,16 @@ Invariants:
 - The query is words (``macula.store.search.query_terms``), never FTS5 syntax; no words is a
   ``SearchError`` (``no_words``), and any SQLite failure is a ``SearchError``
   (``search_failed``) whose text names no SQLite detail.
-- Sources ranked together by bm25 (lower first; ties: messages before tasks, then the newest).
-  A page is ``limit`` hits after ``offset``; ``total`` counts every match of every source
-  searched, so ``total - offset - len(hits)`` remain. The offset is bounded (``MAX_OFFSET``).
+- Each source is read in one scan of its index, newest first, up to ``COUNT_CAP`` matches.
+  Under the cap in all the sources are ranked together by bm25 (lower first; ties: messages
+  before tasks, then the newest); at the cap the page comes newest first instead (``newest``
+  1: ranking would sort every match). A page is ``limit`` hits after ``offset``; ``total``
+  counts the matches read past ``offset``, so ``total - len(hits)`` remain. The offset is
+  bounded (``MAX_OFFSET``), and ``MAX_OFFSET`` plus a page is under ``COUNT_CAP``.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -23,7 +25,7 @@ from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import petname
 from macula.errors import MaculaError
 from macula.store.base import StoreError
-from macula.store.search import MessageHit, TaskHit, Window, query_terms
+from macula.store.search import Match, MessageHit, TaskHit, Window, query_terms
 from macula.store.tasks import TaskStore
 from macula.store.transcript import TranscriptStore
 
@@ -40,6 +42,9 @@ __all__ = [
 Source = Literal["rooms", "lobby", "inbox", "tasks"]
 SOURCES: Final[tuple[Source, ...]] = ("rooms", "lobby", "inbox", "tasks")
 MAX_OFFSET: Final = 1_000  # past this many hits a query is too broad to page through
+# matches read per source: enough for every page (MAX_OFFSET + a page); a query with this many
+# comes newest first, not ranked (ranking all of 40,000 matches takes 23 ms)
+COUNT_CAP: Final = 2_000
 
 
 class SearchError(MaculaError):
@@ -66,8 +71,9 @@ class SearchRequest:
 @dataclass(frozen=True, slots=True)
 class SearchPage:
     hits: list[dict[str, Any]]
-    total: int
+    total: int  # matched past the page's offset, this page included (counts stop at a cap)
     terms: list[str]
+    newest: int = 0  # 1: too many matches to rank, newest first
 
     @property
     def remaining(self) -> int:
@@ -77,8 +83,7 @@ class SearchPage:
 async def search(
     transcript: TranscriptStore, tasks: TaskStore, owner: bytes, request: SearchRequest
 ) -> SearchPage:
-    """The page of hits for ``request`` (see the module invariants); ``SearchPage.total`` is
-    what matched past ``request.offset``, this page included."""
+    """The page of hits for ``request`` (see the module invariants)."""
     terms = query_terms(request.query)
     if not terms:
         raise SearchError(
@@ -92,43 +97,54 @@ async def search(
             f"offset past {MAX_OFFSET} hits: narrow the query (more words, a room, a sender"
             " or a time window) instead of paging further",
         )
-    window = Window(terms, request.since_ms, request.until_ms, request.offset + request.limit)
+    window = Window(terms, request.since_ms, request.until_ms)
     try:
-        ranked, total = await _ranked(transcript, tasks, owner, request, window)
+        return await _page(transcript, tasks, owner, request, window)
     except StoreError:
         raise SearchError(
             "search_failed", "the local search index could not answer this query"
         ) from None
-    hits = ranked[request.offset : request.offset + request.limit]
-    return SearchPage(hits, max(total - request.offset, 0), terms)
 
 
-async def _ranked(
+async def _page(
     transcript: TranscriptStore,
     tasks: TaskStore,
     owner: bytes,
     request: SearchRequest,
     window: Window,
-) -> tuple[list[dict[str, Any]], int]:
-    lists: list[list[tuple[float, int, int, dict[str, Any]]]] = []
-    total = 0
+) -> SearchPage:
     source = request.source
+    filters: dict[str, object] = {
+        "room_topic": LOBBY_TOPIC if source == "lobby" else request.room_topic,
+        "not_room_topic": LOBBY_TOPIC if source == "rooms" else None,
+        "from_hex": None if request.sender is None else request.sender.hex(),
+        "unread_only": 1 if source == "inbox" else 0,
+    }
+    matches: list[tuple[int, Match]] = []  # (0 message, 1 task), newest first in each
     if source != "tasks":
-        found, count = await transcript.search_messages(
-            window,
-            room_topic=LOBBY_TOPIC if source == "lobby" else request.room_topic,
-            not_room_topic=LOBBY_TOPIC if source == "rooms" else None,
-            from_hex=None if request.sender is None else request.sender.hex(),
-            unread_only=1 if source == "inbox" else 0,
-        )
-        lists.append([(h.score, 0, -h.seq, _message_view(h)) for h in found])
-        total += count
+        found = await transcript.message_matches(window, COUNT_CAP, **filters)
+        matches += [(0, m) for m in found]
     if source in (None, "tasks") and request.room_topic is None:
-        taken, count = await tasks.search_tasks(owner, window, peer=request.sender)
-        lists.append([(h.score, 1, -h.updated_ms, _task_view(h)) for h in taken])
-        total += count
-    merged = heapq.merge(*lists, key=lambda item: item[:3])
-    return [view for *_, view in merged], total
+        taken = await tasks.task_matches(owner, window, COUNT_CAP, peer=request.sender)
+        matches += [(1, m) for m in taken]
+    newest = 1 if len(matches) >= COUNT_CAP else 0
+    if newest:
+        matches.sort(key=lambda k_m: (-k_m[1].at_ms, k_m[0], -k_m[1].row))
+    else:
+        matches.sort(key=lambda k_m: (k_m[1].score, k_m[0], -k_m[1].at_ms, -k_m[1].row))
+    chosen = matches[request.offset : request.offset + request.limit]
+    views = {
+        (0, h.seq): _message_view(h)
+        for h in await transcript.message_hits(window, [m.row for k, m in chosen if k == 0])
+    }
+    for row, hit in zip(
+        [m.row for k, m in chosen if k == 1],
+        await tasks.task_hits(window, [m.row for k, m in chosen if k == 1]),
+        strict=False,
+    ):
+        views[(1, row)] = _task_view(hit)
+    hits = [views[(k, m.row)] for k, m in chosen if (k, m.row) in views]
+    return SearchPage(hits, max(len(matches) - request.offset, 0), window.terms, newest)
 
 
 def _message_view(hit: MessageHit) -> dict[str, Any]:

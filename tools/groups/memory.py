@@ -249,6 +249,7 @@ async def mesh_search(
             "hits": hits,
             "count": len(hits),
             "matched": offset + page.total,
+            "order": "newest" if page.newest else "rank",
             "terms": page.terms,
         } | paged(remaining, "mesh_search", args | {"cursor": f"o{offset + kept}"})
 

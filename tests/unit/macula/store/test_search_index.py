@@ -19,6 +19,8 @@ from macula.store.base import Bounds
 from macula.store.search import (
     MAX_TERM_CHARS,
     MAX_TERMS,
+    MessageHit,
+    TaskHit,
     Window,
     match_expression,
     query_terms,
@@ -51,26 +53,41 @@ def words(window_terms: str, **kw: object) -> Window:
     return Window(query_terms(window_terms), **kw)  # type: ignore[arg-type]
 
 
+async def messages(
+    store: TranscriptStore, window: Window, **filters: object
+) -> tuple[list[MessageHit], int]:
+    """The page and the count, as ``macula.agent.search`` asks for them."""
+    found = await store.message_matches(window, 10_000, **filters)
+    return await store.message_hits(window, [m.row for m in found]), len(found)
+
+
+async def tasks_of(
+    store: TaskStore, owner: bytes, window: Window, peer: bytes | None = None
+) -> tuple[list[TaskHit], int]:
+    found = await store.task_matches(owner, window, 10_000, peer=peer)
+    return await store.task_hits(window, [m.row for m in found]), len(found)
+
+
 def test_messages_are_found_by_word_room_sender_and_time(tmp_path: Path) -> None:
     async def main() -> None:
         async with await TranscriptStore.open(tmp_path / "t.sqlite3") as store:
             await say(store, ROOM, "m1", "use the branch feature-auth for the auth module")
             await say(store, OTHER_ROOM, "m2", "auth tokens expire hourly", from_hex="cd" * 32)
             await say(store, LOBBY, "m3", "hello everyone", received_ms=NOW + 5_000)
-            hits, total = await store.search_messages(words("auth"))
+            hits, total = await messages(store, words("auth"))
             assert total == 2 and {h.message_id for h in hits} == {"m1", "m2"}
             assert all("[auth]" in h.snippet for h in hits)
-            hits, total = await store.search_messages(words("AUTH"), room_topic=OTHER_ROOM)
+            hits, total = await messages(store, words("AUTH"), room_topic=OTHER_ROOM)
             assert [h.message_id for h in hits] == ["m2"] and total == 1
-            hits, _ = await store.search_messages(words("auth"), from_hex="ab" * 32)
+            hits, _ = await messages(store, words("auth"), from_hex="ab" * 32)
             assert [h.message_id for h in hits] == ["m1"]
-            hits, _ = await store.search_messages(words("hello"), not_room_topic=LOBBY)
+            hits, _ = await messages(store, words("hello"), not_room_topic=LOBBY)
             assert hits == []
             late = words("hello", since_ms=NOW + 1, until_ms=NOW + 5_000)
-            assert [h.message_id for h in (await store.search_messages(late))[0]] == ["m3"]
+            assert [h.message_id for h in (await messages(store, late))[0]] == ["m3"]
             early = words("hello", until_ms=NOW + 4_999)
-            assert (await store.search_messages(early))[1] == 0
-            branch = await store.search_messages(words("feature auth branch"))
+            assert (await messages(store, early))[1] == 0
+            branch = await messages(store, words("feature auth branch"))
             assert [h.message_id for h in branch[0]] == ["m1"]  # every word required
 
     run(main())
@@ -83,13 +100,13 @@ def test_read_marks_and_unread_filter_and_pruning_keep_the_index_exact(tmp_path:
             for i in range(5):
                 await say(store, ROOM, f"m{i}", f"note number {i} about deploys")
             await store.prune(NOW)
-            hits, total = await store.search_messages(words("deploys"))
+            hits, total = await messages(store, words("deploys"))
             assert total == 3 and {h.message_id for h in hits} == {"m2", "m3", "m4"}
-            unread, _ = await store.search_messages(words("deploys"), unread_only=1)
+            unread, _ = await messages(store, words("deploys"), unread_only=1)
             assert len(unread) == 3 and all(h.unread == 1 for h in unread)
             await store.mark_read(ROOM, [hits[0].seq], NOW)
-            assert (await store.search_messages(words("deploys"), unread_only=1))[1] == 2
-            assert (await store.search_messages(words("deploys")))[1] == 3
+            assert (await messages(store, words("deploys"), unread_only=1))[1] == 2
+            assert (await messages(store, words("deploys")))[1] == 3
             integrity = await store._fetchall(
                 "INSERT INTO messages_fts (messages_fts, rank) VALUES ('integrity-check', 1)"
             )
@@ -118,23 +135,19 @@ def test_tasks_are_found_by_title_input_note_and_result_as_they_change(tmp_path:
                 NOW,
                 max_open_per_peer=8,
             )
-            hits, total = await store.search_tasks(ME, words("staging"))
+            hits, total = await tasks_of(store, ME, words("staging"))
             assert [h.task_id for h in hits] == ["t1"] and total == 1
             assert "[staging]" in hits[0].snippet
-            assert [h.task_id for h in (await store.search_tasks(ME, words("billing")))[0]] == [
-                "t2"
-            ]
+            assert [h.task_id for h in (await tasks_of(store, ME, words("billing")))[0]] == ["t2"]
             await store.transition(
                 ME, "t1", "completed", NOW + 1, by="requester", result="rotated 12 keyfiles"
             )
-            assert [h.task_id for h in (await store.search_tasks(ME, words("keyfiles")))[0]] == [
-                "t1"
-            ]
-            assert (await store.search_tasks(PEER, words("keyfiles")))[1] == 0  # another owner's
-            assert (await store.search_tasks(ME, words("keyfiles"), peer=ME))[1] == 0
+            assert [h.task_id for h in (await tasks_of(store, ME, words("keyfiles")))[0]] == ["t1"]
+            assert (await tasks_of(store, PEER, words("keyfiles")))[1] == 0  # another owner's
+            assert (await tasks_of(store, ME, words("keyfiles"), peer=ME))[1] == 0
             store.bounds = Bounds(max_rows=1, max_age_ms=1, batch=10)
             await store.prune(ME, NOW + 10)
-            assert (await store.search_tasks(ME, words("keyfiles")))[1] == 0  # pruned: gone
+            assert (await tasks_of(store, ME, words("keyfiles")))[1] == 0  # pruned: gone
 
     run(main())
 
@@ -155,7 +168,7 @@ def test_a_store_written_before_the_index_is_indexed_on_migration(tmp_path: Path
 
     async def read() -> None:
         async with await TranscriptStore.open(path) as store:
-            hits, _ = await store.search_messages(words("checklist"))
+            hits, _ = await messages(store, words("checklist"))
             assert [h.message_id for h in hits] == ["old"]
 
     run(read())
@@ -192,7 +205,7 @@ def test_any_query_is_answered_or_refused_as_no_words(tmp_path: Path, query: str
             await TranscriptStore.open(path) as transcript,
             await TaskStore.open(tmp_path / "h-tasks.sqlite3") as tasks,
         ):
-            if not (await transcript.search_messages(words("seeded")))[1]:
+            if not (await messages(transcript, words("seeded")))[1]:
                 await say(transcript, ROOM, "seed", 'seeded text with "quotes" and NEAR words')
             try:
                 page = await search(transcript, tasks, ME, SearchRequest(query))
