@@ -41,10 +41,10 @@ __all__ = [
 
 Source = Literal["rooms", "lobby", "inbox", "tasks"]
 SOURCES: Final[tuple[Source, ...]] = ("rooms", "lobby", "inbox", "tasks")
-MAX_OFFSET: Final = 1_000  # past this many hits a query is too broad to page through
+MAX_OFFSET: Final = 500  # past this many hits a query is too broad to page through
 # matches read per source: enough for every page (MAX_OFFSET + a page); a query with this many
 # comes newest first, not ranked (ranking all of 40,000 matches takes 23 ms)
-COUNT_CAP: Final = 2_000
+COUNT_CAP: Final = 600
 
 
 class SearchError(MaculaError):

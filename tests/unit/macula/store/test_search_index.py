@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from macula.agent.search import SearchError, SearchRequest, search
+from macula.agent.search import COUNT_CAP, MAX_OFFSET, SearchError, SearchRequest, search
 from macula.errors import ClosedError
 from macula.store.base import Bounds
 from macula.store.search import (
@@ -271,5 +271,34 @@ def test_a_broken_index_is_search_failed_without_sqlite_text(tmp_path: Path) -> 
                 "no such table" not in caught.value.detail
                 and "sqlite" not in caught.value.detail.lower()
             )
+
+    run(main())
+
+
+def test_a_broad_query_comes_newest_first_and_pages_stop_at_max_offset(tmp_path: Path) -> None:
+    path = tmp_path / "t.sqlite3"
+
+    async def main() -> None:
+        async with (
+            await TranscriptStore.open(path) as transcript,
+            await TaskStore.open(tmp_path / "tasks.sqlite3") as tasks,
+        ):
+            with sqlite3.connect(path) as raw:  # through the table: the triggers index them
+                raw.executemany(
+                    "INSERT INTO messages (room_topic, message_id, from_hex, kind, text, sent_at,"
+                    " received_ms, attested, envelope) VALUES (?, ?, ?, 'said', ?, ?, ?, 1, '{}')",
+                    [
+                        (ROOM, f"m{n}", "ab" * 32, f"common word {n}", NOW + n, NOW + n)
+                        for n in range(COUNT_CAP + 100)
+                    ],
+                )
+            first = await search(transcript, tasks, ME, SearchRequest("common", limit=3))
+            assert first.newest == 1 and first.total == COUNT_CAP
+            newest = f"m{COUNT_CAP + 99}"
+            assert first.hits[0]["message_id"] == newest
+            last = await search(transcript, tasks, ME, SearchRequest("common", offset=MAX_OFFSET))
+            assert last.hits and last.total == COUNT_CAP - MAX_OFFSET
+            narrow = await search(transcript, tasks, ME, SearchRequest("common 7"))
+            assert narrow.newest == 0 and narrow.hits[0]["message_id"] == "m7"  # ranked
 
     run(main())
