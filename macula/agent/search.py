@@ -119,6 +119,7 @@ async def _page(
         "not_room_topic": LOBBY_TOPIC if source == "rooms" else None,
         "from_hex": None if request.sender is None else request.sender.hex(),
         "unread_only": 1 if source == "inbox" else 0,
+        "not_from_hex": owner.hex() if source == "inbox" else None,  # our own: never inbox
     }
     matches: list[tuple[int, Match]] = []  # (0 message, 1 task), newest first in each
     if source != "tasks":

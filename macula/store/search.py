@@ -153,9 +153,10 @@ def _message_match(terms: list[str], filters: dict[str, object]) -> str:
         value = filters.get(key)
         if isinstance(value, str) and value:
             expression += f" AND {column} : {_quoted(value)}"
-    excluded = filters.get("not_room_topic")
-    if isinstance(excluded, str) and excluded:
-        expression += f" NOT room_topic : {_quoted(excluded)}"
+    for column, key in (("room_topic", "not_room_topic"), ("from_hex", "not_from_hex")):
+        excluded = filters.get(key)
+        if isinstance(excluded, str) and excluded:
+            expression += f" NOT {column} : {_quoted(excluded)}"
     return expression
 
 
@@ -258,7 +259,8 @@ class MessageSearch(_Searched):
 
     async def message_matches(self, window: Window, cap: int, **filters: object) -> list[Match]:
         """The messages matching every word and the filters (``room_topic``,
-        ``not_room_topic``, ``from_hex``, ``unread_only``), newest first, at most ``cap``."""
+        ``not_room_topic``, ``from_hex``, ``not_from_hex``, ``unread_only``), newest first, at
+        most ``cap``."""
         return await self._matches(
             "SELECT m.seq, bm25(messages_fts, 1.0, 0.0, 0.0), m.received_ms"
             f"{_MESSAGE_FILTER} ORDER BY messages_fts.rowid DESC LIMIT :cap",

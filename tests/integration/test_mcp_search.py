@@ -55,6 +55,10 @@ async def test_two_agents_find_what_was_said_and_handed(station: Station, tmp_pa
         assert hit["from"] == me["node_id"] and hit["from_petname"] == me["petname"]
         assert "[auth]" in hit["snippet"] and "[module]" in hit["snippet"]
         assert hit["source"] == "rooms" and hit["unread"] == 1
+        # the inbox: what others said and is unread (alice's own words are never in hers)
+        assert await found_in(bob, "auth", source="inbox")
+        assert await found_in(alice, "auth", source="inbox") is None
+        assert await found_in(alice, "auth", source="rooms")
         # alice finds bob's word in the end-to-end encrypted room (decrypted, indexed locally)
         [sealed_hit] = await eventually(lambda: found_in(alice, "zephyr"))
         assert (
@@ -127,6 +131,9 @@ async def test_pages_reach_every_hit_once_and_hostile_queries_are_refused_or_ans
             answered = await search(alice, query=query)
             assert answered["terms"], query
         assert (await search(alice, query="ledger NEAR"))["hits"] == []  # NEAR is a word here
+        assert (await alice.refused("mesh_search", query="x", source="mail"))["code"] == (
+            "invalid_argument"
+        )
         bad = await alice.refused("mesh_search", query="ledger", cursor="s12")
         assert bad["code"] == "invalid_argument"
         bad = await alice.refused(

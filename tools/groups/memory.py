@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult
 from pydantic import Field
 
-from macula.agent.search import MAX_OFFSET, SearchError, SearchRequest, Source, search
+from macula.agent.search import MAX_OFFSET, SOURCES, SearchError, SearchRequest, Source, search
 from macula.errors import MaculaError
 from macula.services.limits import DEFAULT_TOP_K, MAX_TOP_K
 from tools.groups.agent_arguments import invalid, resolve_peers, room_problems, run_agent_tool
@@ -199,7 +199,9 @@ _NEXT = {
 async def mesh_search(
     ctx: Context,
     query: Annotated[str, Field(max_length=QUERY_CHARS, description="words, all required")],
-    source: Annotated[Source | None, Field(max_length=5)] = None,
+    source: Annotated[
+        str | None, Field(max_length=5, description="rooms, lobby, inbox or tasks")
+    ] = None,
     room_topic: Annotated[str | None, Field(max_length=ROOM_TOPIC_CHARS)] = None,
     sender: Annotated[
         str | None, Field(max_length=PEER_CHARS, description="petname or node id")
@@ -216,6 +218,8 @@ async def mesh_search(
     found = _SEARCH_CURSOR.match(cursor) if cursor is not None else None
     if cursor is not None and found is None:
         problems.append("cursor: not one this tool handed out; pass the one from next_page")
+    if source is not None and source not in SOURCES:
+        problems.append(f"source: one of {', '.join(SOURCES)} (omit: all but inbox)")
     if room_topic is not None and source == "tasks":
         problems.append("room_topic: tasks have no room; omit one of source and room_topic")
     if problems:
@@ -235,7 +239,8 @@ async def mesh_search(
     async def work() -> dict[str, Any]:
         agent = runtime.agent
         peer = (await resolve_peers(runtime, "sender", [sender]))[0] if sender else None
-        request = SearchRequest(query, source, room_topic, peer, since_ms, until_ms, limit, offset)
+        kind = cast(Source | None, source)  # checked above
+        request = SearchRequest(query, kind, room_topic, peer, since_ms, until_ms, limit, offset)
         try:
             page = await search(agent.rooms.transcript, agent.tasks.store, agent.tasks.me, request)
         except SearchError as exc:
