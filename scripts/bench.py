@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "restart": ("bench_restart", (), "station SIGKILLed and restarted -> its client back"),
     "attach": ("bench_attach", (), "macula-mcp first byte and first tools/list, cold and warm"),
     "agent": ("bench_agent", (), "mesh_say → mesh_wait_room through two macula-mcp (--presence)"),
+    "search": ("bench_search", (), "mesh_search: query p50/p99 at 100k messages, index cost"),
     "profile": ("bench_profile", (), "summarise collapsed stacks (py-spy) by area"),
 }
 

@@ -14,7 +14,8 @@ Invariants:
 - The outbox holds unsigned message bodies per peer, oldest first; they are signed when sent.
 - Terminal tasks older than ``bounds.max_age_ms`` go, and the oldest terminal ones beyond
   ``bounds.max_rows``; open tasks are never pruned (they are bounded per peer instead).
-The tables and how a task maps to a row are ``macula.store.task_rows``.
+The tables and how a task maps to a row are ``macula.store.task_rows``; the full-text index of
+the tasks (schema step 3) is ``macula.store.search``.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ import aiosqlite
 
 from macula.store.base import (
     Bounds,
-    SqliteStore,
     check_node_id,
     execute,
     fetchall,
     opt_text,
     page,
 )
+from macula.store.search import SEARCH_TASKS_V3, TaskSearch
 from macula.store.task_rows import (
     COLUMNS,
     TASKS_V1,
@@ -82,10 +83,10 @@ __all__ = [
 Body = Callable[[Task], dict[str, Any] | None]  # what to queue for the peer after a change
 
 
-class TaskStore(SqliteStore):
+class TaskStore(TaskSearch):
     """Both sides of every task this agent sent or was handed, for one ``owner``."""
 
-    MIGRATIONS = (TASKS_V1, TASKS_V2)
+    MIGRATIONS = (TASKS_V1, TASKS_V2, SEARCH_TASKS_V3)
 
     def __init__(self, db: aiosqlite.Connection, path: Any) -> None:
         super().__init__(db, path)

@@ -22,7 +22,8 @@ Invariants:
 - The store holds what it is given: envelope validation and attestation are the agent layer's;
   the type checks of its arguments and the JSON text arrays are ``transcript_columns``'.
 - Read marks, catch-up marks and gaps: ``macula.store.unread`` (schema step 2); the realm of
-  each room: ``macula.store.room_realms`` (step 3). The oldest
+  each room: ``macula.store.room_realms`` (step 3); the full-text index of the messages:
+  ``macula.store.search`` (step 4). The oldest
   unread message is the first in transcript order (a message caught up late still comes in
   its place); "the first after an envelope" is by ``seq`` (arrival here), so a sender's slow
   clock cannot hide a reply.
@@ -53,6 +54,7 @@ from macula.store.base import (
     sql_int,
 )
 from macula.store.room_realms import TRANSCRIPT_V3, RoomRealms, check_realm
+from macula.store.search import SEARCH_MESSAGES_V4, MessageSearch
 from macula.store.transcript_columns import (
     MESSAGE_COLUMNS,
     TranscriptMessage,
@@ -169,10 +171,10 @@ class PublicRoom:
     last_seen_ms: int
 
 
-class TranscriptStore(RoomRealms):
+class TranscriptStore(RoomRealms, MessageSearch):
     """Messages of central and of rooms, the rooms joined, and public rooms seen on central."""
 
-    MIGRATIONS = (_TRANSCRIPT_V1, TRANSCRIPT_V2, TRANSCRIPT_V3)
+    MIGRATIONS = (_TRANSCRIPT_V1, TRANSCRIPT_V2, TRANSCRIPT_V3, SEARCH_MESSAGES_V4)
 
     def __init__(self, db: aiosqlite.Connection, path: Path) -> None:
         super().__init__(db, path)

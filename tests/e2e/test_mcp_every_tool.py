@@ -221,6 +221,9 @@ async def exercise_tasks(ada: Agent, bob: Agent, bob_id: str) -> None:
     ] == "already_terminal"
     assert (await ada.good("mesh_task_list", role="requester"))["count"] >= 1
     await ada.bad("mesh_task_list", role="boss")
+    found = await bob.good("mesh_search", query="check", source="tasks")
+    assert [hit["task_id"] for hit in found["hits"]] == [task_id]
+    assert (await bob.bad("mesh_search", query='"*'))["code"] == "no_words"
     other = await ada.good("mesh_task_send", to=bob_id, title="second", input="x")
     await ada.good("mesh_task_cancel", task_id=other["task_id"])
     await ada.bad("mesh_task_cancel", task_id=task_id)

@@ -12,6 +12,7 @@ from mcp_types import ListToolsResult, Tool
 from tools.server.context import hints
 from tools.server.schema import SHARED, TERSE_KEPT, compact
 from tools.server.server import INSTRUCTIONS, build_server
+from tools.server.tool_search import ALWAYS_LOADED
 
 pytestmark = pytest.mark.anyio
 
@@ -24,9 +25,10 @@ pytestmark = pytest.mark.anyio
 # until stop 35 the figure was json.dumps of the parsed tools (", " and ": " between items:
 # 31,900 / 21,033 bytes then); now the bytes the server sends (30,366 / 19,579 at the same
 # commit), the goals of issue 15 as budgets, after the limits of idempotency_key and realm
-# (23 and 10 schemas) moved into the one rule the instructions state for each
-FULL_BUDGET = 30_000
-TERSE_BUDGET = 20_000
+# (23 and 10 schemas) moved into the one rule the instructions state for each;
+# 34,000 / 22,000 since issue 40 (mesh_search: 31,068 / 19,886 measured when it came)
+FULL_BUDGET = 34_000
+TERSE_BUDGET = 22_000
 
 # tool -> phrases (lowercase) its description or parameter descriptions must keep, full and terse
 CAVEATS: dict[str, tuple[str, ...]] = {
@@ -78,6 +80,7 @@ CAVEATS: dict[str, tuple[str, ...]] = {
     "mesh_task_update": ("untrusted", "mesh_task_complete"),
     "mesh_task_complete": ("refused", "once"),
     "mesh_task_wait": ("3600",),
+    "mesh_search": ("your own", "local only", "untrusted", "no operators"),
 }  # fmt: skip
 
 
@@ -101,6 +104,20 @@ def visible(tool: dict[str, Any]) -> str:
     """What a model reads about one tool: its description and its parameters' descriptions."""
     params = tool["input_schema"].get("properties", {}).values()
     return " ".join([tool["description"], *(p.get("description", "") for p in params)]).lower()
+
+
+# the tools Claude Code's tool search keeps loaded (tools/server/tool_search.py), full: issue 40's
+# budget (5,504 measured before it, 5,484 once mesh_hello dropped a "<= 280 chars" its
+# schema's maxLength says)
+ALWAYS_LOADED_BUDGET = 5_500
+
+
+async def test_the_always_loaded_tools_fit_their_budget() -> None:
+    env = {"MACULA_HOME": "/nonexistent", "MACULA_MCP_TERSE_TOOLS": "0"}
+    kept = [t for t in await build_server(env).list_tools() if t.name in ALWAYS_LOADED]
+    assert len(kept) == len(ALWAYS_LOADED)
+    measured = len(ListToolsResult(tools=kept).model_dump_json(by_alias=True, exclude_none=True))
+    assert measured <= ALWAYS_LOADED_BUDGET, measured
 
 
 @pytest.mark.parametrize(("terse", "budget"), [(False, FULL_BUDGET), (True, TERSE_BUDGET)])

@@ -296,3 +296,18 @@ def test_bench_agent_presence_counts_every_hello_seen(tmp_path: Path) -> None:
     assert figures["hello_to_seen_arrival_ms"]["samples"] == (20 - 2) * 2  # 2 listeners
     assert figures["station_cpu_percent_steady"] >= 0
     assert figures["udp_receive_drops_arrival"] >= 0 and len(figures["load_average_1min"]) == 2
+
+
+def test_bench_search_times_queries_and_say_to_wait_with_and_without_the_index(
+    tmp_path: Path,
+) -> None:
+    """A small store searched through ``macula.agent.search``, and say → wait through two real
+    ``macula-mcp`` once with the index's triggers and once without them."""
+    out_json = tmp_path / "search.json"
+    out = ran("search", "--json", str(out_json))
+    assert "query over 2,000 messages" in out and "goal p50 <= 20.0 ms" in out, out
+    assert "indexing on" in out and "indexing off" in out, out
+    figures = json.loads(out_json.read_text())
+    assert figures["query"]["queries"] == 30
+    assert 0 < figures["query"]["p50_ms"] <= figures["query"]["p99_ms"]
+    assert len(figures["say_wait"]["say_wait_p50_on_ms"]) == 1

@@ -82,10 +82,13 @@ def test_a_version_2_transcript_gains_the_realm_column(tmp_path: Path) -> None:
             "INSERT INTO memberships (room_topic, role, public, joined_ms) VALUES (?, ?, 0, 1)",
             (topic, "participant"),
         )
+        for trigger in ("insert", "delete", "update"):  # and without step 4 (issue 40's index)
+            db.execute(f"DROP TRIGGER messages_fts_{trigger}")
+        db.execute("DROP TABLE messages_fts")
         db.execute("PRAGMA user_version = 2")
 
     async def body(transcript: TranscriptStore) -> None:
-        assert await transcript.schema_version() == 3
+        assert await transcript.schema_version() == len(TranscriptStore.MIGRATIONS)
         [membership] = await transcript.joined_rooms()
         assert membership.room_topic == topic and membership.realm == ZERO_REALM
         assert await transcript.room_realm(topic) == ZERO_REALM
