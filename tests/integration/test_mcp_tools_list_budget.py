@@ -12,6 +12,7 @@ from mcp_types import ListToolsResult, Tool
 from tools.server.context import hints
 from tools.server.schema import SHARED, TERSE_KEPT, compact
 from tools.server.server import INSTRUCTIONS, build_server
+from tools.server.tool_search import ALWAYS_LOADED
 
 pytestmark = pytest.mark.anyio
 
@@ -24,9 +25,13 @@ pytestmark = pytest.mark.anyio
 # until stop 35 the figure was json.dumps of the parsed tools (", " and ": " between items:
 # 31,900 / 21,033 bytes then); now the bytes the server sends (30,366 / 19,579 at the same
 # commit), the goals of issue 15 as budgets, after the limits of idempotency_key and realm
-# (23 and 10 schemas) moved into the one rule the instructions state for each
-FULL_BUDGET = 30_000
-TERSE_BUDGET = 20_000
+# (23 and 10 schemas) moved into the one rule the instructions state for each; 30,000 / 20,000
+# until issue 40 raised them to its figures for path reservations and mesh_search (32,091 /
+# 20,563 measured with the three reservation tools); the always-loaded set of tool search
+# (tools/server/tool_search.py) within 5,500
+FULL_BUDGET = 34_000
+TERSE_BUDGET = 22_000
+ALWAYS_LOADED_BUDGET = 5_500
 
 # tool -> phrases (lowercase) its description or parameter descriptions must keep, full and terse
 CAVEATS: dict[str, tuple[str, ...]] = {
@@ -68,6 +73,7 @@ CAVEATS: dict[str, tuple[str, ...]] = {
     "mesh_trust_agent": ("trust only", "node id", "closed still declines", "local"),
     "mesh_untrust_agent": ("local",),
     "mesh_remember": ("shared, not private", "never store secrets", "this station"),
+    "mesh_reserve_paths": ("advisory", "per station", "nothing reserved", "renew"),
     "mesh_recall": ("untrusted", "this station"),
     "mesh_remember_directory": ("shared, not private", "never store secrets"),
     "mesh_join_realm": ("show the code only to",),
@@ -107,6 +113,17 @@ def visible(tool: dict[str, Any]) -> str:
 async def test_tools_list_fits_its_budget(terse: bool, budget: int) -> None:
     measured = await size(terse)
     assert measured <= budget, (terse, measured)
+
+
+@pytest.mark.parametrize("terse", [False, True])
+async def test_the_always_loaded_set_fits_its_budget(terse: bool) -> None:
+    env = {"MACULA_HOME": "/nonexistent", "MACULA_MCP_TERSE_TOOLS": "1" if terse else "0"}
+    kept = [t for t in await build_server(env).list_tools() if t.name in ALWAYS_LOADED]
+    assert len(kept) == len(ALWAYS_LOADED)
+    # the bytes of the five tools' JSON, each as tools/list sends it (5,431 full at issue 40,
+    # unchanged by it; 5,504 with the tools/list envelope around them)
+    measured = sum(len(t.model_dump_json(by_alias=True, exclude_none=True).encode()) for t in kept)
+    assert measured <= ALWAYS_LOADED_BUDGET, (terse, measured)
 
 
 @pytest.mark.parametrize("terse", [False, True])

@@ -143,7 +143,7 @@ def test_quotas_and_hostile_arguments(tmp_path: Path) -> None:
                 reserve([7]),
                 reserve(["x" * 5000]),
                 reserve(["x"], exclusive=2),
-                reserve(["x"], ttl_seconds=1),
+                reserve(["x"], ttl_seconds=0),
                 reserve(["x"]) | {"project": ""},
                 reserve(["x"]) | {"project": "p" * 300},
                 "not a map",
