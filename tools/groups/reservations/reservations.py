@@ -36,6 +36,7 @@ from macula.services.limits import (
 )
 from macula.services.reservation_paths import PathRefused, normalise_path, relative_to_root
 from tools.groups.paging import PageBudget, paged, size
+from tools.groups.text_limits import Cursor, Realm
 from tools.guard.project import GitError, project_id, project_of, repo_root
 from tools.server.context import Descriptions, hints, register_tools, runtime_of
 from tools.server.results import bad_argument, fail
@@ -48,9 +49,8 @@ Project = Annotated[
 ]
 Paths = Annotated[
     list[Annotated[str, Field(max_length=MAX_RESERVATION_PATH_CHARS)]],
-    Field(min_length=1, max_length=MAX_RESERVATION_PATHS),
+    Field(description=f"1..{MAX_RESERVATION_PATHS}, relative to the repo root"),
 ]
-Realm = Annotated[str | None, Field(max_length=128)]
 
 
 class _Refused(Exception):
@@ -76,6 +76,8 @@ def _scope(project: str | None) -> tuple[str, Path | None]:
 
 
 def _paths(raw: list[str], root: Path | None) -> list[str]:
+    if not 1 <= len(raw) <= MAX_RESERVATION_PATHS:
+        raise _Refused("paths", f"give 1..{MAX_RESERVATION_PATHS} paths or globs")
     paths = []
     for index, item in enumerate(raw):
         try:
@@ -184,7 +186,7 @@ async def mesh_release_paths(
     ctx: Context,
     paths: Annotated[
         list[Annotated[str, Field(max_length=MAX_RESERVATION_PATH_CHARS)]] | None,
-        Field(max_length=MAX_RESERVATION_PATHS, description="default: all of yours"),
+        Field(description="default: all of yours"),
     ] = None,
     project: Project = None,
     realm: Realm = None,
@@ -210,7 +212,7 @@ async def mesh_reservations(
     ] = None,
     project: Project = None,
     realm: Realm = None,
-    cursor: Annotated[str | None, Field(max_length=24)] = None,
+    cursor: Cursor = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     after = 0
