@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from macula.agent.petnames import petname
+from macula.client.backoff import Backoff
 from macula.config import (
     configured_stations,
     identity_from_env,
@@ -41,6 +42,7 @@ from tools.guard.project import GitError, project_id, project_of, staged_paths
 __all__ = ["Verdict", "blockers", "check"]
 
 DEFAULT_TIMEOUT_S: Final = 8.0
+CONNECT_TIMEOUT_S: Final = 2.0  # the first station handshake; unreachable: fail open or closed
 MAX_PAGES: Final = 20
 OVERRIDE: Final = "override for this commit (a person's call): git commit --no-verify"
 
@@ -103,7 +105,8 @@ async def _reservations(
         identity,
         _stations(env),
         known_stations=known_stations_from_env(env),
-        connect_timeout=DEFAULT_TIMEOUT_S / 2,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        backoff=Backoff(first_connect_attempts=1),  # one round of the stations, then say so
     )
     rows: list[dict[str, Any]] = []
     now_ms = 0
