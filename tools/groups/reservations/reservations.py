@@ -3,8 +3,9 @@ a project, exclusively or shared, for a time, so that another agent (and the com
 ``macula-mcp guard``) knows who is working where.
 
 Invariants:
-- The project is the normalised origin URL of the git repository this server runs in, unless
-  the call names one (a name, or a URL normalised like an origin); ``realm`` scopes it further.
+- The project is the normalised origin URL of the git repository this server runs in (asked
+  of ``git`` off the event loop), unless the call names one (a name, or a URL normalised like
+  an origin); ``realm`` scopes it further.
 - Paths are relative to the repository's root; an absolute one inside it is made relative, one
   outside it (or ``..``) is refused before anything is sent.
 - A conflict is a tool error ``reservation_conflict`` naming each holder (petname and the name
@@ -15,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,7 +151,7 @@ async def mesh_reserve_paths(
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     try:
-        scope, root = _scope(project)
+        scope, root = await asyncio.to_thread(_scope, project)
         wanted = _paths(paths, root)
     except _Refused as exc:
         return bad_argument(exc.name, str(exc))
@@ -193,7 +195,7 @@ async def mesh_release_paths(
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
     try:
-        scope, root = _scope(project)
+        scope, root = await asyncio.to_thread(_scope, project)
         wanted = None if paths is None else _paths(paths, root)
     except _Refused as exc:
         return bad_argument(exc.name, str(exc))
@@ -222,7 +224,7 @@ async def mesh_reservations(
             return bad_argument("cursor", "must be a next_page cursor of mesh_reservations")
         after = int(found.group(1))
     try:
-        scope, root = _scope(project)
+        scope, root = await asyncio.to_thread(_scope, project)
         where = None
         if touching is not None:
             where = relative_to_root(touching, str(root)) if root is not None else touching
