@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from macula.realm.records import MAX_NAME as MAX_REALM_NAME
 from macula.services.house import LIST_RESERVATIONS, RELEASE_PATHS, RESERVE_PATHS
 from macula.services.limits import (
     DEFAULT_RESERVATION_TTL_S,
@@ -82,7 +83,6 @@ logger = logging.getLogger("macula.relay.house.reservations")
 DEFAULT_MAX_TOTAL: Final = 100_000  # live reservations on the station, every project
 DEFAULT_RESERVE_RATE: Final = 2.0  # reserve and release calls a second per caller, burst 4x
 DEFAULT_LIST_RATE: Final = 10.0  # listings a second per caller, burst 4x
-MAX_REALM_CHARS: Final = 128
 
 _V1: Final[Migration] = (
     """
@@ -275,7 +275,7 @@ def _scope(args: Args) -> tuple[str, str]:
         project = normalise_project(raw)
     except PathRefused as exc:
         raise bad_request(str(exc)) from None
-    realm = optional_text(args, "realm", high=MAX_REALM_CHARS) or ""
+    realm = optional_text(args, "realm", high=MAX_REALM_NAME) or ""
     return realm.strip(), project
 
 
