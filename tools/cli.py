@@ -1,6 +1,6 @@
 """``macula-mcp``: the MCP server over stdio, plus ``mcp-config``, ``doctor``, ``demo``, and
 the commands of other modules (``register``/``uninstall`` in tools/harness/register.py, ``station``,
-``daemon``, ``console``, ``http-token``); ``tools.commands`` says what each does.
+``daemon``, ``console``, ``http-token``, ``guard``); ``tools.commands`` says what each does.
 
 stdout carries MCP protocol only; every log line goes to stderr. Closing stdin ends the session
 gracefully (goodbye published, stores closed).
@@ -235,6 +235,12 @@ def _run_station(argv: Sequence[str]) -> None:
     station(argv)
 
 
+def _run_guard(argv: Sequence[str]) -> None:
+    from tools.guard.command import main as guard
+
+    guard(argv)
+
+
 def _run_daemon(argv: Sequence[str]) -> None:
     from tools.daemon.command import main as daemon
 
@@ -265,6 +271,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "demo": _run_demo,
     "daemon": _run_daemon,
     "station": _run_station,
+    "guard": _run_guard,
     "console": _run_console,
     "http-token": _run_http_token,
 }

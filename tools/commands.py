@@ -70,6 +70,15 @@ COMMANDS: Final = (
         ("macula-mcp daemon status", "macula-mcp daemon stop   # then start a session again"),
     ),
     Command(
+        "guard",
+        "install the git pre-commit hook that refuses commits on paths another agent reserved",
+        (
+            "macula-mcp guard install   # in a repository; keeps and chains any hook there",
+            "macula-mcp guard install --repo ../app --fail-closed",
+            "macula-mcp guard uninstall   # puts back the hook that was there",
+        ),
+    ),
+    Command(
         "station",
         "the local station (status, stop), or the commands for a station on another host (init)",
         (

@@ -1,4 +1,5 @@
-"""Client of the station's house services: shared memory, station and agent directories.
+"""Client of the station's house services: shared memory, station and agent directories, path
+reservations.
 
 The realm of each service is resolved from the DHT, only from procedure_advertisement records
 signed by the station the node is connected to (``DhtClient.resolve_realm`` skips and counts
@@ -23,11 +24,19 @@ from macula.services.house import (
     AGENTS_LIST,
     AGENTS_REGISTER,
     AGENTS_REMOVE,
+    LIST_RESERVATIONS,
     LIST_STATIONS,
     MEMORY_ADD,
     MEMORY_QUERY,
+    RELEASE_PATHS,
+    RESERVE_PATHS,
 )
-from macula.services.limits import DEFAULT_AGENTS_LIST, DEFAULT_TOP_K
+from macula.services.limits import (
+    DEFAULT_AGENTS_LIST,
+    DEFAULT_RESERVATION_TTL_S,
+    DEFAULT_RESERVATIONS_PAGE,
+    DEFAULT_TOP_K,
+)
 from macula.wire.identity import Identity
 
 DIRECTORY_TTL_S = 20 * 60
@@ -154,3 +163,52 @@ class HouseClient:
             for a in agents
             if isinstance(a, dict)
         ]
+
+    # -- path reservations (a project is a normalised origin URL or a name) -------------------
+
+    async def reserve_paths(
+        self,
+        project: str,
+        paths: list[str],
+        *,
+        realm: str | None = None,
+        exclusive: int = 1,
+        ttl_seconds: int = DEFAULT_RESERVATION_TTL_S,
+        reason: str = "",
+        holder_name: str = "",
+    ) -> dict[str, Any]:
+        """Reserve (or renew) ``paths``: ``granted`` 1, or 0 with the ``conflicts``."""
+        payload = _scoped(project, realm) | {
+            "paths": list(paths),
+            "exclusive": exclusive,
+            "ttl_seconds": ttl_seconds,
+            "reason": reason,
+            "holder_name": holder_name,
+        }
+        return dict(await self.call(RESERVE_PATHS, payload))
+
+    async def release_paths(
+        self, project: str, paths: list[str] | None = None, *, realm: str | None = None
+    ) -> dict[str, Any]:
+        """Release this node's reservations of ``paths`` (None: all of them) in ``project``."""
+        payload = _scoped(project, realm) | ({} if paths is None else {"paths": list(paths)})
+        return dict(await self.call(RELEASE_PATHS, payload))
+
+    async def list_reservations(
+        self,
+        project: str,
+        *,
+        realm: str | None = None,
+        after_id: int = 0,
+        limit: int = DEFAULT_RESERVATIONS_PAGE,
+        touching: str | None = None,
+    ) -> dict[str, Any]:
+        """One page of the project's live reservations (``remaining``: how many more)."""
+        payload = _scoped(project, realm) | {"after_id": after_id, "limit": limit}
+        if touching is not None:
+            payload["touching"] = touching
+        return dict(await self.call(LIST_RESERVATIONS, payload))
+
+
+def _scoped(project: str, realm: str | None) -> dict[str, Any]:
+    return {"project": project} | ({} if realm is None else {"realm": realm})

@@ -12,6 +12,8 @@ from typing import Final
 __all__ = [
     "DEFAULT_AGENTS_LIST",
     "DEFAULT_HISTORY_PAGE",
+    "DEFAULT_RESERVATIONS_PAGE",
+    "DEFAULT_RESERVATION_TTL_S",
     "DEFAULT_TOP_K",
     "MAX_AGENTS_LIST",
     "MAX_AGENT_TEXT_CHARS",
@@ -20,10 +22,21 @@ __all__ = [
     "MAX_LABEL_CHARS",
     "MAX_MEMORY_CONTENT_BYTES",
     "MAX_PLACE_CHARS",
+    "MAX_PROJECT_CHARS",
     "MAX_QUERY_BYTES",
+    "MAX_RESERVATIONS_PAGE",
+    "MAX_RESERVATIONS_PER_HOLDER",
+    "MAX_RESERVATIONS_PER_PROJECT",
+    "MAX_RESERVATION_GLOBSTARS",
+    "MAX_RESERVATION_PATHS",
+    "MAX_RESERVATION_PATH_CHARS",
+    "MAX_RESERVATION_REASON_CHARS",
+    "MAX_RESERVATION_TTL_S",
+    "MAX_RESERVATION_WILDCARDS",
     "MAX_TOPICS",
     "MAX_TOPIC_CHARS",
     "MAX_TOP_K",
+    "MIN_RESERVATION_TTL_S",
 ]
 
 # shared memory (macula.memory.add_knowledge_v1 / query_v1)
@@ -49,3 +62,18 @@ MAX_AGENTS_LIST: Final = 500
 # room history (macula.history.fetch_v1): events in one page
 DEFAULT_HISTORY_PAGE: Final = 100
 MAX_HISTORY_PAGE: Final = 500
+
+# path reservations (macula.reservations.reserve_v1 / release_v1 / list_v1), per project
+MAX_PROJECT_CHARS: Final = 256  # a project id (normalised origin URL or a name)
+MAX_RESERVATION_PATH_CHARS: Final = 512  # one path or glob, relative to the project's root
+MAX_RESERVATION_PATHS: Final = 32  # paths or globs in one reserve or release call
+MAX_RESERVATION_WILDCARDS: Final = 8  # '*' and '?' in one glob ('**' counts once)
+MAX_RESERVATION_GLOBSTARS: Final = 2  # '**' segments in one glob
+MAX_RESERVATION_REASON_CHARS: Final = 280
+MAX_RESERVATIONS_PER_HOLDER: Final = 128  # live reservations of one agent in one project
+MAX_RESERVATIONS_PER_PROJECT: Final = 1024  # live reservations of everyone in one project
+MIN_RESERVATION_TTL_S: Final = 1
+DEFAULT_RESERVATION_TTL_S: Final = 3600
+MAX_RESERVATION_TTL_S: Final = 7 * 24 * 3600
+DEFAULT_RESERVATIONS_PAGE: Final = 100
+MAX_RESERVATIONS_PAGE: Final = 500

@@ -1,5 +1,6 @@
 """The station's house services, wired together: shared memory, station directory, agent
-directory, room history (fed by ``note_publish``, the station's publish hook). Each is an
+directory, room history (fed by ``note_publish``, the station's publish hook), path
+reservations. Each is an
 ordinary realm-scoped procedure set (realm ``macula.house``) that the station serves itself
 and announces with signed procedure_advertisement records, so clients find them the way they
 find anything: resolve the realm in the DHT, then call.
@@ -10,8 +11,8 @@ station's only (``from_station``, told by the shell from the connection). The st
 directory learns a dialled link's address when it comes up (``station_linked``), what each
 linked station says of itself when a client lists stations (asked with ``ask_linked``, one
 hop, like the agents), and the mesh's live stations from discovery (``stations_discovered``).
-Nothing is asked of a link merely because it came up. Shared memory and room history stay per
-station.
+Nothing is asked of a link merely because it came up. Shared memory, room history and path
+reservations stay per station.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from macula.services.house import (
     HOUSE_REALM,
     LIST_STATIONS,
     MEMORY_PROCEDURES,
+    RESERVATION_PROCEDURES,
     STATION_DIRECTORY_PROCEDURES,
 )
 from macula.task_scope import Spawner
@@ -57,6 +59,7 @@ from relay.house.mesh import (
     MeshAgentList,
     station_entry,
 )
+from relay.house.reservations import DEFAULT_MAX_TOTAL, ReservationService, ReservationStore
 from relay.house.stations import StationDirectory, StationEntry, StationInfo
 
 Handler = Callable[[str, object, bytes, int], Awaitable[Outcome]]
@@ -95,6 +98,9 @@ class HouseConfig:
     # room history: signed room and central EVENTs kept for catch-up (relay.house.history)
     history: bool = True
     history_bounds: HistoryBounds = field(default_factory=HistoryBounds)
+    # path reservations (relay.house.reservations; per station, docs/reservations.md)
+    reservations: bool = True
+    reservations_max_total: int = DEFAULT_MAX_TOTAL
 
     def __post_init__(self) -> None:
         if type(self.mesh_fanout) is not int or self.mesh_fanout < 0:
@@ -107,6 +113,7 @@ class HouseConfig:
             "memory_deposit_rate": self.memory_deposit_rate,
             "memory_query_rate": self.memory_query_rate,
             "directory_max_agents": self.directory_max_agents,
+            "reservations_max_total": self.reservations_max_total,
         }
         for name, value in positive.items():
             if not value > 0:
@@ -196,6 +203,11 @@ class HouseServices:
             house._serve(AGENT_DIRECTORY_PROCEDURES, agents.handle)
         if config.history:
             await house._open_history(config, data_dir)
+        if config.reservations:
+            store = await ReservationStore.open(data_dir / "reservations.sqlite3")
+            house._closers.append(store.close)
+            service = ReservationService(store, max_total=config.reservations_max_total)
+            house._serve(RESERVATION_PROCEDURES, service.handle)
 
     async def _open_history(self, config: HouseConfig, data_dir: Path) -> None:
         store = await HistoryStore.open(data_dir / "history.sqlite3")
@@ -239,6 +251,8 @@ class HouseServices:
             procedures |= AGENT_DIRECTORY_PROCEDURES
         if config.history:
             procedures |= HISTORY_PROCEDURES
+        if config.reservations:
+            procedures |= RESERVATION_PROCEDURES
         return frozenset((HOUSE_REALM, procedure) for procedure in procedures)
 
     async def handle(

@@ -162,6 +162,8 @@ def _house(args: argparse.Namespace) -> HouseConfig:
         memory_query_rate=args.memory_query_rate,
         directory_max_agents=args.directory_max_agents,
         directory_puzzle_difficulty=args.directory_puzzle_difficulty,
+        reservations=not args.no_reservations,
+        reservations_max_total=args.reservations_max_total,
         history=not args.no_history,
         history_bounds=HistoryBounds(
             max_per_room=args.history_max_per_room,

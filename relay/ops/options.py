@@ -329,6 +329,15 @@ def _house_flags(parser: Flags, house: HouseConfig) -> None:
     parser.add_argument(
         "--no-agent-directory", action="store_true", help="do not serve the agent directory"
     )
+    parser.add_argument(
+        "--no-reservations", action="store_true", help="do not serve path reservations"
+    )
+    parser.add_argument(
+        "--reservations-max-total",
+        type=_positive(int),
+        default=house.reservations_max_total,
+        help="live path reservations on this station, every project together",
+    )
     for name in ("city", "country", "continent"):
         parser.add_argument(f"--{name}", help=f"this station's {name} (station directory)")
     parser.add_argument("--lat", type=float, help="latitude, -90..90 (station directory)")

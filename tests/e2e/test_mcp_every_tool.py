@@ -196,10 +196,26 @@ async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
     assert (await ada.bad("mesh_join_realm", realm="org.example.nobody"))["retryable"] in (0, 1)
     await ada.bad("mesh_join_realm", realm="Not A Name")
     ada.tools_called.add("mesh_join_realm")
+    await exercise_reservations(ada, bob, ada_id)
     await exercise_tasks(ada, bob, bob_id)
     await ada.good("mesh_goodbye")
     await bob.good("mesh_goodbye")
     assert (await bob.bad("mesh_goodbye", idempotency_key=""))["code"] == "invalid_argument"
+
+
+async def exercise_reservations(ada: Agent, bob: Agent, ada_id: str) -> None:
+    """Path reservations (the whole story: tests/integration/test_mcp_reservations.py and the
+    guard's tests/e2e/test_commit_guard.py)."""
+    project = "example.org/e2e/app"
+    await ada.good("mesh_reserve_paths", paths=["src/**"], project=project, reason="e2e")
+    clash = await bob.bad("mesh_reserve_paths", paths=["src/a.py"], project=project)
+    assert clash["code"] == "reservation_conflict" and "e2e" in clash["detail"]
+    await ada.bad("mesh_reserve_paths", paths=["../x"], project=project)
+    listed = await bob.good("mesh_reservations", project=project)
+    assert listed["reservations"][0]["holder"] == ada_id and listed["next_page"] is None
+    await bob.bad("mesh_reservations", project=project, cursor="x")
+    assert (await ada.good("mesh_release_paths", project=project))["released"] == 1
+    await ada.bad("mesh_release_paths", paths=["/etc/passwd"], project=project)
 
 
 async def exercise_tasks(ada: Agent, bob: Agent, bob_id: str) -> None:

@@ -26,7 +26,8 @@ pytestmark = pytest.mark.anyio
 # 31,900 / 21,033 bytes then); now the bytes the server sends (30,366 / 19,579 at the same
 # commit), the goals of issue 15 as budgets, after the limits of idempotency_key and realm
 # (23 and 10 schemas) moved into the one rule the instructions state for each;
-# 34,000 / 22,000 since issue 40 (mesh_search: 31,068 / 19,886 measured when it came)
+# 34,000 / 22,000 since issue 40 (mesh_search: 31,070 / 19,899 measured when it came; with the
+# three reservation tools too: see the note of issue 40)
 FULL_BUDGET = 34_000
 TERSE_BUDGET = 22_000
 
@@ -70,6 +71,7 @@ CAVEATS: dict[str, tuple[str, ...]] = {
     "mesh_trust_agent": ("trust only", "node id", "closed still declines", "local"),
     "mesh_untrust_agent": ("local",),
     "mesh_remember": ("shared, not private", "never store secrets", "this station"),
+    "mesh_reserve_paths": ("advisory", "per station", "nothing reserved", "renew"),
     "mesh_recall": ("untrusted", "this station"),
     "mesh_remember_directory": ("shared, not private", "never store secrets"),
     "mesh_join_realm": ("show the code only to",),
@@ -112,12 +114,13 @@ def visible(tool: dict[str, Any]) -> str:
 ALWAYS_LOADED_BUDGET = 5_500
 
 
-async def test_the_always_loaded_tools_fit_their_budget() -> None:
-    env = {"MACULA_HOME": "/nonexistent", "MACULA_MCP_TERSE_TOOLS": "0"}
+@pytest.mark.parametrize("terse", [False, True])
+async def test_the_always_loaded_tools_fit_their_budget(terse: bool) -> None:
+    env = {"MACULA_HOME": "/nonexistent", "MACULA_MCP_TERSE_TOOLS": "1" if terse else "0"}
     kept = [t for t in await build_server(env).list_tools() if t.name in ALWAYS_LOADED]
     assert len(kept) == len(ALWAYS_LOADED)
     measured = len(ListToolsResult(tools=kept).model_dump_json(by_alias=True, exclude_none=True))
-    assert measured <= ALWAYS_LOADED_BUDGET, measured
+    assert measured <= ALWAYS_LOADED_BUDGET, (terse, measured)
 
 
 @pytest.mark.parametrize(("terse", "budget"), [(False, FULL_BUDGET), (True, TERSE_BUDGET)])

@@ -20,6 +20,7 @@ from tools.groups import (
     presence,
     pubsub,
     realms,
+    reservations,
     rings,
     rooms,
     rpc,
@@ -34,7 +35,20 @@ from tools.server.schema import SHARED, MeshServer
 from tools.server.tool_search import mark_always_loaded
 from tools.settings import terse_tools
 
-GROUPS = (rpc, pubsub, content, dht, presence, rooms, rings, memory, realms, tasks, surface)
+GROUPS = (
+    rpc,
+    pubsub,
+    content,
+    dht,
+    presence,
+    rooms,
+    rings,
+    memory,
+    reservations,
+    realms,
+    tasks,
+    surface,
+)
 
 # What the model reads at start (tool search shows it names and these instructions, cut at
 # 2 KB): when to search for the mesh tools, which few stay loaded (tools.server.tool_search), the
