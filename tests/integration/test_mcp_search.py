@@ -1,22 +1,29 @@
 """``mesh_search`` (issue 40) through the whole server and the official MCP client, two agents of
-two ``MACULA_HOME``s over a real station on loopback: a message of either room (one of them
-end-to-end encrypted) found by word, by sender and by time, with its snippet; tasks found by
-title and by result, on both sides; pages followed to the end; hostile queries refused or
-answered, never with SQLite's words."""
+two ``MACULA_HOME``s through a real station subprocess on loopback: a message of either room
+(one of them end-to-end encrypted) found by word, by sender and by time, with its snippet; tasks
+found by title and by result, on both sides; pages followed to the end; hostile queries refused
+or answered, never with SQLite's words."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from relay.station.station import Station
 from support.agentkit import Agent, agent, no_booleans
+from support.processkit import StationProcess, station_process
 from support.waiting import eventually
 
 pytestmark = pytest.mark.anyio
 MODE = "legacy"
+
+
+@pytest.fixture
+async def station(tmp_path: Path) -> AsyncIterator[StationProcess]:
+    async with station_process(tmp_path / "station") as running:
+        yield running
 
 
 async def search(who: Agent, **args: Any) -> dict[str, Any]:
@@ -30,7 +37,9 @@ async def found_in(who: Agent, query: str, **args: Any) -> list[dict[str, Any]] 
     return hits or None
 
 
-async def test_two_agents_find_what_was_said_and_handed(station: Station, tmp_path: Path) -> None:
+async def test_two_agents_find_what_was_said_and_handed(
+    station: StationProcess, tmp_path: Path
+) -> None:
     async with (
         agent(station, tmp_path / "alice", MODE) as alice,
         agent(station, tmp_path / "bob", MODE) as bob,
@@ -94,7 +103,7 @@ async def test_two_agents_find_what_was_said_and_handed(station: Station, tmp_pa
 
 
 async def test_pages_reach_every_hit_once_and_hostile_queries_are_refused_or_answered(
-    station: Station, tmp_path: Path
+    station: StationProcess, tmp_path: Path
 ) -> None:
     async with agent(station, tmp_path / "alice", MODE) as alice:
         room = await alice.ok("mesh_open_room", purpose="notes", wait_join_seconds=0.1)

@@ -24,6 +24,7 @@ from tools.server.runtime import Runtime, open_runtime
 from tools.server.schema import MeshServer
 from tools.server.server import build_server
 
+from .processkit import StationProcess
 from .waiting import eventually
 
 GROUPS = (pubsub, presence, rooms, rings)
@@ -149,7 +150,8 @@ class Agent:
 
 
 @asynccontextmanager
-async def agent(station: Station, home: Path, mode: str) -> AsyncIterator[Agent]:
+async def agent(station: Station | StationProcess, home: Path, mode: str) -> AsyncIterator[Agent]:
+    """An MCP agent of its own ``home`` on ``station`` (in this process, or a subprocess)."""
     env = {
         "MACULA_HOME": str(home),
         "MACULA_MESH_STATIONS": station.endpoint,
