@@ -17,8 +17,7 @@ import pytest
 from mcp import Client
 
 from macula.agent.petnames import petname
-from macula.keyfile import load_or_create_identity, save_identity
-from support.identities import new_identity
+from support.identities import agent_home
 from support.processkit import StationProcess
 from tools.guard.hook import CHAINED
 from tools.server.server import build_server
@@ -37,19 +36,6 @@ def git(
     return subprocess.run(
         ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, timeout=60
     )
-
-
-def agent_home(tmp_path: Path, name: str, endpoint: str) -> tuple[dict[str, str], bytes]:
-    root = tmp_path / name
-    root.mkdir()
-    save_identity(root / "id.key", new_identity())
-    env = {
-        "MACULA_HOME": str(root),
-        "MACULA_MESH_STATIONS": endpoint,
-        "MACULA_MCP_IDENTITY": str(root / "id.key"),
-        "MACULA_MCP_OPERATOR_NAME": name,
-    }
-    return env, load_or_create_identity(root / "id.key").node_id
 
 
 def git_env(tmp_path: Path, home: dict[str, str]) -> dict[str, str]:

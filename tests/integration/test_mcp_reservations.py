@@ -11,8 +11,7 @@ import pytest
 from mcp import Client
 
 from macula.agent.petnames import petname
-from macula.keyfile import load_or_create_identity, save_identity
-from support.identities import new_identity
+from support.identities import agent_home
 from support.processkit import StationProcess
 from support.waiting import eventually
 from tools.server.server import build_server
@@ -21,19 +20,6 @@ pytestmark = pytest.mark.anyio
 
 PROJECT = "git@github.com:Org/Shared.git"  # normalised to github.com/Org/Shared
 RESTART_S = 30.0
-
-
-def home(tmp_path: Path, name: str, endpoint: str) -> tuple[dict[str, str], bytes]:
-    root = tmp_path / name
-    root.mkdir()
-    save_identity(root / "id.key", new_identity())
-    env = {
-        "MACULA_HOME": str(root),
-        "MACULA_MESH_STATIONS": endpoint,
-        "MACULA_MCP_IDENTITY": str(root / "id.key"),
-        "MACULA_MCP_OPERATOR_NAME": name,
-    }
-    return env, load_or_create_identity(root / "id.key").node_id
 
 
 async def call(client: Client, tool: str, args: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -47,8 +33,8 @@ async def test_two_agents_reserve_conflict_renew_expire_and_survive_a_restart(
     station = StationProcess(tmp_path / "station")
     endpoint = await station.start()
     try:
-        env_a, alice = home(tmp_path, "alice", endpoint)
-        env_b, _ = home(tmp_path, "bob", endpoint)
+        env_a, alice = agent_home(tmp_path, "alice", endpoint)
+        env_b, _ = agent_home(tmp_path, "bob", endpoint)
         async with Client(build_server(env_a)) as a, Client(build_server(env_b)) as b:
             error, got = await call(
                 a, "mesh_reserve_paths", {"paths": ["src/auth/**"], "reason": "auth rewrite"}
@@ -107,7 +93,7 @@ async def test_listing_pages_and_hostile_arguments(tmp_path: Path) -> None:
     station = StationProcess(tmp_path / "station")
     endpoint = await station.start()
     try:
-        env_a, _ = home(tmp_path, "alice", endpoint)
+        env_a, _ = agent_home(tmp_path, "alice", endpoint)
         async with Client(build_server(env_a)) as a:
             paths = [f"f{i}.py" for i in range(30)]
             error, got = await call(a, "mesh_reserve_paths", {"paths": paths})

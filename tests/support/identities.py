@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import random
+from pathlib import Path
 
+from macula.keyfile import load_or_create_identity, save_identity
 from macula.wire.identity import Identity
 
 
@@ -17,3 +19,18 @@ def hardened(n: int) -> Identity:
 def new_identity() -> Identity:
     """A fresh random identity."""
     return Identity.generate(os.urandom)
+
+
+def agent_home(tmp_path: Path, name: str, endpoint: str) -> tuple[dict[str, str], bytes]:
+    """A fresh ``MACULA_HOME`` named ``name`` with its own identity, on ``endpoint``: the
+    environment a ``macula-mcp`` of that home runs with, and its node id."""
+    root = tmp_path / name
+    root.mkdir()
+    save_identity(root / "id.key", new_identity())
+    env = {
+        "MACULA_HOME": str(root),
+        "MACULA_MESH_STATIONS": endpoint,
+        "MACULA_MCP_IDENTITY": str(root / "id.key"),
+        "MACULA_MCP_OPERATOR_NAME": name,
+    }
+    return env, load_or_create_identity(root / "id.key").node_id
