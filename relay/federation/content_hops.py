@@ -2,7 +2,7 @@
 
 A content get fans out at most one hop: the station asks its links with ``hops_remaining`` 0 in
 the arguments, and a get carrying ``hops_remaining`` never fans out again. The router
-(``relay.core.calls.call_refusal``) holds the key's two rules, here: a client
+(``relay.core.calls.CallHandling.call_refusal``) holds the key's two rules, here: a client
 may not set it, a station peer must set it to 0, so a peer station cannot make this one ask a
 third. The asker itself (async) is ``relay.federation.content``.
 """

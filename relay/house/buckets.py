@@ -1,4 +1,4 @@
-"""Per-identity rate limits for the house services: one ``relay.core.policy.TokenBucket`` per key.
+"""Per-identity rate limits for the house services: one ``macula.rate.TokenBucket`` per key.
 
 Invariants:
 - At most ``max_tracked`` buckets are held. A new key beyond that forgets buckets that have

@@ -28,7 +28,7 @@ any
   content.
 - ``usage`` holds the total chunks and stored bytes (UTF-8 of text + source_label + topics
   JSON, per chunk), kept by triggers on ``chunks``: the cap check never scans the table.
-- Each depositor has one ``relay.core.policy.TokenBucket`` for deposits, each caller another for
+- Each depositor has one ``macula.rate.TokenBucket`` for deposits, each caller another for
   queries (``relay.house.buckets.TokenBuckets``, bounded in memory).
 - User text never reaches FTS5 ``MATCH`` raw: the query is cut into words, each word quoted, the
   quoted words OR-ed. Results carry ints, floats, text and lists: never booleans.

@@ -1,6 +1,6 @@
 """The agent layer across three real stations in one process (loopback, ports 0, SQLite files).
 
-B links to A through ``peers``, C to A and B: a full mesh. Agents (``macula.agent.Agent``) sit
+B links to A through ``peers``, C to A and B: a full mesh. Agents (``macula.agent.agent.Agent``) sit
 on different stations; presence and rooms travel as pub/sub across one link, rings as RPC
 routed by the stations' advert gossip, the agent and station directories are asked of the
 agent's own station, which asks its linked stations (never further).
