@@ -8,8 +8,8 @@ payload twice and builds the frame twice; ``signed_publish`` encodes every field
 both signed byte strings out of the same canonical pairs. Invariants:
 - the bytes are exactly those of ``frame.with_publisher_sig(id).sign_and_encode(id)`` (a
   subset of canonically sorted pairs is itself canonically sorted, and the publication map's
-  five values travel in the frame with the same encoding); tests/unit/test_publishing.py holds
-  the two paths byte-equal;
+  five values travel in the frame with the same encoding);
+  tests/unit/macula/client/test_frame_fast_paths.py holds the two paths byte-equal;
 - ``frame`` must not carry a signature or a publisher_sig yet (both are made here);
 - without its frame signature (``frame_signature=False``) the bytes are exactly those of
   ``frame.with_publisher_sig(id)`` encoded unsigned: ``publisher_sig`` is always there.

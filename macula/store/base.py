@@ -427,7 +427,7 @@ def _fetched(sql: str, params: Params, connection: sqlite3.Connection) -> list[R
 async def _on_thread(db: aiosqlite.Connection, function: Callable[[], T]) -> T:
     """Run ``function`` on ``db``'s worker thread, behind what is queued there (FIFO).
     aiosqlite has no public call for this; ``_execute`` is what its own methods use (0.22,
-    locked; ``tests/unit/test_store_base.py`` pins the behaviour relied on)."""
+    locked; ``tests/unit/macula/store/test_store_one_trip.py`` pins the behaviour relied on)."""
     run = cast(Callable[[Callable[[], T]], Awaitable[T]], db._execute)
     return await run(function)
 
