@@ -64,7 +64,7 @@ from macula.errors import (
     MaculaError,
     MeshError,
 )
-from macula.wire.codes import code_name
+from macula.wire.codes import ErrorCode, code_name
 from macula.wire.errors import FramingError, ProtocolError
 from macula.wire.frames import (
     Advertise,
@@ -110,7 +110,8 @@ class CoreState(enum.Enum):
 class _PendingCall:
     stream: int
     procedure: str
-    deadline_ms: int
+    deadline_ms: int  # when ``tick`` gives up on it
+    own_deadline: bool  # the CALL carries that same deadline (not an earlier one)
 
 
 @dataclass(slots=True)
@@ -284,7 +285,7 @@ class ClientCore:
         on = self.control if stream is None else stream
         out = self.send_frame(on, call)
         expires = deadline_ms if expires_ms is None else expires_ms
-        self._calls[call_id] = _PendingCall(on, procedure, expires)
+        self._calls[call_id] = _PendingCall(on, procedure, expires, deadline_ms >= expires)
         return call_id, [out]
 
     def forget_call(self, call_id: bytes) -> None:
@@ -540,6 +541,10 @@ class ClientCore:
         del self._calls[frame.call_id]
         if isinstance(frame, Result):
             out.append(CallSettled(frame.call_id, payload=frame.payload))
+        elif frame.code == ErrorCode.EXPIRY_TOO_SOON and pending.own_deadline:
+            # our deadline, seen passing by the station first: a timeout, as ``tick`` gives
+            why = f"{pending.procedure}: no answer before its deadline ({frame.detail_text})"
+            out.append(CallSettled(frame.call_id, error=CallTimeout(why)))
         else:
             error = MeshError(frame.code, frame.detail_text, frame.name)
             out.append(CallSettled(frame.call_id, error=error))

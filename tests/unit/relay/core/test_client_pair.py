@@ -239,6 +239,25 @@ def test_the_station_answers_an_expired_deadline(link: Link, clock: Clock) -> No
     assert settled.error.code == ErrorCode.EXPIRY_TOO_SOON
 
 
+def test_our_own_deadline_passing_at_the_station_first_is_a_timeout(
+    link: Link, clock: Clock
+) -> None:
+    """The station's pending-call expiry can beat the caller's own timer by a tick (CI saw
+    ``test_call_timeout_is_typed`` get 0x07): when the CALL carries the caller's own deadline,
+    its 0x07 settles the call as the same ``CallTimeout`` the caller's tick gives."""
+    provider, caller = established(link, BOB), established(link, ALICE)
+    link.client_did(provider, provider.core.advertise(REALM, "org.example.slow_v1", clock.now))
+    link.flush(provider)
+    _, out = caller.core.call(REALM, "org.example.slow_v1", 0, clock.now + 1_000, clock.now)
+    link.client_did(caller, out)
+    clock.step(1_000)
+    link.tick()  # the station first; the caller's core has not ticked yet
+    (settled,) = caller.take(CallSettled)
+    assert isinstance(settled.error, CallTimeout), settled.error
+    assert "slow_v1: no answer before its deadline" in str(settled.error)
+    assert caller.core.tick(clock.now) == []  # settled once
+
+
 def test_losing_the_connection_fails_every_pending_call_with_broken(link: Link) -> None:
     provider, caller = established(link, BOB), established(link, ALICE)
     link.client_did(provider, provider.core.advertise(REALM, "org.example.slow_v1", link.clock.now))
