@@ -18,7 +18,7 @@ from mcp import Client
 
 from macula.agent.petnames import petname
 from support.identities import agent_home
-from support.processkit import StationProcess
+from support.processkit import StationProcess, free_udp_port
 from tools.guard.hook import CHAINED
 from tools.server.server import build_server
 
@@ -138,3 +138,23 @@ async def test_the_guard_refuses_a_commit_on_paths_another_agent_holds(tmp_path:
         assert not (hooks / CHAINED).exists()
     finally:
         await station.kill()
+
+
+def test_a_repository_with_its_own_tools_package_runs_our_check(tmp_path: Path) -> None:
+    """git runs the hook in the repository's root; a ``tools/`` package there (common) must not
+    shadow ours, nor get its ``tools/guard/command.py`` run: the station is unreachable here,
+    so our check lets the commit through with its warning."""
+    home, _ = agent_home(tmp_path, "b", f"127.0.0.1:{free_udp_port()}")
+    env = git_env(tmp_path, home)
+    root = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(root)], check=True, env=env)
+    assert git(root, "remote", "add", "origin", ORIGIN_URL, env=env).returncode == 0
+    (root / "tools" / "guard").mkdir(parents=True)
+    for name in ("tools/__init__.py", "tools/guard/__init__.py"):
+        (root / name).write_text("")
+    (root / "tools" / "guard" / "command.py").write_text("raise SystemExit('shadowed')\n")
+    assert guard(root, env, "install").returncode == 0
+    done = commit(root, env, "src/app.py")
+    assert done.returncode == 0, done.stderr
+    assert "shadowed" not in done.stderr, done.stderr
+    assert "macula guard: warning" in done.stderr and "the commit goes on" in done.stderr

@@ -9,8 +9,9 @@ Invariants:
   only when it is executable, as git itself would). ``uninstall`` renames it back.
 - Installing over our own hook rewrites it (new options), leaving the chained one alone; a
   chained file already there beside a foreign hook is refused (two hooks, one place).
-- The hook runs ``python -m tools.guard.command check`` with the interpreter that installed
-  it: no MCP server, no shell interpolation of anything but that quoted path.
+- The hook runs ``python -P -m tools.guard.command check`` with the interpreter that installed
+  it: no MCP server, no shell interpolation of anything but that quoted path, and nothing of
+  the repository's on ``sys.path`` (``-P``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ class Installed:
 def hook_text(
     *, python: str = sys.executable, fail_closed: int = 0, project: str | None = None
 ) -> str:
-    check = [shlex.quote(python), "-m", "tools.guard.command", "check"]
+    # -P: the repository's own folders are not on sys.path (git runs the hook in its root, and
+    # a repository with a tools/ package would shadow ours, or run its tools/guard/command.py)
+    check = [shlex.quote(python), "-P", "-m", "tools.guard.command", "check"]
     if fail_closed:
         check.append("--fail-closed")
     if project:

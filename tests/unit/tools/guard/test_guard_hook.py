@@ -73,7 +73,7 @@ def test_the_hook_honours_core_hooks_path(tmp_path: Path) -> None:
 
 def test_the_hook_text_quotes_what_it_runs() -> None:
     text = hook_text(python="/opt/my python/bin/python", project="team app")
-    assert "'/opt/my python/bin/python' -m tools.guard.command check" in text
+    assert "'/opt/my python/bin/python' -P -m tools.guard.command check" in text
     assert "--project 'team app'" in text and "--no-verify" in text
     assert text.splitlines()[1] == MARK
 
