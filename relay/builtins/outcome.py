@@ -10,7 +10,7 @@ Error details are ``<reason>: <text>`` in UTF-8, at most ``MAX_DETAIL_CHARS`` ch
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -71,3 +71,21 @@ async def answer(
     except Exception:
         log.exception("procedure %.100r failed", procedure)
         return Outcome.error(ErrorCode.TEMPORARY_RELAY_FAILURE)
+
+
+# a house service's handler of one procedure: (payload, caller, now_ms) -> its result
+Handler = Callable[[object, bytes, int], Awaitable[object]]
+
+
+async def dispatch(
+    handlers: Mapping[str, Handler],
+    procedure: object,
+    call: tuple[object, bytes, int],
+    log: logging.Logger,
+) -> Outcome:
+    """Run the handler of ``procedure`` on ``call`` (payload, caller, now_ms) through
+    ``answer``; 0x01 (``unknown_next_peer``) when the service has none. Never raises."""
+    handler = handlers.get(procedure) if type(procedure) is str else None
+    if handler is None:
+        return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
+    return await answer(procedure, lambda: handler(*call), log)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import builtins
 import json
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -71,7 +70,7 @@ from relay.builtins.arguments import (
     required,
     text,
 )
-from relay.builtins.outcome import Outcome, Refused, answer
+from relay.builtins.outcome import Handler, Outcome, Refused, answer
 
 __all__ = [
     "MAX_AGENTS",
@@ -91,8 +90,6 @@ MAX_AGENTS: Final = 10_000
 MIN_TTL_S: Final = 60
 DEFAULT_TTL_S: Final = 1200
 MAX_TTL_S: Final = 3600
-
-_Handler = Callable[[object, bytes, int], Awaitable[object]]
 
 
 # --- the store --------------------------------------------------------------------------------
@@ -368,7 +365,7 @@ class AgentDirectory:
         self.max_agents = max_agents
         self.puzzle_difficulty = puzzle_difficulty
         self.station_id = station_id
-        self._handlers: dict[str, _Handler] = {
+        self._handlers: dict[str, Handler] = {
             AGENTS_REGISTER: self._register,
             AGENTS_REMOVE: self._remove,
             AGENTS_LIST: self._list,

@@ -42,7 +42,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -74,7 +74,7 @@ from relay.builtins.arguments import (
     text,
     too_large,
 )
-from relay.builtins.outcome import Outcome, Refused, answer
+from relay.builtins.outcome import Handler, Outcome, Refused, dispatch
 from relay.house.buckets import TokenBuckets
 
 __all__ = [
@@ -483,8 +483,6 @@ def _sized_text(args: Args, name: str, limit: int, *, nul_ok: bool = False) -> s
 
 # --- the service ------------------------------------------------------------------------------
 
-_Handler = Callable[[object, bytes, int], Awaitable[object]]
-
 
 class MemoryService:
     """``macula.memory.add_knowledge_v1`` and ``macula.memory.query_v1`` over a ``MemoryStore``."""
@@ -511,17 +509,14 @@ class MemoryService:
         self.max_total_bytes = max_total_bytes
         self.buckets = TokenBuckets(rate, burst)
         self.query_buckets = TokenBuckets(query_rate, query_burst)
-        self._handlers: dict[str, _Handler] = {
+        self._handlers: dict[str, Handler] = {
             MEMORY_ADD: self._add,
             MEMORY_QUERY: self._query,
         }
 
     async def handle(self, procedure: str, payload: object, caller: bytes, now_ms: int) -> Outcome:
         """Answer one call of ``procedure`` by ``caller``; 0x01 if it is not ours. Never raises."""
-        handler = self._handlers.get(procedure) if type(procedure) is str else None
-        if handler is None:
-            return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
-        return await answer(procedure, lambda: handler(payload, caller, now_ms), logger)
+        return await dispatch(self._handlers, procedure, (payload, caller, now_ms), logger)
 
     async def _add(self, payload: object, caller: bytes, now_ms: int) -> object:
         args = arguments(payload)

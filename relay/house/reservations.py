@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -55,7 +55,6 @@ from macula.services.reservation_paths import (
     overlaps,
 )
 from macula.store.base import Migration, Row, SqliteStore
-from macula.wire.codes import ErrorCode
 from relay.builtins.arguments import (
     Args,
     arguments,
@@ -67,7 +66,7 @@ from relay.builtins.arguments import (
     refusal,
     required,
 )
-from relay.builtins.outcome import Outcome, answer
+from relay.builtins.outcome import Handler, Outcome, dispatch
 from relay.house.buckets import TokenBuckets
 
 __all__ = [
@@ -304,8 +303,6 @@ def _paths(args: Args, *, optional: bool = False) -> tuple[str, ...] | None:
 
 # --- the service --------------------------------------------------------------------------
 
-_Handler = Callable[[object, bytes, int], Awaitable[object]]
-
 
 class ReservationService:
     """``macula.reservations.reserve_v1`` / ``release_v1`` / ``list_v1`` over a store."""
@@ -324,7 +321,7 @@ class ReservationService:
         self.max_total = max_total
         self.buckets = TokenBuckets(rate, rate * 4)
         self.list_buckets = TokenBuckets(list_rate, list_rate * 4)
-        self._handlers: dict[str, _Handler] = {
+        self._handlers: dict[str, Handler] = {
             RESERVE_PATHS: self._reserve,
             RELEASE_PATHS: self._release,
             LIST_RESERVATIONS: self._list,
@@ -332,10 +329,7 @@ class ReservationService:
 
     async def handle(self, procedure: str, payload: object, caller: bytes, now_ms: int) -> Outcome:
         """Answer one call of ``procedure`` by ``caller``; 0x01 if it is not ours. Never raises."""
-        handler = self._handlers.get(procedure) if type(procedure) is str else None
-        if handler is None:
-            return Outcome.error(ErrorCode.UNKNOWN_NEXT_PEER)
-        return await answer(procedure, lambda: handler(payload, caller, now_ms), logger)
+        return await dispatch(self._handlers, procedure, (payload, caller, now_ms), logger)
 
     async def _reserve(self, payload: object, caller: bytes, now_ms: int) -> object:
         args = arguments(payload)

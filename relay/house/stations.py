@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -40,7 +40,7 @@ from relay.builtins.arguments import (
     optional_map,
     optional_text,
 )
-from relay.builtins.outcome import Outcome, answer
+from relay.builtins.outcome import Handler, Outcome, answer
 
 __all__ = [
     "MAX_KNOWN_STATIONS",
@@ -60,8 +60,6 @@ MAX_NEAR_LIMIT: Final = 100
 EARTH_RADIUS_KM: Final = 6371.0088  # the IUGG mean radius
 STATION_KIND: Final = "station"
 STATION_CAPABILITIES: Final = 1
-
-_Handler = Callable[[object, bytes, int], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +198,7 @@ class StationDirectory:
         self._linked: set[bytes] = set()  # learned from a link (what it said of itself)
         self._discovered: set[bytes] = set()  # named by the last discovery round
         self.stats: Counter[str] = Counter()
-        self._handlers: dict[str, _Handler] = {LIST_STATIONS: self._list_stations}
+        self._handlers: dict[str, Handler] = {LIST_STATIONS: self._list_stations}
 
     @property
     def station_id(self) -> bytes:
