@@ -300,8 +300,7 @@ class _AwaitableDict(dict[str, Any]):
     """A handler result whose type is a subclass of a plain one, and awaitable."""
 
     def __await__(self) -> Any:
-        # a real suspension (one loop turn), so the result is only there if it was awaited
-        yield from asyncio.sleep(0).__await__()
+        yield from asyncio.sleep(0).__await__()  # one loop turn: there only if it was awaited
         return {"awaited": 1}
 
 
