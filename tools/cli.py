@@ -1,6 +1,7 @@
 """``macula-mcp``: the MCP server over stdio, plus ``mcp-config``, ``doctor``, ``demo``, and
 the commands of other modules (``register``/``uninstall`` in tools/harness/register.py, ``station``,
-``daemon``, ``console``, ``http-token``, ``guard``); ``tools.commands`` says what each does.
+``daemon``, ``console``, ``http-token``, ``guard``, ``owner``); ``tools.commands`` says what
+each does.
 
 stdout carries MCP protocol only; every log line goes to stderr. Closing stdin ends the session
 gracefully (goodbye published, stores closed).
@@ -79,7 +80,7 @@ Check = tuple[str, bool | None, str]  # name, passed (None: a warning, not a fai
 async def _doctor() -> list[Check]:
     from macula.config import identity_path
     from macula.keyfile import load_or_create_identity
-    from tools.doctor_checks import configuration_check, settings_checks
+    from tools.doctor_checks import configuration_check, owner_check, settings_checks
 
     results: list[Check] = []
     env = dict(os.environ)
@@ -92,6 +93,7 @@ async def _doctor() -> list[Check]:
     configuration, stations = await configuration_check(env)
     results.append(configuration)
     results.extend(settings_checks(env))
+    results.append(owner_check(env))
     station_checks = [await _station_check(env, station) for station in stations]
     results.extend(station_checks)
     reachable = any(good is not False for _, good, _ in station_checks)
@@ -253,6 +255,12 @@ def _run_console(argv: Sequence[str]) -> None:
     console(argv)
 
 
+def _run_owner(argv: Sequence[str]) -> None:
+    from tools.owner.cli import main as owner
+
+    raise SystemExit(owner(argv))
+
+
 def _run_attach(argv: Sequence[str]) -> None:  # (the entry point dispatches it earlier, unimported)
     if list(argv) in (["-h"], ["--help"]):
         parser_for("attach").parse_args(["--help"])
@@ -274,6 +282,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "guard": _run_guard,
     "console": _run_console,
     "http-token": _run_http_token,
+    "owner": _run_owner,
 }
 
 

@@ -92,6 +92,15 @@ COMMANDS: Final = (
         ("macula-mcp console --open",),
     ),
     Command(
+        "owner",
+        "show or change what the agent may do: capability switches and presets (owner.toml)",
+        (
+            "macula-mcp owner show",
+            "macula-mcp owner set rpc 0   # no calling or serving procedures",
+            "macula-mcp owner preset talk --agent alice",
+        ),
+    ),
+    Command(
         "http-token",
         "print the bearer token of the daemon's HTTP /mcp endpoint",
         ("macula-mcp http-token", "macula-mcp http-token --agent alice"),

@@ -91,6 +91,32 @@ def settings_checks(env: Mapping[str, str]) -> list[Check]:
     return checks
 
 
+def owner_check(env: Mapping[str, str]) -> Check:
+    """The owner's switches (``owner.toml``): absent is ``full``; malformed fails, naming the
+    file, line and key (every switchable tool is off until it is fixed)."""
+    from tools.owner.store import load, policy_path
+
+    name = "owner switches"
+    try:
+        path = policy_path(macula_home(env))
+    except ConfigError as exc:
+        return name, False, str(exc)
+    switches = load(path).switches(env.get(AGENT_ENV) or None)
+    if switches.problem is not None:
+        return (
+            name,
+            False,
+            (
+                f"{switches.problem.text()}: every switchable tool is off until it is fixed "
+                "(edit the file; `macula-mcp owner show` names the problem)"
+            ),
+        )
+    off = sorted(tool for tool, on in switches.on.items() if not on)
+    if not off:
+        return name, True, f"preset {switches.preset}: every tool on ({path})"
+    return name, True, f"preset {switches.preset}: {len(off)} tools off ({path})"
+
+
 def local_station_check(env: Mapping[str, str]) -> Check:
     home = macula_home(env)
     status = local_station_status(home)

@@ -8,9 +8,11 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
+import anyio
 from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, InputRequiredResult
+from mcp_types import Tool as MCPTool
 from pydantic import AnyUrl
 
 from tools.groups import (
@@ -26,6 +28,12 @@ from tools.groups import (
     rpc,
     tasks,
     text_limits,
+)
+from tools.owner.switchboard import (
+    Switchboard,
+    declare_list_changed,
+    disabled,
+    switchboard_for,
 )
 from tools.server import channel, surface
 from tools.server.context import Descriptions
@@ -82,11 +90,24 @@ class GatedServer(MeshServer):
 
     gate: RuntimeGate | None = None
     runtime: Runtime | None = None
+    switchboard: Switchboard | None = None  # the owner's switches (tools.owner)
+
+    async def list_tools(self) -> list[MCPTool]:
+        """The tools the owner's switches leave on, read afresh."""
+        tools = await super().list_tools()
+        if self.switchboard is None:
+            return tools
+        switches = self.switchboard.current()
+        return [tool for tool in tools if switches.allows(tool.name)]
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
         gate = self.gate
+        if self.switchboard is not None and self._tool_manager.get_tool(name) is not None:
+            switches = self.switchboard.current()  # every call: a client may hold an old list
+            if not switches.allows(name):
+                return disabled(name, switches)
         if gate is not None and self._tool_manager.get_tool(name) is not None:
             found = await gate.usable()
             if isinstance(found, Problem):
@@ -138,11 +159,13 @@ def build_server(
         )
         gated = cast(GatedServer, server)
         gate.on_open.append(lambda opened: setattr(gated, "runtime", opened))
-        async with gate:
+        async with gate, anyio.create_task_group() as watching:
             gated.gate = gate
+            watching.start_soon(board.watch, server._subscriptions)  # owner.toml changes
             try:
                 yield gate
             finally:
+                watching.cancel_scope.cancel()
                 gated.gate = None
                 gated.runtime = None
 
@@ -155,6 +178,10 @@ def build_server(
         task_limits=text_limits.task_limits(shaping),
     )
     binding = channel.install(app, shaping)  # None with MACULA_MCP_CHANNEL=0
+    board = switchboard_for(environ)
+    cast(GatedServer, app).switchboard = board
+    app._lowlevel_server.middleware.append(board)
+    declare_list_changed(app)
     for group in GROUPS:
         group.register(app, describe)
     mark_always_loaded(app)

@@ -100,13 +100,20 @@ def register(app: MCPServer, describe: Any) -> None:
         "mesh://policy",
         name="policy",
         mime_type="application/json",
-        description="The contact policy in effect (mode, allowlist, offers) and any error.",
+        description="The owner's capability switches in effect (preset, tools off and the "
+        "switch that turned each off; a malformed owner.toml's file, line and key) and the "
+        "contact policy (mode, allowlist, offers) and any error.",
     )
     async def policy() -> str:
+        board = getattr(app, "switchboard", None)
+        view: dict[str, Any] = {}
+        if board is not None:
+            view["switches"] = board.current().view() | {"file": str(board.source.path)}
         runtime = current_runtime(app)
         state = runtime.agent.rings.policy()
         return json.dumps(
-            {
+            view
+            | {
                 "contact_policy": state.mode.label,
                 "source": state.mode_source,
                 "allowlist": list(state.allowlist),
