@@ -1,6 +1,6 @@
 """``macula-mcp owner show|set|preset``: the owner's capability switches at a terminal.
 
-Light (no MCP SDK, no mesh library). A change is written whole to ``$MACULA_HOME/owner.toml``
+Light (no MCP SDK). A change is written whole to ``$MACULA_HOME/owner.toml``
 (``tools.owner.store``); every running session notices it within ``POLL_S`` and tells its client
 (``notifications/tools/list_changed``): no restart.
 """
@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from macula.config import AGENT_ENV
 from tools.commands import parser_for
 from tools.owner.policy import Switches
 from tools.owner.presets import GROUP_TOOLS, PRESETS
@@ -32,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     preset = verbs.add_parser("preset", help="start over from a preset")
     preset.add_argument("preset", choices=list(PRESETS), help="full, talk or read-only")
     for sub in (show, turn, preset):
-        sub.add_argument("--agent", metavar="NAME", help="the agent's own table (MACULA_MCP_AGENT)")
+        sub.add_argument("--agent", metavar="NAME", help=f"the agent's own table ({AGENT_ENV})")
     return parser
 
 

@@ -132,6 +132,19 @@ def line_of(text: str, path: tuple[str, ...]) -> int:
     return best
 
 
+def _repeated_line(text: str, key: str) -> int:
+    """The line of the second definition of ``key`` (0: not found)."""
+    seen = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        head = line.strip("[] \t") if line.startswith("[") else line.split("=", 1)[0]
+        if key and ("=" in line or line.startswith("[")) and _parts(head)[-1:] == (key,):
+            seen += 1
+            if seen == 2:
+                return number
+    return 0
+
+
 def _parts(dotted: str) -> tuple[str, ...]:
     return tuple(part.strip().strip("\"'") for part in dotted.split("."))
 
@@ -146,8 +159,10 @@ def parse(text: str, file: str) -> Policy | Problem:
         said = lines[line - 1] if 0 < line <= len(lines) else ""
         key = said.split("=", 1)[0].strip().strip("[]") if "=" in said or "[" in said else ""
         return Problem(file, line, key, f"not valid TOML: {exc}")
-    except TOMLKitError as exc:
-        return Problem(file, 0, "", f"not valid TOML: {exc}")
+    except TOMLKitError as exc:  # a key given twice in one table: no line from tomlkit
+        named = re.search(r'Key "([^"]+)" already exists', str(exc))
+        key = named.group(1) if named else ""
+        return Problem(file, _repeated_line(text, key), key, f"not valid TOML: {exc}")
     try:
         return _policy(document)
     except _Bad as bad:
