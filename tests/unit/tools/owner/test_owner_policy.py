@@ -4,6 +4,8 @@ its line and key."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tools.owner.policy import MALFORMED_SWITCH, Policy, Problem, effective, line_of, parse
@@ -166,3 +168,30 @@ def test_the_view_has_no_booleans_and_names_what_is_off() -> None:
     assert view["off"] == {t: "groups.rpc" for t in sorted(GROUP_TOOLS["rpc"])}
     assert view["groups"]["rpc"] == 0 and view["malformed"] == 0
     assert "True" not in repr(view) and "False" not in repr(view)
+
+
+@pytest.mark.parametrize("terse", [False, True])
+async def test_a_narrower_preset_lists_fewer_bytes(terse: bool, tmp_path: Path) -> None:
+    """``tools/list`` bytes per preset (docs/owner.md has the figures): each narrower preset
+    sends less, and the switches add nothing to what a listed tool costs."""
+    from mcp_types import ListToolsResult
+
+    from tools.owner.store import policy_path, set_preset
+
+    sizes: dict[str, int] = {}
+    for preset in ("full", "talk", "read-only"):
+        home = tmp_path / f"{preset}-{terse}"
+        set_preset(policy_path(home), preset)
+        env = {"MACULA_HOME": str(home), "MACULA_MCP_TERSE_TOOLS": str(int(terse))}
+        tools = await build_server(env).list_tools()
+        assert {t.name for t in tools} == PRESETS[preset]
+        sizes[preset] = len(
+            ListToolsResult(tools=tools).model_dump_json(by_alias=True, exclude_none=True)
+        )
+    plain = await build_server(
+        {"MACULA_HOME": "/nonexistent", "MACULA_MCP_TERSE_TOOLS": str(int(terse))}
+    ).list_tools()
+    assert sizes["full"] == len(
+        ListToolsResult(tools=plain).model_dump_json(by_alias=True, exclude_none=True)
+    )
+    assert sizes["read-only"] < sizes["talk"] < sizes["full"], sizes
