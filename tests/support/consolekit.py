@@ -161,3 +161,17 @@ async def http(
     if data is not None:
         sent.setdefault("Content-Type", "application/json")
     return await asyncio.to_thread(_request, url, method, sent, data)
+
+
+@contextlib.asynccontextmanager
+async def chromium() -> AsyncIterator[Any]:
+    """Debian's headless Chromium, driven by playwright (callers skip when ``CHROMIUM`` is
+    absent)."""
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()

@@ -35,14 +35,14 @@ def view(home: Path, agent: object = None) -> dict[str, Any]:
     path = policy_path(home)
     loaded = load(path)
     named = sorted(loaded.found.agents) if isinstance(loaded.found, Policy) else []
+    switches = loaded.switches(_agent(agent))
     return {
         "file": str(path),
         "exists": int(loaded.data is not None),
         "agents": named,
         "presets": list(PRESETS),
         "groups": {group: list(tools) for group, tools in GROUP_TOOLS.items()},
-        "switches": loaded.switches(_agent(agent)).view()
-        | {"decided_by": dict(loaded.switches(_agent(agent)).decided_by)},
+        "switches": switches.view() | {"decided_by": dict(switches.decided_by)},
     }
 
 
