@@ -109,7 +109,12 @@ def register(app: MCPServer, describe: Any) -> None:
         view: dict[str, Any] = {}
         if board is not None:
             view["switches"] = board.current().view() | {"file": str(board.source.path)}
-        runtime = current_runtime(app)
+        try:
+            runtime = current_runtime(app)
+        except RuntimeError as exc:  # the switches hold without a mesh; say why the rest waits
+            if not view:
+                raise
+            return json.dumps(view | {"contact_policy": None, "error": str(exc)})
         state = runtime.agent.rings.policy()
         return json.dumps(
             view

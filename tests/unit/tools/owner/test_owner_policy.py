@@ -195,3 +195,23 @@ async def test_a_narrower_preset_lists_fewer_bytes(terse: bool, tmp_path: Path) 
         ListToolsResult(tools=plain).model_dump_json(by_alias=True, exclude_none=True)
     )
     assert sizes["read-only"] < sizes["talk"] < sizes["full"], sizes
+
+
+async def test_mesh_policy_shows_the_switches_even_while_the_mesh_is_not_usable(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from mcp import Client
+
+    from tools.server.runtime_gate import Problem
+
+    (tmp_path / "owner.toml").write_text("[tools]\nmesh_say = 3\n")
+    problem = Problem("configuration", "no station", "fix it", retryable=0)
+    app = build_server({"MACULA_HOME": str(tmp_path)}, problem=problem, only_problem=True)
+    async with Client(app) as client:
+        read = await client.read_resource("mesh://policy")
+        view = json.loads(read.contents[0].text)  # type: ignore[union-attr]
+        assert view["switches"]["malformed"] == 1 and view["switches"]["on"] == []
+        assert view["switches"]["problem"]["line"] == 2 and "configuration" in view["error"]
+        assert (await client.list_tools()).tools == []
