@@ -91,6 +91,18 @@ async def test_a_task_handed_to_an_a2a_agent_completes(tmp_path: Path, station: 
             assert late["code"] == "already_terminal"
 
 
+async def test_an_agent_that_does_not_stream_is_polled(tmp_path: Path, station: Station) -> None:
+    home = tmp_path / "alice"
+    async with a2a_agent(streaming=False) as helper, a2a_agent(secured=True) as locked:
+        allow(home, helper.url, locked.url)
+        async with mesh_agent(home, station) as alice:
+            sent = await alice.good("mesh_task_send", to=helper.url, title="t", input="echo polled")
+            assert (await outcome(alice, sent["task_id"]))["result"] == "done: polled"
+            refused = await alice.bad("mesh_task_send", to=locked.url, title="t", input="echo x")
+            assert refused["code"] == "a2a_auth_required" and refused.get("task") is None
+            assert locked.seen.inputs == []
+
+
 async def test_input_required_round_trip_and_cancel(tmp_path: Path, station: Station) -> None:
     home = tmp_path / "alice"
     async with a2a_agent() as helper:
