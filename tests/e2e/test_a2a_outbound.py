@@ -113,6 +113,10 @@ async def test_input_required_round_trip_and_cancel(tmp_path: Path, station: Sta
             )
             task_id = sent["task_id"]
             assert (sent["state"], sent["note"]) == ("input_required", "which colour?")
+            allow(home)  # the owner takes the agent off the list: nothing more goes to it
+            off = await alice.bad("mesh_task_send", task_id=task_id, input="blue")
+            assert (off["code"], off["task"]["state"]) == ("a2a_not_allowlisted", "input_required")
+            allow(home, helper.url)
             answered = await alice.good(
                 "mesh_task_send", task_id=task_id, input="blue", wait_seconds=20
             )

@@ -139,7 +139,7 @@ class Outbound:
                 "mesh_task_wait until it is input_required; mesh_task_get shows the outcome",
                 task=task,
             )
-        opened = await self._dial(self._allowed(link.url))
+        opened = await self._dial(self._allowed(link.url, task), task_id)
         message = Message(
             message_id=self.tasks.random(16).hex(),
             role=Role.ROLE_USER,
@@ -147,14 +147,15 @@ class Outbound:
             context_id=link.context_id or "",
             parts=[Part(text=text)],
         )
-        if key is not None:
+        answered = await self._start(task_id, opened, SendMessageRequest(message=message), link)
+        if key is not None:  # only once it reached the agent: a retry after a failure resends
             await self.store.set_flags(
                 self.me, task_id, self.tasks.clock(), key=key, key_digest=key_digest
             )
-        return await self._start(task_id, opened, SendMessageRequest(message=message), link)
+        return answered
 
     async def cancel(self, task_id: str, reason: str | None, *, key: str | None = None) -> Task:
-        from a2a.types import CancelTaskRequest
+        from a2a.types import CancelTaskRequest, GetTaskRequest
 
         from tools.a2a.answers import Reading
         from tools.a2a.dial import failure_of
@@ -173,20 +174,24 @@ class Outbound:
                 "read the outcome with mesh_task_get",
                 task=task,
             )
-        agent = self._allowed(link.url)
-        await self.store.set_flags(
-            self.me, task_id, self.tasks.clock(), cancel_requested=1, key=key, key_digest=key_digest
-        )
-        await self.tasks.touched()
+        agent = self._allowed(link.url, task)
         if link.a2a_task_id is None:
             return await self._settle(task_id, "canceled", reason or "canceled before it started")
         reading = Reading(self.limits, task_id=link.a2a_task_id, context_id=link.context_id)
-        try:
-            async with await self._dial(agent) as opened:
+        async with await self._dial(agent, task_id) as opened:
+            try:
                 reading.task(await opened.client.cancel_task(CancelTaskRequest(id=reading.task_id)))
-        except Exception as exc:
-            failure = failure_of(exc)
-            raise self._refusal(task_id, failure, await self._need_task(task_id)) from None
+            except Exception as exc:
+                failure = failure_of(exc)
+                if failure.code == "a2a_refused":  # not cancelable: it may have its outcome
+                    with contextlib.suppress(Exception):
+                        fresh = Reading(self.limits, task_id=reading.task_id)
+                        fresh.task(await opened.client.get_task(GetTaskRequest(id=fresh.task_id)))
+                        await self._applied(task_id, fresh)
+                raise self._refusal(task_id, failure, await self._need_task(task_id)) from None
+        await self.store.set_flags(
+            self.me, task_id, self.tasks.clock(), cancel_requested=1, key=key, key_digest=key_digest
+        )
         done = await self._applied(task_id, reading)
         if done.state in TERMINAL:
             follower = self.followers.pop(task_id, None)
@@ -223,7 +228,8 @@ class Outbound:
         if link is not None:
             reading.task_id, reading.context_id = link.a2a_task_id, link.context_id
         first: asyncio.Future[Failure | None] = asyncio.get_running_loop().create_future()
-        self._spawn(task_id, self._follow(task_id, opened, request, reading, first))
+        answering = link is not None
+        self._spawn(task_id, self._follow(task_id, opened, request, reading, first, answering))
         with contextlib.suppress(TimeoutError):
             failure = await asyncio.wait_for(asyncio.shield(first), FIRST_ANSWER_S)
             if failure is not None:
@@ -249,12 +255,16 @@ class Outbound:
         request: Any,
         reading: Reading,
         first: asyncio.Future[Failure | None],
+        answering: bool,
     ) -> None:
+        """``answering``: ``request`` answers the task's question (it already has an A2A id)."""
         from tools.a2a.dial import failure_of
 
+        heard = False
         try:
             async with opened:
                 async for event in opened.client.send_message(request):
+                    heard = True
                     reading.feed(event)
                     await self._applied(task_id, reading)
                     _resolve(first, None)
@@ -267,7 +277,10 @@ class Outbound:
         except Exception as exc:
             failure = failure_of(exc)
             log.info("A2A task %s: %s", task_id, failure)
-            if failure.code == "a2a_unreachable" and reading.task_id is not None:
+            if failure.code == "a2a_unreachable" and answering and not heard:
+                _resolve(first, failure)  # the answer never left: the task still waits for it
+                return
+            if failure.code == "a2a_unreachable" and heard and reading.task_id is not None:
                 _resolve(first, None)  # named and accepted: the agent may come back
                 link = await self.links.get(self.me, task_id)
                 if link is not None:
@@ -280,17 +293,20 @@ class Outbound:
         """Follow a task by ``get`` alone (after a restart, or the agent was away), dialling
         again with backoff while it is unreachable."""
         from tools.a2a.answers import Reading
-        from tools.a2a.dial import failure_of
+        from tools.a2a.dial import dial, failure_of
 
         delay = POLL_FIRST_S
         while True:
             reading = Reading(self.limits, task_id=link.a2a_task_id, context_id=link.context_id)
             try:
-                async with await self._dial(self._allowed(link.url)) as opened:
+                agent = self._allowed(link.url)
+            except TaskError as exc:  # the owner took it off the allowlist, or it is malformed
+                await self._settle(link.task_id, "failed", f"{exc.code}: {exc.detail}")
+                return
+            try:
+                async with await dial(agent) as opened:
                     await self._poll(link.task_id, opened, reading)
                     return
-            except (TaskError, asyncio.CancelledError):
-                raise
             except Exception as exc:
                 failure = failure_of(exc)
                 if failure.code != "a2a_unreachable":
@@ -343,7 +359,8 @@ class Outbound:
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _allowed(self, to: str) -> Agent:
+    def _allowed(self, to: str, task: Task | None = None) -> Agent:
+        """The allowlisted agent ``to`` names; a ``TaskError`` (with ``task``) if none."""
         try:
             allowlist = load(self.home)
         except AllowlistError as exc:
@@ -351,6 +368,7 @@ class Outbound:
                 "a2a_allowlist_invalid",
                 f"{exc}; no A2A agent is dialled until it is fixed",
                 "ask the owner to fix owner.toml (table [a2a])",
+                task=task,
             ) from None
         agent = allowlist.find(to)
         if agent is None:
@@ -359,16 +377,19 @@ class Outbound:
                 f"{to[:200]} is not in the owner's A2A agents ([a2a] agents in "
                 f"{allowlist.path}); nothing else is dialled",
                 "ask the owner to add it (macula-mcp a2a-agent add URL), or use a listed one",
+                task=task,
             )
         return agent
 
-    async def _dial(self, agent: Agent) -> Opened:
+    async def _dial(self, agent: Agent, task_id: str | None = None) -> Opened:
+        """An SDK client to ``agent``; a failure is a ``TaskError`` (with the task, if named)."""
         from tools.a2a.dial import Failure, dial
 
         try:
             return await dial(agent)
         except Failure as failure:
-            raise self._refusal(None, failure, None) from None
+            task = None if task_id is None else await self._need_task(task_id)
+            raise self._refusal(task_id, failure, task) from None
 
     def _refusal(self, task_id: str | None, failure: Failure, task: Task | None) -> TaskError:
         from tools.a2a.dial import NEXT_ACTION
