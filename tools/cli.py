@@ -261,6 +261,12 @@ def _run_owner(argv: Sequence[str]) -> None:
     raise SystemExit(owner(argv))
 
 
+def _run_a2a_agent(argv: Sequence[str]) -> None:
+    from tools.a2a.command import main as a2a_agent
+
+    a2a_agent(argv)
+
+
 def _run_attach(argv: Sequence[str]) -> None:  # (the entry point dispatches it earlier, unimported)
     if list(argv) in (["-h"], ["--help"]):
         parser_for("attach").parse_args(["--help"])
@@ -283,6 +289,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "console": _run_console,
     "http-token": _run_http_token,
     "owner": _run_owner,
+    "a2a-agent": _run_a2a_agent,
 }
 
 

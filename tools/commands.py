@@ -101,6 +101,15 @@ COMMANDS: Final = (
         ),
     ),
     Command(
+        "a2a-agent",
+        "list, add or remove the A2A agents a mesh agent may hand tasks to (owner.toml)",
+        (
+            "macula-mcp a2a-agent add http://127.0.0.1:9999/ --name helper",
+            "macula-mcp a2a-agent list",
+            "macula-mcp a2a-agent remove a2a:helper",
+        ),
+    ),
+    Command(
         "http-token",
         "print the bearer token of the daemon's HTTP /mcp endpoint",
         ("macula-mcp http-token", "macula-mcp http-token --agent alice"),

@@ -380,6 +380,11 @@ class Tasks:
         )
         return task, first and (task.state in TERMINAL or needs_you)
 
+    async def touched(self) -> None:
+        """Wake every ``wait``: a task changed in the store by a writer outside this class
+        (a task handed to an A2A agent, ``tools.a2a.outbound``)."""
+        await self._changed()
+
     def _newer_than(self, seen: int) -> bool:
         return self._version > seen
 

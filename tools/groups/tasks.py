@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -24,6 +24,8 @@ from macula.agent.envelope import is_id
 from macula.agent.petnames import petname
 from macula.store.task_values import TaskValue
 from macula.store.tasks import ROLES, STATES, TERMINAL, Role, Task, TaskError
+from tools.a2a.allowlist import A2A_URL_CHARS, looks_like_a2a
+from tools.a2a.outbound import outbound_of
 from tools.groups.agent_arguments import invalid, resolve_peers, run_agent_tool
 from tools.groups.paging import PageBudget, paged, size
 from tools.groups.text_limits import (
@@ -31,7 +33,6 @@ from tools.groups.text_limits import (
     STATE_CHARS,
     Id,
     IdempotencyKey,
-    Peer,
     TaskBound,
 )
 from tools.server.arguments import MAX_INDEX
@@ -68,7 +69,10 @@ def _next(task: Task) -> str:
     return "finish with mesh_task_complete(result=...) or (error=...): exactly once"
 
 
-def task_view(task: Task, *, full: bool = True) -> dict[str, Any]:
+def task_view(
+    task: Task, *, full: bool = True, a2a: Mapping[bytes, str] | None = None
+) -> dict[str, Any]:
+    """``a2a``: the agent URL of each task handed to an A2A agent, by its peer marker."""
     view: dict[str, Any] = {
         "task_id": task.task_id,
         "role": task.role,
@@ -91,13 +95,22 @@ def task_view(task: Task, *, full: bool = True) -> dict[str, Any]:
         view |= {"delivered": task.delivered, "cancel_requested": task.cancel_requested}
     else:
         view["contact"] = task.contact  # 1 allowed by your policy, 3 a stranger (ask)
+    url = None if a2a is None else a2a.get(task.peer)
+    if url is not None:  # the peer is no node: the A2A agent the owner listed
+        view |= {"peer_petname": None, "a2a_agent": url}
     if task.replayed:
         view["replayed"] = 1
     return view | {"next": _next(task)}
 
 
-def _task_failure(exc: TaskError) -> CallToolResult:
-    task = None if exc.task is None else task_view(exc.task)
+async def _a2a_urls(runtime: Runtime) -> Mapping[bytes, str]:
+    """The A2A agents' URLs by peer marker (opening the outbound tasks resumes them)."""
+    outbound = await outbound_of(runtime)
+    return {} if outbound is None else outbound.urls
+
+
+def _task_failure(exc: TaskError, a2a: Mapping[bytes, str]) -> CallToolResult:
+    task = None if exc.task is None else task_view(exc.task, a2a=a2a)
     return fail(
         exc.code, exc.detail, retryable=exc.retryable, next_action=exc.next_action, task=task
     )
@@ -120,7 +133,10 @@ async def _run(
             raise
 
     result = await run_agent_tool(runtime, tool, args, guarded)
-    return _task_failure(refusal[0]) if refusal else result
+    if not refusal:
+        return result
+    urls = {} if runtime.a2a is None else runtime.a2a.urls
+    return _task_failure(refusal[0], urls)
 
 
 def _task_id_problems(task_id: str | None, *, required: bool = True) -> list[str]:
@@ -137,7 +153,10 @@ def _key_problems(key: str | None) -> list[str]:
 async def mesh_task_send(
     ctx: Context,
     input: Annotated[TaskValue, INPUT, Field(description="<= 16 KB")],
-    to: Annotated[Peer | None, Field(description="node id or petname")] = None,
+    to: Annotated[
+        str | None,
+        Field(max_length=A2A_URL_CHARS, description="node id, petname, or A2A agent URL"),
+    ] = None,
     title: Annotated[str | None, TITLE, Field(description="new task")] = None,
     wait_seconds: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0,
     task_id: Annotated[Id | None, Field(description="answer this task's question")] = None,
@@ -148,7 +167,7 @@ async def mesh_task_send(
     problems = _key_problems(idempotency_key)
     if task_id is None:
         if to is None or not to.strip():
-            problems.append("to: a node id or petname is required for a new task")
+            problems.append("to: a node id, petname or A2A agent URL is required for a new task")
         if title is None:
             problems.append("title: required for a new task")
         problems += limits.problems(title=title, input=input)
@@ -166,9 +185,18 @@ async def mesh_task_send(
 
     async def work() -> dict[str, Any]:
         tasks = runtime.agent.tasks
+        outbound = await outbound_of(runtime)
         if task_id is not None:
             assert isinstance(input, str)
-            task = await tasks.give_input(task_id, input, key=idempotency_key)
+            if outbound is not None and await outbound.link(task_id) is not None:
+                task = await outbound.give_input(task_id, input, key=idempotency_key)
+            else:
+                task = await tasks.give_input(task_id, input, key=idempotency_key)
+        elif to is not None and looks_like_a2a(to):
+            assert title is not None
+            outbound = await outbound_of(runtime, create=True)
+            assert outbound is not None
+            task = await outbound.send(to.strip(), title, input, key=idempotency_key)
         else:
             assert to is not None and title is not None
             [peer] = await resolve_peers(runtime, "to", [to])
@@ -177,7 +205,7 @@ async def mesh_task_send(
         if wait_seconds > 0 and task.state not in TERMINAL:
             waited = await tasks.wait(task.task_id, wait_seconds, task.state_seq)
             task, changed = waited.task or task, waited.changed
-        return task_view(task) | {"changed": changed}
+        return task_view(task, a2a=await _a2a_urls(runtime)) | {"changed": changed}
 
     args = {"to": to, "title": title, "task_id": task_id, "wait_seconds": wait_seconds}
     return await _run(runtime, "mesh_task_send", args, work)
@@ -196,7 +224,12 @@ async def mesh_task_cancel(
         return invalid(problems)
 
     async def work() -> dict[str, Any]:
-        return task_view(await runtime.agent.tasks.cancel(task_id, reason, key=idempotency_key))
+        outbound = await outbound_of(runtime)
+        if outbound is not None and await outbound.link(task_id) is not None:
+            task = await outbound.cancel(task_id, reason, key=idempotency_key)
+        else:
+            task = await runtime.agent.tasks.cancel(task_id, reason, key=idempotency_key)
+        return task_view(task, a2a=outbound.urls if outbound is not None else None)
 
     return await _run(runtime, "mesh_task_cancel", {"task_id": task_id}, work)
 
@@ -218,10 +251,11 @@ async def mesh_task_wait(
         async def started() -> None:
             await ctx.report_progress(0, None, "waiting for the task")
 
+        urls = await _a2a_urls(runtime)
         waited = await runtime.agent.tasks.wait(
             task_id, wait_seconds, after_state_seq, started=started
         )
-        task = None if waited.task is None else task_view(waited.task)
+        task = None if waited.task is None else task_view(waited.task, a2a=urls)
         return {"task": task, "changed": waited.changed, "timed_out": 1 - waited.changed}
 
     args = {"task_id": task_id, "wait_seconds": wait_seconds, "after": after_state_seq}
@@ -236,6 +270,7 @@ async def mesh_task_get(ctx: Context, task_id: Id) -> CallToolResult:
 
     async def work() -> dict[str, Any]:
         tasks = runtime.agent.tasks
+        urls = await _a2a_urls(runtime)
         task = await tasks.get(task_id)
         history = await tasks.store.history(tasks.me, task_id)
         rows = [
@@ -248,7 +283,7 @@ async def mesh_task_get(ctx: Context, task_id: Id) -> CallToolResult:
             }
             for h in history
         ]
-        return task_view(task) | {"history": rows}
+        return task_view(task, a2a=urls) | {"history": rows}
 
     return await _run(runtime, "mesh_task_get", {"task_id": task_id}, work)
 
@@ -280,7 +315,8 @@ async def mesh_task_list(
             offset=offset,
         )
         total = await runtime.agent.tasks.count_tasks(role=chosen, state=state)
-        views = [task_view(t, full=False) for t in found]
+        urls = await _a2a_urls(runtime)
+        views = [task_view(t, full=False, a2a=urls) for t in found]
         views = views[: PageBudget().fit(size(view) for view in views)]
         after = offset + len(views)
         arguments = {"role": role, "state": state, "limit": limit, "offset": after}

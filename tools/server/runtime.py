@@ -80,6 +80,7 @@ class Runtime:
     terse: bool = False
     served: dict[str, Any] = field(default_factory=dict)  # procedure name -> serving record
     counters: dict[str, int] = field(default_factory=dict)
+    a2a: Any = None  # tools.a2a.outbound.Outbound, opened by the first task tool that needs it
 
     def count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
@@ -147,7 +148,12 @@ async def open_runtime(
         Agent(node, agent_settings(environ, identity)) as agent,
         await ReceiptStore.open(receipts_path) as receipts,
     ):
-        yield Runtime(node, agent, receipts, environ, stations, embedded, terse)
+        runtime = Runtime(node, agent, receipts, environ, stations, embedded, terse)
+        try:
+            yield runtime
+        finally:
+            if runtime.a2a is not None:  # its followers end before the agent and its stores
+                await runtime.a2a.close()
 
 
 def check_key(idempotency_key: str | None) -> str | None:

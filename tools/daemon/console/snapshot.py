@@ -29,6 +29,7 @@ from macula.config import AGENT_ENV, IDENTITY_ENV
 from macula.errors import MaculaError
 from macula.realm.authority import Realm, RealmError, list_realms
 from macula.realm.codes import display
+from tools.a2a.outbound import outbound_of
 from tools.daemon.console.rooms_view import known_names, merged_rooms
 from tools.groups.agent_views import ring_view, with_petname
 from tools.groups.realms import membership_store
@@ -114,6 +115,12 @@ def agent_name(runtime: Runtime) -> str | None:
     return name if name and not env.get(IDENTITY_ENV) else None
 
 
+async def _a2a_urls(runtime: Runtime) -> dict[bytes, str]:
+    """The URL of each A2A agent this identity handed tasks to, by its peer marker."""
+    outbound = await outbound_of(runtime)
+    return {} if outbound is None else dict(outbound.urls)
+
+
 async def identity_view(runtime: Runtime, directory: DirectoryCache) -> dict[str, Any]:
     """One hosted identity: who it is, its stations, rooms, rings, tasks, realms, policy."""
     agent = runtime.agent
@@ -126,6 +133,7 @@ async def identity_view(runtime: Runtime, directory: DirectoryCache) -> dict[str
         ring_view(r) | {"peer_petname": petname(r.peer)} for r in await agent.rings.pending()
     ]
     tasks = await agent.tasks.list_tasks(limit=MAX_TASKS)
+    urls = await _a2a_urls(runtime)
     return {
         "node_id": me["node_id"],
         "petname": me["petname"],
@@ -138,7 +146,7 @@ async def identity_view(runtime: Runtime, directory: DirectoryCache) -> dict[str
         "directory": present,
         "rooms": await _room_views(runtime),
         "rings": pending,
-        "tasks": [task_view(t) for t in tasks],
+        "tasks": [task_view(t, a2a=urls) for t in tasks],
         "realms": await _realm_views(runtime),
     }
 

@@ -135,7 +135,7 @@ function renderTasks(snapshot) {
     for (const task of identity.tasks) {
       const result = task.result === null || task.result === undefined ? (task.error || "") : JSON.stringify(task.result);
       rows.push(el("tr", { "data-task": task.task_id },
-        el("td", {}, label(identity.node_id, identity.petname)), el("td", {}, task.role), el("td", {}, label(task.peer, task.peer_petname)),
+        el("td", {}, label(identity.node_id, identity.petname)), el("td", {}, task.role), el("td", {}, task.a2a_agent ? "A2A " + task.a2a_agent : label(task.peer, task.peer_petname)),
         el("td", {}, task.title), el("td", { class: "state" }, task.state), el("td", {}, result)));
     }
   }
