@@ -216,6 +216,13 @@ async def exercise_reservations(ada: Agent, bob: Agent, ada_id: str) -> None:
     await bob.bad("mesh_reservations", project=project, cursor="x")
     assert (await ada.good("mesh_release_paths", project=project))["released"] == 1
     await ada.bad("mesh_release_paths", paths=["/etc/passwd"], project=project)
+    # the audit trail: bob's served procedure was called by ada (a digest, never the args)
+    calls = await bob.good("mesh_audit", kind="call_received")
+    assert calls["entries"][0]["facts"]["caller"] == ada_id, calls
+    assert "content_digest" in calls["entries"][0]["facts"]
+    await bob.bad("mesh_audit", cursor="../../etc/passwd")
+    await bob.bad("mesh_audit", kind="tool_deleted")
+    await bob.bad("mesh_audit", since_seq=5, until_seq=2)
 
 
 async def exercise_tasks(ada: Agent, bob: Agent, bob_id: str) -> None:

@@ -27,6 +27,7 @@ from tools.groups import (
     tasks,
     text_limits,
 )
+from tools.groups.owner import audit as audit_tools
 from tools.server import channel, surface
 from tools.server.context import Descriptions
 from tools.server.runtime import Runtime, open_runtime, station_names
@@ -47,6 +48,7 @@ GROUPS = (
     reservations,
     realms,
     tasks,
+    audit_tools,
     surface,
 )
 
@@ -91,7 +93,22 @@ class GatedServer(MeshServer):
             found = await gate.usable()
             if isinstance(found, Problem):
                 return found.result()
-        return await super().call_tool(name, arguments, context)
+        try:
+            result = await super().call_tool(name, arguments, context)
+        except BaseException:
+            self._audited(name, arguments, "raised")
+            raise
+        self._audited(name, arguments, outcome_code(result))
+        return result
+
+    def _audited(self, name: str, arguments: dict[str, Any], outcome: str) -> None:
+        """The trail's ``tool_called``: the tool, a digest of its arguments, the outcome."""
+        runtime = self.runtime
+        if runtime is not None:
+            audit = runtime.agent.audit
+            audit.record(
+                "tool_called", outcome, name=name[:64], args_digest=audit.digest(arguments)
+            )
 
     async def read_resource(
         self, uri: AnyUrl | str, context: Context[Any, Any] | None = None
@@ -101,6 +118,16 @@ class GatedServer(MeshServer):
         if self.gate is not None:
             await self.gate.usable()
         return await super().read_resource(uri, context)
+
+
+def outcome_code(result: CallToolResult | InputRequiredResult) -> str:
+    """``ok``, the structured error's ``code``, or ``input_required``."""
+    if not isinstance(result, CallToolResult):
+        return "input_required"
+    if not result.is_error:
+        return "ok"
+    code = (result.structured_content or {}).get("code")
+    return code[:64] if isinstance(code, str) and code else "error"
 
 
 def build_server(
