@@ -1,6 +1,7 @@
 """The audit trail seen from outside: a real ``macula-mcp`` (official SDK client, stdio) makes
-tool calls and receives a task from another real agent through a real station; ``mesh_audit``
-shows each with digests and no content, and the owner's ``audit verify`` passes afterwards."""
+tool calls and receives a task and a ring from another real agent through a real station;
+``mesh_audit`` shows each with digests and no content, and the owner's ``audit verify`` passes
+afterwards."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ async def test_mesh_audit_shows_calls_and_a_received_task_without_content(
         facts = task["facts"]
         assert isinstance(facts, dict) and facts["sender"] == alice_id
         assert len(str(facts["content_digest"])) == 64
+        rung = await alice.good("mesh_ring", to=bob_id, purpose=f"about {SECRET}")
+        assert rung["answer"] == 1, rung
+        (ring,) = (await bob.good("mesh_audit", kind="ring_received"))["entries"]
+        assert ring["outcome"] == "accepted" and ring["facts"]["caller"] == alice_id
+        assert ring["facts"]["ring_id"] == rung["ring_id"]
         page = await bob.good("mesh_audit", kind="tool_called")
         called = [(e["facts"]["name"], e["outcome"]) for e in page["entries"]]
         assert called[:2] == [("mesh_hello", "ok"), ("mesh_say", "invalid_argument")], called
