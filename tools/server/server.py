@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -95,7 +96,10 @@ class GatedServer(MeshServer):
                 return found.result()
         try:
             result = await super().call_tool(name, arguments, context)
-        except BaseException:
+        except asyncio.CancelledError:
+            self._audited(name, arguments, "cancelled")
+            raise
+        except Exception:
             self._audited(name, arguments, "raised")
             raise
         self._audited(name, arguments, outcome_code(result))
