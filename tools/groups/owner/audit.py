@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult
 from pydantic import Field
 
-from macula.agent.audit import AuditTrail
+from macula.agent.audit import KINDS, AuditTrail
 from macula.store.audit_log import entries, read_head
 from tools.groups.paging import PageBudget, paged, size
 from tools.groups.text_limits import Cursor
@@ -34,15 +34,7 @@ MAX_SEQ = 2**53
 MAX_ENTRIES = 200
 DEFAULT_ENTRIES = 50
 _CURSOR = re.compile(r"a(\d{1,16})\Z")
-Kind = Literal[
-    "tool_called",
-    "task_received",
-    "call_received",
-    "ring_received",
-    "owner_decided",
-    "policy_changed",
-    "head_signed",
-]
+KIND_CHARS = max(len(kind) for kind in KINDS)
 
 
 def _view(entry: dict[str, Any]) -> dict[str, Any]:
@@ -81,7 +73,9 @@ def read_page(
 
 async def mesh_audit(
     ctx: Context,
-    kind: Annotated[Kind | None, Field(description="only entries of this kind")] = None,
+    kind: Annotated[
+        str | None, Field(max_length=KIND_CHARS, description="e.g. tool_called")
+    ] = None,
     since_seq: Annotated[int | None, Field(ge=1, le=MAX_SEQ)] = None,
     until_seq: Annotated[int | None, Field(ge=1, le=MAX_SEQ)] = None,
     since_ms: Annotated[int | None, Field(ge=0, le=MAX_MS)] = None,
@@ -90,6 +84,8 @@ async def mesh_audit(
     cursor: Cursor = None,
 ) -> CallToolResult:
     runtime = runtime_of(ctx)
+    if kind is not None and kind not in KINDS:
+        return bad_argument("kind", f"one of {', '.join(sorted(KINDS))}")
     if since_seq is not None and until_seq is not None and since_seq > until_seq:
         return bad_argument("since_seq", "must not be after until_seq")
     if since_ms is not None and until_ms is not None and since_ms > until_ms:
