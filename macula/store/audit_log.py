@@ -149,6 +149,7 @@ class AuditLog:
     ) -> None:
         if segment_bytes < 1024 or keep_segments < 2:
             raise ValueError("segment_bytes >= 1024 and keep_segments >= 2")
+        private_dir(directory.parent)  # <home>/audit: 0700 too (mkdir's parents are not)
         self.directory = private_dir(directory)
         self.segment_bytes = segment_bytes
         self.keep_segments = keep_segments

@@ -63,6 +63,7 @@ def test_files_are_private(tmp_path: Path) -> None:
     t.record("tool_called", "ok", name="mesh_hello")
     t.close()
     assert stat.S_IMODE(t.directory.stat().st_mode) == 0o700
+    assert stat.S_IMODE(t.directory.parent.stat().st_mode) == 0o700  # <home>/audit
     for path in t.directory.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
