@@ -62,6 +62,10 @@ NO_CITIZENSHIP_ENV: Final = "MACULA_MCP_NO_CITIZENSHIP"
 OPERATOR_NAME_ENV: Final = "MACULA_MCP_OPERATOR_NAME"
 HELLO_MESSAGE_ENV: Final = "MACULA_MCP_HELLO_MESSAGE"
 MODEL_ENV: Final = "MACULA_MCP_MODEL"
+# the audit trail (macula.agent.audit): 1 turns it off; segment size in KiB, segments kept
+NO_AUDIT_ENV: Final = "MACULA_MCP_NO_AUDIT"
+AUDIT_SEGMENT_KB_ENV: Final = "MACULA_MCP_AUDIT_SEGMENT_KB"
+AUDIT_SEGMENTS_ENV: Final = "MACULA_MCP_AUDIT_SEGMENTS"
 
 C = TypeVar("C", bound=ConfigError)
 

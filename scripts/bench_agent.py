@@ -15,6 +15,10 @@ outside to know B is blocked, not still arriving); the settle time is outside th
 
 Run: ``uv run python scripts/bench.py agent [--messages 200] [--json PATH]``;
 ``--presence`` runs the 1,000-agent presence workload instead (``bench_presence``).
+``--audit off`` runs both servers with the audit trail off (``MACULA_MCP_NO_AUDIT=1``);
+``--audit both`` runs two pairs on one station, one with the trail and one without, their
+messages interleaved (which pair goes first alternates), and prints both figures and the
+difference of the p50s (issue 39's goal: within 5 %).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import bench_common
 from bench_common import child_process, percentile, process_cpu_seconds
 from mcp import Client, StdioServerParameters
 
+from macula.config import NO_AUDIT_ENV
 from tools.launch import server_command
 
 WAIT_S = 20.0
@@ -102,8 +107,11 @@ async def spying(out: Path | None, pids: dict[str, int]) -> AsyncIterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def mcp_agent(name: str, home: Path, endpoint: str) -> AsyncIterator[McpAgent]:
-    """``macula-mcp`` for ``name`` (its own home and identity) on stdio, and its pid."""
+async def mcp_agent(
+    name: str, home: Path, endpoint: str, audit: str = "on"
+) -> AsyncIterator[McpAgent]:
+    """``macula-mcp`` for ``name`` (its own home and identity) on stdio, and its pid; with
+    ``audit`` "off" its audit trail is off."""
     env = dict(
         os.environ,
         MACULA_HOME=str(home),
@@ -111,6 +119,7 @@ async def mcp_agent(name: str, home: Path, endpoint: str) -> AsyncIterator[McpAg
         MACULA_MCP_IDENTITY=str(home / "id.key"),
         MACULA_MCP_AGENT=name,
     )
+    env[NO_AUDIT_ENV] = "1" if audit == "off" else "0"
     argv = server_command()
     before = child_pids()
     params = StdioServerParameters(command=argv[0], args=argv[1:], env=env)
@@ -152,25 +161,67 @@ def summary(name: str, samples: list[float]) -> dict[str, float]:
     return figures
 
 
+async def paired_room(a: McpAgent, b: McpAgent) -> str:
+    """A room A opened and B joined, B having read all it had."""
+    room = str((await a.call("mesh_open_room", purpose="bench"))["room_topic"])
+    await b.call("mesh_join_room", room_topic=room)
+    await a.call("mesh_wait_room", room_topic=room, wait_seconds=WAIT_S)  # B joined
+    while (await b.call("mesh_wait_room", room_topic=room, wait_seconds=0.05))["count"]:
+        pass  # B has read all it had
+    return room
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    if args.audit == "both":
+        return await bench_audit(args)
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         async with (
             child_process("serve-station", "1800", ready="endpoint") as station,
-            mcp_agent("bench-a", Path(tmp) / "a", station.said) as a,
-            mcp_agent("bench-b", Path(tmp) / "b", station.said) as b,
+            mcp_agent("bench-a", Path(tmp) / "a", station.said, args.audit) as a,
+            mcp_agent("bench-b", Path(tmp) / "b", station.said, args.audit) as b,
         ):
             print(f"station {station.pid}, agent A {a.pid}, agent B {b.pid}", flush=True)
-            room = (await a.call("mesh_open_room", purpose="bench"))["room_topic"]
-            await b.call("mesh_join_room", room_topic=room)
-            await a.call("mesh_wait_room", room_topic=room, wait_seconds=WAIT_S)  # B joined
-            while (await b.call("mesh_wait_room", room_topic=room, wait_seconds=0.05))["count"]:
-                pass  # B has read all it had
+            room = await paired_room(a, b)
             for n in range(args.warmup):
                 await one_message(a, b, room, n, args.settle_ms / 1e3)
             pids = {"station": station.pid, "agent_a": a.pid, "agent_b": b.pid}
             idle = await idle_cpu(pids, IDLE_S)
             async with spying(args.spy, pids):
                 return await measured(a, b, room, args, pids) | {"idle_percent_of_core": idle}
+
+
+async def bench_audit(args: argparse.Namespace) -> dict[str, Any]:
+    """Two pairs on one station, the audit trail on in one and off in the other, messages
+    interleaved: the same machine, load and moment for both figures."""
+    settle = args.settle_ms / 1e3
+    with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
+        async with (
+            child_process("serve-station", "1800", ready="endpoint") as station,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            pairs: dict[str, tuple[McpAgent, McpAgent, str]] = {}
+            for mode in ("off", "on"):
+                a, b = [
+                    await stack.enter_async_context(
+                        mcp_agent(
+                            f"bench-{side}-{mode}", Path(tmp) / side / mode, station.said, mode
+                        )
+                    )
+                    for side in ("a", "b")
+                ]
+                pairs[mode] = (a, b, await paired_room(a, b))
+            took: dict[str, list[float]] = {"off": [], "on": []}
+            for n in range(args.warmup + args.messages):
+                for mode in ("off", "on") if n % 2 else ("on", "off"):
+                    a, b, room = pairs[mode]
+                    latency, _ = await one_message(a, b, room, n, settle)
+                    if n >= args.warmup:
+                        took[mode].append(latency)
+    figures = {mode: summary(f"say → wait, audit {mode}", took[mode]) for mode in ("off", "on")}
+    change = 100 * (figures["on"]["p50"] - figures["off"]["p50"]) / figures["off"]["p50"]
+    print(f"audit trail on vs off: p50 {change:+.1f}% (goal: within 5%)", flush=True)
+    return {"say_to_wait_ms": figures, "p50_change_percent": round(change, 2),
+            "messages": args.messages}  # fmt: skip
 
 
 async def idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
@@ -233,6 +284,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     arguments.add_argument("--spy", type=Path, help="py-spy every process, stacks in this dir")
     arguments.add_argument(
         "--presence", action="store_true", help="the 1,000 present agents workload instead"
+    )
+    arguments.add_argument(
+        "--audit",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the agents' audit trail (both: a pair with it and a pair without, interleaved)",
     )
     args, rest = arguments.parse_known_args(argv)
     if args.presence:

@@ -267,6 +267,12 @@ def _run_a2a_agent(argv: Sequence[str]) -> None:
     a2a_agent(argv)
 
 
+def _run_audit(argv: Sequence[str]) -> None:
+    from tools.owner.audit_cli import main as audit
+
+    audit(argv)
+
+
 def _run_attach(argv: Sequence[str]) -> None:  # (the entry point dispatches it earlier, unimported)
     if list(argv) in (["-h"], ["--help"]):
         parser_for("attach").parse_args(["--help"])
@@ -290,6 +296,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "http-token": _run_http_token,
     "owner": _run_owner,
     "a2a-agent": _run_a2a_agent,
+    "audit": _run_audit,
 }
 
 

@@ -110,6 +110,15 @@ COMMANDS: Final = (
         ),
     ),
     Command(
+        "audit",
+        "show, verify or export an agent's audit trail (what it did, what was done to it)",
+        (
+            "macula-mcp audit show --agent alice --limit 50",
+            "macula-mcp audit verify --agent alice   # exit 1 names the first bad entry",
+            "macula-mcp audit export --agent alice --out alice-audit.jsonl",
+        ),
+    ),
+    Command(
         "http-token",
         "print the bearer token of the daemon's HTTP /mcp endpoint",
         ("macula-mcp http-token", "macula-mcp http-token --agent alice"),

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from macula.agent.audit import NO_TRAIL, AuditSettings, AuditTrail, Recorder
 from macula.agent.contact_policy import trust, untrust
 from macula.agent.envelope import LOBBY_TOPIC
 from macula.agent.petnames import petname, resolve
@@ -79,6 +80,9 @@ class AgentSettings:
     rings_bounds: Bounds = ring_store.DEFAULT_BOUNDS
     tasks_db: Path | None = None  # MACULA_MCP_TASKS_DB; default tasks.sqlite3 beside rings
     task_limits: TaskLimits = field(default_factory=TaskLimits)  # MACULA_MCP_TASKS_*
+    audit: AuditSettings = field(
+        default_factory=AuditSettings.off
+    )  # the trail (macula.agent.audit); None: off
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
@@ -109,6 +113,7 @@ class AgentSettings:
             rings_bounds=_bounds_from_env(env, "RINGS", ring_store.DEFAULT_BOUNDS),
             tasks_db=path_setting(env, TASKS_DB_ENV, "a database file path"),
             task_limits=TaskLimits.from_env(env),
+            audit=AuditSettings.from_env(env),
         )
 
 
@@ -149,10 +154,14 @@ class Agent:
         self._citizen: asyncio.Task[None] | None = None
         self.directory_error: str | None = None
         self._watching_station = False
+        self.audit: Recorder = NO_TRAIL  # what it did and what was done to it (the owner's)
 
     async def __aenter__(self) -> Agent:
         paths = self.settings.paths
         async with contextlib.AsyncExitStack() as stack:
+            trail = AuditTrail.open(self.settings.audit, self.node.identity, self.clock)
+            stack.callback(trail.close)  # closed last: a checkpoint signs what the agent did
+            self.audit = trail
             self._roster = await stack.enter_async_context(await RosterStore.open(paths.roster))
             self._transcript = await stack.enter_async_context(
                 await TranscriptStore.open(paths.transcript)
@@ -182,6 +191,7 @@ class Agent:
                 policy_file=self.settings.policy_file,
                 policy_override=self.settings.policy_override,
             )
+            self.rings.audit = trail
             tasks_db = self.settings.tasks_db or paths.rings.with_name("tasks.sqlite3")
             task_store = await stack.enter_async_context(await TaskStore.open(tasks_db))
             await task_store.prune(self.node.identity.node_id, self.clock())
@@ -192,6 +202,7 @@ class Agent:
                 policy=self.rings.policy,
                 limits=self.settings.task_limits,
             )
+            self.tasks.audit = trail
             self._group = await stack.enter_async_context(asyncio.TaskGroup())
             stack.push_async_callback(self._wind_down)
             self._stack = stack.pop_all()

@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from macula.agent.audit import NO_TRAIL, Recorder
 from macula.agent.contact_policy import Answer, PolicyState, decide, load_policy
 from macula.agent.envelope import new_message_id
 from macula.agent.proof import (
@@ -144,6 +145,7 @@ class Rings:
         self._unseen: deque[RingEvent] = deque()  # not yet returned by a wait, oldest first
         self.serving = False
         self.observers: list[Callable[[RingEvent], None]] = []  # told of every RingEvent
+        self.audit: Recorder = NO_TRAIL  # the agent's trail (set by Agent)
 
     def policy(self) -> PolicyState:
         return load_policy(self.policy_file, self.policy_override)
@@ -163,7 +165,9 @@ class Rings:
         payload = call.payload
         kind = payload.get("kind") if isinstance(payload, dict) else None
         if kind == "ring":
-            return await self._ring_received(call)
+            reply = await self._ring_received(call)
+            self._audit_ring(call, reply)
+            return reply
         if kind == "ring_answer":
             return await self._answer_received(call)
         if kind == ROOM_KEY_CALL and self.rooms.keys is not None:
@@ -172,6 +176,20 @@ class Rings:
                 raise ValueError("room key refused: " + "; ".join(accepted.problems))
             return {"outcome": accepted.outcome, "keyed": accepted.keyed}
         raise ValueError("expected a ring, ring_answer or room_key payload")
+
+    def _audit_ring(self, call: IncomingCall, reply: dict[str, Any]) -> None:
+        """The trail's ``ring_received``: accepted, refused or deferred; the ring (purpose,
+        room) as a digest only."""
+        answer = reply.get("answer")
+        outcome = {1: "accepted", 3: "deferred"}.get(answer if isinstance(answer, int) else 0)
+        payload = call.payload
+        self.audit.record(
+            "ring_received",
+            outcome or "refused",
+            caller=call.caller.hex(),
+            ring_id=_text(payload.get("ring_id"))[:64],
+            content_digest=self.audit.digest(payload),
+        )
 
     async def _ring_received(self, call: IncomingCall) -> dict[str, Any]:
         now = self.clock()

@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from macula.agent.audit import NO_TRAIL, Recorder
 from macula.agent.contact_policy import Answer, PolicyState, decide
 from macula.agent.envelope import is_id
 from macula.agent.task_messages import (
@@ -94,6 +95,7 @@ class Tasks:
         self.random = random_bytes
         self.me = node.identity.node_id
         self.serving = False
+        self.audit: Recorder = NO_TRAIL  # the agent's trail (set by Agent)
         self.stats: dict[str, int] = {}
         self._changes = asyncio.Condition()
         self._version = 0
@@ -405,6 +407,7 @@ class Tasks:
         kind = body["kind"]
         if kind == "task_sent":
             reply = await self._task_received(call.caller, body)
+            self._audit_task(call.caller, body, reply)
         elif kind in ("task_input_given", "task_cancel_requested"):
             reply = await self._request_received(call.caller, body)
         elif kind == "task_updated":
@@ -412,6 +415,17 @@ class Tasks:
         else:
             raise CallRefused(f"{kind} is a reply, not a request")
         return sign_message(self.node.identity, call.caller, reply, self.clock())
+
+    def _audit_task(self, sender: bytes, body: dict[str, Any], reply: dict[str, Any]) -> None:
+        """The trail's ``task_received``: accepted or refused (with the code), the content
+        (title and input) as a digest only."""
+        refused_code = reply.get("code") if reply.get("kind") == "task_refused" else None
+        facts: dict[str, str | int] = {"sender": sender.hex(), "task_id": str(body["task_id"])[:64]}
+        if refused_code:
+            facts["code"] = str(refused_code)[:64]
+        content = {"title": body.get("title"), "input": body.get("input")}
+        self.audit.record("task_received", "refused" if refused_code else "accepted",
+                          content_digest=self.audit.digest(content), **facts)  # fmt: skip
 
     async def _task_received(self, sender: bytes, body: dict[str, Any]) -> dict[str, Any]:
         task_id = body["task_id"]

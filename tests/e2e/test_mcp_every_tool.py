@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from macula.agent.audit_verify import verify_trail
 from relay.station.station import Station, StationConfig
 from support.mcpkit import Tools, server_env, server_params
 from support.waiting import eventually
@@ -51,6 +52,10 @@ async def test_every_tool_good_and_bad_over_stdio(tmp_path: Path) -> None:
             everything = {t.name for t in (await ada.client.list_tools()).tools}
             called = ada.tools_called | bob.tools_called
             assert everything - called == set(), f"never called: {everything - called}"
+    for home in (tmp_path / "bob", tmp_path / "ada"):  # every tool, good and bad: still intact
+        (trail,) = (home / "audit").iterdir()
+        report = verify_trail(trail)
+        assert report.problem is None and report.entries > 20, (home, report)
 
 
 async def exercise(ada: Agent, bob: Agent, bob_id: str) -> None:
@@ -216,6 +221,13 @@ async def exercise_reservations(ada: Agent, bob: Agent, ada_id: str) -> None:
     await bob.bad("mesh_reservations", project=project, cursor="x")
     assert (await ada.good("mesh_release_paths", project=project))["released"] == 1
     await ada.bad("mesh_release_paths", paths=["/etc/passwd"], project=project)
+    # the audit trail: bob's served procedure was called by ada (a digest, never the args)
+    calls = await bob.good("mesh_audit", kind="call_received")
+    assert calls["entries"][0]["facts"]["caller"] == ada_id, calls
+    assert "content_digest" in calls["entries"][0]["facts"]
+    await bob.bad("mesh_audit", cursor="../../etc/passwd")
+    await bob.bad("mesh_audit", kind="tool_deleted")
+    await bob.bad("mesh_audit", since_seq=5, until_seq=2)
 
 
 async def exercise_tasks(ada: Agent, bob: Agent, bob_id: str) -> None:

@@ -27,9 +27,11 @@ pytestmark = pytest.mark.anyio
 # commit), the goals of issue 15 as budgets, after the limits of idempotency_key and realm
 # (23 and 10 schemas) moved into the one rule the instructions state for each;
 # 34,000 / 22,000 since issue 40 (mesh_search: 31,070 / 19,899 measured when it came; with the
-# three reservation tools too: see the note of issue 40)
-FULL_BUDGET = 34_000
-TERSE_BUDGET = 22_000
+# three reservation tools too: see the note of issue 40);
+# 34,853 / 22,621 since issue 39's mesh_audit: raised by exactly what it costs (853 / 621 bytes:
+# 33,167 / 21,235 measured before it, 34,020 / 21,856 with it)
+FULL_BUDGET = 34_853
+TERSE_BUDGET = 22_621
 
 # tool -> phrases (lowercase) its description or parameter descriptions must keep, full and terse
 CAVEATS: dict[str, tuple[str, ...]] = {

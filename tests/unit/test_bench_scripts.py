@@ -288,6 +288,18 @@ def test_bench_agent_times_say_to_wait_through_two_real_mcp_servers(tmp_path: Pa
 
 
 @pytest.mark.slow
+def test_bench_agent_compares_the_audit_trail_on_and_off(tmp_path: Path) -> None:
+    """``--audit both``: a pair with the trail and a pair without, interleaved, both figures
+    and the change of the p50."""
+    out_json = tmp_path / "audit.json"
+    out = ran("agent", "--audit", "both", "--json", str(out_json))
+    assert "say → wait, audit off" in out and "audit trail on vs off: p50" in out, out
+    figures = json.loads(out_json.read_text())
+    assert set(figures["say_to_wait_ms"]) == {"off", "on"} and figures["messages"] == 20
+    assert isinstance(figures["p50_change_percent"], float)
+
+
+@pytest.mark.slow
 def test_bench_agent_presence_counts_every_hello_seen(tmp_path: Path) -> None:
     out_json = tmp_path / "presence.json"
     ran("agent", "--presence", "--json", str(out_json))

@@ -38,6 +38,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult
 from pydantic import Field
 
+from macula.agent.audit import NO_TRAIL, Recorder
 from macula.clock import now_ms
 from macula.errors import MaculaError
 from macula.node.serving import CallRefused, IncomingCall
@@ -173,10 +174,20 @@ async def run_command(
 
 
 def _handler(
-    name: str, argv: list[str], timeout: float, entry: dict[str, Any], gate: ServeGate
+    name: str,
+    argv: list[str],
+    timeout: float,
+    entry: dict[str, Any],
+    gate: ServeGate,
+    audit: Recorder = NO_TRAIL,
 ) -> Callable[[IncomingCall], Any]:
     """The Node's handler for ``name``: one run of ``argv`` per admitted call, counted in
-    ``entry``."""
+    ``entry``, and each call in the agent's trail (``call_received``: accepted or refused,
+    the payload as a digest)."""
+
+    def audited(call: IncomingCall, outcome: str, **code: str) -> None:
+        audit.record("call_received", outcome, procedure=name, caller=call.caller.hex(),
+                     content_digest=audit.digest(call.payload), **code)  # fmt: skip
 
     async def handle(call: IncomingCall) -> Any:
         entry["calls"] += 1
@@ -184,10 +195,13 @@ def _handler(
         if refusal is not None:
             counter, reason = refusal
             entry[counter] += 1
+            audited(call, "refused", code=counter)
             raise CommandFailed(reason)
         if entry["running"] >= MAX_RUNNING:
             entry["errors"] += 1
+            audited(call, "refused", code="busy")
             raise CommandFailed(f"busy: {MAX_RUNNING} calls of {name} already running; retry")
+        audited(call, "accepted")
         env = command_env(os.environ, call.caller, name, call.realm)
         stdin = json.dumps(plain(call.payload), ensure_ascii=False).encode()
         entry["running"] += 1
@@ -398,7 +412,7 @@ async def _serve(
                              "rate_limited": 0, "rate_per_minute": gate.rate_per_minute,
                              "allow": gate.allow}  # fmt: skip
     runtime.served[name] = entry
-    handler = _handler(name, argv, timeout, entry, gate)
+    handler = _handler(name, argv, timeout, entry, gate, runtime.agent.audit)
     result: dict[str, Any] = {"name": name, "realm": realm.hex(), "exec": command,
                               "exec_timeout_seconds": timeout, "serving": 1,
                               "rate_per_minute": gate.rate_per_minute, "allow": gate.allow,

@@ -48,6 +48,7 @@ GROUP_TOOLS: Final[Mapping[str, tuple[str, ...]]] = {
         "mesh_task_send", "mesh_task_cancel", "mesh_task_wait", "mesh_task_get",
         "mesh_task_list", "mesh_task_update", "mesh_task_complete",
     ),
+    "audit": ("mesh_audit",),
 }  # fmt: skip
 
 TOOL_GROUP: Final[Mapping[str, str]] = {
@@ -71,6 +72,8 @@ READ_ONLY: Final = frozenset(
         # content, records, topics: fetching and watching
         "mesh_get", "mesh_find_record", "mesh_find_records", "mesh_find_records_by_type",
         "mesh_watch",
+        # the audit trail: reading what this agent did
+        "mesh_audit",
     }
 )  # fmt: skip
 

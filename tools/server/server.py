@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -29,6 +30,7 @@ from tools.groups import (
     tasks,
     text_limits,
 )
+from tools.groups.owner import audit as audit_tools
 from tools.owner.switchboard import (
     Switchboard,
     declare_list_changed,
@@ -55,6 +57,7 @@ GROUPS = (
     reservations,
     realms,
     tasks,
+    audit_tools,
     surface,
 )
 
@@ -107,12 +110,32 @@ class GatedServer(MeshServer):
         if self.switchboard is not None and self._tool_manager.get_tool(name) is not None:
             switches = self.switchboard.current()  # every call: a client may hold an old list
             if not switches.allows(name):
-                return disabled(name, switches)
+                refused = disabled(name, switches)
+                self._audited(name, arguments, outcome_code(refused))  # once the runtime is open
+                return refused
         if gate is not None and self._tool_manager.get_tool(name) is not None:
             found = await gate.usable()
             if isinstance(found, Problem):
                 return found.result()
-        return await super().call_tool(name, arguments, context)
+        try:
+            result = await super().call_tool(name, arguments, context)
+        except asyncio.CancelledError:
+            self._audited(name, arguments, "cancelled")
+            raise
+        except Exception:
+            self._audited(name, arguments, "raised")
+            raise
+        self._audited(name, arguments, outcome_code(result))
+        return result
+
+    def _audited(self, name: str, arguments: dict[str, Any], outcome: str) -> None:
+        """The trail's ``tool_called``: the tool, a digest of its arguments, the outcome."""
+        runtime = self.runtime
+        if runtime is not None:
+            audit = runtime.agent.audit
+            audit.record(
+                "tool_called", outcome, name=name[:64], args_digest=audit.digest(arguments)
+            )
 
     async def read_resource(
         self, uri: AnyUrl | str, context: Context[Any, Any] | None = None
@@ -122,6 +145,16 @@ class GatedServer(MeshServer):
         if self.gate is not None:
             await self.gate.usable()
         return await super().read_resource(uri, context)
+
+
+def outcome_code(result: CallToolResult | InputRequiredResult) -> str:
+    """``ok``, the structured error's ``code``, or ``input_required``."""
+    if not isinstance(result, CallToolResult):
+        return "input_required"
+    if not result.is_error:
+        return "ok"
+    code = (result.structured_content or {}).get("code")
+    return code[:64] if isinstance(code, str) and code else "error"
 
 
 def build_server(

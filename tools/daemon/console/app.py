@@ -3,7 +3,8 @@ person's writes. ``tools.daemon.http.listener`` puts the guard (token, origin, h
 
 Invariants:
 - GET ``/`` is the page, ``/static/<name>`` its files (a fixed list: no path from the request
-  reaches the file system), ``/events`` the live feed, ``/api/snapshot`` one snapshot;
+  reaches the file system), ``/events`` the live feed, ``/api/snapshot`` one snapshot,
+  ``/api/audit`` the hosted identities' audit trails (``audit_view``, read-only);
 - GET ``/api/owner`` the owner's switches (``owner_view``);
 - POST ``/api/{say,ring,task,realm,owner}`` take a JSON object (at most ``MAX_BODY`` bytes) and
   answer ``{"ok": 1, ...}`` or, with HTTP 400, ``{"ok": 0, code, detail, retryable,
@@ -27,6 +28,7 @@ from starlette.routing import Route
 from macula.agent.petnames import petname
 from macula.errors import MaculaError
 from tools.daemon.console import actions, owner_view
+from tools.daemon.console.audit_view import audit_view
 from tools.daemon.console.feed import ChangeBell, events
 from tools.daemon.console.person_key import person_identity
 from tools.daemon.console.snapshot import ConsoleSource, DirectoryCache, snapshot
@@ -38,6 +40,7 @@ STATIC: Final = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
     "owner.js": "text/javascript; charset=utf-8",
+    "audit.js": "text/javascript; charset=utf-8",
 }
 
 
@@ -84,6 +87,9 @@ class Console:
 
     async def one_snapshot(self, request: Request) -> Response:
         return JSONResponse(await self.read())
+
+    async def audit(self, request: Request) -> Response:
+        return JSONResponse(await audit_view(self.source.runtimes()))
 
     async def say(self, request: Request) -> Response:
         return await self._act(request, lambda b: actions.say(self._runtime(b), self.person, b))
@@ -134,6 +140,7 @@ class Console:
             Route("/static/{name}", self.static, methods=["GET"]),
             Route("/events", self.feed, methods=["GET"]),
             Route("/api/snapshot", self.one_snapshot, methods=["GET"]),
+            Route("/api/audit", self.audit, methods=["GET"]),
             Route("/api/say", self.say, methods=["POST"]),
             Route("/api/ring", self.ring, methods=["POST"]),
             Route("/api/task", self.task, methods=["POST"]),
