@@ -254,13 +254,3 @@ def effective(found: Policy | Problem | None, agent: str | None = None) -> Switc
 
 def group_of(tool: str) -> str | None:
     return TOOL_GROUP.get(tool)
-
-
-def policy_changed_event(
-    *, by: str, path: str, agent: str | None, change: str, before: str, after: str
-) -> None:
-    """The one place a policy change (by the owner: ``by`` is "cli" or "console") is told to
-    the audit trail: ``change`` the switch as text (``tools.mesh_serve=0``, ``preset talk``),
-    ``before`` and ``after`` digests of the file. A no-op until the audit trail is wired here
-    (issue 39); never given the file's contents."""
-    return None

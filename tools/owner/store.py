@@ -23,6 +23,7 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from macula.private_file import write_private
+from tools.owner.events import policy_changed_event
 from tools.owner.policy import (
     AGENT_NAME,
     FILE_NAME,
@@ -31,7 +32,6 @@ from tools.owner.policy import (
     Switches,
     effective,
     parse,
-    policy_changed_event,
 )
 from tools.owner.presets import ALL_TOOLS, GROUP_TOOLS, PRESETS
 

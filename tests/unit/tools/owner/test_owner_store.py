@@ -4,6 +4,7 @@ watcher (an injectable clock), said on stderr once per content."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -139,3 +140,30 @@ def test_a_malformed_file_is_said_once_per_content(
     for source in sources:
         source.current()
     assert len(caplog.records) == 2
+
+
+def test_a_change_lands_in_the_trails_it_touches(tmp_path: Path) -> None:
+    """The home's switches: every agent that keeps a trail; an agent's: that agent's alone."""
+    from macula.agent.audit import AuditSettings, audit_dir, record_once
+    from macula.config import identity_from_env
+    from macula.store.audit_log import entries
+
+    env = {"MACULA_HOME": str(tmp_path), "MACULA_MCP_AGENT": "alice"}
+    alice = identity_from_env(env)
+    bob = identity_from_env(env | {"MACULA_MCP_AGENT": "bob"})
+    settings = AuditSettings.from_env(env)
+    record_once(settings, alice, "tool_called", "ok", name="mesh_hello", args_digest="0")
+    path = policy_path(tmp_path)
+    set_switch(path, "rpc", 0)  # the home's: alice keeps a trail, bob none yet
+    set_preset(path, "talk", agent="bob", by="console")
+
+    def changes(node_id: bytes) -> list[dict[str, object]]:
+        folder = audit_dir(tmp_path, node_id)
+        return [e for e in entries(folder) if e["kind"] == "policy_changed"]
+
+    mine = changes(alice.node_id)
+    assert [(e["facts"]["switch"], e["facts"]["by"]) for e in mine] == [("groups.rpc=0", "cli")]
+    assert [e["facts"]["switch"] for e in changes(bob.node_id)] == ["preset talk"]
+    facts = mine[0]["facts"]
+    assert facts["old"] == "" and len(facts["new"]) == 16  # digests of the file, not the file
+    assert "[groups]" not in json.dumps(mine)
