@@ -253,6 +253,12 @@ def _run_console(argv: Sequence[str]) -> None:
     console(argv)
 
 
+def _run_approvals(argv: Sequence[str]) -> None:
+    from tools.owner.approvals import main as approvals
+
+    raise SystemExit(approvals(argv))
+
+
 def _run_attach(argv: Sequence[str]) -> None:  # (the entry point dispatches it earlier, unimported)
     if list(argv) in (["-h"], ["--help"]):
         parser_for("attach").parse_args(["--help"])
@@ -274,6 +280,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "guard": _run_guard,
     "console": _run_console,
     "http-token": _run_http_token,
+    "approvals": _run_approvals,
 }
 
 

@@ -27,6 +27,7 @@ from tools.groups import (
     tasks,
     text_limits,
 )
+from tools.groups.owner import approvals as owner_approvals
 from tools.server import channel, surface
 from tools.server.context import Descriptions
 from tools.server.runtime import Runtime, open_runtime, station_names
@@ -47,6 +48,7 @@ GROUPS = (
     reservations,
     realms,
     tasks,
+    owner_approvals,
     surface,
 )
 

@@ -1,0 +1,106 @@
+"""Tasks held for the owner's approval (issue 39; ``macula.agent.tasks`` documents the flow).
+
+A task from a stranger waits in the approval queue, never in the task store, so the model
+cannot read it. The sender's copy shows ``pending_owner_approval`` (``state_seq`` 2); the
+owner's decision becomes ``submitted`` (approved: the task is created at ``state_seq`` 3 and
+reaches the model as any task does) or ``failed`` with a note starting ``refused:``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from macula.agent.approvals import Approvals, refusal_note
+from macula.agent.contact_policy import Answer
+from macula.agent.task_messages import refused, text_of
+from macula.store.approvals import ApprovalError, Item
+from macula.store.task_states import PENDING_OWNER
+from macula.store.task_values import value_of
+from macula.store.tasks import Task, TaskError
+
+if TYPE_CHECKING:
+    from macula.agent.tasks import Tasks
+
+
+class HeldTasks:
+    """The task side of the approval queue: holds tasks, applies the owner's decisions."""
+
+    def __init__(self, tasks: Tasks, approvals: Approvals) -> None:
+        self.tasks = tasks
+        self.approvals = approvals
+        approvals.appliers["task"] = self.decided
+
+    async def hold(
+        self, sender: bytes, task_id: str, content: dict[str, Any], contact: int
+    ) -> dict[str, Any]:
+        item = await self.approvals.find("task", sender, task_id)
+        if item is None:
+            try:
+                item = await self.approvals.hold(
+                    "task", sender, task_id, content | {"contact": contact}
+                )
+            except ApprovalError as exc:
+                self.tasks.count("tasks_refused_queue_full")
+                return refused(task_id, exc.code, exc.detail, int(exc.retryable))
+            self.tasks.count("tasks_held_for_owner")
+        if item.state in ("denied", "expired"):
+            return _decided_body(task_id, "failed", refusal_note(item))
+        return {
+            "kind": "task_updated",
+            "task_id": task_id,
+            "state": PENDING_OWNER,
+            "state_seq": 2,
+            "note": f"held for the owner's approval (approval {item.approval_id}); "
+            "the decision follows",
+        }
+
+    async def decided(self, item: Item) -> None:
+        """Apply the owner's decision on a held task (the approvals' applier for ``task``)."""
+        now = self.tasks.clock()
+        content = item.content if isinstance(item.content, dict) else {}
+        title, text = text_of(content, "title"), value_of(content, "input")
+        if item.state == "approved" and title is not None and text is not None:
+            contact = content.get("contact")
+            task = Task.new(
+                item.ref,
+                "assignee",
+                item.sender,
+                title,
+                text,
+                contact=contact if type(contact) is int else int(Answer.DEFERRED),
+                delivered=1,
+            )
+            note = "the owner approved it"
+            try:
+                await self.tasks.store.create(
+                    self.tasks.me,
+                    task,
+                    now,
+                    max_open_per_peer=self.tasks.limits.max_open_per_peer,
+                    outbox=_decided_body(item.ref, "submitted", note),
+                    state_seq=3,
+                )
+            except TaskError as exc:
+                body = _decided_body(item.ref, "failed", f"refused: {exc.code}: {exc.detail}")
+                await self.tasks.store.enqueue(self.tasks.me, item.sender, item.ref, body, now)
+            else:
+                await self.tasks.arrived(item.sender, item.ref, title)
+        else:
+            body = _decided_body(item.ref, "failed", refusal_note(item))
+            await self.tasks.store.enqueue(self.tasks.me, item.sender, item.ref, body, now)
+        self.tasks.kick_outbox()
+
+
+def _decided_body(task_id: str, state: str, note: str) -> dict[str, Any]:
+    """The assignee's word on a task its owner decided (``state_seq`` 3, after
+    ``pending_owner_approval``); a refusal carries its note as the error too."""
+    body: dict[str, Any] = {
+        "kind": "task_updated",
+        "task_id": task_id,
+        "state": state,
+        "state_seq": 3,
+        "note": note,
+    }
+    if state == "failed":
+        body["error"] = note
+    return body
