@@ -210,14 +210,18 @@ class Approvals:
     async def count_pending(self) -> int:
         return await self.store.count_pending(self.me, self.clock())
 
-    async def decide(self, approval_id: str, decision: str, *, by: str) -> Item:
+    async def decide(
+        self, approval_id: str, decision: str, *, by: str, reason: str | None = None
+    ) -> Item:
         """The owner's decision, from the console (in process); applied at once by ``run``."""
         item = await self.store.get(approval_id)
         if item is None or item.owner != self.me:
             raise ApprovalError(
                 "not_found", f"no approval item {approval_id} here", "list the pending items"
             )
-        decided = await self.store.decide(approval_id, decision, self.clock(), by=by)
+        decided = await self.store.decide(
+            approval_id, decision, self.clock(), by=by, reason=reason
+        )
         self.kick.set()
         return decided
 

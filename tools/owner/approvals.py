@@ -51,7 +51,8 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _view(item: Item, now: int) -> dict[str, Any]:
+def owner_view(item: Item, now: int) -> dict[str, Any]:
+    """What the owner sees of an item: its metadata and its content."""
     return item.metadata(now) | {
         "owner": item.owner.hex(),
         "ref": item.ref,
@@ -59,25 +60,27 @@ def _view(item: Item, now: int) -> dict[str, Any]:
     }
 
 
-async def _list(paths: list[Path], now: int) -> list[dict[str, Any]]:
+async def pending_in(paths: list[Path], now: int) -> list[dict[str, Any]]:
+    """The pending items of the stores at ``paths`` (a missing file holds none)."""
     shown: list[dict[str, Any]] = []
     for path in paths:
         if not path.exists():
             continue
         async with await ApprovalStore.open(path) as store:
-            shown += [_view(item, now) for item in await store.pending(None, now, limit=1000)]
+            shown += [owner_view(i, now) for i in await store.pending(None, now, limit=1000)]
     return shown
 
 
-async def _decide(paths: list[Path], approval_id: str, decision: str, reason: str | None) -> Item:
+async def decide_in(
+    paths: list[Path], approval_id: str, decision: str, reason: str | None, *, by: str
+) -> Item:
+    """Record the owner's decision in whichever store holds ``approval_id``."""
     for path in paths:
         if not path.exists():
             continue
         async with await ApprovalStore.open(path) as store:
             if await store.get(approval_id) is not None:
-                return await store.decide(
-                    approval_id, decision, _now_ms(), by="owner (cli)", reason=reason
-                )
+                return await store.decide(approval_id, decision, _now_ms(), by=by, reason=reason)
     raise ApprovalError(
         "not_found", f"no approval item {approval_id}", "macula-mcp approvals list shows them"
     )
@@ -110,14 +113,16 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         if settings.error:
             print(f"warning: {settings.error} (approvals fail closed)", file=sys.stderr)
         if args.action == "list":
-            items = asyncio.run(_list(paths, _now_ms()))
+            items = asyncio.run(pending_in(paths, _now_ms()))
             for item in items:
                 print(json.dumps(item, ensure_ascii=False)) if args.json else _print_item(item)
             if not items and not args.json:
                 print("nothing waits for your approval")
             return 0
         decision = "approved" if args.action == "approve" else "denied"
-        decided = asyncio.run(_decide(paths, args.approval_id, decision, args.reason))
+        decided = asyncio.run(
+            decide_in(paths, args.approval_id, decision, args.reason, by="owner (cli)")
+        )
     except ConfigError as exc:
         print(f"macula-mcp approvals: {exc}", file=sys.stderr)
         return 2

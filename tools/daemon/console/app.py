@@ -4,6 +4,8 @@ person's writes. ``tools.daemon.http.listener`` puts the guard (token, origin, h
 Invariants:
 - GET ``/`` is the page, ``/static/<name>`` its files (a fixed list: no path from the request
   reaches the file system), ``/events`` the live feed, ``/api/snapshot`` one snapshot;
+- GET ``/api/approvals`` and POST ``/api/approvals/decide`` are the owner's approval queue
+  (``approvals_view``);
 - POST ``/api/{say,ring,task,realm}`` take a JSON object (at most ``MAX_BODY`` bytes) and
   answer ``{"ok": 1, ...}`` or, with HTTP 400, ``{"ok": 0, code, detail, retryable,
   next_action}``; a mesh failure is a 502 of the same shape, a bug a 500 (logged).
@@ -25,7 +27,7 @@ from starlette.routing import Route
 
 from macula.agent.petnames import petname
 from macula.errors import MaculaError
-from tools.daemon.console import actions
+from tools.daemon.console import actions, approvals_view
 from tools.daemon.console.feed import ChangeBell, events
 from tools.daemon.console.person_key import person_identity
 from tools.daemon.console.snapshot import ConsoleSource, DirectoryCache, snapshot
@@ -36,6 +38,7 @@ MAX_BODY: Final = 64 * 1024
 STATIC: Final = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
+    "approvals.js": "text/javascript; charset=utf-8",
 }
 
 
@@ -95,6 +98,14 @@ class Console:
     async def realm(self, request: Request) -> Response:
         return await self._act(request, lambda b: actions.decide_join(self.source.home, b))
 
+    async def approvals(self, request: Request) -> Response:
+        return JSONResponse(await approvals_view.pending(self.source.home, self.source.runtimes()))
+
+    async def decide_approval(self, request: Request) -> Response:
+        return await self._act(
+            request, lambda b: approvals_view.decide(self.source.home, self.source.runtimes(), b)
+        )
+
     def _runtime(self, body: dict[str, Any]) -> Any:
         return actions.runtime_of(self.source.runtimes(), body)
 
@@ -126,6 +137,8 @@ class Console:
             Route("/api/ring", self.ring, methods=["POST"]),
             Route("/api/task", self.task, methods=["POST"]),
             Route("/api/realm", self.realm, methods=["POST"]),
+            Route("/api/approvals", self.approvals, methods=["GET"]),
+            Route("/api/approvals/decide", self.decide_approval, methods=["POST"]),
         ]
 
     def app(self) -> Starlette:
