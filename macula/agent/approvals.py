@@ -219,9 +219,7 @@ class Approvals:
             raise ApprovalError(
                 "not_found", f"no approval item {approval_id} here", "list the pending items"
             )
-        decided = await self.store.decide(
-            approval_id, decision, self.clock(), by=by, reason=reason
-        )
+        decided = await self.store.decide(approval_id, decision, self.clock(), by=by, reason=reason)
         self.kick.set()
         return decided
 

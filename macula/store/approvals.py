@@ -287,6 +287,12 @@ class ApprovalStore(SqliteStore):
             (None if result is None else _json(result), approval_id),
         )
 
+    async def forget(self, approval_id: str) -> None:
+        """Drop a decided item whose outcome is no longer kept (a call repeated later)."""
+        await self._execute(
+            "DELETE FROM approvals WHERE approval_id = ? AND state != 'pending'", (approval_id,)
+        )
+
     async def next_expiry_ms(self, owner: bytes) -> int | None:
         row = await self._fetchone(
             "SELECT min(expires_ms) FROM approvals WHERE owner = ? AND state = 'pending'",

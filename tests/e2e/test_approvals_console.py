@@ -30,7 +30,7 @@ from macula.agent.agent import Agent
 from macula.agent.task_messages import TaskLimits
 from macula.node.node import Node
 from relay.station.station import Station
-from support.consolekit import ARGS, CHROMIUM
+from support.consolekit import CHROMIUM
 from support.identities import new_identity
 from support.mcpkit import cli, good, server_params, stop_daemon_for_good
 from support.meshkit import settings
@@ -55,18 +55,6 @@ def home() -> Iterator[Path]:
     yield folder
     stop_daemon_for_good(folder)
     shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 @contextlib.asynccontextmanager

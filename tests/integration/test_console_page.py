@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import pytest
 
 from macula.clock import now_ms
 from relay.station.station import Station
-from support.consolekit import ARGS, CHROMIUM, Agent, Home, agent, console
+from support.consolekit import CHROMIUM, Agent, Home, agent, console
 from support.joinkit import join_service
 from support.waiting import eventually
 
@@ -30,18 +29,6 @@ pytestmark = [
 
 SHOWN_WITHIN_MS = 1000  # the "within a second of mesh_say"
 REALM = "org.example.crew"
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
 
 
 async def meet(alice: Agent, bob: Agent) -> None:
