@@ -205,6 +205,7 @@ class Agent:
                 settings_file=self.settings.owner_file or Path(os.devnull),
                 agent_name=self.settings.agent_name,
             )
+            self.approvals.settings()  # a malformed [approvals] is named on stderr at start
             self.tasks = Tasks(
                 self.node,
                 task_store,

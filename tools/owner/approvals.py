@@ -51,6 +51,37 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def approvals_check(env: Mapping[str, str]) -> tuple[str, bool | None, str] | None:
+    """``doctor``: the ``[approvals]`` settings of ``owner.toml`` as the agent reads them
+    (None without the file); a malformed table FAILs naming the file and the key (the agent
+    then holds everything)."""
+    try:
+        path = macula_home(env) / OWNER_FILE_NAME
+    except ConfigError:
+        return None  # the settings check names the variable
+    if not path.exists():
+        return None
+    settings = load_settings(path, env.get(AGENT_ENV) or None)
+    if settings.error is not None:
+        return (
+            "owner approvals",
+            False,
+            (
+                f"{settings.error}: fails closed (every task from a stranger and every ring under "
+                "ask waits for you); fix the file"
+            ),
+        )
+    return (
+        "owner approvals",
+        True,
+        (
+            f"tasks_from_strangers {settings.tasks_from_strangers}, rings_when_asked "
+            f"{settings.rings_when_asked}, ttl_s {settings.ttl_s}, "
+            f"max_pending {settings.max_pending}"
+        ),
+    )
+
+
 def owner_view(item: Item, now: int) -> dict[str, Any]:
     """What the owner sees of an item: its metadata and its content."""
     return item.metadata(now) | {
