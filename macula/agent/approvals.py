@@ -19,7 +19,8 @@ Invariants:
 - ``run`` polls the store only while items of this agent are pending (``poll_s``); idle, it
   sleeps until ``kick`` or the next expiry.
 - ``audit_event`` is the one hook the audit trail is wired to: called with ``queued``,
-  ``approved``, ``denied`` or ``expired`` and the item. No content reaches it from here.
+  ``approved``, ``denied``, ``expired`` (as the decision is applied) or ``withdrawn`` (a held
+  task its sender canceled) and the item, its content stripped.
 """
 
 from __future__ import annotations
@@ -197,7 +198,7 @@ class Approvals:
         )
         held = await self.store.add(item, max_pending=settings.max_pending)
         if held.approval_id == item.approval_id:
-            self._audit("queued", held)
+            self.note_event("queued", held)
             self.kick.set()
         return held
 
@@ -259,7 +260,7 @@ class Approvals:
                 log.exception("applying approval %s (%s) failed", item.approval_id, item.kind)
                 result = {"code": "apply_failed", "detail": "the decision could not be applied"}
         await self.store.applied(item.approval_id, result)
-        self._audit(item.state, replace(item, content=None))
+        self.note_event(item.state, replace(item, content=None))
 
     async def _sleep_for(self) -> float | None:
         if await self.store.count_pending(self.me, self.clock()) > 0:
@@ -269,7 +270,8 @@ class Approvals:
             return None
         return max(0.05, (expiry - self.clock()) / 1000)
 
-    def _audit(self, event: str, item: Item) -> None:
+    def note_event(self, event: str, item: Item) -> None:
+        """Tell the audit hook (content stripped); its failure never stops a decision."""
         try:
             self.audit(event, replace(item, content=None))
         except Exception:  # the audit trail failing never stops a decision

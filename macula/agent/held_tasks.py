@@ -54,6 +54,18 @@ class HeldTasks:
             "the decision follows",
         }
 
+    async def canceled(self, sender: bytes, task_id: str) -> dict[str, Any] | None:
+        """The sender cancels a task still held: it leaves the queue, the sender's copy ends
+        ``canceled``. None when no such task is held (the caller answers ``not_found``)."""
+        item = await self.approvals.find("task", sender, task_id)
+        if item is None or item.state != "pending":
+            return None
+        now = self.tasks.clock()
+        if not await self.approvals.store.withdraw(item.approval_id, now, "canceled by the sender"):
+            return None
+        self.approvals.note_event("withdrawn", item)
+        return _decided_body(task_id, "canceled", "canceled while it waited for the owner")
+
     async def decided(self, item: Item) -> None:
         """Apply the owner's decision on a held task (the approvals' applier for ``task``)."""
         now = self.tasks.clock()

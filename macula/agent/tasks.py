@@ -467,6 +467,10 @@ class Tasks:
     async def _request_received(self, sender: bytes, body: dict[str, Any]) -> dict[str, Any]:
         task_id, kind = body["task_id"], body["kind"]
         task = await self.store.get(self.me, task_id)
+        if task is None and kind == "task_cancel_requested" and self.held is not None:
+            withdrawn = await self.held.canceled(sender, task_id)
+            if withdrawn is not None:
+                return withdrawn
         if task is None or task.role != "assignee" or task.peer != sender:
             return refused(task_id, "not_found", "no such task from you here", 0)
         key = text_of(body, "key")

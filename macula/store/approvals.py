@@ -287,6 +287,19 @@ class ApprovalStore(SqliteStore):
             (None if result is None else _json(result), approval_id),
         )
 
+    async def withdraw(self, approval_id: str, now_ms: int, reason: str) -> bool:
+        """The sender took a pending item back (a held task canceled): decided and applied at
+        once, content erased; False if it was no longer pending."""
+        return (
+            await self._execute(
+                "UPDATE approvals SET state = 'denied', decided_ms = ?, decided_by = 'sender',"
+                " reason = ?, applied = 1, content = NULL WHERE approval_id = ?"
+                " AND state = 'pending'",
+                (now_ms, reason, approval_id),
+            )
+            == 1
+        )
+
     async def forget(self, approval_id: str) -> None:
         """Drop a decided item whose outcome is no longer kept (a call repeated later)."""
         await self._execute(

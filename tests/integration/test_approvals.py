@@ -128,6 +128,24 @@ async def test_a_strangers_task_waits_then_approved_reaches_the_model(
         assert await bob.approvals.count_pending() == 0
 
 
+async def test_a_held_task_canceled_by_its_sender_leaves_the_queue(
+    station: Station, tmp_path: Path
+) -> None:
+    held = "[approvals]\ntasks_from_strangers = 1\n"
+    async with (
+        agent(station, tmp_path / "alice", "open") as alice,
+        agent(station, tmp_path / "bob", "ask", held) as bob,
+    ):
+        await alice.hello()
+        await bob.hello()
+        sent = await alice.tasks.send(bob.node.identity.node_id, "t", "x")
+        assert sent.state == "pending_owner_approval"
+        canceled = await alice.tasks.cancel(sent.task_id, "never mind")
+        assert (canceled.state, canceled.state_seq) == ("canceled", 3)
+        assert await bob.approvals.count_pending() == 0
+        assert await bob.tasks.list_tasks() == []
+
+
 async def test_an_allowlisted_sender_is_not_held(station: Station, tmp_path: Path) -> None:
     held = "[approvals]\ntasks_from_strangers = 1\n"
     async with (
