@@ -47,6 +47,7 @@ TTL_RANGE: Final = (10, 30 * 24 * 3600)
 MAX_PENDING_RANGE: Final = (1, 10_000)
 FLAGS: Final = ("tasks_from_strangers", "rings_when_asked")
 POLL_S: Final = 0.5
+PER_SENDER_SHARE: Final = 10  # one sender may fill at most a tenth of the queue (at least 1)
 OWNER_FILE_NAME: Final = OWNER_FILE
 
 
@@ -196,7 +197,11 @@ class Approvals:
             expires_ms=now + settings.ttl_s * 1000,
             content=content,
         )
-        held = await self.store.add(item, max_pending=settings.max_pending)
+        held = await self.store.add(
+            item,
+            max_pending=settings.max_pending,
+            max_per_sender=max(1, settings.max_pending // PER_SENDER_SHARE),
+        )
         if held.approval_id == item.approval_id:
             self.note_event("queued", held)
             self.kick.set()

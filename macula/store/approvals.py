@@ -8,7 +8,8 @@ Invariants:
 - An item's life: ``pending`` -> ``approved`` | ``denied`` | ``expired``; nothing leaves a
   decision. ``applied`` is 0 until the agent has acted on the decision (a task handed on, a
   refusal sent); then the content is erased (it was kept for the owner only).
-- Bounded: at most ``max_pending`` pending items per owner; past it ``add`` raises
+- Bounded: at most ``max_pending`` pending items per owner (and ``max_per_sender`` from one
+  sender, so one peer cannot fill the queue); past it ``add`` raises
   ``ApprovalError("approval_queue_full")``: a clear refusal, never a silent drop. Decided rows
   are kept ``KEEP_DECIDED_MS`` (a retried request still hears its decision), then pruned, and
   at most ``MAX_DECIDED`` of them.
@@ -152,9 +153,10 @@ class ApprovalStore(SqliteStore):
 
     MIGRATIONS = (APPROVALS_V1,)
 
-    async def add(self, item: Item, *, max_pending: int) -> Item:
+    async def add(self, item: Item, *, max_pending: int, max_per_sender: int | None = None) -> Item:
         """Queue ``item`` (state pending); the item already held for the same
-        ``(owner, kind, sender, ref)`` if there is one (in whatever state it is)."""
+        ``(owner, kind, sender, ref)`` if there is one (in whatever state it is). At most
+        ``max_pending`` pending items, ``max_per_sender`` of them from one sender."""
         check_node_id(item.owner, "owner")
         check_node_id(item.sender, "sender")
         if item.kind not in KINDS:
@@ -168,6 +170,20 @@ class ApprovalStore(SqliteStore):
                 "SELECT count(*) FROM approvals WHERE owner = ? AND state = 'pending'",
                 (item.owner,),
             )
+            if max_per_sender is not None:
+                mine = await fetchall(
+                    db,
+                    "SELECT count(*) FROM approvals WHERE owner = ? AND sender = ?"
+                    " AND state = 'pending'",
+                    (item.owner, item.sender),
+                )
+                if int(mine[0][0]) >= max_per_sender:
+                    raise ApprovalError(
+                        "approval_queue_full",
+                        f"{max_per_sender} of your requests already wait for the owner here",
+                        "wait for the owner's decisions on them, then send again",
+                        retryable=True,
+                    )
             if int(rows[0][0]) >= max_pending:
                 raise ApprovalError(
                     "approval_queue_full",

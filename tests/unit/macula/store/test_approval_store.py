@@ -40,6 +40,16 @@ async def test_full_queue_refuses_clearly_and_drops_nothing(tmp_path: Path) -> N
         assert await store.count_pending(ME, 1_000) == 3
 
 
+async def test_one_sender_cannot_fill_the_queue(tmp_path: Path) -> None:
+    async with await ApprovalStore.open(tmp_path / "a.sqlite3") as store:
+        for n in range(2):
+            await store.add(item(n), max_pending=10, max_per_sender=2)
+        with pytest.raises(ApprovalError) as mine:
+            await store.add(item(2), max_pending=10, max_per_sender=2)
+        assert mine.value.code == "approval_queue_full" and "your requests" in mine.value.detail
+        await store.add(item(3, sender=BOB), max_pending=10, max_per_sender=2)  # another sender
+
+
 async def test_a_retried_request_finds_its_item_not_a_second(tmp_path: Path) -> None:
     async with await ApprovalStore.open(tmp_path / "a.sqlite3") as store:
         first = await store.add(item(1), max_pending=5)
