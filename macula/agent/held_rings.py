@@ -10,14 +10,31 @@ it; it learns of an approved one as a ring accepted into its room.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from macula.agent.approvals import Approvals, refusal_note
 from macula.agent.contact_policy import Answer
+from macula.agent.room.rooms import Rooms
 from macula.store.approvals import ApprovalError, Item
+from macula.store.rings import RingStore
 
-if TYPE_CHECKING:
-    from macula.agent.rings import Rings
+
+class RingSide(Protocol):
+    """What of ``macula.agent.rings.Rings`` the held rings use (no import cycle)."""
+
+    stats: Counter[str]
+    clock: Callable[[], int]
+    rooms: Rooms
+    store: RingStore
+
+    async def answer_ring(self, ring_id: str, answer: int, reason: str | None = None) -> Any: ...
+
+    async def notify_held(
+        self, ring_id: str, sender: bytes, reason: str, room: str, purpose: str | None
+    ) -> None: ...
+
 
 PENDING_REASON = "pending_owner_approval"
 
@@ -25,7 +42,7 @@ PENDING_REASON = "pending_owner_approval"
 class HeldRings:
     """The ring side of the approval queue: holds rings, applies the owner's decisions."""
 
-    def __init__(self, rings: Rings, approvals: Approvals) -> None:
+    def __init__(self, rings: RingSide, approvals: Approvals) -> None:
         self.rings = rings
         self.approvals = approvals
         approvals.appliers["ring"] = self.decided

@@ -8,24 +8,37 @@ reaches the model as any task does) or ``failed`` with a note starting ``refused
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from macula.agent.approvals import Approvals, refusal_note
 from macula.agent.contact_policy import Answer
-from macula.agent.task_messages import refused, text_of
+from macula.agent.task_messages import TaskLimits, refused, text_of
 from macula.store.approvals import ApprovalError, Item
 from macula.store.task_states import PENDING_OWNER
 from macula.store.task_values import value_of
-from macula.store.tasks import Task, TaskError
+from macula.store.tasks import Task, TaskError, TaskStore
 
-if TYPE_CHECKING:
-    from macula.agent.tasks import Tasks
+
+class TaskSide(Protocol):
+    """What of ``macula.agent.tasks.Tasks`` the held tasks use (no import cycle)."""
+
+    store: TaskStore
+    me: bytes
+    clock: Callable[[], int]
+    limits: TaskLimits
+
+    def count(self, name: str) -> None: ...
+
+    async def arrived(self, sender: bytes, task_id: str, title: str) -> None: ...
+
+    def kick_outbox(self) -> None: ...
 
 
 class HeldTasks:
     """The task side of the approval queue: holds tasks, applies the owner's decisions."""
 
-    def __init__(self, tasks: Tasks, approvals: Approvals) -> None:
+    def __init__(self, tasks: TaskSide, approvals: Approvals) -> None:
         self.tasks = tasks
         self.approvals = approvals
         approvals.appliers["task"] = self.decided
