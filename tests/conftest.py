@@ -1,5 +1,6 @@
 """Root of the test suite: shared helpers live once in ``tests/support/`` (``from support.meshkit
-import ...``); the one ``anyio_backend`` fixture is here.
+import ...``); the ``anyio_backend`` fixture and the console tests' ``browser`` (headless
+Chromium) are here.
 
 One guard for the whole run: an aiosqlite connection a test left open keeps a non-daemon
 worker thread alive, and the interpreter waits for it at exit, so pytest would print its summary
@@ -14,6 +15,8 @@ import gc
 import os
 import sys
 import threading
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -70,3 +73,18 @@ def _fresh_verified_signatures() -> None:
     from macula.wire import verified
 
     verified.publications.forget()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    """Debian's headless Chromium driven by playwright (the console's page tests)."""
+    from playwright.async_api import async_playwright
+
+    from support.consolekit import ARGS, CHROMIUM
+
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()

@@ -273,6 +273,12 @@ def _run_audit(argv: Sequence[str]) -> None:
     audit(argv)
 
 
+def _run_approvals(argv: Sequence[str]) -> None:
+    from tools.owner.approvals import main as approvals
+
+    raise SystemExit(approvals(argv))
+
+
 def _run_attach(argv: Sequence[str]) -> None:  # (the entry point dispatches it earlier, unimported)
     if list(argv) in (["-h"], ["--help"]):
         parser_for("attach").parse_args(["--help"])
@@ -297,6 +303,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "owner": _run_owner,
     "a2a-agent": _run_a2a_agent,
     "audit": _run_audit,
+    "approvals": _run_approvals,
 }
 
 

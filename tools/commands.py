@@ -119,6 +119,15 @@ COMMANDS: Final = (
         ),
     ),
     Command(
+        "approvals",
+        "list what waits for your approval, and approve or deny it",
+        (
+            "macula-mcp approvals list",
+            "macula-mcp approvals approve 3f2a9c0d1e4b5a69 --agent alice",
+            "macula-mcp approvals deny 3f2a9c0d1e4b5a69 --reason 'not now'",
+        ),
+    ),
+    Command(
         "http-token",
         "print the bearer token of the daemon's HTTP /mcp endpoint",
         ("macula-mcp http-token", "macula-mcp http-token --agent alice"),

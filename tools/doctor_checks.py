@@ -88,6 +88,10 @@ def settings_checks(env: Mapping[str, str]) -> list[Check]:
         said = str(exc).startswith((IDENTITY_ENV, AGENT_ENV, "identity"))  # the identity check's
         checks.append(("settings", False, str(exc)) if not said else ("settings", None, str(exc)))
     checks.extend(("contact policy", False, warning) for warning in startup_warnings(env))
+    from tools.owner.approvals import approvals_check
+
+    if (approvals := approvals_check(env)) is not None:
+        checks.append(approvals)
     return checks
 
 

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from macula.agent.approvals import Approvals, audited_by
 from macula.agent.audit import NO_TRAIL, AuditSettings, AuditTrail, Recorder
 from macula.agent.contact_policy import trust, untrust
 from macula.agent.envelope import LOBBY_TOPIC
@@ -38,6 +39,7 @@ from macula.agent.tasks import Tasks
 from macula.client.station_choice import StationInfo
 from macula.clock import MsClock, now_ms
 from macula.config import (
+    AGENT_ENV,
     CONTACT_POLICY_ENV,
     CONTACT_POLICY_FILE_ENV,
     HELLO_MESSAGE_ENV,
@@ -45,6 +47,7 @@ from macula.config import (
     NO_CITIZENSHIP_ENV,
     NO_RING_ENV,
     OPERATOR_NAME_ENV,
+    OWNER_FILE,
     TASKS_DB_ENV,
     bounds_env,
     flag_setting,
@@ -58,6 +61,7 @@ from macula.node.node import Node
 from macula.services.house_client import DIRECTORY_RENEW_S, HouseClient
 from macula.store import rings as ring_store
 from macula.store import transcript as transcript_store
+from macula.store.approvals import ApprovalStore
 from macula.store.base import DAY_MS, Bounds, StorePaths, paths_from_env
 from macula.store.rings import Ring, RingStore
 from macula.store.room_keys import RoomKeyStore, room_keys_path
@@ -83,6 +87,8 @@ class AgentSettings:
     audit: AuditSettings = field(
         default_factory=AuditSettings.off
     )  # the trail (macula.agent.audit); None: off
+    owner_file: Path | None = None  # $MACULA_HOME/owner.toml: [approvals] (issue 39)
+    agent_name: str | None = None  # MACULA_MCP_AGENT: its [agents.<name>.approvals] apply
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AgentSettings:
@@ -114,6 +120,8 @@ class AgentSettings:
             tasks_db=path_setting(env, TASKS_DB_ENV, "a database file path"),
             task_limits=TaskLimits.from_env(env),
             audit=AuditSettings.from_env(env),
+            owner_file=home / OWNER_FILE,
+            agent_name=text_setting(env, AGENT_ENV),
         )
 
 
@@ -149,6 +157,8 @@ class Agent:
         self.rooms: Rooms
         self.rings: Rings
         self.tasks: Tasks
+        self.approvals: Approvals
+        self._approving: asyncio.Task[None]
         self._lock = asyncio.Lock()
         self.house = HouseClient(node, node.dht, node.identity)
         self._citizen: asyncio.Task[None] | None = None
@@ -195,15 +205,30 @@ class Agent:
             tasks_db = self.settings.tasks_db or paths.rings.with_name("tasks.sqlite3")
             task_store = await stack.enter_async_context(await TaskStore.open(tasks_db))
             await task_store.prune(self.node.identity.node_id, self.clock())
+            approval_store = await stack.enter_async_context(
+                await ApprovalStore.open(paths.rings.with_name("approvals.sqlite3"))
+            )
+            self.approvals = Approvals(
+                self.node.identity.node_id,
+                approval_store,
+                self.clock,
+                settings_file=self.settings.owner_file or Path(os.devnull),
+                agent_name=self.settings.agent_name,
+            )
+            self.approvals.audit = audited_by(trail)  # the owner's decisions, in the trail
+            self.approvals.settings()  # a malformed [approvals] is named on stderr at start
             self.tasks = Tasks(
                 self.node,
                 task_store,
                 self.clock,
                 policy=self.rings.policy,
                 limits=self.settings.task_limits,
+                approvals=self.approvals,
             )
             self.tasks.audit = trail
+            self.rings.hold_for_owner(self.approvals)
             self._group = await stack.enter_async_context(asyncio.TaskGroup())
+            self._approving = self._group.create_task(self.approvals.run())
             stack.push_async_callback(self._wind_down)
             self._stack = stack.pop_all()
         return self
@@ -224,6 +249,9 @@ class Agent:
         await self.presence.stop_tasks()
         await self.rooms.stop()
         await self.tasks.stop()
+        self._approving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._approving
         self._group = None
 
     def _moved(self, info: StationInfo) -> None:

@@ -3,7 +3,8 @@
 Callee order (every step before policy refuses without recording): the ring is addressed to
 me and its proof verifies (bound to ``agent.<me>.ring#ring:<ring_id>``, skew <= 60 s, signed by
 the CALL's attested caller); one ring per caller per 2 s; at most 3 pending per caller; then
-the contact policy (re-read on every ring): 1 accepted (we join the room and publish
+the contact policy (re-read on every ring; a deferral may be held for the owner instead:
+``macula.agent.held_rings``): 1 accepted (we join the room and publish
 ``participant_joined`` *before* answering), 2 declined with a reason, 3 deferred (pending for
 the model, expires after 24 h). Every answer is proven by the callee, bound to
 ``agent.<caller>.ring#answer:<ring_id>``. A deferred ring answered later travels back as a
@@ -45,9 +46,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from macula.agent.approvals import Approvals
 from macula.agent.audit import NO_TRAIL, Recorder
 from macula.agent.contact_policy import Answer, PolicyState, decide, load_policy
 from macula.agent.envelope import new_message_id
+from macula.agent.held_rings import PENDING_REASON, HeldRings
 from macula.agent.proof import (
     build_ring,
     build_ring_answer,
@@ -146,6 +149,11 @@ class Rings:
         self.serving = False
         self.observers: list[Callable[[RingEvent], None]] = []  # told of every RingEvent
         self.audit: Recorder = NO_TRAIL  # the agent's trail (set by Agent)
+        self.held: HeldRings | None = None  # the owner's approval queue (issue 39)
+
+    def hold_for_owner(self, approvals: Approvals) -> None:
+        """Rings under ``ask`` wait for the owner when its ``rings_when_asked`` is 1."""
+        self.held = HeldRings(self, approvals)
 
     def policy(self) -> PolicyState:
         return load_policy(self.policy_file, self.policy_override)
@@ -178,10 +186,12 @@ class Rings:
         raise ValueError("expected a ring, ring_answer or room_key payload")
 
     def _audit_ring(self, call: IncomingCall, reply: dict[str, Any]) -> None:
-        """The trail's ``ring_received``: accepted, refused or deferred; the ring (purpose,
+        """The trail's ``ring_received``: accepted, refused, deferred or queued; the ring (purpose,
         room) as a digest only."""
         answer = reply.get("answer")
         outcome = {1: "accepted", 3: "deferred"}.get(answer if isinstance(answer, int) else 0)
+        if outcome == "deferred" and str(reply.get("reason") or "").startswith(PENDING_REASON):
+            outcome = "queued"  # held for the owner (macula.agent.held_rings)
         payload = call.payload
         self.audit.record(
             "ring_received",
@@ -222,6 +232,9 @@ class Rings:
                 Answer.DECLINED,
                 f"too many pending rings from you (max {MAX_PENDING_PER_CALLER})",
             )
+        if answer == Answer.DEFERRED and self.held is not None and self.held.wanted():
+            answer, reason = await self.held.hold(call.caller, ring_id, room, payload)
+            return self._answer(call.caller, ring_id, room, answer, reason)
         if realm is not None and answer != Answer.DECLINED:
             await self.rooms.transcript.note_invited_realm(room, realm, now)
         if answer == Answer.ACCEPTED:
@@ -284,6 +297,12 @@ class Rings:
             )
         )
         return {"recorded": 1}
+
+    async def notify_held(
+        self, ring_id: str, sender: bytes, reason: str, room: str, purpose: str | None
+    ) -> None:
+        """Tell the model of a held ring the owner approved (we joined its room)."""
+        await self._notify(RingEvent(ring_id, sender, int(Answer.ACCEPTED), reason, room, purpose))
 
     async def _notify(self, event: RingEvent) -> None:
         async with self._incoming:

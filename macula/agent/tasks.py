@@ -18,6 +18,12 @@ Invariants:
   The delivery itself is ``macula.agent.task_outbox``.
 - Who may hand us a task is the contact policy's decision, as for rings: accepted and
   deferred (``ask``: the model judges it, ``contact`` 3) are taken, declined is refused.
+- With the owner's ``tasks_from_strangers`` 1 (``macula.agent.approvals``), a task from a
+  sender outside the allowlist that the policy would take is held in the approval queue, not
+  in the task store (the model never sees it): the sender's copy becomes
+  ``pending_owner_approval`` (``state_seq`` 2). Approved, the task is created ``submitted``
+  at ``state_seq`` 3 and reaches the model like any other; denied or expired, the sender's
+  copy ends ``failed`` (``refused: ...``, ``state_seq`` 3). A retried send hears the same.
 - Bounds (``TaskLimits``, env ``MACULA_MCP_TASKS_*``): open tasks per peer on each side, and
   the sizes of title, input, result/error and note; past them a clear ``TaskError``.
 - ``wait`` never misses a change: it reads a change counter before reading the store, and
@@ -36,9 +42,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from macula.agent.approvals import Approvals
 from macula.agent.audit import NO_TRAIL, Recorder
 from macula.agent.contact_policy import Answer, PolicyState, decide
 from macula.agent.envelope import is_id
+from macula.agent.held_tasks import HeldTasks
 from macula.agent.task_messages import (
     ASSIGNEE_STATES,
     REFUSAL_ACTION,
@@ -53,6 +61,7 @@ from macula.agent.task_messages import (
 from macula.agent.task_outbox import Refusal, TaskOutbox
 from macula.node.node import Node
 from macula.node.serving import CallRefused, IncomingCall
+from macula.store.task_states import PENDING_OWNER
 from macula.store.task_values import TaskValue, value_of
 from macula.store.tasks import (
     OPEN_STATES,
@@ -84,8 +93,11 @@ class Tasks:
         policy: Callable[[], PolicyState],
         limits: TaskLimits | None = None,
         random_bytes: Callable[[int], bytes] = os.urandom,
+        approvals: Approvals | None = None,
     ) -> None:
         self.node = node
+        self.approvals = approvals
+        self.held: HeldTasks | None = None
         self.store = store
         self.clock = clock
         self.policy = policy
@@ -102,6 +114,8 @@ class Tasks:
         self._outbox = TaskOutbox(node, store, clock, self.limits, self._changed, self._count)
         self._pump: asyncio.Task[None] | None = None
         self._listening = False
+        if approvals is not None:
+            self.held = HeldTasks(self, approvals)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -417,14 +431,17 @@ class Tasks:
         return sign_message(self.node.identity, call.caller, reply, self.clock())
 
     def _audit_task(self, sender: bytes, body: dict[str, Any], reply: dict[str, Any]) -> None:
-        """The trail's ``task_received``: accepted or refused (with the code), the content
+        """The trail's ``task_received``: accepted, queued or refused (with the code), the content
         (title and input) as a digest only."""
         refused_code = reply.get("code") if reply.get("kind") == "task_refused" else None
         facts: dict[str, str | int] = {"sender": sender.hex(), "task_id": str(body["task_id"])[:64]}
         if refused_code:
             facts["code"] = str(refused_code)[:64]
         content = {"title": body.get("title"), "input": body.get("input")}
-        self.audit.record("task_received", "refused" if refused_code else "accepted",
+        outcome = "refused" if refused_code else "accepted"
+        if reply.get("state") == PENDING_OWNER:
+            outcome = "queued"  # held for the owner (macula.agent.held_tasks)
+        self.audit.record("task_received", outcome,
                           content_digest=self.audit.digest(content), **facts)  # fmt: skip
 
     async def _task_received(self, sender: bytes, body: dict[str, Any]) -> dict[str, Any]:
@@ -443,6 +460,15 @@ class Tasks:
             self._count("tasks_refused_by_policy")
             return refused(task_id, "contact_refused", decision.reason or "declined", 0)
         contact = int(decision.answer)
+        policy = self.policy()
+        if (
+            self.held is not None
+            and self.approvals is not None
+            and not policy.allows(sender)
+            and self.approvals.settings().tasks_from_strangers
+        ):
+            assert self.held is not None
+            return await self.held.hold(sender, task_id, {"title": title, "input": text}, contact)
         task = Task.new(task_id, "assignee", sender, title, text, contact=contact, delivered=1)
         try:
             stored = await self.store.create(
@@ -450,17 +476,24 @@ class Tasks:
             )
         except TaskError as exc:
             return refused(task_id, exc.code, exc.detail, int(exc.retryable))
+        await self.arrived(sender, task_id, title)
+        return update_body(stored)
+
+    async def arrived(self, sender: bytes, task_id: str, title: str) -> None:
         await self._changed()
         for observer in list(self.observers):
             try:
                 observer(sender, task_id, title)
             except Exception:  # an observer failing costs nothing here
                 log.exception("a task observer failed")
-        return update_body(stored)
 
     async def _request_received(self, sender: bytes, body: dict[str, Any]) -> dict[str, Any]:
         task_id, kind = body["task_id"], body["kind"]
         task = await self.store.get(self.me, task_id)
+        if task is None and kind == "task_cancel_requested" and self.held is not None:
+            withdrawn = await self.held.canceled(sender, task_id)
+            if withdrawn is not None:
+                return withdrawn
         if task is None or task.role != "assignee" or task.peer != sender:
             return refused(task_id, "not_found", "no such task from you here", 0)
         key = text_of(body, "key")
@@ -550,6 +583,12 @@ class Tasks:
                 "not_found", f"no task {task_id}{whose}", "check task_id with mesh_task_list"
             )
         return task
+
+    def count(self, name: str) -> None:
+        self._count(name)
+
+    def kick_outbox(self) -> None:
+        self._outbox.kick.set()
 
     def _count(self, name: str) -> None:
         self.stats[name] = self.stats.get(name, 0) + 1

@@ -13,7 +13,8 @@ import json
 from typing import Any, Final
 
 from macula.store.base import Migration, Row, opt_int, opt_text
-from macula.store.task_states import OutboxEntry, Role, Task
+from macula.store.search import SEARCH_TASKS_V3
+from macula.store.task_states import STATES, OutboxEntry, Role, Task
 from macula.store.task_values import TaskValue, decode, encode
 
 TASKS_V1: Final[Migration] = (
@@ -87,6 +88,46 @@ TASKS_V2: Final[Migration] = (
     " CHECK (input_json IN (0, 1))",
     "ALTER TABLE tasks ADD COLUMN result_json INTEGER NOT NULL DEFAULT 0"
     " CHECK (result_json IN (0, 1))",
+)
+
+# issue 39: ``pending_owner_approval`` joins the states. SQLite cannot change a CHECK, so the
+# table is rebuilt (copy, drop, rename); dropping it drops its indexes and its full-text
+# triggers (schema step 3), made again here. The index's own rows are untouched.
+_STATE_CHECK: Final = ", ".join(f"'{state}'" for state in STATES)
+TASKS_V4: Final[Migration] = (
+    f"""
+    CREATE TABLE tasks_v4 (
+        owner            BLOB NOT NULL CHECK (length(owner) = 32),
+        task_id          TEXT NOT NULL,
+        role             TEXT NOT NULL CHECK (role IN ('requester', 'assignee')),
+        peer             BLOB NOT NULL CHECK (length(peer) = 32),
+        title            TEXT NOT NULL,
+        input            TEXT NOT NULL,
+        state            TEXT NOT NULL CHECK (state IN ({_STATE_CHECK})),
+        state_seq        INTEGER NOT NULL CHECK (state_seq >= 1),
+        note             TEXT,
+        result           TEXT,
+        error            TEXT,
+        contact          INTEGER,
+        delivered        INTEGER NOT NULL CHECK (delivered IN (0, 1)),
+        cancel_requested INTEGER NOT NULL CHECK (cancel_requested IN (0, 1)),
+        created_ms       INTEGER NOT NULL,
+        updated_ms       INTEGER NOT NULL,
+        input_json       INTEGER NOT NULL DEFAULT 0 CHECK (input_json IN (0, 1)),
+        result_json      INTEGER NOT NULL DEFAULT 0 CHECK (result_json IN (0, 1)),
+        PRIMARY KEY (owner, task_id)
+    ) WITHOUT ROWID
+    """,
+    "INSERT INTO tasks_v4 (owner, task_id, role, peer, title, input, state, state_seq, note,"
+    " result, error, contact, delivered, cancel_requested, created_ms, updated_ms, input_json,"
+    " result_json) SELECT owner, task_id, role, peer, title, input, state, state_seq, note,"
+    " result, error, contact, delivered, cancel_requested, created_ms, updated_ms, input_json,"
+    " result_json FROM tasks",
+    "DROP TABLE tasks",
+    "ALTER TABLE tasks_v4 RENAME TO tasks",
+    "CREATE INDEX tasks_by_peer ON tasks (owner, peer, role, state)",
+    "CREATE INDEX tasks_by_updated ON tasks (owner, updated_ms)",
+    *(step for step in SEARCH_TASKS_V3 if step.lstrip().startswith("CREATE TRIGGER")),
 )
 
 COLUMNS: Final = (

@@ -1,6 +1,9 @@
 """The task state machine and the shapes both sides of a task share (``macula.store.tasks``).
 
 States: ``submitted -> working <-> input_required -> completed | failed | canceled``;
+``submitted -> pending_owner_approval -> submitted | failed | canceled`` when the assignee's
+owner holds a task for approval (issue 39; the requester's copy shows it, the assignee keeps
+the task in its approval queue, not here, until the owner decides);
 ``submitted`` may also go straight to ``input_required`` or an outcome, and ``working`` and
 ``input_required`` may repeat themselves (a progress note, another question). ``TRANSITIONS``
 is the whole table. The three outcomes are terminal: nothing leaves them, so a task has exactly
@@ -21,11 +24,21 @@ from macula.store.task_values import TaskValue
 
 Role = Literal["requester", "assignee"]
 ROLES: Final[tuple[Role, ...]] = ("requester", "assignee")
-STATES: Final = ("submitted", "working", "input_required", "completed", "failed", "canceled")
+PENDING_OWNER: Final = "pending_owner_approval"
+STATES: Final = (
+    "submitted",
+    PENDING_OWNER,
+    "working",
+    "input_required",
+    "completed",
+    "failed",
+    "canceled",
+)
 TERMINAL: Final = frozenset({"completed", "failed", "canceled"})
 OPEN_STATES: Final = frozenset(STATES) - TERMINAL
 TRANSITIONS: Final[dict[str, frozenset[str]]] = {
-    "submitted": frozenset({"working", "input_required"}) | TERMINAL,
+    "submitted": frozenset({"working", "input_required", PENDING_OWNER}) | TERMINAL,
+    PENDING_OWNER: frozenset({"submitted"}) | TERMINAL,
     "working": frozenset({"working", "input_required"}) | TERMINAL,
     "input_required": frozenset({"working", "input_required"}) | TERMINAL,
     "completed": frozenset(),

@@ -40,6 +40,7 @@ from macula.store.task_rows import (
     COLUMNS,
     TASKS_V1,
     TASKS_V2,
+    TASKS_V4,
     entry_from_row,
     role_of,
     row_values,
@@ -86,7 +87,7 @@ Body = Callable[[Task], dict[str, Any] | None]  # what to queue for the peer aft
 class TaskStore(TaskSearch):
     """Both sides of every task this agent sent or was handed, for one ``owner``."""
 
-    MIGRATIONS = (TASKS_V1, TASKS_V2, SEARCH_TASKS_V3)
+    MIGRATIONS = (TASKS_V1, TASKS_V2, SEARCH_TASKS_V3, TASKS_V4)
 
     def __init__(self, db: aiosqlite.Connection, path: Any) -> None:
         super().__init__(db, path)
@@ -105,8 +106,10 @@ class TaskStore(TaskSearch):
         key: str | None = None,
         key_digest: str = "",
         outbox: dict[str, Any] | None = None,
+        state_seq: int = 1,
     ) -> Task:
-        """Record a new task (``state_seq`` 1, ``submitted``); its key and outbox entry with it.
+        """Record a new task (``submitted``, ``state_seq`` 1, or higher for one the owner
+        approved after holding it: ``macula.agent.approvals``); its key and outbox entry with it.
         A replayed key returns the first task (``replayed`` 1); an id already held returns
         that task unchanged (``replayed`` 1) if it is the same peer's, else ``task_id_taken``.
         ``too_many_open`` when ``peer`` already has ``max_open_per_peer`` open tasks here."""
@@ -134,7 +137,7 @@ class TaskStore(TaskSearch):
                     "wait for one to end (mesh_task_wait) or cancel one, then send again",
                     retryable=True,
                 )
-            stored = replace(task, state="submitted", state_seq=1, created_ms=now_ms)
+            stored = replace(task, state="submitted", state_seq=state_seq, created_ms=now_ms)
             stored = replace(stored, updated_ms=now_ms)
             await execute(
                 db,

@@ -255,6 +255,9 @@ async def exercise_tasks(ada: Agent, bob: Agent, bob_id: str) -> None:
     other = await ada.good("mesh_task_send", to=bob_id, title="second", input="x")
     await ada.good("mesh_task_cancel", task_id=other["task_id"])
     await ada.bad("mesh_task_cancel", task_id=task_id)
+    shown = await bob.good("mesh_approvals")  # the owner's queue: metadata only, read-only
+    assert (shown["pending"], shown["total"]) == ([], 0)
+    await bob.bad("mesh_approvals", limit=0)
 
 
 def ada_home_docs(agent: Agent) -> Path:

@@ -32,6 +32,7 @@ READ_ONLY = {
     "mesh_task_get", "mesh_task_list", "mesh_recall", "mesh_search", "mesh_list_stations",
     "mesh_reservations", "mesh_list_realms", "mesh_get", "mesh_find_record",
     "mesh_find_records", "mesh_find_records_by_type", "mesh_watch", "mesh_audit",
+    "mesh_approvals",
 }  # fmt: skip
 TALK = READ_ONLY | {
     "mesh_hello", "mesh_goodbye", "mesh_open_room", "mesh_join_room", "mesh_leave_room",

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.anyio
 # 34,000 / 22,000 since issue 40 (mesh_search: 31,070 / 19,899 measured when it came; with the
 # three reservation tools too: see the note of issue 40);
 # 34,853 / 22,621 since issue 39's mesh_audit: raised by exactly what it costs (853 / 621 bytes:
-# 33,167 / 21,235 measured before it, 34,020 / 21,856 with it)
+# 33,167 / 21,235 measured before it, 34,020 / 21,856 with it); with issue 39's approval queue
+# (mesh_approvals, pending_owner_approval in the task-state parameters: +672 / +396) and issue
+# 42's A2A agents in mesh_task_send (+110 / +1), 34,802 / 22,253 measured, within them
 FULL_BUDGET = 34_853
 TERSE_BUDGET = 22_621
 
@@ -85,6 +87,7 @@ CAVEATS: dict[str, tuple[str, ...]] = {
     "mesh_task_complete": ("refused", "once"),
     "mesh_task_wait": ("3600",),
     "mesh_search": ("your own", "local only", "untrusted", "no operators"),
+    "mesh_approvals": ("read-only", "owner"),
 }  # fmt: skip
 
 

@@ -6,6 +6,9 @@
   ``rejected`` becomes that mesh ``failed``.
 - A2A ``auth-required`` has no mesh meaning (the mesh authenticates every peer itself): an A2A
   agent that asks for it has ended the task for us, ``failed`` with a note saying so.
+- ``pending_owner_approval`` (the assignee's owner holds the task: issue 39) is A2A
+  ``submitted``: the task is not being worked on yet. It is the one state that does not come
+  back as itself (A2A ``submitted`` is mesh ``submitted``).
 - ``unspecified`` is not a state: ``ValueError``.
 - A2A states are protobuf enum values (ints), as the SDK hands them.
 """
@@ -21,6 +24,7 @@ AUTH_REQUIRED_NOTE: Final = "refused: the A2A agent asked for authentication the
 
 TO_A2A: Final[dict[str, int]] = {
     "submitted": TaskState.TASK_STATE_SUBMITTED,
+    "pending_owner_approval": TaskState.TASK_STATE_SUBMITTED,
     "working": TaskState.TASK_STATE_WORKING,
     "input_required": TaskState.TASK_STATE_INPUT_REQUIRED,
     "completed": TaskState.TASK_STATE_COMPLETED,

@@ -9,7 +9,9 @@ Invariants of serving (a standing inbound trigger any mesh caller can invoke):
   no other variable of the harness (API keys live there) reaches the command;
 - before a command runs, ``tools.groups.serve_gate.ServeGate`` admits the caller: on the contact
   allowlist when ``allow="allowlist"``, and within ``rate_per_minute`` (per caller and
-  procedure); a refusal is an error reply to that caller saying what to do, counted;
+  procedure); a refusal is an error reply to that caller saying what to do, counted; with
+  ``allow="owner"`` each admitted call waits for the owner's approval and runs once approved
+  (``tools.groups.owner.served_calls`` states what the caller sees);
 - each call runs in a process group of its own (``start_new_session``); when the call ends —
   reply, failure, timeout or cancellation — the whole group is killed, so no child outlives it;
 - stdout is read up to ``MAX_STDOUT`` and must be one JSON value (the reply); stderr is kept
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -42,6 +45,7 @@ from macula.agent.audit import NO_TRAIL, Recorder
 from macula.clock import now_ms
 from macula.errors import MaculaError
 from macula.node.serving import CallRefused, IncomingCall
+from tools.groups.owner.served_calls import HeldCalls, Runner
 from tools.groups.realm_access import ADVERTISE_REFUSALS, acting, check
 from tools.groups.realms import parse_realm
 from tools.groups.serve_gate import (
@@ -179,38 +183,33 @@ def _handler(
     timeout: float,
     entry: dict[str, Any],
     gate: ServeGate,
+    held: HeldCalls | None = None,
     audit: Recorder = NO_TRAIL,
 ) -> Callable[[IncomingCall], Any]:
     """The Node's handler for ``name``: one run of ``argv`` per admitted call, counted in
-    ``entry``, and each call in the agent's trail (``call_received``: accepted or refused,
-    the payload as a digest)."""
+    ``entry``; with ``held`` (``allow="owner"``) the call waits for the owner instead, and
+    ``entry["run"]`` runs it once approved. Each call is in the agent's trail
+    (``call_received``: accepted, refused or queued, the payload as a digest)."""
 
-    def audited(call: IncomingCall, outcome: str, **code: str) -> None:
-        audit.record("call_received", outcome, procedure=name, caller=call.caller.hex(),
-                     content_digest=audit.digest(call.payload), **code)  # fmt: skip
+    def audited(caller: bytes, payload: Any, outcome: str, **code: str) -> None:
+        audit.record("call_received", outcome, procedure=name, caller=caller.hex(),
+                     content_digest=audit.digest(payload), **code)  # fmt: skip
 
-    async def handle(call: IncomingCall) -> Any:
-        entry["calls"] += 1
-        refusal = gate.check(call.caller)
-        if refusal is not None:
-            counter, reason = refusal
-            entry[counter] += 1
-            audited(call, "refused", code=counter)
-            raise CommandFailed(reason)
+    async def run(procedure: str, caller: bytes, realm: bytes, payload: Any) -> Any:
         if entry["running"] >= MAX_RUNNING:
             entry["errors"] += 1
-            audited(call, "refused", code="busy")
+            audited(caller, payload, "refused", code="busy")
             raise CommandFailed(f"busy: {MAX_RUNNING} calls of {name} already running; retry")
-        audited(call, "accepted")
-        env = command_env(os.environ, call.caller, name, call.realm)
-        stdin = json.dumps(plain(call.payload), ensure_ascii=False).encode()
+        audited(caller, payload, "accepted")
+        env = command_env(os.environ, caller, name, realm)
+        stdin = json.dumps(payload, ensure_ascii=False).encode()
         entry["running"] += 1
         try:
             reply, stderr = await run_command(argv, stdin, timeout=timeout, env=env)
         except (CommandFailed, OSError) as exc:
             entry["errors"] += 1
             entry["last_error"] = str(exc)
-            log.warning("served %s failed for caller %s: %s", name, call.caller.hex()[:16], exc)
+            log.warning("served %s failed for caller %s: %s", name, caller.hex()[:16], exc)
             if isinstance(exc, OSError):
                 raise CommandFailed("the command could not be started") from None
             raise
@@ -220,6 +219,21 @@ def _handler(
             log.info("served %s stderr: %s", name, stderr[-2000:].decode("utf-8", "replace"))
         return reply
 
+    async def handle(call: IncomingCall) -> Any:
+        entry["calls"] += 1
+        payload = plain(call.payload)
+        refusal = gate.check(call.caller)
+        if refusal is not None:
+            counter, reason = refusal
+            entry[counter] += 1
+            audited(call.caller, payload, "refused", code=counter)
+            raise CommandFailed(reason)
+        if held is not None:
+            audited(call.caller, payload, "queued")
+            return await held.handle(name, call, payload)
+        return await run(name, call.caller, call.realm, payload)
+
+    entry["run"] = run
     return handle
 
 
@@ -319,7 +333,8 @@ async def mesh_serve(
         str,
         Field(
             max_length=max(len(mode) for mode in ALLOW_MODES),
-            description="open: any caller; allowlist: only your contact allowlist",
+            description="open: any caller; allowlist: only your contact allowlist; owner: "
+            "each call waits for your owner's approval",
         ),
     ] = "open",
     idempotency_key: IdempotencyKey = None,
@@ -412,7 +427,10 @@ async def _serve(
                              "rate_limited": 0, "rate_per_minute": gate.rate_per_minute,
                              "allow": gate.allow}  # fmt: skip
     runtime.served[name] = entry
-    handler = _handler(name, argv, timeout, entry, gate, runtime.agent.audit)
+    held = None
+    if gate.allow == "owner":
+        held = HeldCalls(runtime.agent.approvals, functools.partial(_owner_runner, runtime))
+    handler = _handler(name, argv, timeout, entry, gate, held, runtime.agent.audit)
     result: dict[str, Any] = {"name": name, "realm": realm.hex(), "exec": command,
                               "exec_timeout_seconds": timeout, "serving": 1,
                               "rate_per_minute": gate.rate_per_minute, "allow": gate.allow,
@@ -430,6 +448,15 @@ async def _serve(
         result["announce_error"] = reason
     result["announced"] = entry["announced"]
     return result | in_realm
+
+
+def _owner_runner(runtime: Runtime, name: str) -> Runner | None:
+    """The runner of ``name`` if it is served with ``allow="owner"`` now."""
+    entry = runtime.served.get(name)
+    if entry is None or entry.get("allow") != "owner":
+        return None
+    run: Runner = entry["run"]
+    return run
 
 
 async def _advertised(

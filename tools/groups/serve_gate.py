@@ -5,7 +5,9 @@ Invariants:
   set) plus ``MACULA_CALLER`` (hex node id), ``MACULA_PROCEDURE`` and ``MACULA_REALM`` (hex) of
   the call; nothing else of the harness's environment (API keys live there) reaches it;
 - ``allow="allowlist"`` admits only node ids on this agent's contact allowlist, read on every
-  call (``mesh_trust_agent`` adds one at once); ``"open"`` admits every caller;
+  call (``mesh_trust_agent`` adds one at once); ``"open"`` admits every caller; ``"owner"``
+  admits every caller to the owner's approval queue (``tools.groups.owner.served_calls``): the
+  command runs only once the owner approved that call;
 - each caller has a token bucket per served procedure: ``rate_per_minute`` tokens a minute, at
   most a minute's worth banked; a call without a token is refused with the wait in ms. At most
   ``MAX_TRACKED_CALLERS`` buckets are kept: buckets that have refilled are forgotten first
@@ -27,7 +29,7 @@ from macula.rate import TokenBucket
 from tools.settings import CALLER_ENV, PROCEDURE_ENV, REALM_ENV
 
 PASSED_ENV: Final = ("PATH", "HOME", "LANG", "TMPDIR")
-ALLOW_MODES: Final = ("open", "allowlist")
+ALLOW_MODES: Final = ("open", "allowlist", "owner")
 DEFAULT_RATE_PER_MINUTE: Final = 60
 MAX_RATE_PER_MINUTE: Final = 6000
 MAX_TRACKED_CALLERS: Final = 10_000

@@ -56,6 +56,11 @@ def _next(task: Task) -> str:
     if task.role == "requester":
         if task.state == "input_required":
             return "the assignee asks (note): answer with mesh_task_send(task_id=..., input=...)"
+        if task.state == "pending_owner_approval":
+            return (
+                "the assignee's owner (a person) decides whether it takes it: "
+                f"mesh_task_wait(task_id, after_state_seq={task.state_seq}) returns the decision"
+            )
         if not task.delivered:
             return "queued: delivered when the assignee is reachable; mesh_task_wait follows it"
         return f"mesh_task_wait(task_id, after_state_seq={task.state_seq}) blocks until it moves"

@@ -49,6 +49,7 @@ GROUP_TOOLS: Final[Mapping[str, tuple[str, ...]]] = {
         "mesh_task_list", "mesh_task_update", "mesh_task_complete",
     ),
     "audit": ("mesh_audit",),
+    "approvals": ("mesh_approvals",),
 }  # fmt: skip
 
 TOOL_GROUP: Final[Mapping[str, str]] = {
@@ -72,8 +73,8 @@ READ_ONLY: Final = frozenset(
         # content, records, topics: fetching and watching
         "mesh_get", "mesh_find_record", "mesh_find_records", "mesh_find_records_by_type",
         "mesh_watch",
-        # the audit trail: reading what this agent did
-        "mesh_audit",
+        # what the owner keeps: the audit trail, what waits for approval (metadata only)
+        "mesh_audit", "mesh_approvals",
     }
 )  # fmt: skip
 

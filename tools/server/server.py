@@ -37,6 +37,7 @@ from tools.owner.switchboard import (
     disabled,
     switchboard_for,
 )
+from tools.groups.owner import approvals as owner_approvals
 from tools.server import channel, surface
 from tools.server.context import Descriptions
 from tools.server.runtime import Runtime, open_runtime, station_names
@@ -58,6 +59,7 @@ GROUPS = (
     realms,
     tasks,
     audit_tools,
+    owner_approvals,
     surface,
 )
 

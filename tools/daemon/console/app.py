@@ -6,6 +6,8 @@ Invariants:
   reaches the file system), ``/events`` the live feed, ``/api/snapshot`` one snapshot,
   ``/api/audit`` the hosted identities' audit trails (``audit_view``, read-only);
 - GET ``/api/owner`` the owner's switches (``owner_view``);
+- GET ``/api/approvals`` and POST ``/api/approvals/decide`` are the owner's approval queue
+  (``approvals_view``);
 - POST ``/api/{say,ring,task,realm,owner}`` take a JSON object (at most ``MAX_BODY`` bytes) and
   answer ``{"ok": 1, ...}`` or, with HTTP 400, ``{"ok": 0, code, detail, retryable,
   next_action}``; a mesh failure is a 502 of the same shape, a bug a 500 (logged).
@@ -27,7 +29,7 @@ from starlette.routing import Route
 
 from macula.agent.petnames import petname
 from macula.errors import MaculaError
-from tools.daemon.console import actions, owner_view
+from tools.daemon.console import actions, approvals_view, owner_view
 from tools.daemon.console.audit_view import audit_view
 from tools.daemon.console.feed import ChangeBell, events
 from tools.daemon.console.person_key import person_identity
@@ -41,6 +43,7 @@ STATIC: Final = {
     "console.css": "text/css; charset=utf-8",
     "owner.js": "text/javascript; charset=utf-8",
     "audit.js": "text/javascript; charset=utf-8",
+    "approvals.js": "text/javascript; charset=utf-8",
 }
 
 
@@ -113,6 +116,14 @@ class Console:
     async def owner_change(self, request: Request) -> Response:
         return await self._act(request, lambda b: owner_view.change(self.source.home, b))
 
+    async def approvals(self, request: Request) -> Response:
+        return JSONResponse(await approvals_view.pending(self.source.home, self.source.runtimes()))
+
+    async def decide_approval(self, request: Request) -> Response:
+        return await self._act(
+            request, lambda b: approvals_view.decide(self.source.home, self.source.runtimes(), b)
+        )
+
     def _runtime(self, body: dict[str, Any]) -> Any:
         return actions.runtime_of(self.source.runtimes(), body)
 
@@ -147,6 +158,8 @@ class Console:
             Route("/api/realm", self.realm, methods=["POST"]),
             Route("/api/owner", self.owner, methods=["GET"]),
             Route("/api/owner", self.owner_change, methods=["POST"]),
+            Route("/api/approvals", self.approvals, methods=["GET"]),
+            Route("/api/approvals/decide", self.decide_approval, methods=["POST"]),
         ]
 
     def app(self) -> Starlette:

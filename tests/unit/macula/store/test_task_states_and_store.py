@@ -81,6 +81,12 @@ LEGAL = {
     ("input_required", "completed"),
     ("input_required", "failed"),
     ("input_required", "canceled"),
+    # issue 39: the assignee's owner holds the task, then decides
+    ("submitted", "pending_owner_approval"),
+    ("pending_owner_approval", "submitted"),
+    ("pending_owner_approval", "completed"),
+    ("pending_owner_approval", "failed"),
+    ("pending_owner_approval", "canceled"),
 }
 
 
