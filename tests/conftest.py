@@ -78,13 +78,7 @@ def _fresh_verified_signatures() -> None:
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
     """Debian's headless Chromium driven by playwright (the console's page tests)."""
-    from playwright.async_api import async_playwright
+    from support.consolekit import chromium
 
-    from support.consolekit import ARGS, CHROMIUM
-
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
+    async with chromium() as launched:
+        yield launched

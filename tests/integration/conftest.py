@@ -1,19 +1,17 @@
 """Integration fixtures: a real station on 127.0.0.1:0 over real QUIC, in this process; ``mesh``,
-three stations linked (a module with a mesh of its own defines its own ``mesh``); ``browser``, a
-headless Chromium for the console's pages."""
+three stations linked (a module with a mesh of its own defines its own ``mesh``). The console
+tests' ``browser`` is in the root conftest."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from macula.node.node import Node
 from macula.wire.identity import Identity
 from relay.station.station import Station
-from support.consolekit import chromium
 from support.identities import new_identity
 from support.meshkit import station_config, three_stations
 
@@ -22,13 +20,6 @@ from support.meshkit import station_config, three_stations
 async def station(tmp_path: Path) -> AsyncIterator[Station]:
     async with Station(station_config(tmp_path / "station")) as running:
         yield running
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    """Debian's ``chromium``, headless, driven by playwright; closed at the end."""
-    async with chromium() as launched:
-        yield launched
 
 
 @pytest.fixture

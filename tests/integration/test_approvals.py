@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from macula.agent.agent import Agent
+from macula.agent.audit import AuditSettings, audit_dir
 from macula.agent.contact_policy import Answer
 from macula.agent.task_messages import TaskLimits
 from macula.clock import now_ms
 from macula.node.node import Node
+from macula.store.audit_log import entries
 from macula.store.tasks import Task
 from relay.station.station import Station
 from support.identities import new_identity
@@ -38,9 +40,13 @@ async def agent(
     policy: str,
     owner_toml: str | None = None,
     clock: Callable[[], int] | None = None,
+    audit: AuditSettings | None = None,
 ) -> AsyncIterator[Agent]:
     config = dataclasses.replace(
-        settings(home, policy), task_limits=FAST, owner_file=home / "owner.toml"
+        settings(home, policy),
+        task_limits=FAST,
+        owner_file=home / "owner.toml",
+        audit=audit or AuditSettings.off(),
     )
     if owner_toml is not None:
         (home / "owner.toml").write_text(owner_toml)
@@ -215,3 +221,46 @@ async def test_a_ring_under_ask_waits_for_the_owner(station: Station, tmp_path: 
         late = await carol.rings.wait_answer(denied.ring_id, 10)
         assert late is not None and late.answer == Answer.DECLINED
         assert (late.reason or "").startswith("refused: owner denied")
+
+
+async def test_the_trail_says_queued_then_the_owners_decision(
+    station: Station, tmp_path: Path
+) -> None:
+    """The held task is ``task_received`` queued in the assignee's trail, and the owner's
+    approval (by the CLI) and denial ``owner_decided``; never the task's text."""
+    held = "[approvals]\ntasks_from_strangers = 1\n"
+    bob_home = tmp_path / "bob"
+    async with (
+        agent(station, tmp_path / "alice", "open") as alice,
+        agent(station, bob_home, "ask", held, audit=AuditSettings(bob_home)) as bob,
+    ):
+        await alice.hello()
+        await bob.hello()
+        bob_id = bob.node.identity.node_id
+        first = await alice.tasks.send(bob_id, "summarize", "words only the owner reads")
+        second = await alice.tasks.send(bob_id, "summarize", "words only the owner reads")
+        assert first.state == second.state == "pending_owner_approval"
+        by_ref = {item.ref: item for item in await bob.approvals.pending()}
+        await asyncio.to_thread(owner_cli, bob_home, "approve", by_ref[first.task_id].approval_id)
+        await asyncio.to_thread(owner_cli, bob_home, "deny", by_ref[second.task_id].approval_id)
+
+        def trail() -> list[dict[str, object]]:
+            return list(entries(audit_dir(bob_home, bob_id)))
+
+        def decided() -> bool:
+            return sum(e["kind"] == "owner_decided" for e in trail()) == 2
+
+        await eventually(decided)
+        received = [(e["outcome"], e["facts"]["task_id"]) for e in trail()
+                    if e["kind"] == "task_received"]  # fmt: skip
+        assert received == [("queued", first.task_id), ("queued", second.task_id)]
+        decisions = {
+            e["facts"]["approval_id"]: (e["outcome"], e["facts"]["item_kind"], e["facts"]["by"])
+            for e in trail()
+            if e["kind"] == "owner_decided"
+        }
+        assert decisions[by_ref[first.task_id].approval_id][:2] == ("approved", "task")
+        assert decisions[by_ref[second.task_id].approval_id][:2] == ("denied", "task")
+        assert all("cli" in str(by) for _, _, by in decisions.values())
+    written = b"".join(p.read_bytes() for p in audit_dir(bob_home, bob_id).iterdir())
+    assert b"words only the owner reads" not in written
