@@ -72,8 +72,8 @@ KINDS: Final = frozenset(
         "task_received",  # sender, task_id, content_digest; accepted / refused / queued
         "call_received",  # procedure, caller, content_digest; accepted / refused / queued
         "ring_received",  # caller, ring_id, content_digest; accepted / refused / deferred / queued
-        "owner_decided",  # approval_id, item_kind, sender, by; approved / denied / expired / withdrawn
-        "policy_changed",  # switch, old, new, by (cli / console / file); outcome: applied
+        "owner_decided",  # approval_id, item_kind, sender, by; approved/denied/expired/withdrawn
+        "policy_changed",  # switch, old, new (digests), by (cli / console), agent; applied
         "head_signed",  # a checkpoint: signed_seq, signed_hash, node_id, signature
     }
 )
