@@ -30,6 +30,7 @@ from tools.groups import (
     tasks,
     text_limits,
 )
+from tools.groups.owner import approvals as owner_approvals
 from tools.groups.owner import audit as audit_tools
 from tools.owner.switchboard import (
     Switchboard,
@@ -37,7 +38,6 @@ from tools.owner.switchboard import (
     disabled,
     switchboard_for,
 )
-from tools.groups.owner import approvals as owner_approvals
 from tools.server import channel, surface
 from tools.server.context import Descriptions
 from tools.server.runtime import Runtime, open_runtime, station_names
