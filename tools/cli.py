@@ -229,6 +229,12 @@ def _run_http_token(argv: Sequence[str]) -> None:
     raise SystemExit(http_cli(["http-token", *argv]))
 
 
+def _run_a2a_token(argv: Sequence[str]) -> None:
+    from tools.a2a.cli import main as a2a_cli  # the daemon's A2A door (tools.a2a.door)
+
+    raise SystemExit(a2a_cli(argv))
+
+
 def _run_station(argv: Sequence[str]) -> None:
     from tools.local_station.command import main as station
 
@@ -274,6 +280,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "guard": _run_guard,
     "console": _run_console,
     "http-token": _run_http_token,
+    "a2a-token": _run_a2a_token,
 }
 
 
