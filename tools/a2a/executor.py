@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Final
 
@@ -103,21 +104,32 @@ class MeshExecutor(AgentExecutor):
         except TaskError as exc:
             if exc.task is None:
                 raise InvalidParamsError(message=exc.detail) from exc
-        await self._follow(tasks, mesh_id, before, context, event_queue)
+        await self._follow(tasks, mesh_id, before, context, event_queue, answer=str(answer))
 
     async def _follow(
-        self, tasks: Tasks, mesh_id: str, seen: int, context: RequestContext, queue: EventQueue
+        self,
+        tasks: Tasks,
+        mesh_id: str,
+        seen: int,
+        context: RequestContext,
+        queue: EventQueue,
+        *,
+        answer: str | None = None,
     ) -> None:
         while True:
             task = await tasks.get(mesh_id)
             if task.state_seq > seen:
                 seen = task.state_seq
-                await self._emit(task, context, queue)
+                # the mesh's working-again carries the client's own answer as its note
+                ours = task.state == "working" and task.note == answer
+                await self._emit(task, context, queue, quiet=ours)
                 if task.state in TERMINAL or task.state == "input_required":
                     return
             await tasks.wait(mesh_id, FOLLOW_WAIT_S, after_state_seq=seen)
 
-    async def _emit(self, task: MeshTask, context: RequestContext, queue: EventQueue) -> None:
+    async def _emit(
+        self, task: MeshTask, context: RequestContext, queue: EventQueue, *, quiet: bool = False
+    ) -> None:
         assert context.task_id is not None and context.context_id is not None
         task_id, context_id = context.task_id, context.context_id
         if task.state == "completed" and task.result is not None:
@@ -129,8 +141,9 @@ class MeshExecutor(AgentExecutor):
                 )
             )
         said = task.error if task.state == "failed" and task.error else task.note
-        status = TaskStatus(state=to_a2a(task.state, task.note))  # type: ignore[arg-type]
-        if said:
+        # a refusal's "refused: ..." is the requester's error (macula.agent.task_outbox)
+        status = TaskStatus(state=to_a2a(task.state, said))  # type: ignore[arg-type]
+        if said and not quiet:
             status.message.CopyFrom(new_text_message(said, context_id=context_id, task_id=task_id))
         status.timestamp.FromMilliseconds(task.updated_ms)
         await queue.enqueue_event(
@@ -148,10 +161,12 @@ class MeshExecutor(AgentExecutor):
             if exc.task is None:
                 raise TaskNotCancelableError(message=exc.detail) from exc
             with_outcome = exc.task
-        if with_outcome.state not in TERMINAL:
-            waited = await tasks.wait(
-                mesh_id, CANCEL_WAIT_S, after_state_seq=with_outcome.state_seq
-            )
+        deadline = asyncio.get_running_loop().time() + CANCEL_WAIT_S
+        while with_outcome.state not in TERMINAL:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break  # the agent is away: the cancel is queued, the A2A task says canceled
+            waited = await tasks.wait(mesh_id, left, after_state_seq=with_outcome.state_seq)
             with_outcome = waited.task or with_outcome
         if with_outcome.state in TERMINAL:
             await self._emit(with_outcome, context, event_queue)
