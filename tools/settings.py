@@ -28,7 +28,7 @@ import hashlib
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -217,6 +217,7 @@ class DaemonSettings:
     log_files: int
     http_port: int = 0
     http_max_sessions: int = DEFAULT_HTTP_MAX_SESSIONS
+    a2a: A2ASettings = field(default_factory=lambda: A2ASettings())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DaemonSettings:
@@ -231,6 +232,7 @@ class DaemonSettings:
             http_max_sessions=_count(
                 env, HTTP_MAX_SESSIONS_ENV, DEFAULT_HTTP_MAX_SESSIONS, MAX_HTTP_MAX_SESSIONS
             ),
+            a2a=A2ASettings.from_env(env),
         )
 
     @property

@@ -64,7 +64,7 @@ async def test_tokens_reach_one_agent_and_one_clients_tasks(
             await stream.aclose()
             assert (await a2a.get_task(GetTaskRequest(id=task_id))).id == task_id
         async with a2a_client(url, other) as a2a:
-            with pytest.raises(A2AError, match="(?i)not found"):
+            with pytest.raises(A2AError, match=r"(?i)not found"):
                 await a2a.get_task(GetTaskRequest(id=task_id))
         # a revoked token stops at once
         from tools.a2a import tokens

@@ -74,7 +74,9 @@ async def home_served(home: Path, endpoint: str, **extra: str) -> AsyncIterator[
 
             routes = [Route("/mcp", endpoint=mcp), Route(PREFIX + "{rest:path}", endpoint=door)]
             app = Starlette(routes=routes, lifespan=lifespan)
-            config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+            config = uvicorn.Config(
+                app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=1
+            )
             server = uvicorn.Server(config)
             task = group.create_task(server.serve())
             await eventually(lambda: server.started or task.done(), 20.0)
