@@ -95,6 +95,15 @@ async def test_malformed_and_oversized_requests_get_the_error_they_name(
             assert shapeless.json()["error"]["code"] in (-32602, -32600)
             huge = await session.post(url, content=b"x" * (300 * 1024))
             assert huge.status_code == 413
+            for part, code in (
+                ({"text": "y" * 17_000}, -32602),
+                ({"url": "file:///etc/passwd"}, -32005),
+            ):
+                message = {"messageId": "m1", "role": "ROLE_USER", "parts": [part]}
+                said = await session.post(url, json=rpc("SendMessage", {"message": message}))
+                assert said.json()["error"]["code"] == code, said.text
+            lost = await session.post(url, json=rpc("GetTask", {"id": "no-such-task"}))
+            assert lost.json()["error"]["code"] == -32001
         async with a2a_client(url, token, streaming=False) as a2a:
             with pytest.raises(A2AError, match="longer than 16384"):
                 [e async for e in a2a.send_message(say("y" * 17_000))]

@@ -90,8 +90,10 @@ async def home_served(home: Path, endpoint: str, **extra: str) -> AsyncIterator[
 
 
 def http(token: str | None) -> httpx.AsyncClient:
+    """A plain HTTP client speaking A2A 1.0 (its version header), with ``token`` if given."""
     auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    return httpx.AsyncClient(headers=auth, timeout=httpx.Timeout(30, read=120))
+    headers = {"A2A-Version": "1.0", **auth}
+    return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=120))
 
 
 @asynccontextmanager
