@@ -46,7 +46,7 @@ from starlette.types import Receive, Scope, Send
 
 from macula.agent.task_messages import TaskLimits
 from macula.agent.tasks import Tasks
-from macula.config import known_stations_from_env
+from macula.config import AGENT_ENV, known_stations_from_env
 from macula.errors import ConfigError, MaculaError
 from macula.keyfile import load_identity
 from tools.a2a import tokens
@@ -258,8 +258,8 @@ class Door:
                 send,
                 _error(
                     503, -32603,
-                    f"agent {segment} is not running: start a session of it (its harness, or "
-                    "macula-mcp attach with MACULA_MCP_AGENT set)",
+                    f"agent {segment} is not running: start a session of it (its harness, "
+                    f"or macula-mcp attach with {AGENT_ENV}={segment})",
                     (b"retry-after", b"5"),
                 ),
             )  # fmt: skip
