@@ -4,6 +4,7 @@ mesh agent on the other through its MCP tools (official ``mcp`` client on the sa
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,10 @@ async def test_card_is_signed_by_the_agent_and_names_it(station: Station, tmp_pa
             verify_card(card, node)
 
 
-async def test_send_a_task_the_agent_completes(station: Station, tmp_path: Path) -> None:
+async def test_send_a_task_the_agent_completes(
+    station: Station, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # and no log line, at any level, carries the token
     async with (
         home_served(tmp_path / "h", station.endpoint, **ASK) as home,
         mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
@@ -80,6 +84,7 @@ async def test_send_a_task_the_agent_completes(station: Station, tmp_path: Path)
         assert seen["input"] == "what is 6*7?"
         assert final.task.status.state == TaskState.TASK_STATE_COMPLETED
         assert final.task.artifacts[0].parts[0].text == "42"
+        assert "what is 6*7?" in caplog.text and token not in caplog.text
 
 
 def state_of(event: Any) -> int:

@@ -18,7 +18,8 @@ Invariants:
   is scoped by the client's name: another's task is ``TaskNotFoundError``);
 - a body is at most ``MAX_BODY`` bytes (413); the message itself is checked against the mesh
   task bounds before anything runs (``DoorHandler``, ``tools.a2a.parts``);
-- the token is never logged nor echoed.
+- the token is never logged nor echoed: the ``Authorization`` header is taken out of the request
+  before the SDK sees it (its call context keeps the headers, and its debug log prints them).
 """
 
 from __future__ import annotations
@@ -304,7 +305,12 @@ class Door:
         if not length.isdecimal() or int(length) > MAX_BODY:
             await _answer(send, _error(413, -32600, f"a request is at most {MAX_BODY} bytes"))
             return
-        scope = dict(scope, user=SimpleUser(client.name), auth=AuthCredentials(["a2a"]))
+        # the SDK keeps a request's headers in its call context (and logs that at debug): the
+        # token stops here
+        kept = [(k, v) for k, v in scope["headers"] if k.lower() != b"authorization"]
+        scope = dict(
+            scope, headers=kept, user=SimpleUser(client.name), auth=AuthCredentials(["a2a"])
+        )
         await served.app(scope, _bounded(receive), send)
 
     def _same_agent(self, agent: str, segment: str) -> bool:
