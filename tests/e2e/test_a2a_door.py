@@ -4,6 +4,7 @@ mesh agent on the other through its MCP tools (official ``mcp`` client on the sa
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from a2a.utils.errors import A2AError
 
 from relay.station.station import Station
 from support.a2akit import a2a_client, home_served, http, say
+from support.httpkit import Raw, events, http_client
 from support.httpkit import client as mcp_client
 from support.mcpkit import bad, good
 from tools.a2a.card import verify_card
@@ -81,6 +83,7 @@ async def test_send_a_task_the_agent_completes(
             [final] = [e async for e in a2a.send_message(say("what is 6*7?"))]
             seen = await worker
         assert seen["title"].startswith("A2A from crew: what is 6*7?")
+        assert seen["peer_label"] == "A2A client crew (through this home's A2A door)"
         assert seen["input"] == "what is 6*7?"
         assert final.task.status.state == TaskState.TASK_STATE_COMPLETED
         assert final.task.artifacts[0].parts[0].text == "42"
@@ -169,3 +172,25 @@ async def test_cancel_reaches_the_agent(station: Station, tmp_path: Path) -> Non
                 await a2a.cancel_task(CancelTaskRequest(id=a2a_id))
             listed = await a2a.list_tasks(ListTasksRequest())
         assert [t.id for t in listed.tasks] == [a2a_id]
+
+
+async def test_the_channel_push_says_a2a_and_which_client(station: Station, tmp_path: Path) -> None:
+    async with (
+        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
+        http_client(home.mcp_token("alice")) as alice_http,
+    ):
+        alice = Raw(alice_http, home.mcp_url)
+        await alice.open()
+        await alice.call("mesh_hello")
+        token = home.a2a_token("crew", "alice")
+        async with alice.get_stream() as stream, a2a_client(home.agent_url("alice"), token) as a2a:
+            sending = a2a.send_message(say("review PR 7"))
+            await anext(sending)
+            async for _, message in events(stream):
+                if message.get("method") == "notifications/claude/channel":
+                    break
+            await sending.aclose()
+    pushed = json.dumps(message["params"])
+    # who, from the owner's records (the client's words stay out: it is no room-mate)
+    assert "A2A client crew (through this home's A2A door)" in pushed
+    assert "handed you a task" in pushed and "review PR 7" not in pushed

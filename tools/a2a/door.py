@@ -56,6 +56,7 @@ from tools.a2a.executor import MeshExecutor
 from tools.a2a.parts import message_value
 from tools.a2a.requesters import Requesters
 from tools.daemon.hosts import Hosts
+from tools.server import peer_labels
 from tools.server.runtime import Runtime
 from tools.settings import A2ASettings
 
@@ -147,9 +148,21 @@ class Door:
 
     async def __aenter__(self) -> Door:
         await self.requesters.__aenter__()
+        peer_labels.NAMERS.append(self.client_label)
         return self
 
+    def client_label(self, node_id: bytes) -> str | None:
+        """What the agents of this process call a node id that is one of this home's A2A
+        clients (the owner's records: the mesh attested the node id)."""
+        wanted = node_id.hex()
+        for client in tokens.clients(self.home):
+            if client.node_id == wanted:
+                return f"A2A client {client.name} (through this home's A2A door)"
+        return None
+
     async def __aexit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(ValueError):
+            peer_labels.NAMERS.remove(self.client_label)
         for served in self.served.values():
             with contextlib.suppress(Exception):
                 await served.handler.aclose()
