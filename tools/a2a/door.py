@@ -7,7 +7,7 @@ or a hosted agent's node id (64 hex). Under it:
   signed Agent Card (``tools.a2a.card``);
 - ``/`` (POST): the SDK's JSON-RPC routes and ``DefaultRequestHandler`` (send, stream, get, list,
   cancel, subscribe), our ``MeshExecutor``, and the SDK's in-memory ``TaskStore`` scoped by
-  owner, the owner being the A2A client the token names.
+  owner, the owner being the A2A client the token names (bounded: ``tools.a2a.task_store``).
 
 Invariants:
 - only agents this daemon hosts (an open runtime): another is 404, one whose runtime is not open
@@ -29,7 +29,7 @@ import contextvars
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -38,7 +38,6 @@ from a2a.server.context import ServerCallContext
 from a2a.server.events import Event
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
-from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import AgentCard, Message, SendMessageRequest, Task
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from starlette.applications import Starlette
@@ -55,6 +54,7 @@ from tools.a2a.card import agent_card, sign_card
 from tools.a2a.executor import MeshExecutor
 from tools.a2a.parts import message_value
 from tools.a2a.requesters import Requesters
+from tools.a2a.task_store import BoundedTaskStore
 from tools.daemon.hosts import Hosts
 from tools.server import peer_labels
 from tools.server.runtime import Runtime
@@ -73,7 +73,7 @@ class DoorHandler(DefaultRequestHandler):
     """The SDK's handler, with the message checked first (parts and mesh bounds), so a bad one
     is the A2A error it names before a task exists."""
 
-    def __init__(self, limits: Any, **kwargs: Any) -> None:
+    def __init__(self, limits: Callable[[], TaskLimits], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.limits = limits
 
@@ -202,7 +202,7 @@ class Door:
         handler = DoorHandler(
             limits,
             agent_executor=MeshExecutor(bytes.fromhex(node_id), requester, limits),
-            task_store=InMemoryTaskStore(),
+            task_store=BoundedTaskStore(),
             agent_card=card,
         )
 
