@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -36,10 +37,19 @@ def home() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 async def test_a_person_opens_the_door_with_two_commands(station: Station, home: Path) -> None:
+    beyond = free_port()  # the door alone, as behind a TLS proxy (docs/a2a.md)
     env = dict(
         os.environ, MACULA_HOME=str(home), MACULA_MESH_STATIONS=station.endpoint,
         MACULA_MCP_AGENT="ada", MACULA_MCP_CONTACT_POLICY="ask",
+        MACULA_MCP_HTTP_A2A_LISTEN=f"127.0.0.1:{beyond}",
+        MACULA_MCP_HTTP_A2A_URL="https://agents.example.org",
     )  # fmt: skip
     made = cli(["a2a-token", "create", "crew", "--agent", "ada"], env)
     assert made.returncode == 0, made.stderr
@@ -66,6 +76,12 @@ async def test_a_person_opens_the_door_with_two_commands(station: Station, home:
             [final] = [e async for e in a2a.send_message(say("do it"))]
             await worker
         assert final.task.status.state == TaskState.TASK_STATE_COMPLETED
+        async with http(None) as plain:  # beyond loopback: the door and nothing else
+            proxied = f"http://127.0.0.1:{beyond}"
+            card = (await plain.get(f"{proxied}/a2a/ada/.well-known/agent-card.json")).json()
+            assert card["supportedInterfaces"][0]["url"] == "https://agents.example.org/a2a/ada/"
+            for path in ("/", "/mcp", "/events"):
+                assert (await plain.get(proxied + path)).status_code == 404, path
         gone = cli(["a2a-token", "revoke", "crew"], env)
         assert gone.returncode == 0 and not list((home / "a2a" / "clients").glob("crew.*"))
         async with http(token) as session:

@@ -56,6 +56,7 @@ from tools.a2a.parts import message_value
 from tools.a2a.requesters import Requesters
 from tools.a2a.task_store import BoundedTaskStore
 from tools.daemon.hosts import Hosts
+from tools.daemon.http.a2a import BEYOND_LOOPBACK
 from tools.server import peer_labels
 from tools.server.runtime import Runtime
 from tools.settings import A2ASettings
@@ -222,7 +223,7 @@ class Door:
     def _card(self, segment: str, node_id: str) -> AgentCard:
         _, runtime = self.runtime(segment)
         policy = runtime.agent.rings.policy() if runtime is not None else None
-        base = self.settings.public_url or _base_url.get() or "http://127.0.0.1"
+        base = _base_url.get() or "http://127.0.0.1"
         return agent_card(
             segment,
             bytes.fromhex(node_id),
@@ -280,7 +281,10 @@ class Door:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "127.0.0.1")
-        token = _base_url.set(f"{scope.get('scheme', 'http')}://{host}")
+        # the URL the card names: the proxy's, for a request that came through the listener
+        # beyond loopback (tools.daemon.http.a2a.DoorOnly marks it), else the one asked for
+        public = self.settings.public_url if scope.get(BEYOND_LOOPBACK) else None
+        token = _base_url.set(public or f"{scope.get('scheme', 'http')}://{host}")
         try:
             served = self._app(segment, node_id)
             if "/" + rest == AGENT_CARD_WELL_KNOWN_PATH and scope["method"] in ("GET", "HEAD"):

@@ -28,6 +28,7 @@ from tools.settings import A2ASettings
 log = logging.getLogger("macula.daemon")
 
 PREFIX: Final = "/a2a/"
+BEYOND_LOOPBACK: Final = "macula.a2a.beyond_loopback"  # a scope key: came from beyond loopback
 UNAVAILABLE: Final = (
     b'{"jsonrpc":"2.0","id":null,"error":{"code":-32603,'
     b'"message":"the A2A door is not available: see the daemon log"}}'
@@ -100,7 +101,8 @@ class DoorOnly:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(PREFIX):
-            await self.mount(scope, receive, send)
+            # the door names the public URL (A2ASettings.public_url) in cards for these only
+            await self.mount(dict(scope, **{BEYOND_LOOPBACK: 1}), receive, send)
             return
         if scope["type"] == "http":
             await send({"type": "http.response.start", "status": 404,
