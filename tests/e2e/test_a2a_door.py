@@ -50,6 +50,11 @@ async def test_card_is_signed_by_the_agent_and_names_it(station: Station, tmp_pa
             card = await A2ACardResolver(plain, home.agent_url("alice")).get_agent_card(
                 signature_verifier=lambda c: verify_card(c, node)
             )
+            forged = await plain.get(
+                home.agent_url("alice") + ".well-known/agent-card.json",
+                headers={"Host": "evil.example"},
+            )  # the agent's key signs the URL the socket has, never one a caller wrote
+            assert forged.status_code == 200 and "evil" not in forged.text
         assert card.name == me["petname"] and me["node_id"] in card.description
         assert card.supported_interfaces[0].url == home.agent_url("alice")
         assert card.supported_interfaces[0].protocol_version == "1.0"

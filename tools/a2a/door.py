@@ -280,11 +280,7 @@ class Door:
             )  # fmt: skip
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        host = headers.get("host", "127.0.0.1")
-        # the URL the card names: the proxy's, for a request that came through the listener
-        # beyond loopback (tools.daemon.http.a2a.DoorOnly marks it), else the one asked for
-        public = self.settings.public_url if scope.get(BEYOND_LOOPBACK) else None
-        token = _base_url.set(public or f"{scope.get('scheme', 'http')}://{host}")
+        token = _base_url.set(self._base(scope))
         try:
             served = self._app(segment, node_id)
             if "/" + rest == AGENT_CARD_WELL_KNOWN_PATH and scope["method"] in ("GET", "HEAD"):
@@ -293,6 +289,16 @@ class Door:
             await self._guarded(served, segment, scope, headers, receive, send)
         finally:
             _base_url.reset(token)
+
+    def _base(self, scope: Scope) -> str:
+        """The base URL a card names: the public one for a request that came through the
+        listener beyond loopback (``DoorOnly`` marks it), else the socket the request reached.
+        Never the ``Host`` header: the agent's key would sign whatever URL a caller wrote."""
+        if scope.get(BEYOND_LOOPBACK) and self.settings.public_url:
+            return self.settings.public_url
+        host, port = scope.get("server") or ("127.0.0.1", 80)
+        shown = f"[{host}]" if ":" in str(host) else str(host)
+        return f"{scope.get('scheme', 'http')}://{shown}:{port}"
 
     async def _guarded(
         self,
