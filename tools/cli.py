@@ -231,6 +231,12 @@ def _run_http_token(argv: Sequence[str]) -> None:
     raise SystemExit(http_cli(["http-token", *argv]))
 
 
+def _run_a2a_token(argv: Sequence[str]) -> None:
+    from tools.a2a.cli import main as a2a_cli  # the daemon's A2A door (tools.a2a.door)
+
+    raise SystemExit(a2a_cli(argv))
+
+
 def _run_station(argv: Sequence[str]) -> None:
     from tools.local_station.command import main as station
 
@@ -304,6 +310,7 @@ HANDLERS: dict[str, Callable[[Sequence[str]], None]] = {
     "a2a-agent": _run_a2a_agent,
     "audit": _run_audit,
     "approvals": _run_approvals,
+    "a2a-token": _run_a2a_token,
 }
 
 

@@ -132,6 +132,15 @@ COMMANDS: Final = (
         "print the bearer token of the daemon's HTTP /mcp endpoint",
         ("macula-mcp http-token", "macula-mcp http-token --agent alice"),
     ),
+    Command(
+        "a2a-token",
+        "make, list or revoke the bearer tokens of A2A clients of this home's agents",
+        (
+            "macula-mcp a2a-token create crew --agent alice   # prints the token once",
+            "macula-mcp a2a-token list",
+            "macula-mcp a2a-token revoke crew",
+        ),
+    ),
 )
 BY_NAME: Final = {command.name: command for command in COMMANDS}
 

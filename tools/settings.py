@@ -28,7 +28,7 @@ import hashlib
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
@@ -58,6 +58,10 @@ DAEMON_LOG_BYTES_ENV: Final = "MACULA_MCP_DAEMON_LOG_BYTES"
 DAEMON_LOG_FILES_ENV: Final = "MACULA_MCP_DAEMON_LOG_FILES"
 HTTP_PORT_ENV: Final = "MACULA_MCP_HTTP_PORT"  # the console and /mcp; 0 or unset: a free port
 HTTP_MAX_SESSIONS_ENV: Final = "MACULA_MCP_HTTP_MAX_SESSIONS"  # /mcp sessions open at once
+# the A2A door (tools.a2a.door): always on the loopback listener; HOST:PORT serves it (and only
+# it) there too, beyond loopback (the explicit flag); URL is the base the Agent Cards name
+A2A_LISTEN_ENV: Final = "MACULA_MCP_HTTP_A2A_LISTEN"
+A2A_URL_ENV: Final = "MACULA_MCP_HTTP_A2A_URL"
 # the local station macula-mcp starts when none is configured (tools.local_station.station)
 LOCAL_STATION_PORT_ENV: Final = "MACULA_MCP_LOCAL_STATION_PORT"
 LOCAL_STATION_TIMEOUT_ENV: Final = "MACULA_MCP_LOCAL_STATION_TIMEOUT_S"
@@ -213,6 +217,7 @@ class DaemonSettings:
     log_files: int
     http_port: int = 0
     http_max_sessions: int = DEFAULT_HTTP_MAX_SESSIONS
+    a2a: A2ASettings = field(default_factory=lambda: A2ASettings())
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DaemonSettings:
@@ -227,6 +232,7 @@ class DaemonSettings:
             http_max_sessions=_count(
                 env, HTTP_MAX_SESSIONS_ENV, DEFAULT_HTTP_MAX_SESSIONS, MAX_HTTP_MAX_SESSIONS
             ),
+            a2a=A2ASettings.from_env(env),
         )
 
     @property
@@ -335,3 +341,35 @@ def _channel_number(
         kind = "an integer" if integer else "a number"
         raise ConfigError(f"{name} must be {kind} in [{low:g}, {high:g}], not {raw!r}")
     return value
+
+
+# -- the A2A door ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class A2ASettings:
+    """Where the A2A door is served beyond loopback (``listen``: host and port, or None: only on
+    the loopback listener) and the base URL its Agent Cards name (None: the URL asked for)."""
+
+    listen: tuple[str, int] | None = None
+    public_url: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> A2ASettings:
+        raw = env.get(A2A_LISTEN_ENV, "").strip()
+        listen: tuple[str, int] | None = None
+        if raw:
+            host, _, port = raw.rpartition(":")
+            host = host.strip("[]")
+            if not host or not port.isdecimal() or not 0 < int(port) <= 65535:
+                raise DaemonSettingError(
+                    f"{A2A_LISTEN_ENV} must be HOST:PORT (e.g. 0.0.0.0:8443), not {raw!r}"
+                )
+            listen = (host, int(port))
+        url = env.get(A2A_URL_ENV, "").strip().rstrip("/") or None
+        if url is not None and not url.startswith(("https://", "http://")):
+            raise DaemonSettingError(
+                f"{A2A_URL_ENV} must be an http(s) URL (e.g. https://agents.example.org), "
+                f"not {url!r}"
+            )
+        return cls(listen, url)

@@ -37,6 +37,7 @@ MCP_HELPS: list[tuple[list[str], list[str]]] = [
     (["station", "stop"], ["--json"]),
     (["station", "init"], ["--public", "--port", "--host", "--data-dir", "--json"]),
     (["http-token"], ["--agent"]),
+    (["a2a-token"], ["create", "list", "revoke"]),
     (["attach"], []),
     (["console"], ["--open"]),
 ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from a2a.types import Artifact, Message, Part, StreamResponse, Task, TaskState, TaskStatus
-from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
+from google.protobuf.json_format import MessageToDict
 
 from macula.agent.task_messages import TaskLimits
 from tools.a2a.states import from_a2a

@@ -32,7 +32,7 @@ from a2a.client import (
 from a2a.types import AgentCard, InvalidAgentResponseError
 from a2a.utils.constants import TransportProtocol
 from a2a.utils.errors import A2AError
-from google.protobuf.json_format import ParseError  # type: ignore[import-untyped]
+from google.protobuf.json_format import ParseError
 
 from tools.a2a.allowlist import Agent, is_card_url, origin_of
 from tools.a2a.answers import Malformed

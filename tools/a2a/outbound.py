@@ -424,8 +424,8 @@ def _part(part_type: Callable[..., Any], value: TaskValue) -> Any:
     """A task's input as one A2A part: text as text, a JSON value as a data part."""
     if isinstance(value, str):
         return part_type(text=value)
-    from google.protobuf.json_format import ParseDict  # type: ignore[import-untyped]
-    from google.protobuf.struct_pb2 import Value  # type: ignore[import-untyped]
+    from google.protobuf.json_format import ParseDict
+    from google.protobuf.struct_pb2 import Value
 
     return part_type(data=ParseDict(value, Value()), media_type="application/json")
 

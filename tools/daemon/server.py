@@ -179,17 +179,32 @@ class Daemon:
         try:
             assert self._session_modules is not None
             await self._session_modules
-            http, mcp = await asyncio.to_thread(_import, HTTP_MODULES)
+            http, mcp, a2a = await asyncio.to_thread(_import, HTTP_MODULES)
             if self.mcp_app is None:
                 self.mcp_app = mcp.mcp_http_app(
                     self.hosts, self.home, self.env,
                     max_sessions=self.settings.http_max_sessions,
                 )  # fmt: skip
+            door = self._door(a2a)
             sock = http.bind_home(self.home, self.settings.http_port)
             self.http_port = sock.getsockname()[1]
-            await http.serve(http.build_app(self, self.mcp_app), sock, self.home, self.stopping)
+            app = http.build_app(self, self.mcp_app, door)
+            await http.serve(app, sock, self.home, self.stopping)
         except Exception:
             log.exception("the HTTP listener (console, /mcp) failed")
+
+    def _door(self, a2a: Any) -> Any:
+        """The A2A door at ``/a2a/`` (``tools.daemon.http.a2a``), warmed for a home with A2A
+        clients, and served beyond loopback too when the owner set that up."""
+        assert self.hosts is not None
+        mount = a2a.DoorMount(
+            self.hosts, self.home, self.settings.a2a, self.hosts.group, self.stopping
+        )
+        mount.warm()
+        if self.settings.a2a.listen is not None:
+            host, port = self.settings.a2a.listen
+            self.hosts.group.create_task(a2a.serve_beyond_loopback(mount, host, port))
+        return mount
 
     async def _until_stopped(self) -> None:
         assert self.hosts is not None
@@ -340,7 +355,11 @@ def _shape(env: Mapping[str, str]) -> str:
 
 
 SESSION_MODULES: Final = ("tools.server.server", "tools.stdio.guard")
-HTTP_MODULES: Final = ("tools.daemon.http.listener", "tools.daemon.http.mcp")
+HTTP_MODULES: Final = (
+    "tools.daemon.http.listener",
+    "tools.daemon.http.mcp",
+    "tools.daemon.http.a2a",  # not the door itself: it loads tools.a2a.door when needed
+)
 
 
 def _import(names: tuple[str, ...]) -> list[Any]:

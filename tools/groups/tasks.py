@@ -5,7 +5,8 @@ Invariants:
   task that exists also carries ``task`` (as it stands: its state, state_seq and outcome);
 - a task's input and result are text or a JSON value, shown back as given (an object stays an
   object; ``macula.store.task_values``); an answer to a question (``task_id`` given) is text;
-- a task shown to a model carries ``terminal`` 0/1, ``peer`` with its petname, and ``next``:
+- a task shown to a model carries ``terminal`` 0/1, ``peer`` with its petname (and
+  ``peer_label`` when this process knows the peer: an A2A client of the home), and ``next``:
   what to do now, for its role and state; lists show no input/result bodies (``get`` does);
 - ``idempotency_key`` is handled by the task layer itself (stored with the change it made),
   so a retried call returns the first outcome with ``replayed`` 1, even after a restart.
@@ -37,6 +38,7 @@ from tools.groups.text_limits import (
 )
 from tools.server.arguments import MAX_INDEX
 from tools.server.context import Descriptions, hints, register_tools, runtime_of
+from tools.server.peer_labels import peer_label
 from tools.server.results import fail
 from tools.server.runtime import Runtime
 
@@ -103,6 +105,9 @@ def task_view(
     url = None if a2a is None else a2a.get(task.peer)
     if url is not None:  # the peer is no node: the A2A agent the owner listed
         view |= {"peer_petname": None, "a2a_agent": url}
+    label = peer_label(task.peer)  # e.g. "A2A client crew": the owner's records, not the peer's
+    if label is not None:
+        view["peer_label"] = label
     if task.replayed:
         view["replayed"] = 1
     return view | {"next": _next(task)}

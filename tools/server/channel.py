@@ -53,6 +53,7 @@ from macula.agent.petnames import petname
 from macula.agent.rings import RingEvent
 from macula.agent.room.rooms import EnvelopeHeard
 from macula.rate import TokenBucket
+from tools.server.peer_labels import peer_label
 from tools.settings import ChannelSettings
 
 log = logging.getLogger("macula.tools.channel")
@@ -84,6 +85,12 @@ def one_line(text: str, limit: int) -> str:
 
 def sender_label(node_id: bytes) -> str:
     return f"{petname(node_id)} ({node_id.hex()[:8]})"
+
+
+def _named(node_id: bytes) -> str:
+    """``sender_label``, after what this process knows the peer as (``peer_labels``)."""
+    known = peer_label(node_id)
+    return sender_label(node_id) if known is None else f"{known}, {sender_label(node_id)}"
 
 
 def person_label(node_id: bytes) -> str:
@@ -207,7 +214,7 @@ class ChannelHub:
         task_id = one_line(task_id, 64)
         task = Candidate(
             "task", sender, None, {"task_id": task_id},
-            f"{sender_label(sender)} handed you a task ({task_id}).", title,
+            f"{_named(sender)} handed you a task ({task_id}).", title,
             1, 1, 1, 0, 0, f"See it with mesh_task_get task_id={task_id}.",
         )  # fmt: skip
         self._enqueue(task)

@@ -1,7 +1,7 @@
 """The daemon's loopback HTTP listener: the console (``tools.daemon.console``) behind a guard, and a
 mount
-point ``/mcp`` for MCP over Streamable HTTP (an ASGI app of its own, which checks its bearer
-token itself: nothing of this module stands in front of it).
+point ``/mcp`` for MCP over Streamable HTTP and ``/a2a/`` for the A2A door (ASGI apps of their
+own, which check their bearer tokens themselves: nothing of this module stands in front of them).
 
 Invariants:
 - it listens on 127.0.0.1 only, on ``MACULA_MCP_HTTP_PORT`` (``DaemonSettings.http_port``; 0
@@ -47,6 +47,7 @@ log = logging.getLogger("macula.daemon")
 HOST: Final = "127.0.0.1"
 COOKIE: Final = "macula_console"
 MCP_PATH: Final = "/mcp"
+A2A_PREFIX: Final = "/a2a/"  # the A2A door (tools.daemon.http.a2a)
 SECURITY_HEADERS: Final = (
     (
         b"content-security-policy",
@@ -123,14 +124,18 @@ def _with_headers(send: Send) -> Send:
 
 
 class Guarded:
-    """The console behind ``guard``; ``/mcp`` (when mounted) straight to its own app."""
+    """The console behind ``guard``; ``/mcp`` and ``/a2a/`` (when mounted) straight to their own
+    apps (each checks its own bearer tokens)."""
 
-    def __init__(self, console: Console, token: str, mcp: ASGIApp | None) -> None:
+    def __init__(
+        self, console: Console, token: str, mcp: ASGIApp | None, a2a: ASGIApp | None = None
+    ) -> None:
         self.console = console
         self.app = console.app()
         self.token = token
         self.port = 0  # set by ``serve`` once it listens
         self.mcp = mcp
+        self.a2a = a2a
 
     def close(self) -> None:
         """End the live feeds (they would keep the listener from stopping)."""
@@ -145,6 +150,9 @@ class Guarded:
         path: str = scope["path"]
         if self.mcp is not None and (path == MCP_PATH or path.startswith(MCP_PATH + "/")):
             await self.mcp(scope, receive, send)
+            return
+        if self.a2a is not None and path.startswith(A2A_PREFIX):
+            await self.a2a(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         verdict = guard(
@@ -180,10 +188,13 @@ async def _refuse(send: Send, verdict: Verdict) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def build_app(daemon: ConsoleSource, mcp_app: ASGIApp | None = None) -> Guarded:
+def build_app(
+    daemon: ConsoleSource, mcp_app: ASGIApp | None = None, a2a_app: ASGIApp | None = None
+) -> Guarded:
     """The listener's ASGI app: the console of ``daemon`` guarded by its home's token;
-    ``mcp_app`` (when given) at ``/mcp``, unguarded here (it checks its bearer token)."""
-    return Guarded(Console(daemon), home_token(daemon.home), mcp_app)
+    ``mcp_app`` (when given) at ``/mcp`` and ``a2a_app`` at ``/a2a/``, unguarded here (each
+    checks its bearer tokens)."""
+    return Guarded(Console(daemon), home_token(daemon.home), mcp_app, a2a_app)
 
 
 def bind(port: int) -> socket.socket:
