@@ -22,7 +22,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from relay.station.station import Station
-from support.doorkit import a2a_client, home_served, http, say
+from support.doorkit import a2a_client, home_served, http, say, state_of
 from support.httpkit import Raw, events, http_client
 from support.httpkit import client as mcp_client
 from support.mcpkit import bad, good
@@ -93,13 +93,6 @@ async def test_send_a_task_the_agent_completes(
         assert final.task.status.state == TaskState.TASK_STATE_COMPLETED
         assert final.task.artifacts[0].parts[0].text == "42"
         assert "what is 6*7?" in caplog.text and token not in caplog.text
-
-
-def state_of(event: Any) -> int:
-    """The task state a stream event carries (a task, or a status update)."""
-    if event.HasField("status_update"):
-        return int(event.status_update.status.state)
-    return int(event.task.status.state)
 
 
 async def test_stream_an_input_required_round_trip_and_resubscribe(

@@ -15,7 +15,7 @@ import pytest
 from a2a.types import TaskState
 
 from relay.station.station import Station
-from support.doorkit import a2a_client, home_served, say
+from support.doorkit import a2a_client, home_served, say, state_of
 from support.httpkit import client as mcp_client
 from support.mcpkit import cli, good
 from support.waiting import eventually
@@ -27,12 +27,6 @@ HELD = "[approvals]\ntasks_from_strangers = 1\n"
 def owner(home: Path, *args: str) -> None:
     done = cli(["approvals", *args, "--agent", "alice"], dict(os.environ, MACULA_HOME=str(home)))
     assert done.returncode == 0, done.stderr
-
-
-def state_of(event: Any) -> int:
-    if event.HasField("status_update"):
-        return int(event.status_update.status.state)
-    return int(event.task.status.state)
 
 
 async def test_an_a2a_clients_task_waits_for_the_owner(station: Station, tmp_path: Path) -> None:

@@ -113,3 +113,10 @@ def say(text: str, task_id: str | None = None, context_id: str | None = None) ->
         text, role=Role.ROLE_USER, task_id=task_id, context_id=context_id
     )
     return SendMessageRequest(message=message)
+
+
+def state_of(event: Any) -> int:
+    """The task state a stream event carries (a task, or a status update)."""
+    if event.HasField("status_update"):
+        return int(event.status_update.status.state)
+    return int(event.task.status.state)
