@@ -232,7 +232,7 @@ def _run_http_token(argv: Sequence[str]) -> None:
 
 
 def _run_a2a_token(argv: Sequence[str]) -> None:
-    from tools.a2a.cli import main as a2a_cli  # the daemon's A2A door (tools.a2a.door)
+    from tools.a2a.token_command import main as a2a_cli  # the daemon's A2A door (tools.a2a.door)
 
     raise SystemExit(a2a_cli(argv))
 
@@ -268,7 +268,7 @@ def _run_owner(argv: Sequence[str]) -> None:
 
 
 def _run_a2a_agent(argv: Sequence[str]) -> None:
-    from tools.a2a.command import main as a2a_agent
+    from tools.a2a.agent_command import main as a2a_agent
 
     a2a_agent(argv)
 

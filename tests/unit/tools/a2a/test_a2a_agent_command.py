@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.a2a.agent_command import main
 from tools.a2a.allowlist import load
-from tools.a2a.command import main
 
 
 def run(monkeypatch: pytest.MonkeyPatch, home: Path, *argv: str) -> None:
