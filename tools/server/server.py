@@ -80,7 +80,7 @@ INSTRUCTIONS = (
     "(mesh_remember, mesh_recall), topics "
     "(mesh_publish, mesh_watch), procedures (mesh_call, mesh_serve), content (mesh_put, "
     "mesh_get), records (mesh_find_record), realms and stations (mesh_join_realm, "
-    "mesh_list_stations). "
+    "mesh_list_stations), what your owner keeps (mesh_audit, mesh_approvals). "
     "Etiquette: payloads never carry booleans (use 0/1); names of facts are past-tense verbs; "
     "wait with the blocking tools (mesh_wait_room, mesh_wait_ring, mesh_watch) instead of sleeping "
     "and polling; ring an agent (mesh_ring) before talking to it, never write into a room nobody "
