@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import tomllib
@@ -48,7 +49,7 @@ DEFAULT_TTL_S: Final = 24 * 3600
 DEFAULT_MAX_PENDING: Final = 100
 TTL_RANGE: Final = (10, 30 * 24 * 3600)
 MAX_PENDING_RANGE: Final = (1, 10_000)
-FLAGS: Final = ("tasks_from_strangers", "rings_when_asked")
+FLAGS: Final = ("tasks_from_strangers", "rings_when_asked", "served_calls")
 POLL_S: Final = 0.5
 PER_SENDER_SHARE: Final = 10  # one sender may fill at most a tenth of the queue (at least 1)
 OWNER_FILE_NAME: Final = OWNER_FILE
@@ -58,6 +59,7 @@ OWNER_FILE_NAME: Final = OWNER_FILE
 class ApprovalSettings:
     tasks_from_strangers: int = 0  # 1: a task from outside the contact allowlist waits
     rings_when_asked: int = 0  # 1: a ring under contact policy ``ask`` waits for the owner
+    served_calls: int = 0  # 1: every call of a served procedure waits, whatever allow= says
     ttl_s: int = DEFAULT_TTL_S
     max_pending: int = DEFAULT_MAX_PENDING
     error: str | None = None  # set: the file is malformed and these settings fail closed
@@ -122,6 +124,7 @@ def _settings(values: dict[str, int], error: str | None = None) -> ApprovalSetti
     return ApprovalSettings(
         tasks_from_strangers=values.get("tasks_from_strangers", 0),
         rings_when_asked=values.get("rings_when_asked", 0),
+        served_calls=values.get("served_calls", 0),
         ttl_s=values.get("ttl_s", DEFAULT_TTL_S),
         max_pending=values.get("max_pending", DEFAULT_MAX_PENDING),
         error=error,
@@ -184,14 +187,14 @@ class Approvals:
         self.appliers: dict[Kind, Applier] = {}
         self.kick = asyncio.Event()
         self.audit: Callable[[str, Item], None] = audit_event
-        self._settings: tuple[tuple[int, int] | None, ApprovalSettings] | None = None
+        self._settings: tuple[bytes | None, ApprovalSettings] | None = None
         self._logged: str | None = None
 
     def settings(self) -> ApprovalSettings:
         """The settings in force, read again when the file changed."""
-        try:
-            stat = self.settings_file.stat()
-            seen: tuple[int, int] | None = (stat.st_mtime_ns, stat.st_size)
+        try:  # the content, not (mtime, size): an edit within one timestamp tick counts too
+            with self.settings_file.open("rb") as held:
+                seen: bytes | None = hashlib.sha256(held.read()).digest()
         except OSError:
             seen = None
         if self._settings is None or self._settings[0] != seen:
@@ -292,6 +295,8 @@ class Approvals:
     async def _sleep_for(self) -> float | None:
         if await self.store.count_pending(self.me, self.clock()) > 0:
             return self.poll_s  # a decision may come from another process: look again soon
+        if await self.store.to_apply(self.me, limit=1):
+            return 0.0  # decided (by another process) after apply_due read: apply it now
         expiry = await self.store.next_expiry_ms(self.me)
         if expiry is None:
             return None

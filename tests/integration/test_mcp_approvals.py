@@ -99,3 +99,34 @@ async def test_the_model_sees_metadata_only_and_no_tool_decides(
         still = (await bob.call_tool("mesh_approvals", {})).structured_content
         assert still is not None and [i["approval_id"] for i in still["pending"]] == [approval_id]
         assert (await eve.tasks.get(sent.task_id)).state == "pending_owner_approval"
+
+
+async def test_the_model_cannot_trust_a_stranger_past_the_queue(
+    station: Station, tmp_path: Path
+) -> None:
+    """The allowlist says who is a stranger: while the owner holds strangers' work, trusting the
+    sender shown by ``mesh_approvals`` is refused, and the sender's next task waits too."""
+    home = tmp_path / "bob"
+    home.mkdir()
+    (home / "owner.toml").write_text("[approvals]\ntasks_from_strangers = 1\n")
+    env = {
+        "MACULA_HOME": str(home),
+        "MACULA_MESH_STATIONS": station.endpoint,
+        "MACULA_MCP_IDENTITY": str(home / "id.key"),
+        "MACULA_MCP_CONTACT_POLICY_FILE": str(home / "contacts.json"),
+    }
+    async with Client(build_server(env)) as bob, stranger(station, tmp_path / "eve") as eve:
+        me = (await bob.call_tool("mesh_hello", {})).structured_content
+        assert me is not None
+        bob_id = bytes.fromhex(me["node_id"])
+        first = await eve.tasks.send(bob_id, "do it", SECRET)
+        assert first.state == "pending_owner_approval"
+        sender = eve.node.identity.node_id.hex()
+        refused = await bob.call_tool("mesh_trust_agent", {"node_id": sender})
+        assert refused.is_error and refused.structured_content is not None
+        assert refused.structured_content["code"] == "owner_decides"
+        assert not (home / "contacts.json").exists()  # the allowlist was not written
+        second = await eve.tasks.send(bob_id, "do it again", SECRET)
+        assert second.state == "pending_owner_approval"
+        untrusted = await bob.call_tool("mesh_untrust_agent", {"node_id": sender})
+        assert not untrusted.is_error  # narrowing stays the model's to do

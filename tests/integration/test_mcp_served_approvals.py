@@ -130,3 +130,33 @@ async def test_a_call_waits_for_the_owner_then_runs_once(
             "mesh_call", procedure="org.example.deploy", args={"_approval": approval_id}
         )  # only the caller that made the call fetches its outcome
         assert stranger.is_error and "not_found" in (stranger.structured_content or {})["detail"]
+
+
+async def test_the_owner_holds_every_served_call_whatever_allow_the_model_chose(
+    mcp: Callable[[str], Any], tmp_path: Path
+) -> None:
+    """``[approvals] served_calls = 1``: a procedure the model served ``allow="open"`` still
+    waits for the owner; approved, it runs once."""
+    log = str(tmp_path / "ran.log")
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "bob" / "owner.toml").write_text("[approvals]\nserved_calls = 1\n")
+    async with mcp("bob") as bob, mcp("alice") as alice:
+        served = await bob.ok(
+            "mesh_serve", name="org.example.deploy", exec=COUNTED, allow="open", announce=0
+        )
+        assert served["allow"] == "open"
+        first = (await pending_call(alice, {"log": log, "n": 1}))["result"]
+        assert first["state"] == "pending_owner_approval" and not os.path.exists(log)
+        env = dict(os.environ, MACULA_HOME=str(tmp_path / "bob"))
+        done = await asyncio.to_thread(cli, ["approvals", "approve", first["approval_id"]], env)
+        assert done.returncode == 0, done.stderr
+
+        async def fetched() -> dict[str, Any] | None:
+            got = await alice.ok(
+                "mesh_call",
+                procedure="org.example.deploy",
+                args={"_approval": first["approval_id"]},
+            )
+            return None if got["result"].get("state") == "pending_owner_approval" else got
+
+        assert (await eventually(fetched, 15))["result"] == {"ran": 1, "n": 1}

@@ -350,8 +350,9 @@ class Daemon:
 
 
 def _shape(env: Mapping[str, str]) -> str:
-    """What makes two sessions' servers differ (the rest of their settings must agree)."""
-    return f"{terse_text(env)}/{channel_text(env)}"  # channel: pushes into this session or not
+    """What makes two sessions' servers differ (the rest of their settings must agree): terse
+    descriptions, push into this session or not, and the agent's name (its owner switches)."""
+    return f"{terse_text(env)}/{channel_text(env)}/{env.get(AGENT_ENV) or ''}"
 
 
 SESSION_MODULES: Final = ("tools.server.server", "tools.stdio.guard")

@@ -30,6 +30,7 @@ from tools.groups.realm_access import check, guard, left_if_refused
 from tools.groups.realms import parse_realm
 from tools.groups.text_limits import Id, IdempotencyKey, Peer, Realm, RoomTopic
 from tools.server.context import Descriptions, hints, register_tools, runtime_of
+from tools.server.results import fail
 from tools.server.runtime import Runtime
 
 MAX_WAIT_S = 3600.0
@@ -278,6 +279,18 @@ async def _allowlist_tool(
     problems = _peer_problems("node_id", node_id)
     if problems:
         return invalid(problems)
+    held = runtime.agent.approvals.settings()
+    if trusted and (held.tasks_from_strangers or held.rings_when_asked):
+        # the allowlist decides who is a stranger: trusting one would let its work skip the queue
+        return fail(
+            "owner_decides",
+            "the owner holds strangers' tasks or rings for approval ([approvals] in owner.toml), "
+            "and the contact allowlist says who is a stranger: only the owner can trust an agent",
+            retryable=False,
+            next_action="ask your owner (a person): they approve what waits (`uv run macula-mcp "
+            "approvals list`) or add the node id to the allowlist of "
+            f"{runtime.agent.rings.policy_file}",
+        )
 
     async def work() -> dict[str, Any]:
         return await _edit_allowlist(runtime, node_id, trusted=trusted)

@@ -228,7 +228,7 @@ def _handler(
             entry[counter] += 1
             audited(call.caller, payload, "refused", code=counter)
             raise CommandFailed(reason)
-        if held is not None:
+        if held is not None and held.holds(gate.allow):
             audited(call.caller, payload, "queued")
             return await held.handle(name, call, payload)
         return await run(name, call.caller, call.realm, payload)
@@ -427,9 +427,7 @@ async def _serve(
                              "rate_limited": 0, "rate_per_minute": gate.rate_per_minute,
                              "allow": gate.allow}  # fmt: skip
     runtime.served[name] = entry
-    held = None
-    if gate.allow == "owner":
-        held = HeldCalls(runtime.agent.approvals, functools.partial(_owner_runner, runtime))
+    held = HeldCalls(runtime.agent.approvals, functools.partial(_owner_runner, runtime))
     handler = _handler(name, argv, timeout, entry, gate, held, runtime.agent.audit)
     result: dict[str, Any] = {"name": name, "realm": realm.hex(), "exec": command,
                               "exec_timeout_seconds": timeout, "serving": 1,
@@ -451,9 +449,12 @@ async def _serve(
 
 
 def _owner_runner(runtime: Runtime, name: str) -> Runner | None:
-    """The runner of ``name`` if it is served with ``allow="owner"`` now."""
+    """The runner of ``name`` if its calls wait for the owner now (``allow="owner"``, or the
+    owner's ``served_calls``)."""
     entry = runtime.served.get(name)
-    if entry is None or entry.get("allow") != "owner":
+    if entry is None:
+        return None
+    if entry.get("allow") != "owner" and not runtime.agent.approvals.settings().served_calls:
         return None
     run: Runner = entry["run"]
     return run

@@ -9,15 +9,21 @@ Invariants:
   that does not exist, or a file that is not TOML (fix it by hand: nothing guesses) is an
   ``OwnerFileError`` and nothing is written;
 - every write is said to ``policy_changed_event`` (the audit trail), with digests, never
-  contents.
+  contents;
+- an edit holds ``editing``'s lock from reading the file to renaming the new one, so concurrent
+  editors (CLI, console, ``a2a-agent``) never lose each other's change.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
@@ -36,6 +42,7 @@ from tools.owner.policy import (
 from tools.owner.presets import ALL_TOOLS, GROUP_TOOLS, PRESETS
 
 MAX_FILE_BYTES = 1 << 20  # a larger owner.toml is malformed, not read whole
+LOCK_NAME: Final = ".owner.toml.lock"  # beside owner.toml: the edit lock (``editing``)
 
 
 class OwnerFileError(Exception):
@@ -77,6 +84,19 @@ def load(path: Path) -> Loaded:
 
 def digest(data: bytes | None) -> str:
     return "" if data is None else hashlib.sha256(data).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def editing(path: Path) -> Iterator[None]:
+    """Hold the owner file's edit lock (``flock`` on a 0600 sibling) from read to rename: two
+    writers at once (the CLI, the console, ``a2a-agent``) each keep the other's change."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path.with_name(LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _document(path: Path) -> tuple[bytes | None, Any]:
@@ -141,14 +161,15 @@ def set_switch(
             f"{name}: no such tool or group (groups: {', '.join(GROUP_TOOLS)}; tools: "
             "`macula-mcp owner show`)"
         )
-    before, document = _document(path)
-    table = _table(document, agent)
-    switches = table.get(kind)
-    if switches is None:
-        switches = tomlkit.table()
-        table[kind] = switches
-    switches[name] = value
-    return _write(path, before, document, agent, f"{kind}.{name}={value}", by)
+    with editing(path):
+        before, document = _document(path)
+        table = _table(document, agent)
+        switches = table.get(kind)
+        if switches is None:
+            switches = tomlkit.table()
+            table[kind] = switches
+        switches[name] = value
+        return _write(path, before, document, agent, f"{kind}.{name}={value}", by)
 
 
 def set_preset(path: Path, preset: str, agent: str | None = None, by: str = "cli") -> Switches:
@@ -156,10 +177,11 @@ def set_preset(path: Path, preset: str, agent: str | None = None, by: str = "cli
     (a preset is a fresh start; the other features' tables are kept)."""
     if preset not in PRESETS:
         raise OwnerFileError(f"{preset}: no such preset (presets: {', '.join(PRESETS)})")
-    before, document = _document(path)
-    table = _table(document, agent)
-    table["preset"] = preset
-    for kind in ("groups", "tools"):
-        if kind in table:
-            del table[kind]
-    return _write(path, before, document, agent, f"preset {preset}", by)
+    with editing(path):
+        before, document = _document(path)
+        table = _table(document, agent)
+        table["preset"] = preset
+        for kind in ("groups", "tools"):
+            if kind in table:
+                del table[kind]
+        return _write(path, before, document, agent, f"preset {preset}", by)

@@ -1,10 +1,13 @@
-"""Calls to a procedure served with ``mesh_serve ... allow="owner"``: each call waits for the
-owner's approval (issue 39). The semantics, as a caller sees them:
+"""Calls to a procedure served with ``mesh_serve ... allow="owner"``, or to any served procedure
+while the owner's ``[approvals] served_calls`` is 1 (the owner's say, whatever ``allow`` the
+model chose): each call waits for the owner's approval (issue 39). The semantics, as a caller
+sees them:
 
 - A call is held in the approval queue (content: procedure, realm, payload) and answered at
   once with a reply ``{"state": "pending_owner_approval", "approval_id", "expires_in_s",
   "next"}``; the command has not run.
-- On approval the command runs ONCE (in the background, as any served call runs) and its
+- On approval the command runs ONCE, in the agent's approval loop (so a long command delays the
+  next decisions of that agent until it ends: at most its ``exec_timeout_seconds``), and its
   reply, or its failure, is kept for the caller.
 - The caller fetches the outcome by calling the same procedure again with the payload
   ``{"_approval": "<approval_id>"}`` (only the caller that made the call can fetch it), or by
@@ -15,7 +18,10 @@ owner's approval (issue 39). The semantics, as a caller sees them:
 - Bounded like every item (``max_pending``: past it the call is refused, ``approval_queue_full``);
   still rate-limited per caller first (``ServeGate``).
 - Approved after the procedure stopped being served (unserved, or the daemon restarted before
-  the owner decided): the outcome is an error saying so; nothing runs.
+  the owner decided): the outcome is an error saying so; nothing runs (also when the decision
+  was applied by an agent that had nothing to run it with: ``approved, but not run``).
+- A held call that was approved is never forgotten before its outcome is kept, so a repeated
+  call cannot make it run twice.
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ def call_ref(name: str, realm: bytes, payload: Any) -> str:
 class HeldCalls:
     """The call side of one agent's approval queue."""
 
+    def holds(self, allow: str) -> bool:
+        """Whether a call of a procedure served with ``allow`` waits for the owner: always for
+        ``allow="owner"``, and for any ``allow`` when the owner's ``served_calls`` is 1."""
+        return allow == "owner" or self.approvals.settings().served_calls == 1
+
     def __init__(self, approvals: Approvals, runner: Callable[[str], Runner | None]) -> None:
         self.approvals = approvals
         self.runner = runner  # the runner of a procedure served allow="owner" now, else None
@@ -56,7 +67,12 @@ class HeldCalls:
             return await self._fetch(call.caller, str(payload[FETCH_KEY]))
         ref = call_ref(name, call.realm, payload)
         item = await self.approvals.find("call", call.caller, ref)
-        if item is not None and item.state != "pending" and self._kept_until(item) <= self._now():
+        if (
+            item is not None
+            and item.state != "pending"
+            and (item.state != "approved" or item.applied)  # never forget a call still running
+            and self._kept_until(item) <= self._now()
+        ):
             await self.approvals.store.forget(item.approval_id)
             item = None
         if item is None:
@@ -84,7 +100,12 @@ class HeldCalls:
         if item.state in ("denied", "expired"):
             raise CallRefused(refusal_note(item))
         result = item.result if isinstance(item.result, dict) else None
-        if item.state == "approved" and item.applied and result is not None:
+        if item.state == "approved" and item.applied:
+            if result is None:  # applied where nothing ran it (the agent restarted unserved)
+                raise CallRefused(
+                    f"approved, but not run: {name} was not served for the owner when the "
+                    "decision was applied; call it again once it is served"
+                )
             if result.get("ok") == 1:
                 return result.get("reply")
             raise CallRefused(f"approved, but {result.get('error') or 'it failed'}")

@@ -66,6 +66,31 @@ async def test_settings_are_read_again_when_the_file_changes(tmp_path: Path) -> 
         owner_file.write_text("[agents.bob.approvals]\ntasks_from_strangers = 1\n")
         assert approvals.settings().tasks_from_strangers == 1
         owner_file.write_text("[approvals]\nttl_s = -1\n")
-        os.utime(owner_file, ns=(1, 1))  # a new mtime even within the clock's granularity
         broken = approvals.settings()
         assert broken.error is not None and broken.rings_when_asked == 1  # fails closed
+        # an edit of the same size within one timestamp tick (mtime set back) still counts
+        stamp = owner_file.stat()
+        owner_file.write_text("[approvals]\nttl_s = -2\n")
+        os.utime(owner_file, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        owner_file.write_text("[approvals]\nttl_s = 99\n")
+        os.utime(owner_file, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        assert approvals.settings().error is None
+
+
+async def test_a_decision_made_elsewhere_between_apply_and_sleep_is_applied_at_once(
+    tmp_path: Path,
+) -> None:
+    """The owner's CLI decides in another process right after ``apply_due`` read: the loop must
+    not then sleep with nothing pending and no expiry (the decision would wait for a restart)."""
+    owner_file = tmp_path / "owner.toml"
+    owner_file.write_text("[approvals]\ntasks_from_strangers = 1\n")
+    async with (
+        await ApprovalStore.open(tmp_path / "a.sqlite3") as store,
+        await ApprovalStore.open(tmp_path / "a.sqlite3") as cli_side,
+    ):
+        approvals = Approvals(ME, store, lambda: 1_000, settings_file=owner_file, poll_s=3600)
+        item = await approvals.hold("task", ALICE, "t1", {"input": "x"})
+        assert await approvals.apply_due() == 0
+        await cli_side.decide(item.approval_id, "approved", 1_000, by="owner (cli)")
+        assert await approvals._sleep_for() == 0.0  # not None: wake and apply it now
+        assert await approvals.apply_due() == 1

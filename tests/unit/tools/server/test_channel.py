@@ -382,3 +382,5 @@ def test_the_channel_switch_is_per_session_in_the_daemon_and_its_limits_per_agen
     assert differing(base, base | {"MACULA_MCP_CHANNEL_BURST": "1"}) == ["MACULA_MCP_CHANNEL_BURST"]
     on, off = base | {"MACULA_MCP_CHANNEL": "1"}, base | {"MACULA_MCP_CHANNEL": "0"}
     assert _shape(base) == _shape(on) != _shape(off)  # a spare server is built per switch
+    # and per agent name: its owner switches ([agents.<name>] of owner.toml) shape the server
+    assert _shape(base) != _shape({"MACULA_MCP_IDENTITY": "/h/agents/ada.key"})
