@@ -24,8 +24,9 @@ Invariants:
 - a fact value is an int (a bool becomes 0/1) or a string of at most ``MAX_FACT_CHARS``
   characters; a longer string or another type is a ``ValueError`` (a caller's bug: content
   must be digested, never recorded);
-- ``record`` never raises ``OSError`` to the caller: a trail that cannot be written is counted
-  (``failures``) and logged, and the agent goes on (the owner's ``verify`` then says so);
+- ``record`` and ``checkpoint`` never raise to the caller once the facts are checked: a trail
+  that cannot be written (a full disk, a damaged file) is counted (``failures``) and logged,
+  and the call or the shutdown goes on (the owner's ``verify`` then says so);
 - time comes from the injected clock (ms).
 """
 
@@ -207,9 +208,9 @@ class AuditTrail:
                 if seq % self.checkpoint_every == 0 or head.size >= self._log.segment_bytes:
                     self._sign(head, sync=head.size >= self._log.segment_bytes)
                 return seq
-        except OSError as exc:
+        except Exception as exc:  # a full disk or a damaged file: never the caller's failure
             self.failures += 1
-            log.warning("the audit trail in %s could not be written: %s", self.directory, exc)
+            log.warning("the audit trail in %s could not be written: %r", self.directory, exc)
             return 0
 
     def checkpoint(self) -> int:
@@ -222,9 +223,9 @@ class AuditTrail:
                     return 0
                 self._sign(head, sync=True)
                 return head.seq
-        except OSError as exc:
+        except Exception as exc:  # as in record: never fails the agent's shutdown
             self.failures += 1
-            log.warning("the audit trail in %s could not be signed: %s", self.directory, exc)
+            log.warning("the audit trail in %s could not be signed: %r", self.directory, exc)
             return 0
 
     def close(self) -> None:

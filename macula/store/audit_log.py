@@ -44,6 +44,7 @@ HEAD_BYTES: Final = 512  # the head is padded to this, so rewriting it in place 
 DEFAULT_SEGMENT_BYTES: Final = 512 * 1024
 DEFAULT_SEGMENTS: Final = 8  # kept: with 512 KiB segments at most 4 MiB (about 16,000 entries)
 _SEGMENT = re.compile(r"seg-(\d{12})\.jsonl\Z")
+_HASH = re.compile(r"[0-9a-f]{64}\Z")
 TAIL_READ: Final = 64 * 1024
 
 Entry = dict[str, Any]
@@ -90,13 +91,28 @@ class Head:
         return text.ljust(HEAD_BYTES - 1) + b"\n"
 
 
+def is_hash(value: object) -> bool:
+    """Whether ``value`` is a hash as the trail writes it: 64 lowercase hex digits."""
+    return isinstance(value, str) and _HASH.match(value) is not None
+
+
+def is_seq(value: object) -> bool:
+    """Whether ``value`` is a seq as the trail writes it: an int >= 0 (not a bool)."""
+    return type(value) is int and value >= 0
+
+
 def parse_head(data: bytes) -> Head | None:
     """The head in ``data``, or None when it is missing or not a head."""
     try:
         raw = json.loads(data.decode("ascii").strip() or "null")
-        return Head(int(raw["seq"]), str(raw["hash"]), str(raw["segment"]), int(raw["size"]))
+        seq, digest, segment, size = raw["seq"], raw["hash"], raw["segment"], raw["size"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
+    if not (is_seq(seq) and is_hash(digest) and is_seq(size) and isinstance(segment, str)):
+        return None
+    if _SEGMENT.match(segment) is None:
+        return None
+    return Head(seq, digest, segment, size)
 
 
 def read_head(directory: Path) -> Head | None:
@@ -116,6 +132,16 @@ def read_anchor(directory: Path) -> dict[str, Any] | None:
     return raw if isinstance(raw, dict) else {}
 
 
+def anchor_point(directory: Path) -> tuple[int, str] | None:
+    """The anchor's (seq, hash) when ``anchor.json`` holds well-formed ones (not verified)."""
+    anchor = read_anchor(directory) or {}
+    seq, digest = anchor.get("seq"), anchor.get("hash")
+    if is_seq(seq) and is_hash(digest):
+        assert isinstance(seq, int) and isinstance(digest, str)
+        return seq, digest
+    return None
+
+
 def _last_entry(path: Path) -> tuple[Entry | None, int, bool]:
     """The last whole entry of a segment, its size, and whether it ends with a newline."""
     with open(path, "rb") as handle:
@@ -126,7 +152,7 @@ def _last_entry(path: Path) -> tuple[Entry | None, int, bool]:
     for line in reversed(tail.split(b"\n")):
         with contextlib.suppress(ValueError, UnicodeDecodeError):
             entry = json.loads(line)
-            if isinstance(entry, dict) and "seq" in entry and "hash" in entry:
+            if isinstance(entry, dict) and is_seq(entry.get("seq")) and is_hash(entry.get("hash")):
                 return entry, size, tail.endswith(b"\n") or not tail
     return None, size, tail.endswith(b"\n") or not tail
 
@@ -236,8 +262,7 @@ class AuditLog:
         or a head file lost): the chain goes on from its last whole entry."""
         held = segments(self.directory)
         if not held:
-            anchor = read_anchor(self.directory) or {}
-            seq, digest = int(anchor.get("seq", 0)), str(anchor.get("hash", GENESIS))
+            seq, digest = anchor_point(self.directory) or (0, GENESIS)
             return Head(seq, digest, segment_name(seq + 1), 0)
         first, path = held[-1]
         entry, size, whole = _last_entry(path)
@@ -267,7 +292,7 @@ def parse_entry(line: bytes) -> Entry | None:
         entry = json.loads(line)
     except (ValueError, UnicodeDecodeError):
         return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("seq"), int):
+    if not isinstance(entry, dict) or not is_seq(entry.get("seq")):
         return None
     return entry
 

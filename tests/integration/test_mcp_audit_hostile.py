@@ -101,3 +101,17 @@ async def test_the_agent_reads_only_its_own_trail(client: Client, home: Path) ->
     assert page["entries"] and all(e.get("hash") for e in page["entries"])
     mine = [p for p in (home / "audit").iterdir() if p != stranger]
     assert len(mine) == 1 and verify_trail(mine[0]).problem is None
+
+
+async def test_a_damaged_trail_never_fails_a_tool_call(client: Client, home: Path) -> None:
+    assert not (await client.call_tool("mesh_hello", {})).is_error
+    (directory,) = (home / "audit").iterdir()
+    _, newest = segments(directory)[-1]
+    with open(newest, "ab") as segment:  # a hand edit: a line whose seq is not a number
+        segment.write(b'{"hash":"x","seq":"x"}\n{"hash":"y","seq":1e999}\n')
+    (directory / "head").write_bytes(b'{"seq":"x"}')
+    hello = await client.call_tool("mesh_hello", {})
+    assert not hello.is_error, hello.structured_content
+    page = await client.call_tool("mesh_audit", {"limit": 200})
+    assert not page.is_error, page.structured_content
+    assert verify_trail(directory).problem is not None  # the owner's verify names the damage
