@@ -151,6 +151,19 @@ class NoTrail:
 NO_TRAIL: Final = NoTrail()
 
 
+class UnwritableTrail(NoTrail):
+    """The trail asked for but its folder cannot be made or opened: records nothing, counts
+    each entry lost in ``failures`` (the agent starts and runs; the warning says why)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.failures = 0
+
+    def record(self, kind: str, outcome: str, **facts: str | int) -> int:
+        self.failures += 1
+        return 0
+
+
 class AuditTrail:
     """The trail of one identity (see the module docstring)."""
 
@@ -180,16 +193,23 @@ class AuditTrail:
     def open(
         cls, settings: AuditSettings, identity: Identity, clock: MsClock = now_ms
     ) -> AuditTrail | NoTrail:
-        """The trail these settings ask for: an ``AuditTrail``, or ``NO_TRAIL``."""
+        """The trail these settings ask for: an ``AuditTrail``, ``NO_TRAIL`` when off, or an
+        ``UnwritableTrail`` when its folder cannot be made or opened (logged)."""
         if settings.home is None:
             return NO_TRAIL
-        return cls(
-            audit_dir(settings.home, identity.node_id),
-            identity,
-            clock=clock,
-            segment_bytes=settings.segment_bytes,
-            keep_segments=settings.keep_segments,
-        )
+        directory = audit_dir(settings.home, identity.node_id)
+        try:
+            return cls(
+                directory,
+                identity,
+                clock=clock,
+                segment_bytes=settings.segment_bytes,
+                keep_segments=settings.keep_segments,
+            )
+        except OSError as exc:
+            log.warning("the audit trail in %s cannot be opened, nothing is recorded: %s",
+                        directory, exc)  # fmt: skip
+            return UnwritableTrail(directory)
 
     def digest(self, value: Any) -> str:
         """HMAC-SHA256 (hex) of ``value``'s canonical JSON, keyed per agent."""

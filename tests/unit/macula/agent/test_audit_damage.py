@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from macula.agent.audit import AuditTrail, audit_dir
+from macula.agent.audit import AuditSettings, AuditTrail, UnwritableTrail, audit_dir, record_once
 from macula.agent.audit_verify import verify_trail
 from macula.store.audit_log import AuditLog, segments
 from support.identities import hardened
@@ -46,3 +46,14 @@ def test_any_failure_of_the_files_is_counted_never_raised(
     t.close()  # the agent's shutdown goes on (its checkpoint fails and is counted too)
     assert t.failures == 3
     assert verify_trail(t.directory).problem is None  # nothing half-written
+
+
+def test_an_audit_folder_that_cannot_be_made_lets_the_agent_start(tmp_path: Path) -> None:
+    (tmp_path / "audit").write_text("not a folder")
+    settings = AuditSettings(tmp_path)
+    opened = AuditTrail.open(settings, hardened(1))
+    assert isinstance(opened, UnwritableTrail)
+    assert opened.record("tool_called", "ok", name="mesh_hello") == 0
+    assert opened.failures == 1
+    opened.close()
+    assert record_once(settings, hardened(1), "policy_changed", "applied", switch="x") == 0
