@@ -21,6 +21,9 @@ only: an fsync costs 1-10 ms on a busy disk, more than a whole say→wait, and i
 against power loss, not tampering (a lost tail shows as ``truncated`` in ``verify``).
 
 Invariants:
+- no text chosen outside the agent is recorded: a tool name, a ring, task or approval id goes
+  in only when it is a registered tool or has its id format, else as ``"?"`` and a digest
+  (``outside_fact``);
 - a fact value is an int (a bool becomes 0/1) or a string of at most ``MAX_FACT_CHARS``
   characters; a longer string or another type is a ``ValueError`` (a caller's bug: content
   must be digested, never recorded);
@@ -295,6 +298,17 @@ def _checked_facts(outcome: str, facts: Mapping[str, object]) -> dict[str, str |
         else:
             raise ValueError(f"fact {name}: an int or a string of <= {MAX_FACT_CHARS} characters")
     return checked
+
+
+def outside_fact(audit: Recorder, name: str, value: object, known: bool) -> dict[str, str]:
+    """A fact that came from outside (a tool name, a ring or task id): ``{name: value}`` when
+    ``known`` (a registered tool, an id of the format its check expects), else
+    ``{name: "?", name_digest: digest}``. The trail never carries a text someone else chose:
+    a model or a remote caller could otherwise write anything into it (a password, an
+    instruction) and have it read back through ``mesh_audit``."""
+    if known and isinstance(value, str) and 0 < len(value) <= 64:
+        return {name: value}
+    return {name: "?", f"{name}_digest": audit.digest(value)}
 
 
 def record_once(

@@ -4,6 +4,7 @@ trail only ever grows by the entries of those calls (every byte before stays), s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,16 @@ async def test_a_damaged_trail_never_fails_a_tool_call(client: Client, home: Pat
     page = await client.call_tool("mesh_audit", {"limit": 200})
     assert not page.is_error, page.structured_content
     assert verify_trail(directory).problem is not None  # the owner's verify names the damage
+
+
+async def test_a_name_that_is_no_tool_never_reaches_the_trail(client: Client, home: Path) -> None:
+    secret = "my password is hunter2"
+    assert not (await client.call_tool("mesh_hello", {})).is_error  # the runtime is open
+    with contextlib.suppress(Exception):  # the SDK may raise for an unknown tool: the trail
+        await client.call_tool(secret, {})  # is what matters here
+    page = (await client.call_tool("mesh_audit", {"limit": 200})).structured_content or {}
+    names = [e["facts"]["name"] for e in page["entries"] if e["kind"] == "tool_called"]
+    assert "?" in names and "mesh_hello" in names
+    unknown = next(e for e in page["entries"] if e["facts"].get("name") == "?")
+    assert len(unknown["facts"]["name_digest"]) == 64
+    assert b"hunter2" not in trail_bytes(home)
