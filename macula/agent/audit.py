@@ -225,10 +225,12 @@ class AuditTrail:
         checked = _checked_facts(outcome, facts)
         try:
             with self._threads, self._log.locked() as head:
+                if not head.signed and self._due(head):  # a writer died before its checkpoint
+                    head = self._sign(head, sync=False)
                 head = self._log.rotate(head, self._anchor)
                 head = self._append(head, kind, outcome, checked)
                 seq = head.seq
-                if seq % self.checkpoint_every == 0 or head.size >= self._log.segment_bytes:
+                if self._due(head):
                     self._sign(head, sync=head.size >= self._log.segment_bytes)
                 return seq
         except Exception as exc:  # a full disk or a damaged file: never the caller's failure
@@ -242,7 +244,9 @@ class AuditTrail:
             return 0
         try:
             with self._threads, self._log.locked() as head:
-                if head.seq == 0:
+                if head.seq == 0 or head.signed:  # nothing, or another process signed it
+                    self._log.sync()
+                    self._unsigned = 0
                     return 0
                 self._sign(head, sync=True)
                 return head.seq
@@ -263,6 +267,11 @@ class AuditTrail:
         entry["hash"] = entry_hash(entry)
         self._unsigned += 1
         return self._log.append(head, entry)
+
+    def _due(self, head: Head) -> bool:
+        """Whether ``head`` must be signed now: every ``checkpoint_every`` seq, a full segment
+        (``verify`` holds the trail to this cadence)."""
+        return head.seq % self.checkpoint_every == 0 or head.size >= self._log.segment_bytes
 
     def _sign(self, head: Head, *, sync: bool) -> Head:
         node_id = self.identity.node_id

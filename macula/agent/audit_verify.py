@@ -13,7 +13,11 @@ What each problem means:
   the oldest ones without an anchor);
 - ``reordered``: an entry comes before one with a lower seq;
 - ``truncated``: the last line is cut, or the trail ends before the head says it does;
-- ``head_missing``: the head file is gone, so a cut end cannot be ruled out.
+- ``head_missing``: the head file is gone, so a cut end cannot be ruled out;
+- ``checkpoint_missing``: no checkpoint where the writer always signs (right after every entry
+  whose seq is a multiple of ``CHECKPOINT_EVERY``, and as a segment's last entry): checkpoints
+  were removed and the chain rehashed. Only the newest entries (at most ``CHECKPOINT_EVERY - 1``
+  after the last due checkpoint) may be unsigned.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from macula.agent.audit import checkpoint_message
+from macula.agent.audit import CHECKPOINT_EVERY, checkpoint_message
 from macula.store.audit_log import (
+    CHECKPOINT_KIND,
     GENESIS,
     Entry,
     entry_hash,
@@ -35,10 +40,12 @@ from macula.store.audit_log import (
 )
 from macula.wire.identity import verify
 
+CHECKPOINT_MISSING = "checkpoint_missing"
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    kind: str  # edited / removed / reordered / truncated / head_missing
+    kind: str  # edited / removed / reordered / truncated / head_missing / checkpoint_missing
     detail: str
     seq: int | None = None
     segment: str = ""
@@ -100,19 +107,21 @@ def _signed(node_id: str, seq: int, head_hash: str, signature: object) -> bool:
         return False
 
 
-def verify_trail(directory: Path) -> TrailReport:
-    """Check the trail in ``directory`` (see the module docstring)."""
+def verify_trail(directory: Path, checkpoint_every: int = CHECKPOINT_EVERY) -> TrailReport:
+    """Check the trail in ``directory`` (see the module docstring); ``checkpoint_every``: the
+    writer's cadence (``macula.agent.audit.CHECKPOINT_EVERY``; another only in tests)."""
     report = TrailReport(node_id=_node_of(directory))
     try:
-        _walk(directory, report)
+        _walk(directory, report, checkpoint_every)
     except _Broken as broken:
         report.problem = broken.problem
     return report
 
 
-def _walk(directory: Path, report: TrailReport) -> None:
+def _walk(directory: Path, report: TrailReport, every: int) -> None:
     expected, prev = _start(directory, report)
     lines = list(_lines(directory, expected - 1))
+    signed, segment = 1, ""  # the previous entry is a checkpoint (or there is none); its segment
     for index, line in enumerate(lines):
         entry = _entry(line, index == len(lines) - 1, expected)
         seq = entry["seq"]
@@ -124,12 +133,25 @@ def _walk(directory: Path, report: TrailReport) -> None:
         if entry.get("prev") != prev:
             raise _Broken(_at(line, "edited", f"seq {seq - 1} was edited and rehashed (seq {seq} "
                               "links to another hash)", seq - 1))  # fmt: skip
-        if entry.get("kind") == "head_signed":
+        is_checkpoint = entry.get("kind") == CHECKPOINT_KIND
+        if not signed and not is_checkpoint and ((seq - 1) % every == 0 or line.segment != segment):
+            raise _Broken(_unsigned(seq - 1, line))
+        if is_checkpoint:
             _checkpoint(entry, prev, report, line)
         report.first_seq = report.first_seq or seq
         report.last_seq, report.entries = seq, report.entries + 1
-        prev, expected = entry["hash"], seq + 1
+        prev, expected, signed, segment = entry["hash"], seq + 1, int(is_checkpoint), line.segment
+    held = segments(directory)
+    if not signed and held and segment and held[-1][1].name != segment:  # an empty newest one
+        raise _Broken(_unsigned(report.last_seq, _Line(segment, 0, b"", True)))
     _end(directory, report, prev)
+
+
+def _unsigned(seq: int, line: _Line) -> Problem:
+    """A checkpoint missing after ``seq`` where the writer always signs (every ``every`` seq,
+    at a segment's end): checkpoints were removed and the chain rehashed."""
+    return _at(line, CHECKPOINT_MISSING, f"no checkpoint after seq {seq}, where the writer "
+               "always signs: checkpoints were removed and the entries rehashed", seq)  # fmt: skip
 
 
 def _start(directory: Path, report: TrailReport) -> tuple[int, str]:

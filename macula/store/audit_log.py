@@ -40,6 +40,7 @@ GENESIS: Final = "0" * 64
 HEAD_FILE: Final = "head"
 ANCHOR_FILE: Final = "anchor.json"
 LOCK_FILE: Final = "lock"
+CHECKPOINT_KIND: Final = "head_signed"
 HEAD_BYTES: Final = 512  # the head is padded to this, so rewriting it in place needs no truncate
 DEFAULT_SEGMENT_BYTES: Final = 512 * 1024
 DEFAULT_SEGMENTS: Final = 8  # kept: with 512 KiB segments at most 4 MiB (about 16,000 entries)
@@ -84,10 +85,11 @@ class Head:
     hash: str
     segment: str
     size: int
+    signed: int = 1  # 1: the entry at ``seq`` is a checkpoint (or there is none): nothing due
 
     def encoded(self) -> bytes:
         text = canonical({"seq": self.seq, "hash": self.hash, "segment": self.segment,
-                          "size": self.size})  # fmt: skip
+                          "size": self.size, "signed": self.signed})  # fmt: skip
         return text.ljust(HEAD_BYTES - 1) + b"\n"
 
 
@@ -112,7 +114,7 @@ def parse_head(data: bytes) -> Head | None:
         return None
     if _SEGMENT.match(segment) is None:
         return None
-    return Head(seq, digest, segment, size)
+    return Head(seq, digest, segment, size, 0 if raw.get("signed") == 0 else 1)
 
 
 def read_head(directory: Path) -> Head | None:
@@ -205,7 +207,8 @@ class AuditLog:
         line = canonical(entry) + b"\n"
         fd = self._segment(head.segment)
         os.write(fd, line)
-        new = Head(int(entry["seq"]), str(entry["hash"]), head.segment, head.size + len(line))
+        signed = int(entry.get("kind") == CHECKPOINT_KIND)
+        new = Head(entry["seq"], entry["hash"], head.segment, head.size + len(line), signed)
         os.pwrite(self._head_fd, new.encoded(), 0)
         return new
 
@@ -223,7 +226,7 @@ class AuditLog:
         self.sync()
         name = segment_name(head.seq + 1)
         fd = self._segment(name)
-        rotated = Head(head.seq, head.hash, name, os.fstat(fd).st_size)
+        rotated = Head(head.seq, head.hash, name, os.fstat(fd).st_size, head.signed)
         os.pwrite(self._head_fd, rotated.encoded(), 0)
         held = segments(self.directory)
         for index in range(len(held) - self.keep_segments):
@@ -272,7 +275,8 @@ class AuditLog:
             size += 1
         if entry is None:
             return Head(first - 1, GENESIS, path.name, size)
-        return Head(int(entry["seq"]), str(entry["hash"]), path.name, size)
+        signed = int(entry.get("kind") == CHECKPOINT_KIND)
+        return Head(entry["seq"], entry["hash"], path.name, size, signed)
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:

@@ -3,19 +3,33 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from macula.agent.audit import AuditSettings, AuditTrail, UnwritableTrail, audit_dir, record_once
 from macula.agent.audit_verify import verify_trail
-from macula.store.audit_log import AuditLog, segments
+from macula.store.audit_log import AuditLog, canonical, entry_hash, segments
 from support.identities import hardened
 
 
 def trail(tmp_path: Path, **options: int) -> AuditTrail:
     identity = hardened(1)
     return AuditTrail(audit_dir(tmp_path, identity.node_id), identity, clock=lambda: 1, **options)
+
+
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def rechained(rows: list[dict[str, Any]], first: int, prev: str) -> bytes:
+    """``rows`` renumbered from ``first`` and rehashed from ``prev``, as a forger would."""
+    for seq, row in enumerate(rows, start=first):
+        row["seq"], row["prev"] = seq, prev
+        row["hash"] = prev = entry_hash(row)
+    return b"".join(canonical(row) + b"\n" for row in rows)
 
 
 def test_a_line_with_a_foreign_seq_is_passed_over_when_the_tail_is_read(tmp_path: Path) -> None:
@@ -57,3 +71,57 @@ def test_an_audit_folder_that_cannot_be_made_lets_the_agent_start(tmp_path: Path
     assert opened.failures == 1
     opened.close()
     assert record_once(settings, hardened(1), "policy_changed", "applied", switch="x") == 0
+
+
+def test_checkpoints_removed_and_the_chain_rehashed_are_named(tmp_path: Path) -> None:
+    t = trail(tmp_path, checkpoint_every=8)
+    for n in range(30):
+        t.record("tool_called", "ok", name=f"t{n}")
+    t.close()
+    assert verify_trail(t.directory, checkpoint_every=8).problem is None
+    ((_, path),) = segments(t.directory)
+    kept = [row for row in rows_of(path) if row["kind"] != "head_signed"]
+    path.write_bytes(rechained(kept, 1, "0" * 64))
+    (t.directory / "head").unlink()  # a head to match, as the next writer rebuilds it
+    again = trail(tmp_path, checkpoint_every=8)
+    again._log.close()
+    problem = verify_trail(t.directory, checkpoint_every=8).problem
+    assert problem is not None and problem.kind == "checkpoint_missing" and problem.seq == 8
+
+
+def test_a_segment_must_end_signed(tmp_path: Path) -> None:
+    t = trail(tmp_path, segment_bytes=2048, keep_segments=8)
+    for n in range(30):
+        t.record("tool_called", "ok", name=f"t{n}")
+    t.close()
+    (first, path), (second, newer) = segments(t.directory)[:2]
+    rows = rows_of(path)
+    assert rows[-1]["kind"] == "head_signed"
+    kept = rechained(rows[:-1], first, "0" * 64)
+    path.write_bytes(kept)  # its checkpoint dropped, the next segment renamed to follow on
+    following = rows_of(newer)
+    newer.unlink()
+    prev = json.loads(kept.splitlines()[-1])["hash"]
+    (t.directory / f"seg-{second - 1:012d}.jsonl").write_bytes(
+        rechained(following, second - 1, prev)
+    )
+    problem = verify_trail(t.directory).problem
+    assert (
+        problem is not None and problem.kind == "checkpoint_missing" and problem.seq == second - 2
+    )
+
+
+def test_a_writer_that_died_before_its_checkpoint_is_signed_for_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = trail(tmp_path, checkpoint_every=4)
+    for n in range(3):
+        t.record("tool_called", "ok", name=f"t{n}")
+    monkeypatch.setattr(AuditTrail, "_sign", lambda self, head, sync: head)  # dies before it
+    t.record("tool_called", "ok", name="t3")  # seq 4: due, never signed
+    t._log.close()
+    monkeypatch.undo()
+    again = trail(tmp_path, checkpoint_every=4)
+    assert again.record("tool_called", "ok", name="next") == 6  # 5 signs 4
+    again.close()
+    assert verify_trail(again.directory, checkpoint_every=4).problem is None
