@@ -70,6 +70,7 @@ log = logging.getLogger("macula.audit")
 CHECKPOINT_EVERY: Final = 64
 MAX_FACT_CHARS: Final = 256
 SIGNATURE_DOMAIN: Final = b"macula-audit-head-v1\n"
+ANCHOR_DOMAIN: Final = b"macula-audit-anchor-v1\n"
 KINDS: Final = frozenset(
     {
         "tool_called",  # name, args_digest; outcome: ok or the error's code
@@ -94,8 +95,14 @@ def digest_key(identity: Identity) -> bytes:
 
 
 def checkpoint_message(node_id: bytes, seq: int, head_hash: str) -> bytes:
-    """What a checkpoint (or an anchor) signs: the head entry's seq and hash, for this key."""
+    """What a checkpoint signs: the head entry's seq and hash, for this key."""
     return SIGNATURE_DOMAIN + node_id + seq.to_bytes(8, "big") + bytes.fromhex(head_hash)
+
+
+def anchor_message(node_id: bytes, seq: int, head_hash: str) -> bytes:
+    """What an anchor signs: the last dropped entry's seq and hash, in a domain of its own, so
+    no checkpoint's signature (which anyone reading the trail sees) serves as an anchor's."""
+    return ANCHOR_DOMAIN + node_id + seq.to_bytes(8, "big") + bytes.fromhex(head_hash)
 
 
 def _digestible(value: Any) -> bytes:
@@ -290,7 +297,7 @@ class AuditTrail:
 
     def _anchor(self, seq: int, head_hash: str) -> dict[str, Any]:
         node_id = self.identity.node_id
-        signature = self.identity.sign(checkpoint_message(node_id, seq, head_hash))
+        signature = self.identity.sign(anchor_message(node_id, seq, head_hash))
         return {"seq": seq, "hash": head_hash, "node_id": node_id.hex(),
                 "signature": signature.hex(), "at_ms": int(self.clock())}  # fmt: skip
 

@@ -22,11 +22,11 @@ What each problem means:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from macula.agent.audit import CHECKPOINT_EVERY, checkpoint_message
+from macula.agent.audit import CHECKPOINT_EVERY, anchor_message, checkpoint_message
 from macula.store.audit_log import (
     CHECKPOINT_KIND,
     GENESIS,
@@ -41,6 +41,7 @@ from macula.store.audit_log import (
 from macula.wire.identity import verify
 
 CHECKPOINT_MISSING = "checkpoint_missing"
+Message = Callable[[bytes, int, str], bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,7 @@ class _Line:
     number: int
     data: bytes
     whole: bool
+    first: int = 0  # the seq the segment's name says it starts at
 
 
 def _node_of(directory: Path) -> str:
@@ -91,17 +93,23 @@ def _node_of(directory: Path) -> str:
 
 def _lines(directory: Path, after_seq: int) -> Iterator[_Line]:
     held = segments(directory)
-    for index, (_, path) in enumerate(held):
+    for index, (first, path) in enumerate(held):
         following = held[index + 1][0] if index + 1 < len(held) else None
         if following is not None and following - 1 <= after_seq:
             continue  # dropped by rotation (its anchor covers it) but not unlinked yet
         for number, data, whole in read_lines(path):
-            yield _Line(path.name, number, data, whole)
+            yield _Line(path.name, number, data, whole, first)
 
 
-def _signed(node_id: str, seq: int, head_hash: str, signature: object) -> bool:
+def _signed(
+    node_id: str,
+    seq: int,
+    head_hash: str,
+    signature: object,
+    message_of: Message = checkpoint_message,
+) -> bool:
     try:
-        message = checkpoint_message(bytes.fromhex(node_id), seq, head_hash)
+        message = message_of(bytes.fromhex(node_id), seq, head_hash)
         return verify(bytes.fromhex(node_id), message, bytes.fromhex(str(signature)))
     except (ValueError, TypeError):
         return False
@@ -133,6 +141,9 @@ def _walk(directory: Path, report: TrailReport, every: int) -> None:
         if entry.get("prev") != prev:
             raise _Broken(_at(line, "edited", f"seq {seq - 1} was edited and rehashed (seq {seq} "
                               "links to another hash)", seq - 1))  # fmt: skip
+        if line.segment != segment and seq != line.first:
+            raise _Broken(_at(line, "edited", f"{line.segment} starts at seq {seq}, not at the "
+                              "seq its name says: segments were renamed", seq))  # fmt: skip
         is_checkpoint = entry.get("kind") == CHECKPOINT_KIND
         if not signed and not is_checkpoint and ((seq - 1) % every == 0 or line.segment != segment):
             raise _Broken(_unsigned(seq - 1, line))
@@ -166,7 +177,7 @@ def _start(directory: Path, report: TrailReport) -> tuple[int, str]:
     if not valid or (report.node_id and node != report.node_id):
         raise _Broken(Problem("edited", "anchor.json is not this trail's anchor", None))
     assert isinstance(seq, int) and isinstance(head_hash, str)
-    if not _signed(node, seq, head_hash, anchor.get("signature")):
+    if not _signed(node, seq, head_hash, anchor.get("signature"), anchor_message):
         raise _Broken(Problem("edited", "anchor.json does not verify against the node id", seq))
     report.node_id = report.node_id or node
     report.anchored_at = seq

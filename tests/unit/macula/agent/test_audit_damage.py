@@ -125,3 +125,32 @@ def test_a_writer_that_died_before_its_checkpoint_is_signed_for_by_the_next(
     assert again.record("tool_called", "ok", name="next") == 6  # 5 signs 4
     again.close()
     assert verify_trail(again.directory, checkpoint_every=4).problem is None
+
+
+def test_an_anchor_made_from_a_checkpoint_does_not_verify(tmp_path: Path) -> None:
+    t = trail(tmp_path, checkpoint_every=8)
+    for n in range(30):
+        t.record("tool_called", "ok", name=f"t{n}")
+    t.close()
+    ((_, path),) = segments(t.directory)
+    rows = rows_of(path)
+    signed = next(row["facts"] for row in rows if row["kind"] == "head_signed" and row["seq"] > 16)
+    anchor = {key: signed[f"signed_{key}"] for key in ("seq", "hash")}
+    anchor |= {"node_id": signed["node_id"], "signature": signed["signature"], "at_ms": 1}
+    (t.directory / "anchor.json").write_bytes(canonical(anchor))  # no key needed: all public
+    kept = [row for row in rows if row["seq"] > anchor["seq"]]
+    path.unlink()
+    renamed = t.directory / f"seg-{anchor['seq'] + 1:012d}.jsonl"
+    renamed.write_bytes(b"".join(canonical(row) + b"\n" for row in kept))
+    problem = verify_trail(t.directory, checkpoint_every=8).problem
+    assert problem is not None and problem.kind == "edited" and "anchor" in problem.detail
+
+
+def test_a_segment_whose_name_is_not_its_first_seq_is_named(tmp_path: Path) -> None:
+    t = trail(tmp_path)
+    t.record("tool_called", "ok", name="a")
+    t.close()
+    ((_, path),) = segments(t.directory)
+    path.rename(t.directory / "seg-000000000002.jsonl")
+    problem = verify_trail(t.directory).problem
+    assert problem is not None and problem.kind == "edited" and "name" in problem.detail
