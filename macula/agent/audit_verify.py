@@ -91,14 +91,29 @@ def _node_of(directory: Path) -> str:
         return ""
 
 
-def _lines(directory: Path, after_seq: int) -> Iterator[_Line]:
+def _lines(directory: Path, anchor: tuple[int, str]) -> Iterator[_Line]:
+    """The lines of the segments after ``anchor`` (seq, hash); a segment at or below it must
+    be the one a rotation dropped but did not unlink yet: ending at the anchor's entry."""
     held = segments(directory)
     for index, (first, path) in enumerate(held):
         following = held[index + 1][0] if index + 1 < len(held) else None
-        if following is not None and following - 1 <= after_seq:
-            continue  # dropped by rotation (its anchor covers it) but not unlinked yet
+        if following is not None and following - 1 <= anchor[0]:
+            _leftover(path, following, anchor)
+            continue
         for number, data, whole in read_lines(path):
             yield _Line(path.name, number, data, whole, first)
+
+
+def _leftover(path: Path, following: int, anchor: tuple[int, str]) -> None:
+    last = None
+    for _, data, _ in read_lines(path):
+        last = data
+    entry = parse_entry(last) if last is not None else None
+    ends_at_anchor = entry is not None and (entry["seq"], entry.get("hash")) == anchor
+    if following != anchor[0] + 1 or not ends_at_anchor:
+        raise _Broken(Problem("edited", f"{path.name} lies below the anchor (seq {anchor[0]}) "
+                              "but is not the segment a rotation dropped: it was put there",
+                              anchor[0], path.name))  # fmt: skip
 
 
 def _signed(
@@ -128,7 +143,7 @@ def verify_trail(directory: Path, checkpoint_every: int = CHECKPOINT_EVERY) -> T
 
 def _walk(directory: Path, report: TrailReport, every: int) -> None:
     expected, prev = _start(directory, report)
-    lines = list(_lines(directory, expected - 1))
+    lines = list(_lines(directory, (expected - 1, prev)))
     signed, segment = 1, ""  # the previous entry is a checkpoint (or there is none); its segment
     for index, line in enumerate(lines):
         entry = _entry(line, index == len(lines) - 1, expected)

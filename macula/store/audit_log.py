@@ -302,8 +302,11 @@ def parse_entry(line: bytes) -> Entry | None:
 
 
 def entries(directory: Path, after_seq: int = 0) -> Iterator[Entry]:
-    """Every readable entry with seq > ``after_seq``, oldest first (unreadable lines skipped:
-    ``verify`` is what names them)."""
+    """Every readable entry with seq > ``after_seq`` and after the anchor, oldest first
+    (unreadable lines skipped, and what lies at or below the anchor: a segment a rotation
+    dropped, or one put there by hand; ``verify`` is what names them)."""
+    anchored = anchor_point(directory)
+    after_seq = max(after_seq, anchored[0] if anchored else 0)
     held = segments(directory)
     for index, (_, path) in enumerate(held):
         following = held[index + 1][0] if index + 1 < len(held) else None

@@ -11,7 +11,7 @@ import pytest
 
 from macula.agent.audit import AuditSettings, AuditTrail, UnwritableTrail, audit_dir, record_once
 from macula.agent.audit_verify import verify_trail
-from macula.store.audit_log import AuditLog, canonical, entry_hash, segments
+from macula.store.audit_log import AuditLog, canonical, entries, entry_hash, segments
 from support.identities import hardened
 
 
@@ -154,3 +154,20 @@ def test_a_segment_whose_name_is_not_its_first_seq_is_named(tmp_path: Path) -> N
     path.rename(t.directory / "seg-000000000002.jsonl")
     problem = verify_trail(t.directory).problem
     assert problem is not None and problem.kind == "edited" and "name" in problem.detail
+
+
+def test_a_segment_put_below_the_anchor_is_named_and_never_shown(tmp_path: Path) -> None:
+    t = trail(tmp_path, segment_bytes=2048, keep_segments=8)
+    for n in range(40):
+        t.record("tool_called", "ok", name=f"t{n}")
+    (_, oldest), (second, _) = segments(t.directory)[:2]
+    last = rows_of(oldest)[-1]
+    (t.directory / "anchor.json").write_bytes(canonical(t._anchor(last["seq"], last["hash"])))
+    t.close()  # as a rotation that died before it unlinked the dropped segment
+    assert verify_trail(t.directory).problem is None
+    assert next(entries(t.directory))["seq"] == second
+    forged = [row | {"outcome": "forged"} for row in rows_of(oldest)]
+    oldest.write_bytes(b"".join(canonical(row) + b"\n" for row in forged[:-1]))
+    assert all(e["outcome"] != "forged" for e in entries(t.directory))
+    problem = verify_trail(t.directory).problem
+    assert problem is not None and problem.kind == "edited" and oldest.name in problem.detail
