@@ -171,3 +171,19 @@ def test_a_segment_put_below_the_anchor_is_named_and_never_shown(tmp_path: Path)
     assert all(e["outcome"] != "forged" for e in entries(t.directory))
     problem = verify_trail(t.directory).problem
     assert problem is not None and problem.kind == "edited" and oldest.name in problem.detail
+
+
+def test_a_wiped_trail_is_named_and_a_new_empty_one_is_not(tmp_path: Path) -> None:
+    fresh = trail(tmp_path / "fresh")
+    fresh.close()  # opened, nothing recorded
+    report = verify_trail(fresh.directory)
+    assert report.problem is None and report.entries == 0
+    t = trail(tmp_path / "wiped")
+    for n in range(3):
+        t.record("tool_called", "ok", name=f"t{n}")
+    t.close()
+    for _, path in segments(t.directory):
+        path.unlink()
+    (t.directory / "head").unlink()
+    problem = verify_trail(t.directory).problem
+    assert problem is not None and problem.kind == "head_missing"
