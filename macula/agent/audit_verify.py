@@ -246,11 +246,9 @@ def _checkpoint(entry: Entry, prev: str, report: TrailReport, line: _Line) -> No
 
 def _end(directory: Path, report: TrailReport, last_hash: str) -> None:
     head = read_head(directory)
-    if head is None:
-        if report.entries:
-            raise _Broken(Problem("head_missing", "the head file is missing or unreadable: a "
-                                  "cut end cannot be ruled out", report.last_seq))  # fmt: skip
-        return
+    if head is None:  # even with no entry: every segment and the head deleted is a wiped trail
+        raise _Broken(Problem("head_missing", "the head file is missing or unreadable: a "
+                              "cut end cannot be ruled out", report.last_seq))  # fmt: skip
     if head.seq > report.last_seq:
         raise _Broken(Problem("truncated", f"the trail ends at seq {report.last_seq} but its "
                               f"head says seq {head.seq}", report.last_seq + 1,

@@ -2,8 +2,9 @@
 
 Layout of ``<MACULA_HOME>/audit/<node_id hex>/`` (0700, every file 0600):
 - ``seg-<first seq, 12 digits>.jsonl``: one entry a line, keys sorted, no spaces;
-- ``head``: the chain's head (seq, hash, segment, size), rewritten in place on every append;
-  ``verify`` compares the end of the last segment with it, so a cut tail is seen;
+- ``head``: the chain's head (seq, hash, segment, size, signed), written when the trail is
+  made and rewritten in place on every append; ``verify`` compares the end of the last segment
+  with it, so a cut tail is seen, and a folder without it as a trail wiped;
 - ``anchor.json``: written when the oldest segment is dropped: the seq and hash of the last
   entry dropped, signed by the agent's key, so the chain still verifies from there;
 - ``lock``: ``fcntl.flock`` taken around every append by every process (daemon, stdio server,
@@ -185,6 +186,10 @@ class AuditLog:
         self._head_fd = _open_private(directory / HEAD_FILE, os.O_RDWR)
         self._segment_fd: int | None = None
         self._segment_name = ""
+        if os.fstat(self._head_fd).st_size == 0:  # a new trail: a head from the start, so
+            with self.locked() as head:  # verify can tell a trail wiped from one never written
+                if not segments(directory):
+                    os.pwrite(self._head_fd, head.encoded(), 0)
 
     def close(self) -> None:
         for fd in (self._segment_fd, self._head_fd, self._lock_fd):
