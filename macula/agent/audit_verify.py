@@ -31,6 +31,7 @@ from macula.store.audit_log import (
     CHECKPOINT_KIND,
     GENESIS,
     Entry,
+    canonical,
     entry_hash,
     parse_entry,
     read_anchor,
@@ -212,6 +213,10 @@ def _entry(line: _Line, last: bool, expected: int) -> Entry:
     entry = parse_entry(line.data)
     if entry is None:
         raise _Broken(_at(line, "edited", f"the line of seq {expected} is not an entry", expected))
+    if canonical(entry) != line.data:  # a key twice, spaces: what a reader sees may differ
+        seq = entry["seq"]
+        raise _Broken(_at(line, "edited", f"the line of seq {seq} is not as the writer writes "
+                          "it (one canonical JSON: a key twice, spaces)", seq))  # fmt: skip
     return entry
 
 

@@ -187,3 +187,16 @@ def test_a_wiped_trail_is_named_and_a_new_empty_one_is_not(tmp_path: Path) -> No
     (t.directory / "head").unlink()
     problem = verify_trail(t.directory).problem
     assert problem is not None and problem.kind == "head_missing"
+
+
+def test_a_line_that_is_not_canonical_json_is_named(tmp_path: Path) -> None:
+    t = trail(tmp_path)
+    for n in range(3):
+        t.record("tool_called", "ok", name=f"t{n}")
+    t.close()
+    ((_, path),) = segments(t.directory)
+    lines = path.read_bytes().split(b"\n")
+    lines[1] = b'{"kind":"policy_changed","outcome":"capability_disabled",' + lines[1][1:]
+    path.write_bytes(b"\n".join(lines))  # a grep sees policy_changed; json.loads the last key
+    problem = verify_trail(t.directory).problem
+    assert problem is not None and problem.kind == "edited" and problem.seq == 2
