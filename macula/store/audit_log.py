@@ -278,10 +278,22 @@ class AuditLog:
             fd = self._segment(path.name)
             os.write(fd, b"\n")
             size += 1
-        if entry is None:
-            return Head(first - 1, GENESIS, path.name, size)
+        if entry is None:  # a segment just begun: the chain goes on from the one before
+            return Head(first - 1, self._before(held[:-1], first), path.name, size)
         signed = int(entry.get("kind") == CHECKPOINT_KIND)
         return Head(entry["seq"], entry["hash"], path.name, size, signed)
+
+    def _before(self, older: list[tuple[int, Path]], first: int) -> str:
+        """The hash of entry ``first - 1``: the last of the segment before, or the anchor
+        (``GENESIS`` when neither holds it: ``verify`` then names the break)."""
+        if older:
+            entry, _, _ = _last_entry(older[-1][1])
+            if entry is not None and entry["seq"] == first - 1:
+                return str(entry["hash"])
+        anchored = anchor_point(self.directory)
+        if anchored is not None and anchored[0] == first - 1:
+            return anchored[1]
+        return GENESIS
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, bytes, bool]]:

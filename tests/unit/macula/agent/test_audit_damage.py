@@ -200,3 +200,20 @@ def test_a_line_that_is_not_canonical_json_is_named(tmp_path: Path) -> None:
     path.write_bytes(b"\n".join(lines))  # a grep sees policy_changed; json.loads the last key
     problem = verify_trail(t.directory).problem
     assert problem is not None and problem.kind == "edited" and problem.seq == 2
+
+
+def test_a_head_lost_right_after_a_rotation_goes_on_from_the_segment_before(
+    tmp_path: Path,
+) -> None:
+    t = trail(tmp_path, segment_bytes=2048, keep_segments=8)
+    for n in range(40):
+        t.record("tool_called", "ok", name=f"t{n}")
+    t.close()
+    last = rows_of(segments(t.directory)[-1][1])[-1]
+    (t.directory / f"seg-{last['seq'] + 1:012d}.jsonl").touch()  # as a rotation leaves it
+    (t.directory / "head").unlink()
+    again = trail(tmp_path, segment_bytes=2048, keep_segments=8)
+    assert again.record("tool_called", "ok", name="next") == last["seq"] + 1
+    again.close()
+    assert next(entries(again.directory, last["seq"]))["prev"] == last["hash"]
+    assert verify_trail(again.directory).problem is None
