@@ -18,7 +18,8 @@ Invariants:
   the head; no fsync per entry (the trail's checkpoints fsync), so a power loss may cost the
   entries since the last checkpoint, and ``verify`` then says the end was cut;
 - the log never rewrites or deletes an entry except by dropping a whole oldest segment after
-  its anchor is on disk.
+  its anchor is on disk; the one thing it cuts is a partial last line that is no entry (a
+  write cut short by a crash), under the lock, before the next append.
 """
 
 from __future__ import annotations
@@ -274,14 +275,29 @@ class AuditLog:
             return Head(seq, digest, segment_name(seq + 1), 0)
         first, path = held[-1]
         entry, size, whole = _last_entry(path)
-        if not whole:  # a cut line stays (verify names it); the next entry starts a new line
-            fd = self._segment(path.name)
-            os.write(fd, b"\n")
-            size += 1
+        if not whole:
+            size = self._mended(path, size)
         if entry is None:  # a segment just begun: the chain goes on from the one before
             return Head(first - 1, self._before(held[:-1], first), path.name, size)
         signed = int(entry.get("kind") == CHECKPOINT_KIND)
         return Head(entry["seq"], entry["hash"], path.name, size, signed)
+
+    def _mended(self, path: Path, size: int) -> int:
+        """A segment whose last line is cut (a crash or a full disk mid-write) made whole; its
+        new size. A cut line that is not an entry is cut off, back to the end of the last whole
+        line (the entry being written is lost; ``verify`` then sees a clean chain); an entry
+        that lacks only its newline gets one."""
+        with open(path, "rb") as handle:
+            start = max(0, size - TAIL_READ)
+            handle.seek(start)
+            tail = handle.read()
+        newline = tail.rfind(b"\n")
+        if parse_entry(tail[newline + 1 :]) is None and (newline >= 0 or start == 0):
+            end = start + newline + 1
+            os.truncate(path, end)
+            return end
+        os.write(self._segment(path.name), b"\n")
+        return size + 1
 
     def _before(self, older: list[tuple[int, Path]], first: int) -> str:
         """The hash of entry ``first - 1``: the last of the segment before, or the anchor

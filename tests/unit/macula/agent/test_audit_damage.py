@@ -217,3 +217,25 @@ def test_a_head_lost_right_after_a_rotation_goes_on_from_the_segment_before(
     again.close()
     assert next(entries(again.directory, last["seq"]))["prev"] == last["hash"]
     assert verify_trail(again.directory).problem is None
+
+
+@pytest.mark.parametrize("lose_newline_only", [0, 1])
+def test_a_write_cut_short_is_mended_before_the_next_entry(
+    tmp_path: Path, lose_newline_only: int
+) -> None:
+    t = trail(tmp_path)
+    for n in range(3):
+        t.record("tool_called", "ok", name=f"t{n}")
+    t.close()
+    ((_, path),) = segments(t.directory)
+    data = path.read_bytes()
+    if lose_newline_only:
+        path.write_bytes(data[:-1])  # the close's checkpoint lost only its newline
+    else:
+        path.write_bytes(data + b'{"at_ms":1,"facts":{"na')  # a crash mid-write
+    assert verify_trail(t.directory).problem is not None
+    again = trail(tmp_path)
+    assert again.record("tool_called", "ok", name="next") == 5  # the cut entry is lost
+    again.close()
+    assert verify_trail(again.directory).problem is None
+    assert [e["seq"] for e in entries(again.directory)] == [1, 2, 3, 4, 5, 6]
