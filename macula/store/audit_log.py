@@ -187,10 +187,11 @@ class AuditLog:
         self._head_fd = _open_private(directory / HEAD_FILE, os.O_RDWR)
         self._segment_fd: int | None = None
         self._segment_name = ""
+        self._written: tuple[bytes, Head | None] = (b"", None)  # the head as this process wrote it
         if os.fstat(self._head_fd).st_size == 0:  # a new trail: a head from the start, so
             with self.locked() as head:  # verify can tell a trail wiped from one never written
                 if not segments(directory):
-                    os.pwrite(self._head_fd, head.encoded(), 0)
+                    self._write_head(head)
 
     def close(self) -> None:
         for fd in (self._segment_fd, self._head_fd, self._lock_fd):
@@ -215,7 +216,7 @@ class AuditLog:
         os.write(fd, line)
         signed = int(entry.get("kind") == CHECKPOINT_KIND)
         new = Head(entry["seq"], entry["hash"], head.segment, head.size + len(line), signed)
-        os.pwrite(self._head_fd, new.encoded(), 0)
+        self._write_head(new)
         return new
 
     def sync(self) -> None:
@@ -233,7 +234,7 @@ class AuditLog:
         name = segment_name(head.seq + 1)
         fd = self._segment(name)
         rotated = Head(head.seq, head.hash, name, os.fstat(fd).st_size, head.signed)
-        os.pwrite(self._head_fd, rotated.encoded(), 0)
+        self._write_head(rotated)
         held = segments(self.directory)
         for index in range(len(held) - self.keep_segments):
             oldest_next_first = held[index + 1][0]
@@ -255,8 +256,15 @@ class AuditLog:
             self._segment_name = name
         return self._segment_fd
 
+    def _write_head(self, head: Head) -> None:
+        encoded = head.encoded()
+        os.pwrite(self._head_fd, encoded, 0)
+        self._written = (encoded, head)
+
     def _current_head(self) -> Head:
-        head = parse_head(os.pread(self._head_fd, HEAD_BYTES, 0))
+        data = os.pread(self._head_fd, HEAD_BYTES, 0)
+        written, known = self._written
+        head = known if data == written else parse_head(data)  # mostly what this process wrote
         if head is not None:
             try:
                 size = os.stat(self.directory / head.segment).st_size
