@@ -38,7 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
-from macula.agent.audit import Recorder
+from macula.agent.audit import Recorder, outside_fact
+from macula.agent.envelope import is_id
 from macula.agent.petnames import petname
 from macula.config import OWNER_FILE
 from macula.store.approvals import ApprovalError, ApprovalStore, Item, Kind, content_size
@@ -151,10 +152,10 @@ def audited_by(trail: Recorder) -> Callable[[str, Item], None]:
         trail.record(
             "owner_decided",
             event,
-            approval_id=item.approval_id,
             item_kind=item.kind,
             sender=item.sender.hex(),
             by=item.decided_by or ("sender" if event == "withdrawn" else "clock"),
+            **outside_fact(trail, "approval_id", item.approval_id, is_id(item.approval_id)),
         )
 
     return record

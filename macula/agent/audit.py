@@ -21,11 +21,15 @@ only: an fsync costs 1-10 ms on a busy disk, more than a whole say→wait, and i
 against power loss, not tampering (a lost tail shows as ``truncated`` in ``verify``).
 
 Invariants:
+- no text chosen outside the agent is recorded: a tool name, a ring, task or approval id goes
+  in only when it is a registered tool or has its id format, else as ``"?"`` and a digest
+  (``outside_fact``);
 - a fact value is an int (a bool becomes 0/1) or a string of at most ``MAX_FACT_CHARS``
   characters; a longer string or another type is a ``ValueError`` (a caller's bug: content
   must be digested, never recorded);
-- ``record`` never raises ``OSError`` to the caller: a trail that cannot be written is counted
-  (``failures``) and logged, and the agent goes on (the owner's ``verify`` then says so);
+- ``record`` and ``checkpoint`` never raise to the caller once the facts are checked: a trail
+  that cannot be written (a full disk, a damaged file) is counted (``failures``) and logged,
+  and the call or the shutdown goes on (the owner's ``verify`` then says so);
 - time comes from the injected clock (ms).
 """
 
@@ -66,6 +70,7 @@ log = logging.getLogger("macula.audit")
 CHECKPOINT_EVERY: Final = 64
 MAX_FACT_CHARS: Final = 256
 SIGNATURE_DOMAIN: Final = b"macula-audit-head-v1\n"
+ANCHOR_DOMAIN: Final = b"macula-audit-anchor-v1\n"
 KINDS: Final = frozenset(
     {
         "tool_called",  # name, args_digest; outcome: ok or the error's code
@@ -90,8 +95,14 @@ def digest_key(identity: Identity) -> bytes:
 
 
 def checkpoint_message(node_id: bytes, seq: int, head_hash: str) -> bytes:
-    """What a checkpoint (or an anchor) signs: the head entry's seq and hash, for this key."""
+    """What a checkpoint signs: the head entry's seq and hash, for this key."""
     return SIGNATURE_DOMAIN + node_id + seq.to_bytes(8, "big") + bytes.fromhex(head_hash)
+
+
+def anchor_message(node_id: bytes, seq: int, head_hash: str) -> bytes:
+    """What an anchor signs: the last dropped entry's seq and hash, in a domain of its own, so
+    no checkpoint's signature (which anyone reading the trail sees) serves as an anchor's."""
+    return ANCHOR_DOMAIN + node_id + seq.to_bytes(8, "big") + bytes.fromhex(head_hash)
 
 
 def _digestible(value: Any) -> bytes:
@@ -150,6 +161,19 @@ class NoTrail:
 NO_TRAIL: Final = NoTrail()
 
 
+class UnwritableTrail(NoTrail):
+    """The trail asked for but its folder cannot be made or opened: records nothing, counts
+    each entry lost in ``failures`` (the agent starts and runs; the warning says why)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.failures = 0
+
+    def record(self, kind: str, outcome: str, **facts: str | int) -> int:
+        self.failures += 1
+        return 0
+
+
 class AuditTrail:
     """The trail of one identity (see the module docstring)."""
 
@@ -179,16 +203,23 @@ class AuditTrail:
     def open(
         cls, settings: AuditSettings, identity: Identity, clock: MsClock = now_ms
     ) -> AuditTrail | NoTrail:
-        """The trail these settings ask for: an ``AuditTrail``, or ``NO_TRAIL``."""
+        """The trail these settings ask for: an ``AuditTrail``, ``NO_TRAIL`` when off, or an
+        ``UnwritableTrail`` when its folder cannot be made or opened (logged)."""
         if settings.home is None:
             return NO_TRAIL
-        return cls(
-            audit_dir(settings.home, identity.node_id),
-            identity,
-            clock=clock,
-            segment_bytes=settings.segment_bytes,
-            keep_segments=settings.keep_segments,
-        )
+        directory = audit_dir(settings.home, identity.node_id)
+        try:
+            return cls(
+                directory,
+                identity,
+                clock=clock,
+                segment_bytes=settings.segment_bytes,
+                keep_segments=settings.keep_segments,
+            )
+        except OSError as exc:
+            log.warning("the audit trail in %s cannot be opened, nothing is recorded: %s",
+                        directory, exc)  # fmt: skip
+            return UnwritableTrail(directory)
 
     def digest(self, value: Any) -> str:
         """HMAC-SHA256 (hex) of ``value``'s canonical JSON, keyed per agent."""
@@ -201,15 +232,17 @@ class AuditTrail:
         checked = _checked_facts(outcome, facts)
         try:
             with self._threads, self._log.locked() as head:
+                if not head.signed and self._due(head):  # a writer died before its checkpoint
+                    head = self._sign(head, sync=False)
                 head = self._log.rotate(head, self._anchor)
                 head = self._append(head, kind, outcome, checked)
                 seq = head.seq
-                if seq % self.checkpoint_every == 0 or head.size >= self._log.segment_bytes:
+                if self._due(head):
                     self._sign(head, sync=head.size >= self._log.segment_bytes)
                 return seq
-        except OSError as exc:
+        except Exception as exc:  # a full disk or a damaged file: never the caller's failure
             self.failures += 1
-            log.warning("the audit trail in %s could not be written: %s", self.directory, exc)
+            log.warning("the audit trail in %s could not be written: %r", self.directory, exc)
             return 0
 
     def checkpoint(self) -> int:
@@ -218,13 +251,15 @@ class AuditTrail:
             return 0
         try:
             with self._threads, self._log.locked() as head:
-                if head.seq == 0:
+                if head.seq == 0 or head.signed:  # nothing, or another process signed it
+                    self._log.sync()
+                    self._unsigned = 0
                     return 0
                 self._sign(head, sync=True)
                 return head.seq
-        except OSError as exc:
+        except Exception as exc:  # as in record: never fails the agent's shutdown
             self.failures += 1
-            log.warning("the audit trail in %s could not be signed: %s", self.directory, exc)
+            log.warning("the audit trail in %s could not be signed: %r", self.directory, exc)
             return 0
 
     def close(self) -> None:
@@ -239,6 +274,11 @@ class AuditTrail:
         entry["hash"] = entry_hash(entry)
         self._unsigned += 1
         return self._log.append(head, entry)
+
+    def _due(self, head: Head) -> bool:
+        """Whether ``head`` must be signed now: every ``checkpoint_every`` seq, a full segment
+        (``verify`` holds the trail to this cadence)."""
+        return head.seq % self.checkpoint_every == 0 or head.size >= self._log.segment_bytes
 
     def _sign(self, head: Head, *, sync: bool) -> Head:
         node_id = self.identity.node_id
@@ -257,7 +297,7 @@ class AuditTrail:
 
     def _anchor(self, seq: int, head_hash: str) -> dict[str, Any]:
         node_id = self.identity.node_id
-        signature = self.identity.sign(checkpoint_message(node_id, seq, head_hash))
+        signature = self.identity.sign(anchor_message(node_id, seq, head_hash))
         return {"seq": seq, "hash": head_hash, "node_id": node_id.hex(),
                 "signature": signature.hex(), "at_ms": int(self.clock())}  # fmt: skip
 
@@ -274,6 +314,17 @@ def _checked_facts(outcome: str, facts: Mapping[str, object]) -> dict[str, str |
         else:
             raise ValueError(f"fact {name}: an int or a string of <= {MAX_FACT_CHARS} characters")
     return checked
+
+
+def outside_fact(audit: Recorder, name: str, value: object, known: bool) -> dict[str, str]:
+    """A fact that came from outside (a tool name, a ring or task id): ``{name: value}`` when
+    ``known`` (a registered tool, an id of the format its check expects), else
+    ``{name: "?", name_digest: digest}``. The trail never carries a text someone else chose:
+    a model or a remote caller could otherwise write anything into it (a password, an
+    instruction) and have it read back through ``mesh_audit``."""
+    if known and isinstance(value, str) and 0 < len(value) <= 64:
+        return {name: value}
+    return {name: "?", f"{name}_digest": audit.digest(value)}
 
 
 def record_once(

@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any
 
 from macula.agent.approvals import Approvals
-from macula.agent.audit import NO_TRAIL, Recorder
+from macula.agent.audit import NO_TRAIL, Recorder, outside_fact
 from macula.agent.contact_policy import Answer, PolicyState, decide, load_policy
-from macula.agent.envelope import new_message_id
+from macula.agent.envelope import is_id, new_message_id
 from macula.agent.held_rings import PENDING_REASON, HeldRings
 from macula.agent.proof import (
     build_ring,
@@ -193,12 +193,13 @@ class Rings:
         if outcome == "deferred" and str(reply.get("reason") or "").startswith(PENDING_REASON):
             outcome = "queued"  # held for the owner (macula.agent.held_rings)
         payload = call.payload
+        ring_id = payload.get("ring_id") if isinstance(payload, dict) else None
         self.audit.record(
             "ring_received",
             outcome or "refused",
             caller=call.caller.hex(),
-            ring_id=_text(payload.get("ring_id"))[:64],
             content_digest=self.audit.digest(payload),
+            **outside_fact(self.audit, "ring_id", ring_id, is_id(ring_id)),
         )
 
     async def _ring_received(self, call: IncomingCall) -> dict[str, Any]:

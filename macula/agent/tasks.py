@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from macula.agent.approvals import Approvals
-from macula.agent.audit import NO_TRAIL, Recorder
+from macula.agent.audit import NO_TRAIL, Recorder, outside_fact
 from macula.agent.contact_policy import Answer, PolicyState, decide
 from macula.agent.envelope import is_id
 from macula.agent.held_tasks import HeldTasks
@@ -434,7 +434,9 @@ class Tasks:
         """The trail's ``task_received``: accepted, queued or refused (with the code), the content
         (title and input) as a digest only."""
         refused_code = reply.get("code") if reply.get("kind") == "task_refused" else None
-        facts: dict[str, str | int] = {"sender": sender.hex(), "task_id": str(body["task_id"])[:64]}
+        task_id = body.get("task_id")
+        facts: dict[str, str | int] = {"sender": sender.hex()}
+        facts |= outside_fact(self.audit, "task_id", task_id, is_id(task_id))
         if refused_code:
             facts["code"] = str(refused_code)[:64]
         content = {"title": body.get("title"), "input": body.get("input")}

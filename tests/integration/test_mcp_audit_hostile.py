@@ -4,6 +4,7 @@ trail only ever grows by the entries of those calls (every byte before stays), s
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,30 @@ async def test_the_agent_reads_only_its_own_trail(client: Client, home: Path) ->
     assert page["entries"] and all(e.get("hash") for e in page["entries"])
     mine = [p for p in (home / "audit").iterdir() if p != stranger]
     assert len(mine) == 1 and verify_trail(mine[0]).problem is None
+
+
+async def test_a_damaged_trail_never_fails_a_tool_call(client: Client, home: Path) -> None:
+    assert not (await client.call_tool("mesh_hello", {})).is_error
+    (directory,) = (home / "audit").iterdir()
+    _, newest = segments(directory)[-1]
+    with open(newest, "ab") as segment:  # a hand edit: a line whose seq is not a number
+        segment.write(b'{"hash":"x","seq":"x"}\n{"hash":"y","seq":1e999}\n')
+    (directory / "head").write_bytes(b'{"seq":"x"}')
+    hello = await client.call_tool("mesh_hello", {})
+    assert not hello.is_error, hello.structured_content
+    page = await client.call_tool("mesh_audit", {"limit": 200})
+    assert not page.is_error, page.structured_content
+    assert verify_trail(directory).problem is not None  # the owner's verify names the damage
+
+
+async def test_a_name_that_is_no_tool_never_reaches_the_trail(client: Client, home: Path) -> None:
+    secret = "my password is hunter2"
+    assert not (await client.call_tool("mesh_hello", {})).is_error  # the runtime is open
+    with contextlib.suppress(Exception):  # the SDK may raise for an unknown tool: the trail
+        await client.call_tool(secret, {})  # is what matters here
+    page = (await client.call_tool("mesh_audit", {"limit": 200})).structured_content or {}
+    names = [e["facts"]["name"] for e in page["entries"] if e["kind"] == "tool_called"]
+    assert "?" in names and "mesh_hello" in names
+    unknown = next(e for e in page["entries"] if e["facts"].get("name") == "?")
+    assert len(unknown["facts"]["name_digest"]) == 64
+    assert b"hunter2" not in trail_bytes(home)

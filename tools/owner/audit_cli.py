@@ -5,8 +5,8 @@ Which trail: ``--agent NAME`` (the key ``$MACULA_HOME/agents/NAME.key``), else t
 they are listed and ``--agent`` or ``--node`` is asked for). Nothing here writes the trail.
 
 Exit status: 0 done (``verify``: the chain is intact), 1 ``verify`` found a problem (edited,
-removed, reordered, truncated, head_missing: the first one is named), 2 bad usage, 3 no trail
-(none recorded yet, or no such agent).
+removed, reordered, truncated, head_missing, checkpoint_missing: the first one is named), 2
+bad usage, 3 no trail (none recorded yet, or no such agent).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from mcp_types import CallToolResult, InputRequiredResult
 from mcp_types import Tool as MCPTool
 from pydantic import AnyUrl
 
+from macula.agent.audit import outside_fact
 from tools.groups import (
     content,
     dht,
@@ -131,13 +132,15 @@ class GatedServer(MeshServer):
         return result
 
     def _audited(self, name: str, arguments: dict[str, Any], outcome: str) -> None:
-        """The trail's ``tool_called``: the tool, a digest of its arguments, the outcome."""
+        """The trail's ``tool_called``: the tool (``"?"`` and a digest for a name that is no
+        tool: a model must not write its own text into the trail), a digest of its arguments,
+        the outcome."""
         runtime = self.runtime
         if runtime is not None:
             audit = runtime.agent.audit
-            audit.record(
-                "tool_called", outcome, name=name[:64], args_digest=audit.digest(arguments)
-            )
+            known = self._tool_manager.get_tool(name) is not None
+            audit.record("tool_called", outcome, args_digest=audit.digest(arguments),
+                         **outside_fact(audit, "name", name, known))  # fmt: skip
 
     async def read_resource(
         self, uri: AnyUrl | str, context: Context[Any, Any] | None = None

@@ -16,7 +16,7 @@ import pytest
 from macula.agent.audit import AuditSettings, AuditTrail, NoTrail, audit_dir, record_once
 from macula.agent.audit_verify import verify_trail
 from macula.keyfile import save_identity
-from macula.store.audit_log import GENESIS, entries, entry_hash, read_anchor, segments
+from macula.store.audit_log import GENESIS, canonical, entries, entry_hash, read_anchor, segments
 from support.identities import hardened
 
 
@@ -134,7 +134,7 @@ def test_a_rewritten_and_rehashed_chain_fails_its_checkpoint(tmp_path: Path) -> 
     for row in rows[2:]:
         row["prev"] = prev
         row["hash"] = prev = entry_hash(row)
-    path.write_bytes(b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in rows))
+    path.write_bytes(b"".join(canonical(r) + b"\n" for r in rows))  # as the writer writes
     problem = verify_trail(t.directory).problem
     assert problem is not None and problem.kind == "edited" and "checkpoint" in problem.detail
 
