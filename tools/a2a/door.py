@@ -196,8 +196,8 @@ class Door:
             _, runtime = self.runtime(segment)
             return runtime.agent.tasks.limits if runtime is not None else TaskLimits()
 
-        async def requester(client_name: str) -> Tasks:
-            return await self._requester(segment, client_name)
+        async def requester(node_id: str) -> tuple[Tasks, str]:
+            return await self._requester(segment, node_id)
 
         card = self._card(segment, node_id)
         handler = DoorHandler(
@@ -238,21 +238,25 @@ class Door:
             raise LookupError(segment)
         return sign_card(self._card(segment, node_id), runtime.node.identity)
 
-    async def _requester(self, segment: str, client_name: str) -> Tasks:
+    async def _requester(self, segment: str, node_id: str) -> tuple[Tasks, str]:
+        """The requester of the client with mesh node id ``node_id`` (hex), and its name."""
         _, runtime = self.runtime(segment)
         if runtime is None:
             raise ConfigError(f"agent {segment} is no longer hosted here")
-        client = next((c for c in tokens.clients(self.home) if c.name == client_name), None)
+        clients = tokens.clients(self.home)
+        self.requesters.close_gone({c.node_id for c in clients})
+        client = next((c for c in clients if c.node_id == node_id), None)
         if client is None:
-            raise ConfigError(f"A2A client {client_name} was revoked")
+            raise ConfigError("this A2A client was revoked")
         if not runtime.agent.presence.said_goodbye:
             await runtime.agent.ensure_present()  # reachable on the mesh before it is handed work
-        return await self.requesters.tasks(
+        tasks = await self.requesters.tasks(
             client,
             runtime.stations,
             known_stations_from_env(runtime.env),
             runtime.agent.tasks.limits,
         )
+        return tasks, client.name
 
     # -- the ASGI app --------------------------------------------------------------------------
 
@@ -329,10 +333,11 @@ class Door:
             await _answer(send, _error(413, -32600, f"a request is at most {MAX_BODY} bytes"))
             return
         # the SDK keeps a request's headers in its call context (and logs that at debug): the
-        # token stops here
+        # token stops here. The SDK's user (the owner of its tasks) is the client's node id,
+        # never its name: a name can be given again, after a revoke, to someone else
         kept = [(k, v) for k, v in scope["headers"] if k.lower() != b"authorization"]
         scope = dict(
-            scope, headers=kept, user=SimpleUser(client.name), auth=AuthCredentials(["a2a"])
+            scope, headers=kept, user=SimpleUser(client.node_id), auth=AuthCredentials(["a2a"])
         )
         await served.app(scope, _bounded(receive), send)
 

@@ -61,18 +61,18 @@ class MeshExecutor(AgentExecutor):
     def __init__(
         self,
         agent: bytes,
-        requester: Callable[[str], Awaitable[Tasks]],
+        requester: Callable[[str], Awaitable[tuple[Tasks, str]]],
         limits: Callable[[], TaskLimits],
     ) -> None:
         self.agent = agent
-        self.requester = requester  # the requester of the client named by the call's user
+        # the requester of the client whose node id (hex) is the call's user, and its name
+        self.requester = requester
         self.limits = limits
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id is not None and context.context_id is not None
         assert context.message is not None and context.call_context is not None
-        client = context.call_context.user.user_name
-        tasks = await self.requester(client)
+        tasks, client = await self.requester(context.call_context.user.user_name)
         current = context.current_task
         if current is None:
             value = message_value(context.message, self.limits())
@@ -152,7 +152,7 @@ class MeshExecutor(AgentExecutor):
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.current_task is not None and context.call_context is not None
-        tasks = await self.requester(context.call_context.user.user_name)
+        tasks, _ = await self.requester(context.call_context.user.user_name)
         mesh_id = mesh_id_of(context.current_task)
         with_outcome = None
         try:

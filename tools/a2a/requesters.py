@@ -8,7 +8,10 @@ agent's contact policy, ``state_seq`` order and the one outcome are the mesh's o
 requester's copy follows the agent's updates (``Tasks.wait``).
 
 Invariants:
-- at most one open requester per client; each lives in a task of the door's task group,
+- at most one open requester per client, keyed by the client's node id (never its name: a
+  revoked client's name given to a new client reaches none of the old one's tasks); a held
+  requester of another node id is closed and replaced, and one whose client is gone
+  (revoked) is closed (``close_gone``); each lives in a task of the door's task group,
   entered and exited there (as ``tools.daemon.hosts`` holds runtimes);
 - a requester takes no task itself: its contact policy is ``closed``;
 - all of them close when the door closes.
@@ -41,6 +44,7 @@ CLOSED = PolicyState(Mode.CLOSED)
 
 @dataclass(eq=False)
 class _Open:
+    name: str = ""
     tasks: Tasks | None = None
     error: BaseException | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -53,7 +57,7 @@ class Requesters:
     def __init__(self, home: Path, clock: Callable[[], int] = now_ms) -> None:
         self.home = home
         self.clock = clock
-        self.by_client: dict[str, _Open] = {}
+        self.by_client: dict[str, _Open] = {}  # by the client's node id (hex)
         self._store: TaskStore | None = None
         self._group: asyncio.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
@@ -84,10 +88,14 @@ class Requesters:
         limits: TaskLimits,
     ) -> Tasks:
         """The client's requester, opened on first use; a ``MaculaError`` if it cannot open."""
-        held = self.by_client.get(client.name)
+        for node_id, other in list(self.by_client.items()):
+            if other.name == client.name and node_id != client.node_id:
+                del self.by_client[node_id]  # a revoked client's name, given to a new one
+                other.closing.set()
+        held = self.by_client.get(client.node_id)
         if held is None or (held.ready.is_set() and held.tasks is None):
-            held = _Open()
-            self.by_client[client.name] = held
+            held = _Open(client.name)
+            self.by_client[client.node_id] = held
             assert self._group is not None, "requesters not started"
             self._group.create_task(
                 self._run(held, client, stations, known, limits), name=f"a2a-{client.name}"
@@ -96,6 +104,11 @@ class Requesters:
         if held.tasks is None:
             raise held.error or RuntimeError("the requester closed")
         return held.tasks
+
+    def close_gone(self, kept: set[str]) -> None:
+        """Close the requesters whose client (node id hex) is not in ``kept``: revoked."""
+        for node_id in [n for n in self.by_client if n not in kept]:
+            self.by_client.pop(node_id).closing.set()
 
     async def _run(
         self,
@@ -113,6 +126,8 @@ class Requesters:
         except Exception as exc:  # one client's failure must not take the door down
             held.error = exc
             log.warning("A2A requester %s failed: %s", client.name, exc)
+            if self.by_client.get(client.node_id) is held:
+                del self.by_client[client.node_id]
         finally:
             held.tasks = None
             held.ready.set()
