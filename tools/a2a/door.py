@@ -105,6 +105,7 @@ class _Served:
     node_id: str
     app: Starlette
     handler: DoorHandler
+    executor: MeshExecutor
 
 
 def _json(
@@ -165,6 +166,7 @@ class Door:
         with contextlib.suppress(ValueError):
             peer_labels.NAMERS.remove(self.client_label)
         for served in self.served.values():
+            await served.executor.close()
             with contextlib.suppress(Exception):
                 await served.handler.aclose()
         await self.requesters.__aexit__(*exc_info)
@@ -200,12 +202,9 @@ class Door:
             return await self._requester(segment, node_id)
 
         card = self._card(segment, node_id)
-        handler = DoorHandler(
-            limits,
-            agent_executor=MeshExecutor(bytes.fromhex(node_id), requester, limits),
-            task_store=BoundedTaskStore(),
-            agent_card=card,
-        )
+        store = BoundedTaskStore()
+        executor = MeshExecutor(bytes.fromhex(node_id), requester, limits, store)
+        handler = DoorHandler(limits, agent_executor=executor, task_store=store, agent_card=card)
 
         async def signed(_: AgentCard) -> AgentCard:
             return self.signed_card(segment)
@@ -216,7 +215,7 @@ class Door:
             ),
             *create_jsonrpc_routes(handler, rpc_url=base),
         ]
-        served = _Served(node_id, Starlette(routes=routes), handler)
+        served = _Served(node_id, Starlette(routes=routes), handler, executor)
         self.served[segment] = served
         return served
 
