@@ -5,6 +5,9 @@ does not take, and a sender the agent's contact policy declines (A2A ``rejected`
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +78,7 @@ async def test_tokens_reach_one_agent_and_one_clients_tasks(
 
 
 async def test_malformed_and_oversized_requests_get_the_error_they_name(
-    station: Station, tmp_path: Path
+    station: Station, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with (
         home_served(tmp_path / "h", station.endpoint, **ASK) as home,
@@ -95,6 +98,22 @@ async def test_malformed_and_oversized_requests_get_the_error_they_name(
             assert shapeless.json()["error"]["code"] in (-32602, -32600)
             huge = await session.post(url, content=b"x" * (300 * 1024))
             assert huge.status_code == 413
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+                for _ in range(40):
+                    yield b"x" * 10_000
+
+            caplog.clear()
+            with caplog.at_level(logging.ERROR):
+                chunked = await session.post(url, content=chunks())
+            assert (chunked.status_code, chunked.json()["error"]["code"]) == (413, -32600)
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+            async def small() -> AsyncIterator[bytes]:  # a chunked body in bounds is served
+                yield json.dumps(rpc("GetTask", {"id": "no-such-task"})).encode()
+
+            chunked = await session.post(url, content=small())
+            assert chunked.json()["error"]["code"] == -32001
             for part, code in (
                 ({"text": "y" * 17_000}, -32602),
                 ({"url": "file:///etc/passwd"}, -32005),

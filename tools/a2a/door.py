@@ -15,9 +15,10 @@ Invariants:
 - every request but the card's needs ``Authorization: Bearer <token>`` of an A2A client
   (``tools.a2a.tokens``): none or unknown is 401 with ``WWW-Authenticate: Bearer``; a token of
   another agent is 403; so a client reaches one agent, and only its own tasks there (the store
-  is scoped by the client's name: another's task is ``TaskNotFoundError``);
-- a body is at most ``MAX_BODY`` bytes (413); the message itself is checked against the mesh
-  task bounds before anything runs (``DoorHandler``, ``tools.a2a.parts``);
+  is scoped by the client's node id, never its name: another's task is ``TaskNotFoundError``);
+- a body is at most ``MAX_BODY`` bytes (413, said as JSON-RPC -32600), with or without
+  Content-Length: the door reads it whole, then hands it to the SDK; the message itself is
+  checked against the mesh task bounds before anything runs (``DoorHandler``, ``tools.a2a.parts``);
 - the token is never logged nor echoed: the ``Authorization`` header is taken out of the request
   before the SDK sees it (its call context keeps the headers, and its debug log prints them).
 """
@@ -328,8 +329,15 @@ class Door:
             await _answer(send, _error(403, -32600, "this token reaches another agent"))
             return
         length = headers.get("content-length", "0")
+        too_big = _error(413, -32600, f"a request is at most {MAX_BODY} bytes")
         if not length.isdecimal() or int(length) > MAX_BODY:
-            await _answer(send, _error(413, -32600, f"a request is at most {MAX_BODY} bytes"))
+            await _answer(send, too_big)
+            return
+        body = await _body(receive)
+        if body is None:  # the client went away
+            return
+        if len(body) > MAX_BODY:  # a body without Content-Length (chunked) past the bound
+            await _answer(send, too_big)
             return
         # the SDK keeps a request's headers in its call context (and logs that at debug): the
         # token stops here. The SDK's user (the owner of its tasks) is the client's node id,
@@ -338,7 +346,7 @@ class Door:
         scope = dict(
             scope, headers=kept, user=SimpleUser(client.node_id), auth=AuthCredentials(["a2a"])
         )
-        await served.app(scope, _bounded(receive), send)
+        await served.app(scope, _replayed(body, receive), send)
 
     def _same_agent(self, agent: str, segment: str) -> bool:
         """Whether name ``agent`` and path ``segment`` are one agent (a node id or its name)."""
@@ -347,17 +355,28 @@ class Door:
         return mine is not None and mine == theirs
 
 
-def _bounded(receive: Receive) -> Receive:
-    """``receive``, cut off past ``MAX_BODY`` bytes (a body without Content-Length)."""
+async def _body(receive: Receive) -> bytes | None:
+    """The request's body, read up to one byte past ``MAX_BODY`` (a body without
+    Content-Length is bounded here too); None if the client disconnected."""
+    chunks: list[bytes] = []
     seen = 0
-
-    async def bounded() -> Any:
-        nonlocal seen
+    while True:
         message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > MAX_BODY:
-                return {"type": "http.disconnect"}
-        return message
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        seen += len(chunk)
+        if seen > MAX_BODY or not message.get("more_body", False):
+            return b"".join(chunks)
 
-    return bounded
+
+def _replayed(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the SDK: the body read already, then the client's own messages (its
+    disconnect, while a stream is answered)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Any:
+        return pending.pop() if pending else await receive()
+
+    return replayed
