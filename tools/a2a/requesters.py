@@ -2,10 +2,10 @@
 
 Every client (``tools.a2a.tokens``) has a key in the home; the door opens a ``Node`` for it (on
 the stations of the agent it reaches) and a ``macula.agent.tasks.Tasks`` over one SQLite store
-(``$MACULA_HOME/a2a/requesters.sqlite3``, 0600). An A2A message is then handed over exactly as
-``mesh_task_send`` hands a task: signed by the client's key, through the station, so the
-agent's contact policy, ``state_seq`` order and the one outcome are the mesh's own, and the
-requester's copy follows the agent's updates (``Tasks.wait``).
+(``$MACULA_HOME/a2a/requesters.sqlite3``, 0600 in a 0700 folder). An A2A message is then
+handed over exactly as ``mesh_task_send`` hands a task: signed by the client's key, through
+the station, so the agent's contact policy, ``state_seq`` order and the one outcome are the
+mesh's own, and the requester's copy follows the agent's updates (``Tasks.wait``).
 
 Invariants:
 - at most one open requester per client, keyed by the client's node id (never its name: a
@@ -35,7 +35,7 @@ from macula.known_stations import KnownStations
 from macula.node.node import Node
 from macula.stations import StationAddress
 from macula.store.tasks import TaskStore
-from tools.a2a.tokens import Client, client_identity_path
+from tools.a2a.tokens import Client, a2a_dir, client_identity_path
 
 log = logging.getLogger("macula.a2a")
 
@@ -64,7 +64,7 @@ class Requesters:
 
     async def __aenter__(self) -> Requesters:
         async with contextlib.AsyncExitStack() as stack:
-            path = self.home / "a2a" / "requesters.sqlite3"
+            path = a2a_dir(self.home) / "requesters.sqlite3"
             self._store = await stack.enter_async_context(await TaskStore.open(path))
             self._group = await stack.enter_async_context(asyncio.TaskGroup())
             stack.callback(self._close_all)
