@@ -15,6 +15,8 @@ Invariants:
   by one per change the agent makes.
 - A send, input or cancel returns once the agent's first answer is applied (at most
   ``FIRST_ANSWER_S``); a failure of that step is a ``TaskError`` carrying the task.
+- An answer the agent refuses (it ended the task meanwhile: nothing follows a task while it
+  is ``input_required``) reads the agent's state of the task, and that is its outcome here.
 - A cancel before the agent named the task (its first answer is late) is remembered
   (``cancel_requested``): the follower sends it as soon as the agent names the task, and the
   task settles on the agent's answer (canceled here if it gives none in ``CANCEL_WAIT_S``).
@@ -326,6 +328,13 @@ class Outbound:
         except Exception as exc:
             failure = failure_of(exc)
             log.info("A2A task %s: %s", task_id, failure)
+            if failure.code == "a2a_refused" and answering and not heard:
+                # the agent took no answer: it may have ended the task meanwhile (its state
+                # is the outcome, not a failure here)
+                moved = await self._agents_state(task_id, reading)
+                if moved is not None and moved.state != "input_required":
+                    _resolve(first, failure)
+                    return
             if failure.code == "a2a_unreachable" and answering and not heard:
                 _resolve(first, failure)  # the answer never left: the task still waits for it
                 return
@@ -337,6 +346,26 @@ class Outbound:
                 return
             await self._settle(task_id, "failed", f"{failure.code}: {failure.detail}")
             _resolve(first, failure)
+
+    async def _agents_state(self, task_id: str, reading: Reading) -> Task | None:
+        """The task after the agent's own state of it (``get``) is applied; None if the agent
+        could not say."""
+        from a2a.types import GetTaskRequest
+
+        from tools.a2a.answers import Reading
+        from tools.a2a.dial import dial
+
+        link = await self.links.get(self.me, task_id)
+        if link is None or reading.task_id is None:
+            return None
+        fresh = Reading(self.limits, task_id=reading.task_id, context_id=reading.context_id)
+        try:
+            async with await dial(self._allowed(link.url)) as opened:
+                fresh.task(await opened.client.get_task(GetTaskRequest(id=reading.task_id)))
+            return await self._applied(task_id, fresh)
+        except Exception as exc:
+            log.info("A2A task %s: the agent did not say its state: %s", task_id, exc)
+            return None
 
     async def _poll_again(self, link: Link) -> None:
         """Follow a task by ``get`` alone (after a restart, or the agent was away), dialling

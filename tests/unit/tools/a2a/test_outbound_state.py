@@ -152,3 +152,43 @@ async def test_a_cancel_before_the_agent_names_the_task_reaches_it(
         finally:
             await outbound.close()
             await outbound.store.close()
+
+
+async def test_an_answer_to_a_task_the_agent_ended_records_its_outcome(tmp_path: Path) -> None:
+    """The agent asks, then ends the task on its side (nothing follows a task while it waits
+    for input): the model's answer is refused, and the task takes the agent's outcome
+    (canceled), not a failure of ours."""
+    import httpx
+
+    from macula.store.tasks import TaskError
+    from support.a2akit import a2a_agent
+    from support.waiting import eventually
+
+    async with a2a_agent() as helper:
+        (tmp_path / "owner.toml").write_text(f'[a2a]\nagents = ["{helper.url}"]\n')
+        (tmp_path / "owner.toml").chmod(0o600)
+        outbound, _ = await opened(tmp_path)
+        try:
+            sent = await outbound.send(helper.url, "t", "ask")
+
+            async def asking() -> Task | None:
+                task = await outbound.store.get(ME, sent.task_id)
+                return task if task is not None and task.state == "input_required" else None
+
+            await eventually(asking, 10)
+            link = await outbound.link(sent.task_id)
+            assert link is not None and link.a2a_task_id is not None
+            ended = {"jsonrpc": "2.0", "id": 1, "method": "CancelTask",
+                     "params": {"id": link.a2a_task_id}}  # fmt: skip
+            async with httpx.AsyncClient() as http:
+                said = await http.post(helper.url, json=ended, headers={"A2A-Version": "1.0"})
+            assert said.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", said.text
+            with pytest.raises(TaskError) as refused:
+                await outbound.give_input(sent.task_id, "blue")
+            assert refused.value.code == "a2a_refused"
+            assert refused.value.task is not None and refused.value.task.state == "canceled"
+            task = await outbound.store.get(ME, sent.task_id)
+            assert task is not None and (task.state, task.error) == ("canceled", None)
+        finally:
+            await outbound.close()
+            await outbound.store.close()
