@@ -26,6 +26,7 @@ from support.doorkit import a2a_client, home_served, http, say, state_of
 from support.httpkit import Raw, events, http_client
 from support.httpkit import client as mcp_client
 from support.mcpkit import bad, good
+from support.waiting import eventually
 from tools.a2a.card import verify_card
 
 pytestmark = pytest.mark.anyio
@@ -192,3 +193,53 @@ async def test_the_channel_push_says_a2a_and_which_client(station: Station, tmp_
     # who, from the owner's records (the client's words stay out: it is no room-mate)
     assert "A2A client crew (through this home's A2A door)" in pushed
     assert "handed you a task" in pushed and "review PR 7" not in pushed
+
+
+async def ask_then_finish(home: Any, alice: Any, a2a: Any) -> tuple[str, str]:
+    """An A2A task the agent asks about (input-required), then completes without the answer:
+    (the A2A task id, its context id)."""
+    stream = a2a.send_message(say("translate 'hello'"))
+    first = await anext(stream)
+    task = await next_task(alice)
+    await good(
+        alice, "mesh_task_update", task_id=task["task_id"], state="input_required",
+        note="which language?",
+    )  # fmt: skip
+    assert state_of([e async for e in stream][-1]) == TaskState.TASK_STATE_INPUT_REQUIRED
+    await good(alice, "mesh_task_complete", task_id=task["task_id"], result="hola")
+    return first.task.id, first.task.context_id
+
+
+async def test_an_outcome_after_input_required_reaches_the_client(
+    station: Station, tmp_path: Path
+) -> None:
+    async with (
+        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
+        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
+    ):
+        await good(alice, "mesh_hello")
+        token = home.a2a_token("crew", "alice")
+        async with a2a_client(home.agent_url("alice"), token) as a2a:
+            a2a_id, context_id = await ask_then_finish(home, alice, a2a)
+
+            async def completed() -> Any:
+                got = await a2a.get_task(GetTaskRequest(id=a2a_id))
+                return got if got.status.state == TaskState.TASK_STATE_COMPLETED else None
+
+            got = await eventually(completed, 10)
+            assert got.artifacts[0].parts[0].text == "hola"
+            # a late answer is told the outcome, at once (it hung before)
+            late = a2a.send_message(say("Spanish", task_id=a2a_id, context_id=context_id))
+            seen = await asyncio.wait_for(anext(late), 10)
+            assert seen.artifact_update.artifact.parts[0].text == "hola"
+            assert state_of(await asyncio.wait_for(anext(late), 10)) == (
+                TaskState.TASK_STATE_COMPLETED
+            )
+            # with no watcher (a door that lost it), the answer itself gets the outcome
+            await home.door.served["alice"].executor.close()
+            a2a_id, context_id = await ask_then_finish(home, alice, a2a)
+            late = a2a.send_message(say("Spanish", task_id=a2a_id, context_id=context_id))
+            seen = [e async for e in late]
+            assert state_of(seen[-1]) == TaskState.TASK_STATE_COMPLETED
+            got = await a2a.get_task(GetTaskRequest(id=a2a_id))
+            assert got.artifacts[0].parts[0].text == "hola"

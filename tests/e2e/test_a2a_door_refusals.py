@@ -5,6 +5,9 @@ does not take, and a sender the agent's contact policy declines (A2A ``rejected`
 
 from __future__ import annotations
 
+import json
+import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +78,7 @@ async def test_tokens_reach_one_agent_and_one_clients_tasks(
 
 
 async def test_malformed_and_oversized_requests_get_the_error_they_name(
-    station: Station, tmp_path: Path
+    station: Station, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with (
         home_served(tmp_path / "h", station.endpoint, **ASK) as home,
@@ -95,6 +98,22 @@ async def test_malformed_and_oversized_requests_get_the_error_they_name(
             assert shapeless.json()["error"]["code"] in (-32602, -32600)
             huge = await session.post(url, content=b"x" * (300 * 1024))
             assert huge.status_code == 413
+
+            async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked
+                for _ in range(40):
+                    yield b"x" * 10_000
+
+            caplog.clear()
+            with caplog.at_level(logging.ERROR):
+                chunked = await session.post(url, content=chunks())
+            assert (chunked.status_code, chunked.json()["error"]["code"]) == (413, -32600)
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+            async def small() -> AsyncIterator[bytes]:  # a chunked body in bounds is served
+                yield json.dumps(rpc("GetTask", {"id": "no-such-task"})).encode()
+
+            chunked = await session.post(url, content=small())
+            assert chunked.json()["error"]["code"] == -32001
             for part, code in (
                 ({"text": "y" * 17_000}, -32602),
                 ({"url": "file:///etc/passwd"}, -32005),
@@ -128,3 +147,44 @@ async def test_a_sender_the_policy_declines_is_rejected(station: Station, tmp_pa
             [final] = [e async for e in a2a.send_message(say("let me in"))]
         assert final.task.status.state == TaskState.TASK_STATE_REJECTED
         assert "closed" in final.task.status.message.parts[0].text
+
+
+async def test_a_revoked_clients_name_given_again_reaches_none_of_its_tasks(
+    station: Station, tmp_path: Path
+) -> None:
+    """The door keys a client's requester and its A2A tasks by its node id, not its name."""
+    from a2a.types import CancelTaskRequest, ListTasksRequest
+
+    from tools.a2a import tokens
+
+    async with (
+        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
+        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
+    ):
+        await good(alice, "mesh_hello")
+        url = home.agent_url("alice")
+        first = home.a2a_token("crew", "alice")
+        [old] = tokens.clients(home.home)
+        async with a2a_client(url, first) as a2a:
+            stream = a2a.send_message(say("the first crew's secret"))
+            task_id = (await anext(stream)).task.id
+            await stream.aclose()
+        assert tokens.revoke(home.home, "crew")
+        second = home.a2a_token("crew", "alice")  # someone else, the same name
+        [new] = tokens.clients(home.home)
+        assert new.node_id != old.node_id
+        async with a2a_client(url, second) as a2a:
+            with pytest.raises(A2AError, match=r"(?i)not found"):
+                await a2a.get_task(GetTaskRequest(id=task_id))
+            with pytest.raises(A2AError, match=r"(?i)not found"):
+                await a2a.cancel_task(CancelTaskRequest(id=task_id))
+            assert list((await a2a.list_tasks(ListTasksRequest())).tasks) == []
+            stream = a2a.send_message(say("the second crew's task"))
+            await anext(stream)
+            await stream.aclose()
+        assert list(home.door.requesters.by_client) == [new.node_id]
+        assert home.door.requesters.by_client[new.node_id].tasks.me.hex() == new.node_id
+        listed = await good(alice, "mesh_task_list")
+        peers = {t["title"].split(":", 1)[1].strip(): t["peer"] for t in listed["tasks"]}
+        assert peers == {"the first crew's secret": old.node_id,
+                         "the second crew's task": new.node_id}  # fmt: skip

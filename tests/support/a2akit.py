@@ -48,6 +48,7 @@ class Seen:
     inputs: list[str] = field(default_factory=list)
     titles: list[str] = field(default_factory=list)
     canceled: int = 0
+    late: asyncio.Event = field(default_factory=asyncio.Event)  # "late ...": first answer after
 
 
 class Executor(AgentExecutor):
@@ -66,6 +67,9 @@ class Executor(AgentExecutor):
             await updater.add_artifact(new_text_artifact("answer", f"colour: {text}").parts)
             await updater.complete()
             return
+        if text.startswith("late "):  # the first answer waits until the test sets ``late``
+            await self.seen.late.wait()
+            text = text[5:]
         await event_queue.enqueue_event(
             new_task(context.task_id, context.context_id, TaskState.TASK_STATE_SUBMITTED)
         )

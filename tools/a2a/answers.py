@@ -6,7 +6,9 @@ The agent's answers are untrusted input, as a mesh peer's are:
 - control characters other than newline and tab are dropped; the result is cut to
   ``TaskLimits.max_result_bytes`` and a note or error to ``max_note_bytes`` (UTF-8), the cut
   said at the end;
-- an update for another A2A task, or with no state, is ``Malformed``: the task fails, once.
+- an update for another A2A task, or with no state, is ``Malformed``: the task fails, once; so
+  is a task or context id past ``MAX_ID_CHARS`` or with a control character (the ids are
+  stored with the task and sent back to the agent).
 States map through ``tools.a2a.states`` (the one table).
 """
 
@@ -24,6 +26,7 @@ from macula.agent.task_messages import TaskLimits
 from tools.a2a.states import from_a2a
 
 MAX_ARTIFACTS: Final = 64
+MAX_ID_CHARS: Final = 256
 CUT: Final = " [cut: {} more bytes]"
 _KEEP: Final = frozenset("\n\t")
 
@@ -73,6 +76,13 @@ def parts_text(parts: Iterable[Part]) -> str:
 
 def message_text(message: Message) -> str:
     return parts_text(message.parts)
+
+
+def _check_id(what: str, value: str) -> None:
+    if len(value) > MAX_ID_CHARS:
+        raise Malformed(f"a {what} id of {len(value)} characters (at most {MAX_ID_CHARS})")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+        raise Malformed(f"a {what} id with a control character")
 
 
 @dataclass
@@ -137,6 +147,8 @@ class Reading:
     def _name(self, task_id: str, context_id: str) -> None:
         if not task_id:
             raise Malformed("an update that names no task")
+        _check_id("task", task_id)
+        _check_id("context", context_id)
         if self.task_id is not None and task_id != self.task_id:
             raise Malformed(f"an update for another A2A task ({task_id[:64]!r})")
         self.task_id = task_id

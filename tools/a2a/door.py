@@ -15,9 +15,10 @@ Invariants:
 - every request but the card's needs ``Authorization: Bearer <token>`` of an A2A client
   (``tools.a2a.tokens``): none or unknown is 401 with ``WWW-Authenticate: Bearer``; a token of
   another agent is 403; so a client reaches one agent, and only its own tasks there (the store
-  is scoped by the client's name: another's task is ``TaskNotFoundError``);
-- a body is at most ``MAX_BODY`` bytes (413); the message itself is checked against the mesh
-  task bounds before anything runs (``DoorHandler``, ``tools.a2a.parts``);
+  is scoped by the client's node id, never its name: another's task is ``TaskNotFoundError``);
+- a body is at most ``MAX_BODY`` bytes (413, said as JSON-RPC -32600), with or without
+  Content-Length: the door reads it whole, then hands it to the SDK; the message itself is
+  checked against the mesh task bounds before anything runs (``DoorHandler``, ``tools.a2a.parts``);
 - the token is never logged nor echoed: the ``Authorization`` header is taken out of the request
   before the SDK sees it (its call context keeps the headers, and its debug log prints them).
 """
@@ -105,6 +106,7 @@ class _Served:
     node_id: str
     app: Starlette
     handler: DoorHandler
+    executor: MeshExecutor
 
 
 def _json(
@@ -165,6 +167,7 @@ class Door:
         with contextlib.suppress(ValueError):
             peer_labels.NAMERS.remove(self.client_label)
         for served in self.served.values():
+            await served.executor.close()
             with contextlib.suppress(Exception):
                 await served.handler.aclose()
         await self.requesters.__aexit__(*exc_info)
@@ -196,16 +199,13 @@ class Door:
             _, runtime = self.runtime(segment)
             return runtime.agent.tasks.limits if runtime is not None else TaskLimits()
 
-        async def requester(client_name: str) -> Tasks:
-            return await self._requester(segment, client_name)
+        async def requester(node_id: str) -> tuple[Tasks, str]:
+            return await self._requester(segment, node_id)
 
         card = self._card(segment, node_id)
-        handler = DoorHandler(
-            limits,
-            agent_executor=MeshExecutor(bytes.fromhex(node_id), requester, limits),
-            task_store=BoundedTaskStore(),
-            agent_card=card,
-        )
+        store = BoundedTaskStore()
+        executor = MeshExecutor(bytes.fromhex(node_id), requester, limits, store)
+        handler = DoorHandler(limits, agent_executor=executor, task_store=store, agent_card=card)
 
         async def signed(_: AgentCard) -> AgentCard:
             return self.signed_card(segment)
@@ -216,7 +216,7 @@ class Door:
             ),
             *create_jsonrpc_routes(handler, rpc_url=base),
         ]
-        served = _Served(node_id, Starlette(routes=routes), handler)
+        served = _Served(node_id, Starlette(routes=routes), handler, executor)
         self.served[segment] = served
         return served
 
@@ -238,21 +238,25 @@ class Door:
             raise LookupError(segment)
         return sign_card(self._card(segment, node_id), runtime.node.identity)
 
-    async def _requester(self, segment: str, client_name: str) -> Tasks:
+    async def _requester(self, segment: str, node_id: str) -> tuple[Tasks, str]:
+        """The requester of the client with mesh node id ``node_id`` (hex), and its name."""
         _, runtime = self.runtime(segment)
         if runtime is None:
             raise ConfigError(f"agent {segment} is no longer hosted here")
-        client = next((c for c in tokens.clients(self.home) if c.name == client_name), None)
+        clients = tokens.clients(self.home)
+        self.requesters.close_gone({c.node_id for c in clients})
+        client = next((c for c in clients if c.node_id == node_id), None)
         if client is None:
-            raise ConfigError(f"A2A client {client_name} was revoked")
+            raise ConfigError("this A2A client was revoked")
         if not runtime.agent.presence.said_goodbye:
             await runtime.agent.ensure_present()  # reachable on the mesh before it is handed work
-        return await self.requesters.tasks(
+        tasks = await self.requesters.tasks(
             client,
             runtime.stations,
             known_stations_from_env(runtime.env),
             runtime.agent.tasks.limits,
         )
+        return tasks, client.name
 
     # -- the ASGI app --------------------------------------------------------------------------
 
@@ -325,16 +329,24 @@ class Door:
             await _answer(send, _error(403, -32600, "this token reaches another agent"))
             return
         length = headers.get("content-length", "0")
+        too_big = _error(413, -32600, f"a request is at most {MAX_BODY} bytes")
         if not length.isdecimal() or int(length) > MAX_BODY:
-            await _answer(send, _error(413, -32600, f"a request is at most {MAX_BODY} bytes"))
+            await _answer(send, too_big)
+            return
+        body = await _body(receive)
+        if body is None:  # the client went away
+            return
+        if len(body) > MAX_BODY:  # a body without Content-Length (chunked) past the bound
+            await _answer(send, too_big)
             return
         # the SDK keeps a request's headers in its call context (and logs that at debug): the
-        # token stops here
+        # token stops here. The SDK's user (the owner of its tasks) is the client's node id,
+        # never its name: a name can be given again, after a revoke, to someone else
         kept = [(k, v) for k, v in scope["headers"] if k.lower() != b"authorization"]
         scope = dict(
-            scope, headers=kept, user=SimpleUser(client.name), auth=AuthCredentials(["a2a"])
+            scope, headers=kept, user=SimpleUser(client.node_id), auth=AuthCredentials(["a2a"])
         )
-        await served.app(scope, _bounded(receive), send)
+        await served.app(scope, _replayed(body, receive), send)
 
     def _same_agent(self, agent: str, segment: str) -> bool:
         """Whether name ``agent`` and path ``segment`` are one agent (a node id or its name)."""
@@ -343,17 +355,28 @@ class Door:
         return mine is not None and mine == theirs
 
 
-def _bounded(receive: Receive) -> Receive:
-    """``receive``, cut off past ``MAX_BODY`` bytes (a body without Content-Length)."""
+async def _body(receive: Receive) -> bytes | None:
+    """The request's body, read up to one byte past ``MAX_BODY`` (a body without
+    Content-Length is bounded here too); None if the client disconnected."""
+    chunks: list[bytes] = []
     seen = 0
-
-    async def bounded() -> Any:
-        nonlocal seen
+    while True:
         message = await receive()
-        if message["type"] == "http.request":
-            seen += len(message.get("body", b""))
-            if seen > MAX_BODY:
-                return {"type": "http.disconnect"}
-        return message
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        seen += len(chunk)
+        if seen > MAX_BODY or not message.get("more_body", False):
+            return b"".join(chunks)
 
-    return bounded
+
+def _replayed(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the SDK: the body read already, then the client's own messages (its
+    disconnect, while a stream is answered)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Any:
+        return pending.pop() if pending else await receive()
+
+    return replayed

@@ -15,6 +15,11 @@ Invariants:
   by one per change the agent makes.
 - A send, input or cancel returns once the agent's first answer is applied (at most
   ``FIRST_ANSWER_S``); a failure of that step is a ``TaskError`` carrying the task.
+- An answer the agent refuses (it ended the task meanwhile: nothing follows a task while it
+  is ``input_required``) reads the agent's state of the task, and that is its outcome here.
+- A cancel before the agent named the task (its first answer is late) is remembered
+  (``cancel_requested``): the follower sends it as soon as the agent names the task, and the
+  task settles on the agent's answer (canceled here if it gives none in ``CANCEL_WAIT_S``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("macula.tools.a2a")
 
 FIRST_ANSWER_S: Final = 10.0
+CANCEL_WAIT_S: Final = 10.0
 POLL_FIRST_S: Final = 0.25
 POLL_MAX_S: Final = 5.0
 UNREACHABLE_MAX_S: Final = 30.0
@@ -58,6 +64,7 @@ class Outbound:
         self.home = home
         self.urls: dict[bytes, str] = {}  # marker -> agent URL, for views
         self.followers: dict[str, asyncio.Task[None]] = {}
+        self.cancels: dict[str, str | None] = {}  # cancels asked before the agent named the task
         self._apply = asyncio.Lock()
 
     @classmethod
@@ -155,11 +162,6 @@ class Outbound:
         return answered
 
     async def cancel(self, task_id: str, reason: str | None, *, key: str | None = None) -> Task:
-        from a2a.types import CancelTaskRequest, GetTaskRequest
-
-        from tools.a2a.answers import Reading
-        from tools.a2a.dial import failure_of
-
         key_digest = digest({"reason": reason})
         if key is not None:
             first = await self.store.replay(self.me, task_id, key, key_digest)
@@ -175,9 +177,38 @@ class Outbound:
                 task=task,
             )
         agent = self._allowed(link.url, task)
+        if link.a2a_task_id is None and task_id in self.followers:
+            # the agent has not named the task yet: its follower asks it to cancel once it does
+            self.cancels[task_id] = reason
+            await self.store.set_flags(
+                self.me, task_id, self.tasks.clock(), cancel_requested=1, key=key,
+                key_digest=key_digest,
+            )  # fmt: skip
+            return await self._need_task(task_id)
         if link.a2a_task_id is None:
             return await self._settle(task_id, "canceled", reason or "canceled before it started")
-        reading = Reading(self.limits, task_id=link.a2a_task_id, context_id=link.context_id)
+        done = await self._ask_cancel(agent, task_id, link.a2a_task_id, link.context_id)
+        await self.store.set_flags(
+            self.me, task_id, self.tasks.clock(), cancel_requested=1, key=key, key_digest=key_digest
+        )
+        done = await self._need_task(task_id)
+        if done.state in TERMINAL:
+            follower = self.followers.pop(task_id, None)
+            if follower is not None:
+                follower.cancel()
+        return done
+
+    async def _ask_cancel(
+        self, agent: Agent, task_id: str, a2a_task_id: str, context_id: str | None
+    ) -> Task:
+        """Ask the agent to cancel its task; the task after its answer is applied (a refusal
+        as a ``TaskError``, the agent's own state applied first when it says one)."""
+        from a2a.types import CancelTaskRequest, GetTaskRequest
+
+        from tools.a2a.answers import Reading
+        from tools.a2a.dial import failure_of
+
+        reading = Reading(self.limits, task_id=a2a_task_id, context_id=context_id)
         async with await self._dial(agent, task_id) as opened:
             try:
                 reading.task(await opened.client.cancel_task(CancelTaskRequest(id=reading.task_id)))
@@ -189,15 +220,29 @@ class Outbound:
                         fresh.task(await opened.client.get_task(GetTaskRequest(id=fresh.task_id)))
                         await self._applied(task_id, fresh)
                 raise self._refusal(task_id, failure, await self._need_task(task_id)) from None
-        await self.store.set_flags(
-            self.me, task_id, self.tasks.clock(), cancel_requested=1, key=key, key_digest=key_digest
-        )
-        done = await self._applied(task_id, reading)
-        if done.state in TERMINAL:
-            follower = self.followers.pop(task_id, None)
-            if follower is not None:
-                follower.cancel()
-        return done
+        return await self._applied(task_id, reading)
+
+    async def _cancel_asked(self, task_id: str, url: str, reading: Reading) -> bool:
+        """A cancel the model asked before the agent named the task, sent now that it has
+        (at most ``CANCEL_WAIT_S``); whether the task has its outcome. An agent that does
+        not answer the cancel leaves the task canceled here (the model asked for that)."""
+        reason = self.cancels.pop(task_id, None)
+        assert reading.task_id is not None
+        try:
+            agent = self._allowed(url)
+            done = await asyncio.wait_for(
+                self._ask_cancel(agent, task_id, reading.task_id, reading.context_id),
+                CANCEL_WAIT_S,
+            )
+        except TaskError as exc:
+            if exc.code == "a2a_refused":  # not cancelable: follow it to the outcome it has
+                return (await self._need_task(task_id)).state in TERMINAL
+            log.info("A2A task %s: the cancel asked early: %s", task_id, exc.detail)
+            done = await self._settle(task_id, "canceled", reason or "canceled before it started")
+        except TimeoutError:
+            log.info("A2A task %s: the agent did not answer the cancel", task_id)
+            done = await self._settle(task_id, "canceled", reason or "canceled before it started")
+        return done.state in TERMINAL
 
     # -- following ------------------------------------------------------------------------------
 
@@ -270,6 +315,12 @@ class Outbound:
                     _resolve(first, None)
                     if _settled(reading):
                         return
+                    if task_id in self.cancels and reading.task_id is not None:
+                        link = await self.links.get(self.me, task_id)
+                        if link is not None and await self._cancel_asked(
+                            task_id, link.url, reading
+                        ):
+                            return
                 _resolve(first, None)
                 await self._poll(task_id, opened, reading)
         except asyncio.CancelledError:
@@ -277,6 +328,13 @@ class Outbound:
         except Exception as exc:
             failure = failure_of(exc)
             log.info("A2A task %s: %s", task_id, failure)
+            if failure.code == "a2a_refused" and answering and not heard:
+                # the agent took no answer: it may have ended the task meanwhile (its state
+                # is the outcome, not a failure here)
+                moved = await self._agents_state(task_id, reading)
+                if moved is not None and moved.state != "input_required":
+                    _resolve(first, failure)
+                    return
             if failure.code == "a2a_unreachable" and answering and not heard:
                 _resolve(first, failure)  # the answer never left: the task still waits for it
                 return
@@ -288,6 +346,26 @@ class Outbound:
                 return
             await self._settle(task_id, "failed", f"{failure.code}: {failure.detail}")
             _resolve(first, failure)
+
+    async def _agents_state(self, task_id: str, reading: Reading) -> Task | None:
+        """The task after the agent's own state of it (``get``) is applied; None if the agent
+        could not say."""
+        from a2a.types import GetTaskRequest
+
+        from tools.a2a.answers import Reading
+        from tools.a2a.dial import dial
+
+        link = await self.links.get(self.me, task_id)
+        if link is None or reading.task_id is None:
+            return None
+        fresh = Reading(self.limits, task_id=reading.task_id, context_id=reading.context_id)
+        try:
+            async with await dial(self._allowed(link.url)) as opened:
+                fresh.task(await opened.client.get_task(GetTaskRequest(id=reading.task_id)))
+            return await self._applied(task_id, fresh)
+        except Exception as exc:
+            log.info("A2A task %s: the agent did not say its state: %s", task_id, exc)
+            return None
 
     async def _poll_again(self, link: Link) -> None:
         """Follow a task by ``get`` alone (after a restart, or the agent was away), dialling

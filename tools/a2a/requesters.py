@@ -2,13 +2,16 @@
 
 Every client (``tools.a2a.tokens``) has a key in the home; the door opens a ``Node`` for it (on
 the stations of the agent it reaches) and a ``macula.agent.tasks.Tasks`` over one SQLite store
-(``$MACULA_HOME/a2a/requesters.sqlite3``, 0600). An A2A message is then handed over exactly as
-``mesh_task_send`` hands a task: signed by the client's key, through the station, so the
-agent's contact policy, ``state_seq`` order and the one outcome are the mesh's own, and the
-requester's copy follows the agent's updates (``Tasks.wait``).
+(``$MACULA_HOME/a2a/requesters.sqlite3``, 0600 in a 0700 folder). An A2A message is then
+handed over exactly as ``mesh_task_send`` hands a task: signed by the client's key, through
+the station, so the agent's contact policy, ``state_seq`` order and the one outcome are the
+mesh's own, and the requester's copy follows the agent's updates (``Tasks.wait``).
 
 Invariants:
-- at most one open requester per client; each lives in a task of the door's task group,
+- at most one open requester per client, keyed by the client's node id (never its name: a
+  revoked client's name given to a new client reaches none of the old one's tasks); a held
+  requester of another node id is closed and replaced, and one whose client is gone
+  (revoked) is closed (``close_gone``); each lives in a task of the door's task group,
   entered and exited there (as ``tools.daemon.hosts`` holds runtimes);
 - a requester takes no task itself: its contact policy is ``closed``;
 - all of them close when the door closes.
@@ -32,7 +35,7 @@ from macula.known_stations import KnownStations
 from macula.node.node import Node
 from macula.stations import StationAddress
 from macula.store.tasks import TaskStore
-from tools.a2a.tokens import Client, client_identity_path
+from tools.a2a.tokens import Client, a2a_dir, client_identity_path
 
 log = logging.getLogger("macula.a2a")
 
@@ -41,6 +44,7 @@ CLOSED = PolicyState(Mode.CLOSED)
 
 @dataclass(eq=False)
 class _Open:
+    name: str = ""
     tasks: Tasks | None = None
     error: BaseException | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -53,14 +57,14 @@ class Requesters:
     def __init__(self, home: Path, clock: Callable[[], int] = now_ms) -> None:
         self.home = home
         self.clock = clock
-        self.by_client: dict[str, _Open] = {}
+        self.by_client: dict[str, _Open] = {}  # by the client's node id (hex)
         self._store: TaskStore | None = None
         self._group: asyncio.TaskGroup | None = None
         self._stack: contextlib.AsyncExitStack | None = None
 
     async def __aenter__(self) -> Requesters:
         async with contextlib.AsyncExitStack() as stack:
-            path = self.home / "a2a" / "requesters.sqlite3"
+            path = a2a_dir(self.home) / "requesters.sqlite3"
             self._store = await stack.enter_async_context(await TaskStore.open(path))
             self._group = await stack.enter_async_context(asyncio.TaskGroup())
             stack.callback(self._close_all)
@@ -84,10 +88,14 @@ class Requesters:
         limits: TaskLimits,
     ) -> Tasks:
         """The client's requester, opened on first use; a ``MaculaError`` if it cannot open."""
-        held = self.by_client.get(client.name)
+        for node_id, other in list(self.by_client.items()):
+            if other.name == client.name and node_id != client.node_id:
+                del self.by_client[node_id]  # a revoked client's name, given to a new one
+                other.closing.set()
+        held = self.by_client.get(client.node_id)
         if held is None or (held.ready.is_set() and held.tasks is None):
-            held = _Open()
-            self.by_client[client.name] = held
+            held = _Open(client.name)
+            self.by_client[client.node_id] = held
             assert self._group is not None, "requesters not started"
             self._group.create_task(
                 self._run(held, client, stations, known, limits), name=f"a2a-{client.name}"
@@ -96,6 +104,11 @@ class Requesters:
         if held.tasks is None:
             raise held.error or RuntimeError("the requester closed")
         return held.tasks
+
+    def close_gone(self, kept: set[str]) -> None:
+        """Close the requesters whose client (node id hex) is not in ``kept``: revoked."""
+        for node_id in [n for n in self.by_client if n not in kept]:
+            self.by_client.pop(node_id).closing.set()
 
     async def _run(
         self,
@@ -113,6 +126,8 @@ class Requesters:
         except Exception as exc:  # one client's failure must not take the door down
             held.error = exc
             log.warning("A2A requester %s failed: %s", client.name, exc)
+            if self.by_client.get(client.node_id) is held:
+                del self.by_client[client.node_id]
         finally:
             held.tasks = None
             held.ready.set()

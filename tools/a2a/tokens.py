@@ -1,7 +1,7 @@
 """The A2A door's clients: one bearer token and one mesh identity per A2A client, made and revoked
 by the owner (``macula-mcp a2a-token create|list|revoke``).
 
-Layout (``$MACULA_HOME/a2a/clients/``, a 0700 folder):
+Layout (``$MACULA_HOME/a2a/clients/``, a 0700 folder in the 0700 ``$MACULA_HOME/a2a``):
 - ``NAME.json`` (0600): ``{name, agent, node_id, token_sha256, created_ms}``: the token itself is
   never stored, only its SHA-256 (it is 32 random bytes: a plain hash is enough, nothing to
   brute-force);
@@ -52,8 +52,16 @@ def check_name(what: str, name: str) -> str:
     return name
 
 
+def a2a_dir(home: Path) -> Path:
+    """``$MACULA_HOME/a2a``, 0700 (made so, or tightened if an earlier version left it 0755)."""
+    folder = private_dir(home / "a2a")
+    if folder.stat().st_mode & 0o077:
+        folder.chmod(0o700)
+    return folder
+
+
 def clients_dir(home: Path) -> Path:
-    return private_dir(home / "a2a" / "clients")
+    return private_dir(a2a_dir(home) / "clients")
 
 
 def key_path(home: Path, name: str) -> Path:

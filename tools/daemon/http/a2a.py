@@ -8,7 +8,9 @@ Invariants:
 - one door per daemon, entered and exited in one task of the daemon's task group, closed when
   the daemon stops; a door that fails to load answers 503 and is logged;
 - beyond loopback (``A2ASettings.listen``, the explicit flag) a listener of its own serves the
-  door and nothing else: the console and ``/mcp`` stay on 127.0.0.1.
+  door and nothing else: the console and ``/mcp`` stay on 127.0.0.1. An address it cannot bind
+  (busy, not this host's) is logged naming the variable and leaves the daemon running, the
+  door on loopback only.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
 from starlette.types import Receive, Scope, Send
 
-from tools.settings import A2ASettings
+from tools.settings import A2A_LISTEN_ENV, A2ASettings
 
 log = logging.getLogger("macula.daemon")
 
@@ -115,11 +118,34 @@ def _no_signals() -> Iterator[None]:
     yield
 
 
+def _bound(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not yet listening); ``OSError`` if it cannot be."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve_beyond_loopback(mount: DoorMount, host: str, port: int) -> None:
     """The door alone on ``host:port`` until the daemon stops (plain HTTP: put TLS in front,
-    docs/a2a.md)."""
+    docs/a2a.md). An address it cannot bind is logged, and the daemon goes on without it."""
     import uvicorn
 
+    try:
+        sock = await asyncio.to_thread(_bound, host, port)
+    except OSError as exc:
+        log.error(
+            "%s=%s:%d: cannot listen there (%s): the A2A door is served on loopback only",
+            A2A_LISTEN_ENV, host, port, exc.strerror or exc,
+        )  # fmt: skip
+        return
     config = uvicorn.Config(
         DoorOnly(mount), host=host, port=port, log_config=None, access_log=False,
         lifespan="off", timeout_graceful_shutdown=1, ws="none", server_header=False,
@@ -137,6 +163,9 @@ async def serve_beyond_loopback(mount: DoorMount, host: str, port: int) -> None:
         "A2A door served beyond loopback on %s:%d (plain HTTP: put TLS in front)", host, port
     )
     try:
-        await server.serve()
+        await server.serve(sockets=[sock])
+    except SystemExit:  # uvicorn exits on a startup failure: never the daemon's exit
+        log.error("%s=%s:%d: the A2A listener stopped at start", A2A_LISTEN_ENV, host, port)
     finally:
         stopper.cancel()
+        sock.close()

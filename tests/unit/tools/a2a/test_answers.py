@@ -111,3 +111,30 @@ def test_out_of_protocol_answers_are_malformed() -> None:
         Reading().change()
     message = Message(message_id="m", role=Role.ROLE_AGENT)
     assert read(StreamResponse(message=message)) == Change("completed", result="")
+
+
+def test_ids_past_the_bound_or_with_control_characters_are_malformed() -> None:
+    """An agent's task and context ids are stored with the task and sent back: bounded."""
+    from tools.a2a.answers import MAX_ID_CHARS
+    from tools.a2a.dial import failure_of
+
+    fine = status(TaskState.TASK_STATE_WORKING, task_id="i" * MAX_ID_CHARS)
+    assert read(fine).state == "working"
+    for task_id, context_id, said in (
+        ("i" * (MAX_ID_CHARS + 1), "c", "task id of 257"),
+        ("i" * 5_000_000, "c", "task id of 5000000"),
+        ("t1\nX-Injected: 1", "c", "task id with a control"),
+        ("t1", "c" * (MAX_ID_CHARS + 1), "context id of 257"),
+        ("t1", "c\x00", "context id with a control"),
+    ):
+        event = TaskStatusUpdateEvent(
+            task_id=task_id, context_id=context_id,
+            status=TaskStatus(state=TaskState.TASK_STATE_WORKING),
+        )  # fmt: skip
+        with pytest.raises(Malformed, match=said) as caught:
+            read(StreamResponse(status_update=event))
+        assert failure_of(caught.value).code == "a2a_malformed_answer"
+        task = Task(id=task_id, context_id=context_id)
+        task.status.state = TaskState.TASK_STATE_COMPLETED
+        with pytest.raises(Malformed, match=said):
+            Reading().task(task)

@@ -118,3 +118,77 @@ async def test_a_restart_resumes_links_and_ends_tasks_never_named(tmp_path: Path
     assert outbound.urls[marker(URL)] == URL
     await outbound.close()
     await store.close()
+
+
+async def test_a_cancel_before_the_agent_names_the_task_reaches_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model cancels while the agent's first answer is late: the cancel is sent once the
+    agent names the task, and the task settles on the agent's answer (it never did the work)."""
+    from support.a2akit import a2a_agent
+    from support.waiting import eventually
+    from tools.a2a import outbound as outbound_module
+
+    monkeypatch.setattr(outbound_module, "FIRST_ANSWER_S", 0.05)
+    async with a2a_agent() as helper:
+        (tmp_path / "owner.toml").write_text(f'[a2a]\nagents = ["{helper.url}"]\n')
+        (tmp_path / "owner.toml").chmod(0o600)
+        outbound, _ = await opened(tmp_path)
+        try:
+            sent = await outbound.send(helper.url, "t", "late hold")
+            assert sent.state == "submitted"
+            asked = await outbound.cancel(sent.task_id, "stop")
+            assert (asked.state, asked.cancel_requested) == ("submitted", 1)
+            helper.seen.late.set()
+            await eventually(lambda: helper.seen.canceled == 1, 10)
+
+            async def settled() -> Task | None:
+                task = await outbound.store.get(ME, sent.task_id)
+                return task if task is not None and task.state == "canceled" else None
+
+            await eventually(settled, 10)
+            link = await outbound.link(sent.task_id)
+            assert link is not None and link.a2a_task_id is not None
+        finally:
+            await outbound.close()
+            await outbound.store.close()
+
+
+async def test_an_answer_to_a_task_the_agent_ended_records_its_outcome(tmp_path: Path) -> None:
+    """The agent asks, then ends the task on its side (nothing follows a task while it waits
+    for input): the model's answer is refused, and the task takes the agent's outcome
+    (canceled), not a failure of ours."""
+    import httpx
+
+    from macula.store.tasks import TaskError
+    from support.a2akit import a2a_agent
+    from support.waiting import eventually
+
+    async with a2a_agent() as helper:
+        (tmp_path / "owner.toml").write_text(f'[a2a]\nagents = ["{helper.url}"]\n')
+        (tmp_path / "owner.toml").chmod(0o600)
+        outbound, _ = await opened(tmp_path)
+        try:
+            sent = await outbound.send(helper.url, "t", "ask")
+
+            async def asking() -> Task | None:
+                task = await outbound.store.get(ME, sent.task_id)
+                return task if task is not None and task.state == "input_required" else None
+
+            await eventually(asking, 10)
+            link = await outbound.link(sent.task_id)
+            assert link is not None and link.a2a_task_id is not None
+            ended = {"jsonrpc": "2.0", "id": 1, "method": "CancelTask",
+                     "params": {"id": link.a2a_task_id}}  # fmt: skip
+            async with httpx.AsyncClient() as http:
+                said = await http.post(helper.url, json=ended, headers={"A2A-Version": "1.0"})
+            assert said.json()["result"]["status"]["state"] == "TASK_STATE_CANCELED", said.text
+            with pytest.raises(TaskError) as refused:
+                await outbound.give_input(sent.task_id, "blue")
+            assert refused.value.code == "a2a_refused"
+            assert refused.value.task is not None and refused.value.task.state == "canceled"
+            task = await outbound.store.get(ME, sent.task_id)
+            assert task is not None and (task.state, task.error) == ("canceled", None)
+        finally:
+            await outbound.close()
+            await outbound.store.close()

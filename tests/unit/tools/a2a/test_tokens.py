@@ -53,3 +53,28 @@ def test_names_are_checked_and_a_client_is_made_once(tmp_path: Path) -> None:
     tokens.create(tmp_path, "crew", "alice", 1)
     with pytest.raises(ConfigError, match="revoke it first"):
         tokens.create(tmp_path, "crew", "alice", 2)
+
+
+@pytest.mark.anyio
+async def test_the_a2a_folder_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    """``$MACULA_HOME/a2a`` is 0700 when the tokens or the door's requesters make it (mkdir's
+    parents follow the umask), and one an earlier version left 0755 is tightened."""
+    import os
+
+    from tools.a2a.requesters import Requesters
+
+    before = os.umask(0o022)
+    try:
+        tokens.create(tmp_path / "one", "crew", "alice", 1)
+        async with Requesters(tmp_path / "two"):
+            pass
+        (tmp_path / "three" / "a2a").mkdir(parents=True, mode=0o755)
+        tokens.create(tmp_path / "three", "crew", "alice", 1)
+    finally:
+        os.umask(before)
+    for home in ("one", "two", "three"):
+        folder = tmp_path / home / "a2a"
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, home
+        for path in folder.rglob("*"):
+            wanted = 0o700 if path.is_dir() else 0o600
+            assert stat.S_IMODE(path.stat().st_mode) == wanted, path

@@ -79,3 +79,31 @@ def test_a2a_settings_are_checked_naming_the_variable(tmp_path: Path) -> None:
             DaemonSettings.from_env({"MACULA_HOME": str(tmp_path), **bad})
     daemon = DaemonSettings.from_env({"MACULA_HOME": str(tmp_path), A2A_LISTEN_ENV: "127.0.0.1:1"})
     assert daemon.a2a.listen == ("127.0.0.1", 1)
+
+
+@pytest.mark.anyio
+async def test_a_listen_address_it_cannot_bind_leaves_the_daemon_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A busy port (or an address not of this host) is logged naming the variable; the task
+    ends on its own and the daemon's task group goes on (uvicorn's exit never escapes)."""
+    import socket
+
+    from tools.daemon.http.a2a import serve_beyond_loopback
+
+    class Mount:
+        stopping = asyncio.Event()
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    try:
+        async with asyncio.TaskGroup() as group:
+            rest = group.create_task(asyncio.Event().wait(), name="the rest of the daemon")
+            port = busy.getsockname()[1]
+            await group.create_task(serve_beyond_loopback(Mount(), "127.0.0.1", port))  # type: ignore[arg-type]
+            assert not rest.done()
+            rest.cancel()
+    finally:
+        busy.close()
+    assert f"{A2A_LISTEN_ENV}=127.0.0.1:{port}: cannot listen there" in caplog.text
