@@ -7,12 +7,15 @@ Invariants:
   differently (``[a2a]`` written as dotted keys, an inline table...), nothing is written and the
   owner is told to edit by hand.
 - A malformed allowlist is never edited (its error is printed, exit 2); the file is written
-  0600 through a temporary file and a rename; the home is made 0700 if missing.
+  0600 through a temporary file and a rename; the home is made 0700 if missing. An edit holds
+  the owner file's lock (``tools.owner.store.editing``) from reading to renaming, as the
+  switches' editors do, so two editors at once keep each other's change.
 - The model has no tool for this: it is the owner's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -32,6 +35,7 @@ from tools.a2a.allowlist import (
     owner_file,
 )
 from tools.commands import parser_for
+from tools.owner.store import editing
 from tools.settings import home_dir
 
 
@@ -46,6 +50,14 @@ def main(argv: Sequence[str]) -> None:
     remove.add_argument("url")
     args = parser.parse_args(list(argv))
     home = home_dir(os.environ)
+    if args.action == "list":
+        _act(args, home)
+        return
+    with editing(owner_file(home)):  # read to rename: another editor's change is kept
+        _act(args, home)
+
+
+def _act(args: argparse.Namespace, home: Path) -> None:
     try:
         agents = list(load(home).agents)
     except AllowlistError as exc:

@@ -74,3 +74,38 @@ def test_what_it_cannot_do_safely_it_refuses(
     else:
         assert isinstance(says, str) and says in str(exited.value.code)
     assert path.read_text() == text
+
+
+def test_an_allowlist_edit_and_a_switch_edit_at_once_keep_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``a2a-agent add`` and ``owner set`` editing owner.toml at the same moment: both changes
+    are in the file afterwards (they share the owner file's lock)."""
+    import threading
+
+    from tools.owner.presets import ALL_TOOLS
+    from tools.owner.store import load as load_switches
+    from tools.owner.store import policy_path, set_switch
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("MACULA_HOME", str(home))
+    monkeypatch.setenv("MACULA_MCP_NO_AUDIT", "1")
+    urls = [f"http://127.0.0.1:{9000 + n}/" for n in range(20)]
+    names = sorted(ALL_TOOLS)[:20]
+
+    def add_all() -> None:
+        for url in urls:
+            main(["add", url])
+
+    def switch_all() -> None:
+        for name in names:
+            set_switch(policy_path(home), name, 0)
+
+    threads = [threading.Thread(target=add_all), threading.Thread(target=switch_all)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [a.url for a in load(home).agents] == urls
+    switches = load_switches(policy_path(home)).switches(None)
+    assert all(switches.on[name] == 0 for name in names)
