@@ -22,7 +22,7 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 
 from relay.station.station import Station
-from support.doorkit import a2a_client, home_served, http, say, state_of
+from support.doorkit import a2a_client, alice_at_door, home_served, http, say, state_of
 from support.httpkit import Raw, events, http_client
 from support.httpkit import client as mcp_client
 from support.mcpkit import bad, good
@@ -72,11 +72,7 @@ async def test_send_a_task_the_agent_completes(
     station: Station, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)  # and no log line, at any level, carries the token
-    async with (
-        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
-        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
-    ):
-        await good(alice, "mesh_hello")
+    async with alice_at_door(tmp_path / "h", station.endpoint, **ASK) as (home, alice):
         token = home.a2a_token("crew", "alice")
         async with a2a_client(home.agent_url("alice"), token, streaming=False) as a2a:
 
@@ -99,11 +95,7 @@ async def test_send_a_task_the_agent_completes(
 async def test_stream_an_input_required_round_trip_and_resubscribe(
     station: Station, tmp_path: Path
 ) -> None:
-    async with (
-        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
-        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
-    ):
-        await good(alice, "mesh_hello")
+    async with alice_at_door(tmp_path / "h", station.endpoint, **ASK) as (home, alice):
         token = home.a2a_token("crew", "alice")
         async with a2a_client(home.agent_url("alice"), token) as a2a:
             stream = a2a.send_message(say("translate 'hello'"))
@@ -149,11 +141,7 @@ async def test_stream_an_input_required_round_trip_and_resubscribe(
 
 
 async def test_cancel_reaches_the_agent(station: Station, tmp_path: Path) -> None:
-    async with (
-        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
-        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
-    ):
-        await good(alice, "mesh_hello")
+    async with alice_at_door(tmp_path / "h", station.endpoint, **ASK) as (home, alice):
         token = home.a2a_token("crew", "alice")
         async with a2a_client(home.agent_url("alice"), token) as a2a:
             stream = a2a.send_message(say("a long job"))
@@ -213,11 +201,7 @@ async def ask_then_finish(home: Any, alice: Any, a2a: Any) -> tuple[str, str]:
 async def test_an_outcome_after_input_required_reaches_the_client(
     station: Station, tmp_path: Path
 ) -> None:
-    async with (
-        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
-        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
-    ):
-        await good(alice, "mesh_hello")
+    async with alice_at_door(tmp_path / "h", station.endpoint, **ASK) as (home, alice):
         token = home.a2a_token("crew", "alice")
         async with a2a_client(home.agent_url("alice"), token) as a2a:
             a2a_id, context_id = await ask_then_finish(home, alice, a2a)

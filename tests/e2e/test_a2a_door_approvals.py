@@ -15,8 +15,7 @@ import pytest
 from a2a.types import TaskState
 
 from relay.station.station import Station
-from support.doorkit import a2a_client, home_served, say, state_of
-from support.httpkit import client as mcp_client
+from support.doorkit import a2a_client, alice_at_door, say, state_of
 from support.mcpkit import cli, good
 from support.waiting import eventually
 
@@ -34,11 +33,10 @@ async def test_an_a2a_clients_task_waits_for_the_owner(station: Station, tmp_pat
     home_dir.mkdir(mode=0o700)
     (home_dir / "owner.toml").write_text(HELD)
     (home_dir / "owner.toml").chmod(0o600)
-    async with (
-        home_served(home_dir, station.endpoint, MACULA_MCP_CONTACT_POLICY="ask") as home,
-        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
+    async with alice_at_door(home_dir, station.endpoint, MACULA_MCP_CONTACT_POLICY="ask") as (
+        home,
+        alice,
     ):
-        await good(alice, "mesh_hello")
         token = home.a2a_token("crew", "alice")
         async with a2a_client(home.agent_url("alice"), token) as a2a:
             stream = a2a.send_message(say("the words only the owner reads"))

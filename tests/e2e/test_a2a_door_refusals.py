@@ -17,7 +17,7 @@ from a2a.types import GetTaskRequest, Role, SendMessageRequest, TaskState
 from a2a.utils.errors import A2AError
 
 from relay.station.station import Station
-from support.doorkit import a2a_client, home_served, http, say
+from support.doorkit import a2a_client, alice_at_door, home_served, http, say
 from support.httpkit import client as mcp_client
 from support.mcpkit import good
 
@@ -80,11 +80,7 @@ async def test_tokens_reach_one_agent_and_one_clients_tasks(
 async def test_malformed_and_oversized_requests_get_the_error_they_name(
     station: Station, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with (
-        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
-        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
-    ):
-        await good(alice, "mesh_hello")
+    async with alice_at_door(tmp_path / "h", station.endpoint, **ASK) as (home, alice):
         token = home.a2a_token("crew", "alice")
         url = home.agent_url("alice")
         async with http(token) as session:
@@ -137,11 +133,7 @@ async def test_malformed_and_oversized_requests_get_the_error_they_name(
 
 async def test_a_sender_the_policy_declines_is_rejected(station: Station, tmp_path: Path) -> None:
     closed = {"MACULA_MCP_CONTACT_POLICY": "closed"}
-    async with (
-        home_served(tmp_path / "h", station.endpoint, **closed) as home,
-        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
-    ):
-        await good(alice, "mesh_hello")
+    async with alice_at_door(tmp_path / "h", station.endpoint, **closed) as (home, _):
         token = home.a2a_token("crew", "alice")
         async with a2a_client(home.agent_url("alice"), token, streaming=False) as a2a:
             [final] = [e async for e in a2a.send_message(say("let me in"))]
@@ -157,11 +149,7 @@ async def test_a_revoked_clients_name_given_again_reaches_none_of_its_tasks(
 
     from tools.a2a import tokens
 
-    async with (
-        home_served(tmp_path / "h", station.endpoint, **ASK) as home,
-        mcp_client(home.mcp_url, home.mcp_token("alice")) as alice,
-    ):
-        await good(alice, "mesh_hello")
+    async with alice_at_door(tmp_path / "h", station.endpoint, **ASK) as (home, alice):
         url = home.agent_url("alice")
         first = home.a2a_token("crew", "alice")
         [old] = tokens.clients(home.home)

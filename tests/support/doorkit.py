@@ -120,3 +120,18 @@ def state_of(event: Any) -> int:
     if event.HasField("status_update"):
         return int(event.status_update.status.state)
     return int(event.task.status.state)
+
+
+@asynccontextmanager
+async def alice_at_door(home: Path, endpoint: str, **extra: str) -> AsyncIterator[tuple[Home, Any]]:
+    """``home_served`` with agent alice attached over ``/mcp`` (the official ``mcp`` client) and
+    present (``mesh_hello`` done): the door's usual start."""
+    from .httpkit import client as mcp_client
+    from .mcpkit import good
+
+    async with (
+        home_served(home, endpoint, **extra) as served,
+        mcp_client(served.mcp_url, served.mcp_token("alice")) as alice,
+    ):
+        await good(alice, "mesh_hello")
+        yield served, alice
